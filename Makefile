@@ -1,0 +1,35 @@
+# The two commands a newcomer needs: `make demo` (the router end to end on the embedded default)
+# and `make test` (lint, type-check, every test). Both create the virtualenv on first use.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: demo test serve lint typecheck unit clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/router demo
+
+serve: $(BIN)/.installed
+	$(BIN)/router serve --config policies/examples/local.yaml
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check router tests
+	$(BIN)/ruff format --check router tests
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/pytest -q
+
+unit: $(BIN)/.installed
+	$(BIN)/pytest -q tests/unit -m 'not integration'
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache router.db

@@ -1,0 +1,93 @@
+"""The app factory: settings → services → FastAPI app. No module globals.
+
+Everything a request needs hangs off one ``Services`` object built here and kept on
+``app.state.services``; the lifespan opens the store, the writer and the HTTP pool, and at
+shutdown drains in-flight work and flushes the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI
+
+from router.auth import Auth
+from router.background import BackgroundTasks
+from router.catalog import Catalog, build_catalog
+from router.execute import Executor
+from router.policy.config import Policy, load_policy
+from router.policy.decide import Decider
+from router.settings import Settings
+from router.store import Store, open_store
+from router.store.writer import LogWriter
+from router.tokens import TokenCounter
+from router.upstream import Upstream
+
+log = logging.getLogger("router.app")
+
+
+@dataclass
+class Services:
+    settings: Settings
+    policy: Policy
+    catalog: Catalog
+    decider: Decider
+    counter: TokenCounter
+    upstream: Upstream
+    executor: Executor
+    store: Store
+    writer: LogWriter
+    auth: Auth
+    tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
+    draining: bool = False
+
+
+def build_services(settings: Settings) -> Services:
+    """Validate everything that can be validated before the server starts listening."""
+    policy = load_policy(settings.config)
+    catalog = build_catalog(policy)
+    upstream = Upstream(settings.timeouts)
+    store = open_store(settings.store)
+    return Services(
+        settings=settings,
+        policy=policy,
+        catalog=catalog,
+        decider=Decider(policy, catalog),
+        counter=TokenCounter(),
+        upstream=upstream,
+        executor=Executor(upstream, catalog, settings.timeouts),
+        store=store,
+        writer=LogWriter(store),
+        auth=Auth(settings.master_key),
+    )
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    s = services or build_services(settings or Settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        s.auth.announce()
+        await s.store.open()
+        await s.upstream.start()
+        s.writer.start(s.tasks)
+        log.info("router ready: policy %s (%d models), store %s", s.policy.source, len(s.catalog.backends),
+                 s.settings.store.split("://", 1)[0])  # fmt: skip
+        try:
+            yield
+        finally:
+            s.draining = True
+            await s.writer.close(s.settings.drain_timeout)
+            await s.tasks.drain(s.settings.drain_timeout)
+            await s.upstream.close()
+            await s.store.close()
+
+    app = FastAPI(title="router", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.services = s
+    from router.api import register
+
+    register(app, s)
+    return app

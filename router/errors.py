@@ -1,0 +1,193 @@
+"""The router's one error tree.
+
+Every error a client can see is a ``RouterError``. Each class knows its HTTP status, the
+error ``type`` string of both wire protocols, and whether another attempt (a retry, or the
+next candidate) may succeed where this one failed::
+
+    RouterError                      500  api_error             (not retryable)
+    ├── BadRequest                   400  invalid_request_error
+    │   ├── ContextTooLarge          400  invalid_request_error (code context_length_exceeded)
+    │   └── UnknownModel             404  not_found_error       (code model_not_found)
+    ├── PayloadTooLarge              413  request_too_large
+    ├── AuthenticationFailed         401  authentication_error
+    ├── PermissionDenied             403  permission_error
+    ├── RateLimited                  429  rate_limit_error      retryable
+    ├── ServiceUnavailable           503  api_error             (the router itself cannot serve now)
+    ├── MissingCredentials           500  api_error             next candidate may work
+    └── UpstreamError                502  api_error             retryable unless the status says not
+        ├── UpstreamTimeout          504  timeout_error         retryable, names the timeout
+        └── UpstreamOverloaded       529  overloaded_error      retryable
+
+``ConfigError`` is separate: it stops startup and never reaches a client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(Exception):
+    """A policy file or setting is invalid. The message names the file and the field path."""
+
+
+class RouterError(Exception):
+    status: int = 500
+    openai_type: str = "server_error"
+    anthropic_type: str = "api_error"
+    #: Whether trying again (same backend after a pause, or the next candidate) may help.
+    retryable: bool = False
+    #: Whether the next candidate may succeed even though this backend will not.
+    next_candidate: bool = False
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+
+    @property
+    def kind(self) -> str:
+        """A short stable name for the log's ``error_type`` column."""
+        return type(self).__name__
+
+    def openai_body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.openai_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def anthropic_body(self) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
+
+
+class BadRequest(RouterError):
+    status = 400
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+
+
+class ContextTooLarge(BadRequest):
+    """No candidate's context window holds the prompt plus the requested output."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="context_length_exceeded")
+
+
+class UnknownModel(BadRequest):
+    status = 404
+    anthropic_type = "not_found_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="model_not_found", param="model")
+
+
+class PayloadTooLarge(RouterError):
+    status = 413
+    openai_type = "invalid_request_error"
+    anthropic_type = "request_too_large"
+
+
+class AuthenticationFailed(RouterError):
+    status = 401
+    openai_type = "authentication_error"
+    anthropic_type = "authentication_error"
+
+
+class PermissionDenied(RouterError):
+    status = 403
+    openai_type = "permission_error"
+    anthropic_type = "permission_error"
+
+
+class RateLimited(RouterError):
+    status = 429
+    openai_type = "rate_limit_error"
+    anthropic_type = "rate_limit_error"
+    retryable = True
+    next_candidate = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message, code="rate_limit_exceeded")
+        self.retry_after = retry_after
+
+
+class ServiceUnavailable(RouterError):
+    status = 503
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+
+
+class MissingCredentials(RouterError):
+    """A backend's key variable is unset: this backend cannot work, another may."""
+
+    next_candidate = True
+
+
+class UpstreamError(RouterError):
+    """A backend failed. ``upstream_status`` decides whether trying elsewhere may help."""
+
+    status = 502
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        upstream_status: int | None = None,
+        retry_after: float | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.upstream_status = upstream_status
+        self.retry_after = retry_after
+        s = upstream_status
+        self.retryable = s is None or s in (408, 409, 429) or s >= 500
+        self.next_candidate = self.retryable
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    openai_type = "timeout_error"
+    anthropic_type = "timeout_error"
+
+    def __init__(self, which: str, seconds: float) -> None:
+        super().__init__(f"upstream {which} timeout fired after {seconds:g}s", code=f"{which}_timeout")
+        self.which = which
+
+
+class UpstreamOverloaded(UpstreamError):
+    status = 529
+    openai_type = "server_error"
+    anthropic_type = "overloaded_error"
+
+
+def from_upstream_status(status: int, message: str, retry_after: float | None = None) -> RouterError:
+    """Map a backend's HTTP failure onto the tree, keeping the client-facing status honest.
+
+    4xx other than 408/409/429 are the request's fault and pass through with their status so
+    the agent sees what the provider said; the rest become retryable upstream errors.
+    """
+    if status == 429:
+        return RateLimited(message, retry_after=retry_after)
+    if status == 529:
+        return UpstreamOverloaded(message, upstream_status=status, retry_after=retry_after)
+    if 400 <= status < 500 and status not in (408, 409):
+        err = UpstreamError(message, upstream_status=status)
+        err.status = status
+        err.openai_type = "invalid_request_error"
+        err.anthropic_type = _ANTHROPIC_4XX.get(status, "invalid_request_error")
+        return err
+    return UpstreamError(message, upstream_status=status, retry_after=retry_after)
+
+
+_ANTHROPIC_4XX = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+}

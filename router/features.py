@@ -1,0 +1,68 @@
+"""Request → Features: the pure, cheap facts every routing decision is made from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.protocols.common import ANTHROPIC, OPENAI_CHAT, ClientRequest
+from router.tokens import TokenCounter
+
+
+@dataclass(slots=True)
+class Features:
+    protocol: str
+    requested_model: str
+    prompt_tokens: int
+    #: What the client allows the reply to use, if it said.
+    max_output_tokens: int | None
+    tools: bool
+    n_tools: int
+    thinking: bool
+    vision: bool
+    stream: bool
+    n_messages: int
+    side_call: bool = False
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def for_rules(self) -> dict[str, Any]:
+        """The mapping that rule conditions read (names as in the policy file)."""
+        return {
+            "protocol": self.protocol,
+            "requested_model": self.requested_model,
+            "prompt_tokens": self.prompt_tokens,
+            "max_output_tokens": self.max_output_tokens,
+            "tools": self.tools,
+            "n_tools": self.n_tools,
+            "thinking": self.thinking,
+            "vision": self.vision,
+            "stream": self.stream,
+            "n_messages": self.n_messages,
+            "side_call": self.side_call,
+            "headers": self.headers,
+        }
+
+
+def count_prompt_tokens(req: ClientRequest, counter: TokenCounter) -> int:
+    if req.protocol == OPENAI_CHAT:
+        return counter.count_openai_chat(req.messages, req.tools or None)
+    if req.protocol == ANTHROPIC:
+        return counter.count_anthropic(req.system, req.messages, req.tools or None)
+    return counter.count_responses(req.system, req.messages, req.tools or None)
+
+
+def extract(req: ClientRequest, counter: TokenCounter, headers: Mapping[str, str]) -> Features:
+    return Features(
+        protocol=req.protocol,
+        requested_model=req.model,
+        prompt_tokens=count_prompt_tokens(req, counter),
+        max_output_tokens=req.max_output_tokens,
+        tools=bool(req.tools),
+        n_tools=len(req.tools),
+        thinking=req.thinking,
+        vision=req.vision,
+        stream=req.stream,
+        n_messages=len(req.messages),
+        headers=headers,
+    )

@@ -1,0 +1,237 @@
+"""The policy file: its schema, and loading it once at startup.
+
+A policy file holds the model catalog, the routes from a client's requested model to candidate
+backends, and data-only rules. Loading interpolates ``${VAR}`` references, validates every field
+with pydantic (unknown keys are errors), compiles rule conditions and checks references between
+sections, so that a bad file fails at startup with the file and field path in the message.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from router.errors import ConfigError
+from router.policy.interpolate import format_path, interpolate
+from router.policy.rules import Condition, compile_condition
+
+Protocol = Literal["openai", "anthropic", "openai_responses"]
+
+#: The features a rule may name; `headers.<name>` reads a request header (lower-case).
+RULE_FIELDS = frozenset(
+    {
+        "prompt_tokens",
+        "max_output_tokens",
+        "tools",
+        "n_tools",
+        "thinking",
+        "vision",
+        "stream",
+        "requested_model",
+        "protocol",
+        "n_messages",
+        "side_call",
+    }
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Prices(_Strict):
+    """USD per 1M tokens. Omitted values come from litellm's price map for the model."""
+
+    input: float | None = Field(default=None, ge=0)
+    output: float | None = Field(default=None, ge=0)
+    cache_read: float | None = Field(default=None, ge=0)
+    cache_write: float | None = Field(default=None, ge=0)
+
+
+class Capabilities(_Strict):
+    tools: bool = True
+    vision: bool = False
+    thinking: bool = False
+
+
+class ModelSpec(_Strict):
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
+    litellm_model: Annotated[str, Field(min_length=1, max_length=256)]
+    protocol: Protocol
+    api_base: str | None = None
+    #: The *name* of the environment variable holding the key; never the key itself.
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    prices: Prices = Prices()
+    context_window: int | None = Field(default=None, gt=0)
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    capabilities: Capabilities = Capabilities()
+    #: Prompt-cache lifetime at the provider, used for cache-affinity estimates.
+    cache_ttl_s: float = Field(default=300, ge=0)
+
+    @model_validator(mode="after")
+    def _api_base_is_http(self) -> ModelSpec:
+        if self.api_base is not None and not self.api_base.startswith(("http://", "https://")):
+            raise ValueError("api_base must start with http:// or https://")
+        return self
+
+
+class Route(_Strict):
+    """Maps a requested model name (exact, or a glob such as ``claude-*``) to backends."""
+
+    match: Annotated[str, Field(min_length=1)]
+    #: Candidate model ids the policy chooses among.
+    candidates: list[str] = Field(default_factory=list)
+    #: Send every request to this one model (no choice), still with fallbacks.
+    passthrough: str | None = None
+    #: Tried in order after the candidates, when all of those fail.
+    fallbacks: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Route:
+        if bool(self.candidates) == bool(self.passthrough):
+            raise ValueError("give exactly one of candidates or passthrough")
+        return self
+
+    def matches(self, requested: str) -> bool:
+        return fnmatch.fnmatchcase(requested, self.match)
+
+
+class Rule(_Strict):
+    """When ``when`` holds, filter the candidates (only/exclude) or move some to the front (prefer)."""
+
+    name: Annotated[str, Field(min_length=1)]
+    when: dict[str, Any]
+    only: list[str] | None = None
+    exclude: list[str] = Field(default_factory=list)
+    prefer: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _has_effect(self) -> Rule:
+        if self.only is None and not self.exclude and not self.prefer:
+            raise ValueError("a rule needs at least one of only, exclude, prefer")
+        return self
+
+
+class Defaults(_Strict):
+    """Estimates used before the log can teach better ones."""
+
+    #: Output tokens assumed when the client sets no limit (the log refines this later).
+    expected_output_tokens: int = Field(default=1024, gt=0)
+    #: Output tokens reserved when checking that a prompt fits, when the client sets no limit.
+    reserve_output_tokens: int = Field(default=4096, gt=0)
+
+
+class PolicyFile(_Strict):
+    version: Literal[1] = 1
+    name: str = "default"
+    models: list[ModelSpec]
+    routes: list[Route]
+    rules: list[Rule] = Field(default_factory=list)
+    defaults: Defaults = Defaults()
+
+
+class CompiledRule:
+    __slots__ = ("condition", "exclude", "name", "only", "prefer")
+
+    def __init__(self, rule: Rule, condition: Condition) -> None:
+        self.name = rule.name
+        self.condition = condition
+        self.only = frozenset(rule.only) if rule.only is not None else None
+        self.exclude = frozenset(rule.exclude)
+        self.prefer = tuple(rule.prefer)
+
+
+class Policy:
+    """A validated policy file, with rules compiled and references checked."""
+
+    def __init__(self, spec: PolicyFile, source: str) -> None:
+        self.spec = spec
+        self.source = source
+        self.name = spec.name
+        self.models: dict[str, ModelSpec] = {m.id: m for m in spec.models}
+        self.routes = spec.routes
+        self.defaults = spec.defaults
+        self.rules = [
+            CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}].when"))
+            for i, r in enumerate(spec.rules)
+        ]
+        self._check_references()
+
+    def route_for(self, requested: str) -> Route | None:
+        for route in self.routes:
+            if route.matches(requested):
+                return route
+        return None
+
+    def _check_references(self) -> None:
+        if len(self.models) != len(self.spec.models):
+            seen: set[str] = set()
+            for i, m in enumerate(self.spec.models):
+                if m.id in seen:
+                    raise ConfigError(f"{self.source}: models[{i}].id: duplicate model id {m.id!r}")
+                seen.add(m.id)
+
+        def check(ids: list[str] | None, path: str) -> None:
+            for j, mid in enumerate(ids or []):
+                if mid not in self.models:
+                    raise ConfigError(f"{self.source}: {path}[{j}]: unknown model id {mid!r}")
+
+        for i, route in enumerate(self.routes):
+            check(route.candidates, f"routes[{i}].candidates")
+            check(route.fallbacks, f"routes[{i}].fallbacks")
+            if route.passthrough is not None:
+                check([route.passthrough], f"routes[{i}].passthrough")
+        for i, (rule, compiled) in enumerate(zip(self.spec.rules, self.rules, strict=True)):
+            check(rule.only, f"rules[{i}].only")
+            check(rule.exclude, f"rules[{i}].exclude")
+            check(rule.prefer, f"rules[{i}].prefer")
+            for field in compiled.condition.fields():
+                if field not in RULE_FIELDS and not field.startswith("headers."):
+                    known = ", ".join(sorted(RULE_FIELDS))
+                    raise ConfigError(
+                        f"{self.source}: rules[{i}].when: unknown feature {field!r} "
+                        f"(known: {known}, headers.<name>)"
+                    )
+
+
+def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Policy:
+    """Read, interpolate, validate and compile a policy file; every error names file and field."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read policy file: {exc.strerror}") from None
+    return parse_policy(text, source=source, env=os.environ if env is None else env)
+
+
+def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
+    try:
+        # safe_load: no Python tags, no object construction from YAML.
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    raw = interpolate(raw, env, source=source)
+    try:
+        spec = PolicyFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+    return Policy(spec, source)
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        where = format_path([p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"{source}: {where or '(top level)'}: {msg}")
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""The client-facing wire protocols, one module each, behind one small table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from router.errors import RouterError
+from router.protocols import anthropic, openai_chat, responses
+from router.protocols.common import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, ClientRequest, Usage
+
+
+class StreamObserver(Protocol):
+    usage: Usage
+
+    def observe(self, event: str | None, data: bytes) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    name: str
+    parse: Callable[[bytes], ClientRequest]
+    usage_from: Callable[[dict[str, Any]], Usage]
+    observer: Callable[[], StreamObserver]
+    error_frame: Callable[[RouterError], bytes]
+    error_body: Callable[[RouterError], dict[str, Any]]
+    #: Appended to a backend's api_base to relay this protocol (litellm's api_base conventions).
+    path: str
+
+
+WIRES: dict[str, Wire] = {
+    OPENAI_CHAT: Wire(
+        OPENAI_CHAT, openai_chat.parse, openai_chat.usage_from, openai_chat.StreamObserver,
+        openai_chat.error_frame, RouterError.openai_body, "/chat/completions",
+    ),
+    ANTHROPIC: Wire(
+        ANTHROPIC, anthropic.parse, anthropic.usage_from, anthropic.StreamObserver,
+        anthropic.error_frame, RouterError.anthropic_body, "/v1/messages",
+    ),
+    OPENAI_RESPONSES: Wire(
+        OPENAI_RESPONSES, responses.parse, responses.usage_from, responses.StreamObserver,
+        responses.error_frame, RouterError.openai_body, "/responses",
+    ),
+}  # fmt: skip
+
+__all__ = ["ANTHROPIC", "OPENAI_CHAT", "OPENAI_RESPONSES", "WIRES", "ClientRequest", "Usage", "Wire"]

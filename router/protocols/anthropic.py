@@ -1,0 +1,157 @@
+"""Anthropic Messages: request validation, usage, stream observation, error events."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from router.errors import BadRequest, RouterError
+from router.protocols.common import (
+    ANTHROPIC,
+    ClientRequest,
+    Usage,
+    allow,
+    has_image,
+    load_json,
+    text_of,
+    validation_message,
+)
+
+#: Fields a provider may receive. ``context_management`` and ``output_config`` are what Claude
+#: Code sends with beta headers; ``mcp_servers`` is left out on purpose: it makes the provider
+#: connect to URLs the client chose.
+ALLOWED = frozenset(
+    {
+        "model", "messages", "system", "max_tokens", "metadata", "stop_sequences", "stream",
+        "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier",
+        "context_management", "output_config",
+    }
+)  # fmt: skip
+
+MAX_TOKENS_CAP = 10_000_000
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class _Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    input_schema: dict[str, Any] | None = None
+
+
+class _Thinking(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    messages: Annotated[list[_Message], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP)]
+    system: str | list[dict[str, Any]] | None = None
+    stream: bool | None = False
+    tools: list[_Tool] | None = None
+    temperature: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    thinking: _Thinking | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
+    body = load_json(raw)
+    if count_only and "max_tokens" not in body:
+        body = {**body, "max_tokens": 1}
+    try:
+        req = _Request.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(validation_message(exc)) from None
+    messages = body["messages"]
+    first_user = next((m for m in messages if m.get("role") == "user"), None)
+    thinking = req.thinking is not None and req.thinking.type != "disabled"
+    user_id = (req.metadata or {}).get("user_id")
+    return ClientRequest(
+        protocol=ANTHROPIC,
+        body=allow(body, ALLOWED),
+        model=req.model,
+        stream=bool(req.stream),
+        messages=messages,
+        system=body.get("system"),
+        tools=body.get("tools") or [],
+        max_output_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        thinking=thinking,
+        thinking_budget=req.thinking.budget_tokens if req.thinking and thinking else None,
+        vision=any(has_image(m.get("content")) for m in messages),
+        first_user_text=text_of(first_user.get("content")) if first_user else "",
+        session_hint=session_from_user_id(user_id) if isinstance(user_id, str) else None,
+    )
+
+
+def session_from_user_id(user_id: str) -> str | None:
+    """Claude Code's ``metadata.user_id`` ends in ``_session_<uuid>`` (or is JSON with session_id)."""
+    if user_id.startswith("{"):
+        try:
+            obj = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return None
+        sid = obj.get("session_id") if isinstance(obj, dict) else None
+        return sid if isinstance(sid, str) else None
+    _, sep, session = user_id.rpartition("_session_")
+    return session or None if sep else None
+
+
+def usage_from(obj: dict[str, Any]) -> Usage:
+    u = obj.get("usage") or {}
+    read = u.get("cache_read_input_tokens")
+    write = u.get("cache_creation_input_tokens")
+    base = u.get("input_tokens")
+    return Usage(
+        input_tokens=None if base is None else base + (read or 0) + (write or 0),
+        output_tokens=u.get("output_tokens"),
+        cache_read_tokens=read,
+        cache_write_tokens=write,
+        provider_model=obj.get("model"),
+    )
+
+
+class StreamObserver:
+    """Reads Anthropic stream events: input usage at message_start, output at message_delta."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+
+    def observe(self, event: str | None, data: bytes) -> bool:
+        if event == "content_block_delta":
+            return True
+        if event == "message_start":
+            try:
+                msg = orjson.loads(data).get("message") or {}
+            except (orjson.JSONDecodeError, AttributeError):
+                return False
+            self.usage = usage_from(msg)
+        elif event == "message_delta":
+            try:
+                u = orjson.loads(data).get("usage") or {}
+            except (orjson.JSONDecodeError, AttributeError):
+                return False
+            if u.get("output_tokens") is not None:
+                self.usage.output_tokens = u["output_tokens"]
+            # Some backends only know input counts at the end of the stream.
+            if u.get("input_tokens"):
+                read = u.get("cache_read_input_tokens") or self.usage.cache_read_tokens or 0
+                write = u.get("cache_creation_input_tokens") or self.usage.cache_write_tokens or 0
+                self.usage.input_tokens = u["input_tokens"] + read + write
+        return False
+
+
+def error_frame(err: RouterError) -> bytes:
+    return b"event: error\ndata: " + orjson.dumps(err.anthropic_body()) + b"\n\n"

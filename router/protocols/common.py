@@ -1,0 +1,129 @@
+"""What the three client protocols have in common once parsed.
+
+Each protocol module turns raw body bytes into a ``ClientRequest``: the validated body reduced to
+the fields a provider may receive (an allow-list, so a client can never steer the upstream URL,
+key or headers), plus the few facts the router needs for routing, task identity and the log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from router.errors import BadRequest
+
+OPENAI_CHAT = "openai_chat"
+ANTHROPIC = "anthropic"
+OPENAI_RESPONSES = "openai_responses"
+
+#: The backend protocol family that can take each client protocol without translation.
+FAMILY = {OPENAI_CHAT: "openai", ANTHROPIC: "anthropic", OPENAI_RESPONSES: "openai_responses"}
+
+
+@dataclass(slots=True)
+class ClientRequest:
+    protocol: str
+    #: The allow-listed body; ``model`` is still the client's requested name.
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    #: Conversation items in protocol shape (messages, or Responses input items).
+    messages: list[Any]
+    system: Any
+    tools: list[Any]
+    max_output_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    reasoning_effort: str | None = None
+    thinking_budget: int | None = None
+    thinking: bool = False
+    vision: bool = False
+    #: The first user message's text: with the system prompt, the default task identity.
+    first_user_text: str = ""
+    #: A session id the client sent (Claude Code's metadata.user_id, Responses prompt_cache_key).
+    session_hint: str | None = None
+    #: OpenAI chat only: whether the client asked for the usage chunk.
+    include_usage: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def tools_sha256(self) -> str | None:
+        return sha256_json(self.tools) if self.tools else None
+
+    def system_sha256(self) -> str | None:
+        return sha256_json(self.system) if self.system else None
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts as the provider reported them.
+
+    ``input_tokens`` counts every prompt token, cached ones included (OpenAI's convention);
+    Anthropic's split counts are added up into it so that every protocol logs alike.
+    """
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    provider_model: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.input_tokens is not None or self.output_tokens is not None
+
+
+def sha256_json(value: Any) -> str:
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def load_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc.args[0]}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def validation_message(exc: ValidationError) -> str:
+    """The first few pydantic errors as ``field.path: message`` without echoing input values."""
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    return "invalid request: " + "; ".join(parts)
+
+
+def allow(body: dict[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k in allowed}
+
+
+def text_of(content: Any) -> str:
+    """Plain text of a message's content in any of the three protocols' shapes."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict):
+                t = part.get("text")
+                if isinstance(t, str):
+                    out.append(t)
+            elif isinstance(part, str):
+                out.append(part)
+        return "\n".join(out)
+    return ""
+
+
+def has_image(content: Any) -> bool:
+    if not isinstance(content, list):
+        return False
+    return any(
+        isinstance(p, dict) and p.get("type") in ("image", "image_url", "input_image") for p in content
+    )

@@ -1,0 +1,155 @@
+"""OpenAI Chat Completions: request validation, usage, stream observation, error frames."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from router.errors import BadRequest, RouterError
+from router.protocols.common import (
+    OPENAI_CHAT,
+    ClientRequest,
+    Usage,
+    allow,
+    has_image,
+    load_json,
+    text_of,
+    validation_message,
+)
+
+#: Fields a provider may receive. Anything else a client sends is dropped, never forwarded.
+ALLOWED = frozenset(
+    {
+        "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+        "temperature", "top_p", "max_tokens", "max_completion_tokens", "reasoning_effort", "stop",
+        "seed", "user", "stream", "stream_options", "n", "presence_penalty", "frequency_penalty",
+        "logit_bias", "logprobs", "top_logprobs", "prediction", "modalities", "service_tier",
+        "prompt_cache_key", "verbosity", "metadata", "store",
+    }
+)  # fmt: skip
+
+MAX_TOKENS_CAP = 10_000_000
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    parameters: dict[str, Any] | None = None
+
+
+class _Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str = "function"
+    function: _Function | None = None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    messages: Annotated[list[_Message], Field(min_length=1)]
+    stream: bool | None = False
+    tools: list[_Tool] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    max_tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP)] | None = None
+    max_completion_tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP)] | None = None
+    reasoning_effort: str | None = None
+    stream_options: dict[str, Any] | None = None
+    n: Annotated[int, Field(ge=1, le=1)] | None = None
+
+
+def parse(raw: bytes) -> ClientRequest:
+    body = load_json(raw)
+    try:
+        req = _Request.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(validation_message(exc)) from None
+    messages = body["messages"]
+    system = [m.get("content") for m in messages if m.get("role") in ("system", "developer")]
+    first_user = next((m for m in messages if m.get("role") == "user"), None)
+    return ClientRequest(
+        protocol=OPENAI_CHAT,
+        body=allow(body, ALLOWED),
+        model=req.model,
+        stream=bool(req.stream),
+        messages=messages,
+        system=system or None,
+        tools=body.get("tools") or [],
+        max_output_tokens=req.max_completion_tokens or req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        reasoning_effort=req.reasoning_effort,
+        thinking=req.reasoning_effort not in (None, "none", "minimal"),
+        vision=any(has_image(m.get("content")) for m in messages),
+        first_user_text=text_of(first_user.get("content")) if first_user else "",
+        session_hint=body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None,
+        include_usage=bool((req.stream_options or {}).get("include_usage")),
+    )
+
+
+def usage_from(obj: dict[str, Any]) -> Usage:
+    """Usage of a chat.completion object or of a stream's usage chunk."""
+    u = obj.get("usage") or {}
+    details = u.get("prompt_tokens_details") or {}
+    out_details = u.get("completion_tokens_details") or {}
+    return Usage(
+        input_tokens=u.get("prompt_tokens"),
+        output_tokens=u.get("completion_tokens"),
+        cache_read_tokens=details.get("cached_tokens"),
+        # OpenAI-compatible providers that report writes (DeepSeek, litellm-translated Anthropic)
+        cache_write_tokens=u.get("cache_creation_input_tokens") or details.get("cache_creation_tokens"),
+        reasoning_tokens=out_details.get("reasoning_tokens"),
+        provider_model=obj.get("model"),
+    )
+
+
+class StreamObserver:
+    """Reads the chunks of a chat stream as they pass: content events, usage, the model."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+
+    def observe(self, event: str | None, data: bytes) -> bool:
+        """Return whether this frame carries content (a token of text, tool call or reasoning)."""
+        if data == b"[DONE]":
+            return False
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(chunk, dict):
+            return False
+        if self.usage.provider_model is None and chunk.get("model"):
+            self.usage.provider_model = chunk["model"]
+        if chunk.get("usage"):
+            u = usage_from(chunk)
+            u.provider_model = self.usage.provider_model
+            self.usage = u
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+                return True
+        return False
+
+
+def is_usage_only(data: bytes) -> bool:
+    """The final usage chunk (``choices: []``), hidden from clients that did not ask for it."""
+    if b'"usage"' not in data:
+        return False
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(chunk, dict) and not chunk.get("choices") and bool(chunk.get("usage"))
+
+
+def error_frame(err: RouterError) -> bytes:
+    return b"data: " + orjson.dumps(err.openai_body()) + b"\n\n"

@@ -1,0 +1,140 @@
+"""OpenAI Responses: request validation, usage, stream observation, error events.
+
+Only the stateless mode (``store: false`` or no reliance on stored responses) is served: the
+router keeps no responses, so ``previous_response_id`` is refused with a 400 that says so.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from router.errors import BadRequest, RouterError
+from router.protocols.common import (
+    OPENAI_RESPONSES,
+    ClientRequest,
+    Usage,
+    allow,
+    has_image,
+    load_json,
+    text_of,
+    validation_message,
+)
+
+ALLOWED = frozenset(
+    {
+        "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "reasoning",
+        "max_output_tokens", "temperature", "top_p", "text", "stream", "store", "include",
+        "prompt_cache_key", "truncation", "user", "metadata", "service_tier",
+    }
+)  # fmt: skip
+
+MAX_TOKENS_CAP = 10_000_000
+
+
+class _Reasoning(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    effort: str | None = None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    input: str | Annotated[list[dict[str, Any]], Field(min_length=1)]
+    instructions: str | None = None
+    stream: bool | None = False
+    tools: list[dict[str, Any]] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    max_output_tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP)] | None = None
+    reasoning: _Reasoning | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+
+
+def parse(raw: bytes) -> ClientRequest:
+    body = load_json(raw)
+    try:
+        req = _Request.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(validation_message(exc)) from None
+    if req.previous_response_id:
+        raise BadRequest(
+            "previous_response_id is not supported: this router keeps no responses (stateless mode); "
+            "send the whole conversation in input with store: false",
+        )
+    items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else body["input"]
+    first_user = next((i for i in items if i.get("role") == "user"), None)
+    effort = req.reasoning.effort if req.reasoning else None
+    return ClientRequest(
+        protocol=OPENAI_RESPONSES,
+        body=allow(body, ALLOWED),
+        model=req.model,
+        stream=bool(req.stream),
+        messages=items,
+        system=req.instructions,
+        tools=body.get("tools") or [],
+        max_output_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        reasoning_effort=effort,
+        thinking=effort not in (None, "none", "minimal"),
+        vision=any(has_image(i.get("content")) for i in items),
+        first_user_text=text_of(first_user.get("content")) if first_user else "",
+        session_hint=req.prompt_cache_key,
+    )
+
+
+def usage_from(response: dict[str, Any]) -> Usage:
+    u = response.get("usage") or {}
+    return Usage(
+        input_tokens=u.get("input_tokens"),
+        output_tokens=u.get("output_tokens"),
+        cache_read_tokens=(u.get("input_tokens_details") or {}).get("cached_tokens"),
+        reasoning_tokens=(u.get("output_tokens_details") or {}).get("reasoning_tokens"),
+        provider_model=response.get("model"),
+    )
+
+
+_CONTENT_EVENTS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_text.delta",
+        "response.refusal.delta",
+    }
+)
+
+
+class StreamObserver:
+    def __init__(self) -> None:
+        self.usage = Usage()
+
+    def observe(self, event: str | None, data: bytes) -> bool:
+        if event in _CONTENT_EVENTS:
+            return True
+        if event in ("response.completed", "response.incomplete", "response.created"):
+            try:
+                resp = orjson.loads(data).get("response") or {}
+            except (orjson.JSONDecodeError, AttributeError):
+                return False
+            if event == "response.created":
+                self.usage.provider_model = resp.get("model")
+            else:
+                self.usage = usage_from(resp)
+        return False
+
+
+def error_frame(err: RouterError) -> bytes:
+    body = {
+        "type": "response.failed",
+        "response": {
+            "object": "response",
+            "status": "failed",
+            "error": {"code": err.code or err.openai_type, "message": err.message},
+        },
+    }
+    return b"event: response.failed\ndata: " + orjson.dumps(body) + b"\n\n"

@@ -1,0 +1,201 @@
+"""One proxied request, end to end: parse → task → features → decide → execute → answer → log.
+
+Whatever happens, exactly one log record is submitted per request — bad input and failures
+included — and the client gets either the backend's reply or an error in its own protocol's
+shape. Logging happens off the request path (the writer batches in the background).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+
+from router import accounting, features, tasks
+from router.errors import PayloadTooLarge, RouterError
+from router.execute import CommittedStream, Execution
+from router.policy.decide import Decision
+from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
+from router.protocols.openai_chat import is_usage_only
+from router.store.records import RequestRecord
+from router.timing import Phases
+
+if TYPE_CHECKING:
+    from router.app import Services
+
+log = logging.getLogger("router.proxy")
+
+#: Request headers never shown to rules, never logged.
+SECRET_HEADERS = frozenset({"authorization", "x-api-key", "cookie", "proxy-authorization"})
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def rule_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k not in SECRET_HEADERS}
+
+
+class Proxy:
+    def __init__(self, services: Services) -> None:
+        self.s = services
+
+    async def handle(self, request: Request, protocol: str) -> Response:
+        wire = WIRES[protocol]
+        phases = Phases()
+        rec = RequestRecord(request_id=uuid.uuid4().hex, ts=time.time(), protocol=protocol)
+        rec.endpoint = request.url.path
+        rec.client = (request.headers.get("user-agent") or "")[:64] or None
+        headers: dict[str, str] = {}
+        try:
+            self.s.auth.check(request)
+            raw = await read_body(request, self.s.settings.max_body_bytes)
+            req = wire.parse(raw)
+            headers = rule_headers(request.headers)
+            decision = self.decide(req, request, headers, rec)
+            ex = Execution()
+            if req.stream:
+                committed = await self.s.executor.open_stream(req, decision, headers, phases, ex)
+                _record_tries(rec, ex)
+                return self._stream(wire, req, decision, committed, phases, rec)
+            try:
+                obj = await self.s.executor.complete(req, decision, headers, phases, ex)
+            finally:
+                _record_tries(rec, ex)
+            usage = wire.usage_from(obj)
+            self._account(rec, usage, 0)
+            body = orjson.dumps(obj)
+            rec.status = 200
+            return Response(body, media_type="application/json", headers=_route_headers(rec))
+        except RouterError as err:
+            return self._error(wire, err, rec)
+        except ClientDisconnect:
+            rec.status, rec.error_type = 499, "client_disconnected"
+            return Response(status_code=499)
+        except Exception:
+            log.exception("unexpected failure in request %s", rec.request_id)
+            return self._error(wire, RouterError("internal error in the router"), rec)
+        finally:
+            if not rec.stream or rec.status != 200:
+                phases.finish()
+                self._finish(rec, phases)
+
+    def decide(self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord) -> Decision:
+        key_hash = tasks.client_key_hash(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        rec.task_id = tasks.task_id(req, request.headers.get("x-router-task-id"), key_hash)
+        rec.requested_model = req.model
+        rec.stream = req.stream
+        rec.temperature, rec.top_p = req.temperature, req.top_p
+        rec.max_tokens = req.max_output_tokens
+        rec.reasoning_effort, rec.thinking_budget = req.reasoning_effort, req.thinking_budget
+        rec.tools_sha256, rec.system_sha256 = req.tools_sha256(), req.system_sha256()
+        rec.n_messages, rec.n_tools = len(req.messages), len(req.tools)
+        if self.s.settings.log_prompts:
+            rec.prompt = orjson.dumps({"system": req.system, "messages": req.messages}).decode()
+        feats = features.extract(req, self.s.counter, headers)
+        rec.prompt_tokens_est = feats.prompt_tokens
+        decision = self.s.decider.decide(feats)
+        rec.decision_id = decision.decision_id
+        rec.policy = decision.policy
+        rec.decision_reason = decision.reason
+        rec.propensity = decision.propensity
+        rec.candidates = [e.as_dict() for e in decision.candidates]
+        rec.chosen_model = decision.chosen
+        est = decision.estimate(decision.chosen)
+        rec.cost_est_usd = est.cost_usd if est else None
+        return decision
+
+    def _stream(
+        self, wire: Wire, req: ClientRequest, decision: Decision, c: CommittedStream, phases: Phases,
+        rec: RequestRecord,
+    ) -> StreamingResponse:  # fmt: skip
+        hide_usage = req.protocol == OPENAI_CHAT and not req.include_usage
+        rec.status = 200
+        content_events = 1
+
+        async def body() -> AsyncIterator[bytes]:
+            nonlocal content_events
+            try:
+                for ev in c.held:
+                    if not (hide_usage and is_usage_only(ev.data)):
+                        yield ev.raw
+                async for ev in c.rest:
+                    phases.byte()
+                    if c.observer.observe(ev.name, ev.data):
+                        phases.token()
+                        content_events += 1
+                    if hide_usage and is_usage_only(ev.data):
+                        continue
+                    yield ev.raw
+            except RouterError as err:
+                # After the commit point a failure is one protocol error event, then the end.
+                rec.error_type, rec.error_message = err.kind, err.message
+                yield wire.error_frame(err)
+            except BaseException:
+                rec.error_type = rec.error_type or "client_disconnected"
+                raise
+            finally:
+                phases.finish()
+                self._account(rec, c.observer.usage, content_events)
+                self._finish(rec, phases)
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers=_route_headers(rec))
+
+    def _account(self, rec: RequestRecord, usage: Usage, content_events: int) -> None:
+        if rec.chosen_model is None:
+            return
+        backend = self.s.catalog[rec.chosen_model]
+        rec.backend_model = backend.litellm_model
+        rec.usage_estimated = accounting.fill_missing(usage, rec.prompt_tokens_est or 0, content_events)
+        rec.provider_model = usage.provider_model
+        rec.input_tokens, rec.output_tokens = usage.input_tokens, usage.output_tokens
+        rec.cache_read_tokens, rec.cache_write_tokens = usage.cache_read_tokens, usage.cache_write_tokens
+        rec.reasoning_tokens = usage.reasoning_tokens
+        rec.cost_usd = accounting.cost_usd(backend.price, usage)
+
+    def _error(self, wire: Wire, err: RouterError, rec: RequestRecord) -> Response:
+        rec.status, rec.error_type, rec.error_message = err.status, err.kind, err.message[:500]
+        headers = _route_headers(rec)
+        retry_after = getattr(err, "retry_after", None)
+        if retry_after is not None:
+            headers["retry-after"] = str(int(retry_after + 0.999))
+        return Response(orjson.dumps(wire.error_body(err)), err.status, headers, "application/json")
+
+    def _finish(self, rec: RequestRecord, phases: Phases) -> None:
+        for name, value in phases.summary().items():
+            setattr(rec, name, value)
+        self.s.writer.submit(rec)
+
+
+def _record_tries(rec: RequestRecord, ex: Execution) -> None:
+    rec.tries = [t.as_dict() for t in ex.tries]
+    if ex.backend is not None:
+        rec.chosen_model = ex.backend.id
+
+
+def _route_headers(rec: RequestRecord) -> dict[str, str]:
+    h = {"x-request-id": rec.request_id}
+    if rec.chosen_model:
+        h["x-router-model"] = rec.chosen_model
+    if rec.decision_id:
+        h["x-router-decision-id"] = rec.decision_id
+    if rec.task_id:
+        h["x-router-task-id"] = rec.task_id
+    return h

@@ -1,0 +1,45 @@
+"""Process settings: from CLI flags, else ``ROUTER_*`` environment variables, else defaults.
+
+Everything the app is built from is here, validated once; the app factory takes a ``Settings``
+and nothing else reads the environment for configuration (backend keys are read by name, from
+the catalog, when a call is made).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
+
+
+class Timeouts(BaseSettings):
+    model_config = SettingsConfigDict(extra="forbid")
+
+    connect: float = Field(default=10.0, gt=0)
+    #: From the upstream call to the first byte of the response (prefill included).
+    first_token: float = Field(default=300.0, gt=0)
+    #: Longest silence between two chunks of a stream.
+    idle: float = Field(default=120.0, gt=0)
+    #: The whole request, every fallback included.
+    overall: float = Field(default=900.0, gt=0)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROUTER_", extra="forbid", env_nested_delimiter="__")
+
+    config: Path = DEFAULT_CONFIG
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    store: str = "sqlite:///router.db"
+    #: Requests with a larger body are refused with 413 before parsing.
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    #: Store prompt text in the log. Off unless the operator opts in.
+    log_prompts: bool = False
+    #: Master key for the management API and, when set, for the proxy (virtual keys come later).
+    master_key: SecretStr | None = None
+    timeouts: Timeouts = Timeouts()
+    #: Seconds to wait for in-flight requests and the log at shutdown.
+    drain_timeout: float = Field(default=30.0, ge=0)

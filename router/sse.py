@@ -1,0 +1,52 @@
+"""Server-sent events: split a byte stream into events without re-encoding them.
+
+The relay forwards each event's original bytes; only the ``event:`` name and the ``data:``
+payload are picked out so the router can time tokens and read usage as they pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Event:
+    name: str | None
+    data: bytes
+    #: The event as received, terminator included, ready to forward.
+    raw: bytes
+
+
+def parse_block(block: bytes) -> Event:
+    name = None
+    data_lines = []
+    for line in block.split(b"\n"):
+        if line.startswith(b"data:"):
+            data_lines.append(line[5:].lstrip(b" ").rstrip(b"\r"))
+        elif line.startswith(b"event:"):
+            name = line[6:].strip().decode("utf-8", "replace")
+    return Event(name, b"\n".join(data_lines), block + b"\n\n")
+
+
+async def events(chunks: AsyncIterator[bytes], max_event_bytes: int = 16 * 1024 * 1024) -> AsyncIterator[Event]:
+    """Yield events as soon as their terminating blank line arrives."""
+    buf = b""
+    async for chunk in chunks:
+        if not buf and chunk.endswith(b"\n\n") and b"\r" not in chunk and chunk.count(b"\n\n") == 1:
+            # The common case: one whole event per network read.
+            yield parse_block(chunk[:-2])
+            continue
+        buf += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+        while True:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                break
+            block, buf = buf[:end], buf[end + 2 :]
+            if block.strip():
+                yield parse_block(block)
+        if len(buf) > max_event_bytes:
+            raise ValueError("an SSE event exceeded the size limit")
+    if buf.strip():
+        # A stream that ends without the final blank line still delivered this event.
+        yield parse_block(buf.rstrip(b"\n"))

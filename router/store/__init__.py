@@ -1,0 +1,84 @@
+"""The router's request/outcome log: the ``Store`` interface and ``open_store(url)``.
+
+URL forms: ``sqlite:///relative/path.db``, ``sqlite:////abs/path.db``, ``sqlite:///:memory:``,
+``postgresql://...`` (or ``postgres://...``). Backends are imported lazily so SQLite users need
+no PostgreSQL driver.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from router.errors import ConfigError
+from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
+
+__all__ = ["OutcomeRecord", "RequestRecord", "Store", "StoreDataError", "mask_url", "open_store"]
+
+_URL_PASSWORD = re.compile(r"(://[^:@/?#\s]*):.*@")
+_PARAM_PASSWORD = re.compile(r"(?i)(password\s*=\s*)[^&\s]*")
+
+
+class Store(Protocol):
+    """The log store. Call ``open()`` before anything else and ``close()`` at shutdown."""
+
+    async def open(self) -> None:
+        """Connect and apply pending migrations."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> bool:
+        """True when the database answers; never raises."""
+
+    async def write_requests(self, records: Sequence[RequestRecord]) -> None:
+        """Insert in one transaction; a request_id already stored is skipped.
+
+        Raises ``StoreDataError`` when the rows themselves are unacceptable; anything else
+        means the store is unavailable and the same call may succeed later.
+        """
+
+    async def write_outcome(self, rec: OutcomeRecord) -> None:
+        """Insert or replace the outcome for (task_id, attempt, source)."""
+
+    async def get_request(self, request_id: str) -> dict[str, Any] | None: ...
+
+    async def recent_requests(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Newest first."""
+
+    async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
+        """Oldest first."""
+
+    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]: ...
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***``, fit for messages and logs."""
+    return _PARAM_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", url))
+
+
+def open_store(url: str) -> Store:
+    """Build the store a URL names (not yet opened: ``await store.open()``)."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if sep and scheme == "sqlite":
+        # sqlite:///x.db -> "x.db"; sqlite:////abs/x.db -> "/abs/x.db": the host part must be empty.
+        if not rest.startswith("/") or len(rest) < 2:
+            raise ConfigError(
+                f"log store URL {mask_url(url)!r}: expected sqlite:///relative/path.db or sqlite:////abs/path.db"
+            )
+        from router.store.sqlite import SQLiteStore
+
+        return SQLiteStore(rest[1:])
+    if sep and scheme in ("postgresql", "postgres"):
+        try:
+            from router.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise ConfigError(
+                f"log store URL {mask_url(url)!r} needs psycopg 3 with its pool: "
+                f"pip install 'psycopg[binary,pool]' ({exc})"
+            ) from None
+        return PostgresStore(url)
+    raise ConfigError(
+        f"log store URL {mask_url(url)!r}: unsupported scheme; use sqlite:///path.db or postgresql://..."
+    )

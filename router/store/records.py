@@ -1,0 +1,103 @@
+"""The rows of the router's log: one ``RequestRecord`` per client request, ``OutcomeRecord`` per verdict.
+
+The field names are the column names; ``router.store.schema`` derives the tables from these
+classes, so adding a field adds a column. A field added after the first release needs
+``metadata={"since": N}`` (N = the schema version that adds it) so existing databases get an
+``ALTER TABLE``; opening a store refuses to start if a field has no column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+class StoreDataError(Exception):
+    """The store refused a record's *contents* (the store is fine): retrying the same rows fails again."""
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything the router knows about one client request, written once when it ends."""
+
+    request_id: str
+    ts: float  # unix seconds at arrival
+    decision_id: str | None = None
+    task_id: str | None = None
+    attempt: int | None = None
+    side_call: bool = False
+
+    protocol: str | None = None  # "openai_chat" | "anthropic" | "openai_responses"
+    endpoint: str | None = None
+    client: str | None = None  # user-agent product token, at most 64 chars
+
+    requested_model: str | None = None
+    chosen_model: str | None = None  # catalog id that served, or the last one that failed
+    backend_model: str | None = None  # litellm model string
+    provider_model: str | None = None  # what the provider reported in its response
+
+    policy: str | None = None
+    decision_reason: str | None = None
+    propensity: float | None = None
+    candidates: list[dict[str, Any]] | None = None
+    tries: list[dict[str, Any]] | None = None
+
+    stream: bool = False
+    status: int | None = None  # HTTP status the client got
+    error_type: str | None = None
+    error_message: str | None = None
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    usage_estimated: bool = False
+    prompt_tokens_est: int | None = None
+    cost_usd: float | None = None
+    cost_est_usd: float | None = None
+
+    queue_ms: float | None = None
+    ttft_ms: float | None = None
+    decode_ms: float | None = None
+    gap_mean_ms: float | None = None
+    gap_p95_ms: float | None = None
+    gap_max_ms: float | None = None
+    delivery_ms: float | None = None
+    total_ms: float | None = None
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    reasoning_effort: str | None = None
+    thinking_budget: int | None = None
+    tools_sha256: str | None = None
+    system_sha256: str | None = None
+    n_messages: int | None = None
+    n_tools: int | None = None
+
+    prompt: str | None = None  # only when the operator opts in to prompt logging
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        """The log's column names, in table order."""
+        return tuple(f.name for f in fields(cls))
+
+
+@dataclass(slots=True)
+class OutcomeRecord:
+    """A verdict on one attempt at a task: explicit client feedback, or an inferred signal."""
+
+    task_id: str
+    attempt: int | None  # stored as 0 when unknown (it is part of the primary key)
+    success: bool
+    score: float | None
+    source: str  # "explicit" or the signal's name
+    details: dict[str, Any] | None
+    ts: float
+    explicit: bool
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        """The outcome table's column names, in table order."""
+        return tuple(f.name for f in fields(cls))

@@ -1,0 +1,271 @@
+"""Tables, migrations and the record <-> row codec, for SQLite and PostgreSQL alike.
+
+Both dialects' DDL and SQL come from one column spec, itself derived from the record
+dataclasses, so the two databases cannot drift apart. Portable choices: JSON lives in TEXT,
+booleans are INTEGER 0/1, upserts use ``ON CONFLICT`` (SQLite >= 3.24, any supported PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import orjson
+
+from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
+
+Dialect = Literal["sqlite", "postgres"]
+Kind = Literal["text", "int", "float", "bool", "json"]
+
+_TYPES: dict[Dialect, dict[Kind, str]] = {
+    "sqlite": {"text": "TEXT", "int": "INTEGER", "float": "REAL", "bool": "INTEGER", "json": "TEXT"},
+    "postgres": {
+        "text": "TEXT",
+        "int": "BIGINT",
+        "float": "DOUBLE PRECISION",
+        "bool": "INTEGER",
+        "json": "TEXT",
+    },
+}
+_INT64 = 2**63
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    kind: Kind
+    not_null: bool = False
+    since: int = 1  # schema version that added the column
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: tuple[str, ...]
+    indexes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+
+def _kind(annotation: Any) -> Kind:
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"unsupported column type {annotation!r}")
+        annotation = args[0]
+    base = get_origin(annotation) or annotation
+    if base is bool:  # before int: bool is an int subclass
+        return "bool"
+    if base is int:
+        return "int"
+    if base is float:
+        return "float"
+    if base is str:
+        return "text"
+    if base in (list, dict):
+        return "json"
+    raise TypeError(f"unsupported column type {annotation!r}")
+
+
+def columns_of(record_type: type, not_null: Iterable[str] = ()) -> tuple[Column, ...]:
+    """The column spec of a record dataclass, in field order."""
+    hints = get_type_hints(record_type)
+    required = set(not_null)
+    return tuple(
+        Column(f.name, _kind(hints[f.name]), f.name in required, int(f.metadata.get("since", 1)))
+        for f in fields(record_type)
+    )
+
+
+REQUESTS = Table(
+    "requests",
+    columns_of(RequestRecord, not_null=("request_id", "ts")),
+    primary_key=("request_id",),
+    indexes=(
+        ("requests_task_id_idx", ("task_id",)),
+        ("requests_ts_idx", ("ts",)),
+        ("requests_chosen_model_ts_idx", ("chosen_model", "ts")),
+    ),
+)
+# No separate outcomes(task_id) index: the primary key's leading column already serves it.
+OUTCOMES = Table(
+    "outcomes",
+    columns_of(OutcomeRecord, not_null=("task_id", "attempt", "source", "success", "ts", "explicit")),
+    primary_key=("task_id", "attempt", "source"),
+)
+TABLES = (REQUESTS, OUTCOMES)
+
+#: Statements a version needs beyond creating tables and adding ``since`` columns.
+_EXTRA_DDL: dict[int, tuple[str, ...]] = {}
+
+SCHEMA_VERSION = max([1, *_EXTRA_DDL, *(c.since for t in TABLES for c in t.columns)])
+
+
+def version_table_ddl(dialect: Dialect) -> str:
+    real = _TYPES[dialect]["float"]
+    return (
+        "CREATE TABLE IF NOT EXISTS schema_version "
+        f"(version INTEGER PRIMARY KEY NOT NULL, applied_at {real} NOT NULL)"
+    )
+
+
+def _column_ddl(col: Column, dialect: Dialect) -> str:
+    return f"{col.name} {_TYPES[dialect][col.kind]}" + (" NOT NULL" if col.not_null else "")
+
+
+def _create_table(table: Table, dialect: Dialect) -> list[str]:
+    cols = [_column_ddl(c, dialect) for c in table.columns if c.since == 1]
+    cols.append(f"PRIMARY KEY ({', '.join(table.primary_key)})")
+    stmts = [f"CREATE TABLE IF NOT EXISTS {table.name} ({', '.join(cols)})"]
+    stmts += [
+        f"CREATE INDEX IF NOT EXISTS {name} ON {table.name} ({', '.join(cols_)})"
+        for name, cols_ in table.indexes
+    ]
+    return stmts
+
+
+def migrations(dialect: Dialect) -> list[tuple[int, list[str]]]:
+    """Ordered ``(version, statements)``; each version runs once, in one transaction."""
+    out: list[tuple[int, list[str]]] = []
+    for version in range(1, SCHEMA_VERSION + 1):
+        stmts: list[str] = []
+        for table in TABLES:
+            if version == 1:
+                stmts += _create_table(table, dialect)
+            stmts += [
+                f"ALTER TABLE {table.name} ADD COLUMN {_column_ddl(c, dialect)}"
+                for c in table.columns
+                if c.since == version and version > 1
+            ]
+        stmts += _EXTRA_DDL.get(version, ())
+        out.append((version, stmts))
+    return out
+
+
+def missing_columns(table: Table, present: Iterable[str]) -> list[str]:
+    have = set(present)
+    return [n for n in table.names if n not in have]
+
+
+def _ph(dialect: Dialect) -> str:
+    return "?" if dialect == "sqlite" else "%s"
+
+
+def insert_requests_sql(dialect: Dialect) -> str:
+    # DO NOTHING makes a retried batch harmless when the first attempt did commit.
+    names = REQUESTS.names
+    marks = ", ".join([_ph(dialect)] * len(names))
+    return f"INSERT INTO requests ({', '.join(names)}) VALUES ({marks}) ON CONFLICT (request_id) DO NOTHING"
+
+
+def upsert_outcome_sql(dialect: Dialect) -> str:
+    names = OUTCOMES.names
+    marks = ", ".join([_ph(dialect)] * len(names))
+    updates = ", ".join(f"{n} = excluded.{n}" for n in names if n not in OUTCOMES.primary_key)
+    pk = ", ".join(OUTCOMES.primary_key)
+    return (
+        f"INSERT INTO outcomes ({', '.join(names)}) VALUES ({marks}) "
+        f"ON CONFLICT ({pk}) DO UPDATE SET {updates}"
+    )
+
+
+def select_sql(
+    table: Table, dialect: Dialect, where: str | None = None, order: str | None = None, limit: bool = False
+) -> str:
+    """``where`` is a column name compared for equality with one parameter."""
+    sql = f"SELECT {', '.join(table.names)} FROM {table.name}"
+    if where:
+        sql += f" WHERE {where} = {_ph(dialect)}"
+    if order:
+        sql += f" ORDER BY {order}"
+    if limit:
+        sql += f" LIMIT {_ph(dialect)}"
+    return sql
+
+
+def _clean_text(value: str) -> str:
+    # PostgreSQL TEXT rejects NUL and both drivers reject lone surrogates; one bad byte in a
+    # prompt must not make the whole batch unwritable.
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+def _encode_json(value: Any) -> str:
+    try:
+        return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return _clean_text(json.dumps(value, default=str, ensure_ascii=False))
+
+
+def _encode(col: Column, value: Any) -> Any:
+    if value is None:
+        return None
+    if col.kind == "text":
+        return _clean_text(value if isinstance(value, str) else str(value))
+    if col.kind == "bool":
+        return 1 if value else 0
+    if col.kind == "int":
+        out = int(value)
+        if not -_INT64 <= out < _INT64:
+            raise ValueError(f"{out} does not fit in 64 bits")
+        return out
+    if col.kind == "float":
+        return float(value)
+    return _encode_json(value)
+
+
+def _encode_values(table: Table, values: Sequence[Any], key: str) -> tuple[Any, ...]:
+    out = []
+    for col, value in zip(table.columns, values, strict=True):
+        try:
+            out.append(_encode(col, value))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise StoreDataError(f"{table.name} row {key!r}: column {col.name}: {exc}") from exc
+    return tuple(out)
+
+
+def encode_request(rec: RequestRecord) -> tuple[Any, ...]:
+    return _encode_values(REQUESTS, [getattr(rec, n) for n in REQUESTS.names], rec.request_id)
+
+
+def encode_outcome(rec: OutcomeRecord) -> tuple[Any, ...]:
+    values = [getattr(rec, n) for n in OUTCOMES.names]
+    values[OUTCOMES.names.index("attempt")] = 0 if rec.attempt is None else rec.attempt
+    return _encode_values(OUTCOMES, values, rec.task_id)
+
+
+def _decode_json(raw: Any) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw  # unreadable JSON is still worth showing rather than failing the whole query
+
+
+def decode_row(table: Table, row: Sequence[Any]) -> dict[str, Any]:
+    """A database row as a dict: JSON decoded, booleans as bool."""
+    out: dict[str, Any] = {}
+    for col, value in zip(table.columns, row, strict=True):
+        if value is not None:
+            if col.kind == "bool":
+                value = bool(value)
+            elif col.kind == "json":
+                value = _decode_json(value)
+            elif col.kind == "float":
+                value = float(value)
+        out[col.name] = value
+    return out

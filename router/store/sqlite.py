@@ -1,0 +1,162 @@
+"""The SQLite log store: stdlib sqlite3 on one connection owned by one worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from router.errors import ConfigError
+from router.store import schema
+from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
+
+T = TypeVar("T")
+
+_MAX_LIMIT = 10_000
+
+
+class SQLiteStore:
+    """Every database call runs on a single dedicated thread, so the one connection is never shared."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._insert_requests = schema.insert_requests_sql("sqlite")
+        self._upsert_outcome = schema.upsert_outcome_sql("sqlite")
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self._path!r})"
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None or self._conn is None:
+            raise RuntimeError(f"{self!r} is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise RuntimeError(f"{self!r} is not open")
+        return self._conn
+
+    async def open(self) -> None:
+        if self._executor is not None:
+            return
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, self._open_sync)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        self._executor = executor
+
+    def _open_sync(self) -> None:
+        try:
+            if self._path != ":memory:":
+                Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode: transactions are explicit below, DDL included.
+            conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=5.0)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"cannot open SQLite log store {self._path!r}: {exc}") from exc
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._migrate(conn)
+            for table in schema.TABLES:
+                present = [r[1] for r in conn.execute(f"PRAGMA table_info({table.name})")]
+                missing = schema.missing_columns(table, present)
+                if missing:
+                    raise RuntimeError(
+                        f"{self!r}: table {table.name} lacks columns {missing}; a record field was added "
+                        "without metadata={'since': N}"
+                    )
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        conn.execute(schema.version_table_ddl("sqlite"))
+        # IMMEDIATE takes the write lock before reading the version, so two processes opening
+        # the same file cannot both apply a migration.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+            for version, stmts in schema.migrations("sqlite"):
+                if version <= current:
+                    continue
+                for stmt in stmts:
+                    conn.execute(stmt)
+                conn.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, time.time())
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        executor.shutdown(wait=False)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._run(lambda: self._db().execute("SELECT 1").fetchone()[0] == 1))
+        except Exception:
+            return False
+
+    async def write_requests(self, records: Sequence[RequestRecord]) -> None:
+        if records:
+            await self._run(self._write_requests_sync, list(records))
+
+    def _write_requests_sync(self, records: list[RequestRecord]) -> None:
+        rows = [schema.encode_request(r) for r in records]
+        self._write_sync(self._insert_requests, rows)
+
+    async def write_outcome(self, rec: OutcomeRecord) -> None:
+        row = schema.encode_outcome(rec)
+        await self._run(self._write_sync, self._upsert_outcome, [row])
+
+    def _write_sync(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        conn = self._db()
+        conn.execute("BEGIN")
+        try:
+            conn.executemany(sql, rows)
+            conn.execute("COMMIT")
+        except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
+            conn.execute("ROLLBACK")
+            raise StoreDataError(str(exc)) from exc
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _query(self, table: schema.Table, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return [schema.decode_row(table, row) for row in self._db().execute(sql, params).fetchall()]
+
+    async def get_request(self, request_id: str) -> dict[str, Any] | None:
+        sql = schema.select_sql(schema.REQUESTS, "sqlite", where="request_id")
+        rows = await self._run(self._query, schema.REQUESTS, sql, (request_id,))
+        return rows[0] if rows else None
+
+    async def recent_requests(self, limit: int = 100) -> list[dict[str, Any]]:
+        sql = schema.select_sql(schema.REQUESTS, "sqlite", order="ts DESC, request_id DESC", limit=True)
+        return await self._run(self._query, schema.REQUESTS, sql, (max(0, min(int(limit), _MAX_LIMIT)),))
+
+    async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
+        sql = schema.select_sql(schema.REQUESTS, "sqlite", where="task_id", order="ts, request_id")
+        return await self._run(self._query, schema.REQUESTS, sql, (task_id,))
+
+    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
+        sql = schema.select_sql(schema.OUTCOMES, "sqlite", where="task_id", order="attempt, source")
+        return await self._run(self._query, schema.OUTCOMES, sql, (task_id,))

@@ -1,0 +1,194 @@
+"""The batched background writer between the request path and the log store.
+
+``submit`` only appends to a deque, so a slow or dead database never slows a request; a
+background loop writes batches. When the store fails the records stay buffered and the loop
+retries with capped exponential backoff; records are dropped (oldest first, counted) only when
+the buffer is full. A batch the store refuses for its *contents* (``StoreDataError``) is split
+in halves until the offending records are isolated and rejected, so one bad record cannot wedge
+the log.
+
+Outcomes do not go through here: they are rare, and the feedback endpoint should tell its
+client whether the outcome was stored, so callers await ``store.write_outcome`` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+
+from router.background import BackgroundTasks
+from router.store import Store
+from router.store.records import RequestRecord, StoreDataError
+
+log = logging.getLogger(__name__)
+
+
+class LogWriter:
+    """Counters: ``written``, ``dropped`` (buffer overflow or lost at close), ``rejected`` (bad
+    contents), ``failures`` (failed store calls). Use from the event loop's thread only."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        batch_size: int = 256,
+        flush_interval: float = 0.25,
+        max_buffer: int = 50_000,
+        retry_base: float = 0.1,
+        retry_cap: float = 5.0,
+    ) -> None:
+        if batch_size < 1 or max_buffer < 1 or flush_interval <= 0 or retry_base <= 0:
+            raise ValueError("batch_size, max_buffer, flush_interval and retry_base must be positive")
+        self._store = store
+        self._batch_size = batch_size
+        self._flush_interval = flush_interval
+        self._max_buffer = max_buffer
+        self._retry_base = retry_base
+        self._retry_cap = max(retry_cap, retry_base)
+        self._buffer: deque[RequestRecord] = deque()
+        # Chunks taken from the buffer and not yet stored; kept across failures and retried first.
+        self._inflight: deque[list[RequestRecord]] = deque()
+        self._lock = asyncio.Lock()  # one writer of _inflight at a time: the loop, flush() or close()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._overflowing = False
+        self._jitter = random.Random()
+        self.written = 0
+        self.dropped = 0
+        self.rejected = 0
+        self.failures = 0
+
+    @property
+    def buffered(self) -> int:
+        """Records accepted but not yet stored."""
+        return len(self._buffer) + sum(len(c) for c in self._inflight)
+
+    def submit(self, record: RequestRecord) -> None:
+        """Queue a record; O(1), never blocks."""
+        if self._closed:
+            self.dropped += 1
+            log.warning("log writer is closed; dropped request %s", record.request_id)
+            return
+        if len(self._buffer) >= self._max_buffer:
+            self._buffer.popleft()  # the oldest: recent requests matter more to whoever is watching
+            self.dropped += 1
+            if not self._overflowing:
+                self._overflowing = True
+                log.error(
+                    "log buffer full (%d records); dropping the oldest until the store catches up",
+                    self._max_buffer,
+                )
+        self._buffer.append(record)
+        if len(self._buffer) >= self._batch_size:
+            self._wake.set()
+
+    def start(self, tasks: BackgroundTasks) -> None:
+        if self._task is not None or self._closed:
+            raise RuntimeError("log writer already started or closed")
+        self._task = tasks.spawn(self._run(), name="log-writer")
+
+    def _backoff(self, failures_in_row: int) -> float:
+        delay = min(self._retry_cap, self._retry_base * 2 ** (failures_in_row - 1))
+        return delay * self._jitter.uniform(0.8, 1.0)  # desynchronizes workers retrying one database
+
+    @staticmethod
+    async def _wait(event: asyncio.Event, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
+
+    async def _run(self) -> None:
+        failures_in_row = 0
+        while not self._stop.is_set():
+            if failures_in_row:
+                await self._wait(self._stop, self._backoff(failures_in_row))
+            else:
+                await self._wait(self._wake, self._flush_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break  # close() does the final flush
+            if not self.buffered:
+                continue
+            try:
+                await self._write_pending()
+            except Exception as exc:
+                failures_in_row += 1
+                log.warning(
+                    "log store write failed (%d in a row, %d records buffered): %s: %s",
+                    failures_in_row,
+                    self.buffered,
+                    type(exc).__name__,
+                    exc,
+                )
+            else:
+                failures_in_row = 0
+
+    async def _write_pending(self) -> None:
+        """Store what is buffered now (not what arrives meanwhile), in batches."""
+        async with self._lock:
+            budget = len(self._buffer)
+            try:
+                while True:
+                    await self._write_inflight()
+                    take = min(self._batch_size, budget, len(self._buffer))
+                    if take <= 0:
+                        break
+                    budget -= take
+                    self._inflight.append([self._buffer.popleft() for _ in range(take)])
+            except Exception:
+                self.failures += 1
+                raise
+        self._overflowing = False
+
+    async def _write_inflight(self) -> None:
+        while self._inflight:
+            chunk = self._inflight[0]
+            try:
+                await self._store.write_requests(chunk)
+            except StoreDataError as exc:
+                self._inflight.popleft()
+                if len(chunk) == 1:
+                    self.rejected += 1
+                    log.error("log store rejected request %s: %s", chunk[0].request_id, exc)
+                else:
+                    mid = len(chunk) // 2
+                    self._inflight.extendleft([chunk[mid:], chunk[:mid]])
+                continue
+            # Any other exception leaves the chunk at the head for the next attempt.
+            self._inflight.popleft()
+            self.written += len(chunk)
+
+    async def flush(self) -> None:
+        """Store everything buffered now; raises the store's error if it fails (records are kept)."""
+        await self._write_pending()
+
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - records left at the deadline are counted
+        """Stop the loop and store what is left, retrying until ``timeout``; the rest count as dropped."""
+        self._closed = True
+        self._stop.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                if self._task is not None and not self._task.done():
+                    await asyncio.wait({self._task})  # unlike awaiting it, never raises its exception
+                attempt = 0
+                while self.buffered:
+                    try:
+                        await self._write_pending()
+                    except Exception as exc:
+                        attempt += 1
+                        log.warning("log store write failed at close: %s: %s", type(exc).__name__, exc)
+                        await asyncio.sleep(self._backoff(attempt))
+        except TimeoutError:
+            if self._task is not None:
+                self._task.cancel()  # it may be stuck in a store call; it must not touch the buffers again
+            lost = self.buffered
+            self.dropped += lost
+            self._buffer.clear()
+            self._inflight.clear()
+            log.error("log store unavailable at shutdown; dropped %d records after %gs", lost, timeout)

@@ -1,0 +1,37 @@
+"""Task identity: which agent task a request belongs to.
+
+A task is what an agent was asked to do; it spans many requests. The client may name it
+(``X-Router-Task-Id``); Claude Code and Codex carry a session id (``metadata.user_id``,
+``prompt_cache_key``); otherwise the task is a stable hash of who asked (a hash of their key)
+and how the conversation began (system prompt and first user message), which does not change
+as the conversation grows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from router.protocols.common import ClientRequest, sha256_json
+
+_CLIENT_TASK_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
+
+
+def client_key_hash(authorization: str | None, api_key: str | None) -> str:
+    """A short hash of the caller's credential; the credential itself is never kept."""
+    secret = api_key or (authorization or "").removeprefix("Bearer ").strip()
+    return hashlib.sha256(("router-key:" + secret).encode()).hexdigest()[:16] if secret else "anonymous"
+
+
+def task_id(req: ClientRequest, header_value: str | None, key_hash: str) -> str:
+    if header_value and _CLIENT_TASK_ID.match(header_value):
+        return header_value
+    if req.session_hint and _CLIENT_TASK_ID.match(req.session_hint):
+        return f"session-{req.session_hint}"
+    h = hashlib.sha256()
+    h.update(key_hash.encode())
+    h.update(b"\0")
+    h.update((sha256_json(req.system) if req.system else "").encode())
+    h.update(b"\0")
+    h.update(req.first_user_text.encode("utf-8", "replace"))
+    return "t-" + h.hexdigest()[:24]

@@ -1,0 +1,16 @@
+"""Where a translated call goes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    #: litellm's ``provider/model`` string, e.g. ``anthropic/claude-sonnet-4-5`` or ``openai/gpt-4o-mini``.
+    litellm_model: str
+    api_base: str | None
+    #: The secret, resolved from the environment by the caller. Never logged, never in a repr.
+    api_key: str | None = field(repr=False)
+    #: Seconds, for the whole call (a stream included).
+    timeout: float

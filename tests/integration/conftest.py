@@ -1,0 +1,110 @@
+"""Real servers on 127.0.0.1: the local fake provider, and the router under uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+import yaml
+
+from router.app import create_app
+from router.fakeupstream import FakeUpstream
+from router.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream() as up:
+        yield up
+
+
+def local_policy(upstream_url: str, **overrides: Any) -> dict[str, Any]:
+    """The demo policy (policies/examples/local.yaml) pointed at a test upstream."""
+    text = (Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_text()
+    policy = yaml.safe_load(text.replace("${ROUTER_LOCAL_UPSTREAM:-http://127.0.0.1:9100}", upstream_url))
+    policy.update(overrides)
+    return policy
+
+
+@dataclass
+class RunningRouter:
+    url: str
+    db_path: Path
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def records(self, wait_for: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Log rows, oldest first, once at least ``wait_for`` have been written (the writer batches)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self._rows()
+            if len(rows) >= wait_for or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.05)
+
+    def _rows(self) -> list[dict[str, Any]]:
+        if not self.db_path.exists():
+            return []
+        con = sqlite3.connect(self.db_path)
+        con.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in con.execute("SELECT * FROM requests ORDER BY ts")]
+        except sqlite3.OperationalError:
+            return []
+        finally:
+            con.close()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def start_router(policy: dict[str, Any], tmp: Path, **settings: Any) -> RunningRouter:
+    config = tmp / "policy.yaml"
+    config.write_text(yaml.safe_dump(policy))
+    db = tmp / "log.db"
+    app = create_app(Settings(config=config, store=f"sqlite:///{db}", **settings))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("router did not start")
+        time.sleep(0.02)
+    return RunningRouter(f"http://127.0.0.1:{port}", db, server, thread)
+
+
+@pytest.fixture
+def router_factory(tmp_path: Path) -> Iterator[Callable[..., RunningRouter]]:
+    started: list[RunningRouter] = []
+
+    def make(policy: dict[str, Any], **settings: Any) -> RunningRouter:
+        sub = tmp_path / f"r{len(started)}"
+        sub.mkdir()
+        r = start_router(policy, sub, **settings)
+        started.append(r)
+        return r
+
+    yield make
+    for r in started:
+        r.stop()
+
+
+@pytest.fixture
+def router(router_factory: Callable[..., RunningRouter], upstream: FakeUpstream) -> RunningRouter:
+    upstream.clear()
+    return router_factory(local_policy(upstream.url))

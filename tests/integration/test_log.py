@@ -1,0 +1,79 @@
+"""Every request leaves one complete log record, without prompt text."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import anthropic
+import openai
+import orjson
+import pytest
+
+from tests.integration.conftest import RunningRouter
+
+pytestmark = pytest.mark.integration
+
+MARKER = "PROMPT-MARKER-7f3a9c"
+SYSTEM = f"You are a careful coder. {MARKER}"
+TOOLS = [{
+    "type": "function",
+    "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}},
+}]  # fmt: skip
+
+
+def test_streamed_openai_request_fills_every_field(router: RunningRouter) -> None:
+    c = openai.OpenAI(base_url=router.url + "/v1", api_key="sk-x", max_retries=0, timeout=20)
+    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"fix the bug {MARKER}"}]
+    list(c.chat.completions.create(model="auto", messages=history, max_tokens=50, tool_choice="none",
+                                   tools=TOOLS, temperature=0.3, top_p=0.9, stream=True))  # fmt: skip
+    # The second turn repeats the first turn's prefix: the provider reports it as cached.
+    history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and now?"}]
+    list(c.chat.completions.create(model="auto", messages=history, max_tokens=50, tools=TOOLS,
+                                   temperature=0.3, top_p=0.9, stream=True, reasoning_effort="low"))  # fmt: skip
+    rec = router.records(2)[-1]
+    must_be_set = [
+        "request_id", "ts", "decision_id", "task_id", "protocol", "endpoint", "requested_model",
+        "chosen_model", "backend_model", "provider_model", "policy", "decision_reason", "propensity",
+        "candidates", "tries", "status", "input_tokens", "output_tokens", "cache_read_tokens",
+        "reasoning_tokens", "prompt_tokens_est", "cost_usd", "cost_est_usd", "queue_ms", "ttft_ms",
+        "decode_ms", "gap_mean_ms", "gap_p95_ms", "gap_max_ms", "delivery_ms", "total_ms", "temperature",
+        "top_p", "max_tokens", "reasoning_effort", "tools_sha256", "system_sha256", "n_messages", "n_tools",
+    ]  # fmt: skip
+    missing = [f for f in must_be_set if rec[f] is None]
+    assert not missing, missing
+    assert rec["stream"] == 1 and rec["status"] == 200 and rec["usage_estimated"] == 0
+    assert rec["protocol"] == "openai_chat" and rec["requested_model"] == "auto"
+    assert rec["cache_read_tokens"] > 0 and rec["reasoning_tokens"] > 0
+    assert rec["temperature"] == 0.3 and rec["max_tokens"] == 50 and rec["reasoning_effort"] == "low"
+    assert rec["tools_sha256"] == hashlib.sha256(orjson.dumps(TOOLS, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    candidates = json.loads(rec["candidates"])
+    assert {c["model"] for c in candidates} == {"local-nano", "local-mini", "local-large", "local-claude"}
+    assert all("cost_usd" in c and "prompt_tokens" in c for c in candidates)
+    assert rec["total_ms"] >= rec["queue_ms"] and rec["ttft_ms"] >= 0
+    first = router.records(2)[0]
+    assert first["task_id"] == rec["task_id"], "a growing conversation stays one task"
+    assert MARKER not in json.dumps(router.records(2))
+    assert MARKER.encode() not in router.db_path.read_bytes()
+
+
+def test_anthropic_cache_write_and_thinking_budget_logged(router: RunningRouter) -> None:
+    c = anthropic.Anthropic(base_url=router.url, api_key="sk-ant-x", max_retries=0, timeout=20)
+    system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    with c.messages.stream(model="claude-sonnet-4-6", max_tokens=4096, system=system,
+                           thinking={"type": "enabled", "budget_tokens": 2048},
+                           messages=[{"role": "user", "content": "hi"}]) as s:  # fmt: skip
+        s.get_final_message()
+    rec = router.records(1)[-1]
+    assert rec["chosen_model"] == "local-claude"
+    assert rec["cache_write_tokens"] and rec["cache_write_tokens"] > 0
+    assert rec["thinking_budget"] == 2048 and rec["ttft_ms"] is not None
+    assert rec["input_tokens"] >= rec["cache_write_tokens"]
+
+
+def test_non_streaming_ttft_is_absent_not_guessed(router: RunningRouter) -> None:
+    c = openai.OpenAI(base_url=router.url + "/v1", api_key="sk-x", max_retries=0, timeout=20)
+    c.chat.completions.create(model="auto", messages=[{"role": "user", "content": "hi"}])
+    rec = router.records(1)[-1]
+    assert rec["ttft_ms"] is None and rec["decode_ms"] is None
+    assert rec["total_ms"] > 0 and rec["queue_ms"] is not None and rec["delivery_ms"] is not None

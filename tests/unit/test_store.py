@@ -1,0 +1,593 @@
+"""The log store (SQLite), its migrations, URL parsing, the batched writer and the task group."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.background import BackgroundTasks
+from router.errors import ConfigError
+from router.store import Store, StoreDataError, mask_url, open_store, schema
+from router.store.records import OutcomeRecord, RequestRecord
+from router.store.sqlite import SQLiteStore
+from router.store.writer import LogWriter
+
+
+def full_record(request_id: str = "req-full") -> RequestRecord:
+    """Every field set to a distinctive non-default value."""
+    return RequestRecord(
+        request_id=request_id,
+        ts=1_700_000_000.125,
+        decision_id="dec-1",
+        task_id="task-1",
+        attempt=2,
+        side_call=True,
+        protocol="anthropic",
+        endpoint="/v1/messages",
+        client="claude-cli",
+        requested_model="claude-sonnet-4",
+        chosen_model="cheap-model",
+        backend_model="openai/gpt-4o-mini",
+        provider_model="gpt-4o-mini-2024-07-18",
+        policy="default@3",
+        decision_reason="cheapest above quality floor",
+        propensity=0.75,
+        candidates=[
+            {"model": "cheap-model", "p_success": 0.8, "excluded": None},
+            {"model": "x", "excluded": "ctx"},
+        ],
+        tries=[{"model": "a", "status": 529, "error_type": "UpstreamOverloaded", "ms": 12.5}],
+        stream=True,
+        status=200,
+        error_type="UpstreamError",
+        error_message="nul\x00 and ünïcode ✓",
+        input_tokens=1234,
+        output_tokens=56,
+        cache_read_tokens=1000,
+        cache_write_tokens=7,
+        reasoning_tokens=9,
+        usage_estimated=True,
+        prompt_tokens_est=1200,
+        cost_usd=0.00123,
+        cost_est_usd=0.0011,
+        queue_ms=0.5,
+        ttft_ms=321.0,
+        decode_ms=1500.25,
+        gap_mean_ms=20.0,
+        gap_p95_ms=55.5,
+        gap_max_ms=99.0,
+        delivery_ms=1.5,
+        total_ms=1822.0,
+        temperature=0.2,
+        top_p=0.9,
+        max_tokens=4096,
+        reasoning_effort="high",
+        thinking_budget=2048,
+        tools_sha256="a" * 64,
+        system_sha256="b" * 64,
+        n_messages=12,
+        n_tools=3,
+        prompt="hello\nworld",
+    )
+
+
+def expected_row(rec: RequestRecord) -> dict[str, Any]:
+    row = {name: getattr(rec, name) for name in RequestRecord.columns()}
+    if isinstance(row["error_message"], str):
+        row["error_message"] = row["error_message"].replace("\x00", "\ufffd")
+    return row
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    s = SQLiteStore(str(tmp_path / "sub" / "log.db"))
+    await s.open()
+    yield s
+    await s.close()
+
+
+# --- schema -----------------------------------------------------------------------------------
+
+
+def test_columns_follow_the_records() -> None:
+    assert schema.REQUESTS.names == RequestRecord.columns()
+    assert schema.OUTCOMES.names == OutcomeRecord.columns()
+    kinds = {c.name: c.kind for c in schema.REQUESTS.columns}
+    assert kinds["candidates"] == kinds["tries"] == "json"
+    assert kinds["stream"] == kinds["side_call"] == kinds["usage_estimated"] == "bool"
+    assert kinds["input_tokens"] == "int" and kinds["ttft_ms"] == "float" and kinds["prompt"] == "text"
+    assert RequestRecord.columns() == tuple(
+        [
+            "request_id",
+            "ts",
+            "decision_id",
+            "task_id",
+            "attempt",
+            "side_call",
+            "protocol",
+            "endpoint",
+            "client",
+            "requested_model",
+            "chosen_model",
+            "backend_model",
+            "provider_model",
+            "policy",
+            "decision_reason",
+            "propensity",
+            "candidates",
+            "tries",
+            "stream",
+            "status",
+            "error_type",
+            "error_message",
+            "input_tokens",
+            "output_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+            "reasoning_tokens",
+            "usage_estimated",
+            "prompt_tokens_est",
+            "cost_usd",
+            "cost_est_usd",
+            "queue_ms",
+            "ttft_ms",
+            "decode_ms",
+            "gap_mean_ms",
+            "gap_p95_ms",
+            "gap_max_ms",
+            "delivery_ms",
+            "total_ms",
+            "temperature",
+            "top_p",
+            "max_tokens",
+            "reasoning_effort",
+            "thinking_budget",
+            "tools_sha256",
+            "system_sha256",
+            "n_messages",
+            "n_tools",
+            "prompt",
+        ]
+    )
+
+
+def test_both_dialects_share_one_spec() -> None:
+    lite, pg = schema.migrations("sqlite"), schema.migrations("postgres")
+    assert [v for v, _ in lite] == [v for v, _ in pg] == list(range(1, schema.SCHEMA_VERSION + 1))
+    create_lite = lite[0][1][0]
+    create_pg = pg[0][1][0]
+    assert "propensity REAL" in create_lite and "propensity DOUBLE PRECISION" in create_pg
+    assert create_lite.count(",") == create_pg.count(",")
+
+
+# --- SQLite store -----------------------------------------------------------------------------
+
+
+async def test_open_creates_file_and_records_version(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "log.db"
+    s = SQLiteStore(str(path))
+    await s.open()
+    assert await s.ping()
+    await s.close()
+    assert not await s.ping()
+    with sqlite3.connect(path) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_version")]
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert versions == list(range(1, schema.SCHEMA_VERSION + 1))
+    assert mode == "wal"
+    assert {"requests_task_id_idx", "requests_ts_idx", "requests_chosen_model_ts_idx"} <= indexes
+
+
+async def test_migrations_are_idempotent(tmp_path: Path) -> None:
+    path = str(tmp_path / "log.db")
+    first = SQLiteStore(path)
+    await first.open()
+    await first.write_requests([full_record()])
+    await first.close()
+    second = SQLiteStore(path)
+    await second.open()
+    assert await second.get_request("req-full") == expected_row(full_record())
+    await second.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == schema.SCHEMA_VERSION
+
+
+async def test_concurrent_opens_migrate_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "log.db")
+    stores = [SQLiteStore(path) for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    await asyncio.gather(*(s.close() for s in stores))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == schema.SCHEMA_VERSION
+
+
+async def check_round_trip(store: Store) -> None:
+    """Shared with the PostgreSQL integration test: every field, then an all-defaults record."""
+    rec = full_record()
+    await store.write_requests([rec])
+    got = await store.get_request(rec.request_id)
+    assert got == expected_row(rec)
+    assert got is not None
+    assert got["stream"] is True and got["side_call"] is True and got["usage_estimated"] is True
+    assert isinstance(got["ttft_ms"], float) and isinstance(got["input_tokens"], int)
+    minimal = RequestRecord(request_id="req-min", ts=5.0)
+    await store.write_requests([minimal])
+    got = await store.get_request("req-min")
+    assert got == expected_row(minimal)
+    assert got["candidates"] is None and got["stream"] is False and got["status"] is None
+    assert await store.get_request("nope") is None
+
+
+async def test_round_trip(store: SQLiteStore) -> None:
+    await check_round_trip(store)
+
+
+async def check_batch_and_queries(store: Store) -> None:
+    recs = [
+        RequestRecord(request_id=f"r{i:03d}", ts=1000.0 + i, task_id="t-even" if i % 2 == 0 else "t-odd")
+        for i in range(300)
+    ]
+    await store.write_requests(recs)
+    await store.write_requests(recs[:10])  # a retried batch: already-stored ids are skipped
+    recent = await store.recent_requests(limit=5)
+    assert [r["request_id"] for r in recent] == ["r299", "r298", "r297", "r296", "r295"]
+    assert len(await store.recent_requests(limit=1000)) == 300
+    even = await store.requests_for_task("t-even")
+    assert [r["request_id"] for r in even] == [f"r{i:03d}" for i in range(0, 300, 2)]
+
+
+async def test_batch_write_and_queries(store: SQLiteStore) -> None:
+    await check_batch_and_queries(store)
+
+
+def outcome(
+    attempt: int | None, success: bool, source: str, score: float | None = None, details: Any = None
+) -> OutcomeRecord:
+    return OutcomeRecord(
+        task_id="t1",
+        attempt=attempt,
+        success=success,
+        score=score,
+        source=source,
+        details=details,
+        ts=10.0,
+        explicit=source == "explicit",
+    )
+
+
+async def check_outcome_upsert(store: Store) -> None:
+    await store.write_outcome(outcome(None, False, "explicit"))
+    await store.write_outcome(outcome(None, True, "explicit", 0.9, {"note": "fixed"}))
+    await store.write_outcome(outcome(1, False, "retry"))
+    await store.write_outcome(outcome(1, False, "retry"))
+    rows = await store.outcomes_for_task("t1")
+    assert rows == [
+        {
+            "task_id": "t1",
+            "attempt": 0,
+            "success": True,
+            "score": 0.9,
+            "source": "explicit",
+            "details": {"note": "fixed"},
+            "ts": 10.0,
+            "explicit": True,
+        },
+        {
+            "task_id": "t1",
+            "attempt": 1,
+            "success": False,
+            "score": None,
+            "source": "retry",
+            "details": None,
+            "ts": 10.0,
+            "explicit": False,
+        },
+    ]
+
+
+async def test_outcome_upsert_is_idempotent_per_key(store: SQLiteStore) -> None:
+    await check_outcome_upsert(store)
+
+
+async def check_bad_record_rolls_back(store: Store) -> None:
+    bad = RequestRecord(request_id="bad", ts=1.0, input_tokens=2**70)
+    with pytest.raises(StoreDataError, match="input_tokens"):
+        await store.write_requests([RequestRecord(request_id="good", ts=1.0), bad])
+    assert await store.get_request("good") is None  # all or nothing per batch
+
+
+async def test_unencodable_record_raises_store_data_error(store: SQLiteStore) -> None:
+    await check_bad_record_rolls_back(store)
+
+
+async def test_store_refuses_calls_before_open(tmp_path: Path) -> None:
+    s = SQLiteStore(str(tmp_path / "x.db"))
+    with pytest.raises(RuntimeError, match="not open"):
+        await s.write_requests([RequestRecord(request_id="r", ts=1.0)])
+    assert not await s.ping()
+
+
+async def test_memory_store() -> None:
+    s = open_store("sqlite:///:memory:")
+    await s.open()
+    await s.write_requests([RequestRecord(request_id="m", ts=1.0)])
+    assert (await s.get_request("m") or {}).get("ts") == 1.0
+    await s.close()
+
+
+# --- open_store / URLs ------------------------------------------------------------------------
+
+
+def test_open_store_sqlite_paths() -> None:
+    rel = open_store("sqlite:///relative/path.db")
+    absolute = open_store("sqlite:////abs/path.db")
+    assert isinstance(rel, SQLiteStore) and repr(rel) == "SQLiteStore('relative/path.db')"
+    assert isinstance(absolute, SQLiteStore) and repr(absolute) == "SQLiteStore('/abs/path.db')"
+
+
+def test_open_store_postgres_masks_password() -> None:
+    s = open_store("postgresql://router:s3cret@db.internal:5432/logs")
+    assert type(s).__name__ == "PostgresStore"
+    assert "s3cret" not in repr(s) and "router:***@db.internal" in repr(s)
+    assert type(open_store("postgres://h/db")).__name__ == "PostgresStore"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://admin:hunter2@db/logs",
+        "sqlite://host/x.db",
+        "sqlite:///",
+        "just-a-path.db",
+        "redis://:hunter2@h",
+    ],
+)
+def test_open_store_rejects_bad_urls_without_leaking_passwords(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store(url)
+    message = str(info.value)
+    assert "hunter2" not in message
+    assert mask_url(url) in message
+
+
+def test_mask_url() -> None:
+    assert (
+        mask_url("postgresql://u:p%40ss@h:5432/db?sslmode=require")
+        == "postgresql://u:***@h:5432/db?sslmode=require"
+    )
+    assert mask_url("postgresql://u:p@ss@h/db") == "postgresql://u:***@h/db"
+    assert mask_url("postgresql://h/db?user=u&password=pw&x=1") == "postgresql://h/db?user=u&password=***&x=1"
+    assert mask_url("postgresql://u@h:5432/db") == "postgresql://u@h:5432/db"
+    assert mask_url("host=h password=pw dbname=d") == "host=h password=*** dbname=d"
+
+
+# --- writer -----------------------------------------------------------------------------------
+
+
+class FakeStore:
+    """Records what was written; fails the first ``fail_times`` writes; refuses ids in ``poison``."""
+
+    def __init__(self, fail_times: int = 0, poison: frozenset[str] = frozenset()) -> None:
+        self.fail_times = fail_times
+        self.poison = poison
+        self.calls = 0
+        self.batches: list[list[str]] = []
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def ping(self) -> bool:
+        return True
+
+    async def write_requests(self, records: Sequence[RequestRecord]) -> None:
+        self.calls += 1
+        if self.calls <= self.fail_times:
+            raise ConnectionError("database is down")
+        if any(r.request_id in self.poison for r in records):
+            raise StoreDataError("bad row")
+        self.batches.append([r.request_id for r in records])
+
+    async def write_outcome(self, rec: OutcomeRecord) -> None:
+        pass
+
+    async def get_request(self, request_id: str) -> dict[str, Any] | None:
+        return None
+
+    async def recent_requests(self, limit: int = 100) -> list[dict[str, Any]]:
+        return []
+
+    async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
+        return []
+
+    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
+        return []
+
+    @property
+    def ids(self) -> list[str]:
+        return [i for b in self.batches for i in b]
+
+
+def recs(n: int, prefix: str = "r") -> list[RequestRecord]:
+    return [RequestRecord(request_id=f"{prefix}{i}", ts=float(i)) for i in range(n)]
+
+
+async def until(cond: Any, seconds: float = 2.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not cond():  # noqa: ASYNC110 - polling plain counters; there is no event to wait on
+            await asyncio.sleep(0.005)
+
+
+def test_fake_store_satisfies_protocol() -> None:
+    store: Store = FakeStore()  # mypy checks the structure
+    assert store is not None
+
+
+async def test_writer_batches_by_size() -> None:
+    fake = FakeStore()
+    w = LogWriter(fake, batch_size=4, flush_interval=60)
+    for r in recs(10):
+        w.submit(r)
+    assert fake.calls == 0  # submit never writes
+    await w.flush()
+    assert fake.batches == [["r0", "r1", "r2", "r3"], ["r4", "r5", "r6", "r7"], ["r8", "r9"]]
+    assert (w.written, w.buffered, w.dropped) == (10, 0, 0)
+
+
+async def test_writer_loop_wakes_when_a_batch_is_full() -> None:
+    fake, tasks = FakeStore(), BackgroundTasks()
+    w = LogWriter(fake, batch_size=3, flush_interval=60)
+    w.start(tasks)
+    for r in recs(3):
+        w.submit(r)
+    await until(lambda: w.written == 3)
+    assert fake.batches == [["r0", "r1", "r2"]]
+    await w.close(timeout=1)
+    await tasks.drain(timeout=1)
+
+
+async def test_writer_flushes_at_close() -> None:
+    fake, tasks = FakeStore(), BackgroundTasks()
+    w = LogWriter(fake, batch_size=100, flush_interval=60)
+    w.start(tasks)
+    for r in recs(7):
+        w.submit(r)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await w.close(timeout=2)
+    assert loop.time() - started < 0.5  # close wakes the loop instead of waiting out the interval
+    assert fake.ids == [f"r{i}" for i in range(7)]
+    assert w.written == 7 and len(tasks) == 0
+    w.submit(RequestRecord(request_id="late", ts=1.0))
+    assert w.dropped == 1 and w.buffered == 0
+
+
+async def test_writer_retries_after_store_failures() -> None:
+    fake, tasks = FakeStore(fail_times=2), BackgroundTasks()
+    w = LogWriter(fake, batch_size=2, flush_interval=0.01, retry_base=0.01, retry_cap=0.05)
+    w.start(tasks)
+    for r in recs(5):
+        w.submit(r)
+    await until(lambda: w.written == 5)
+    assert fake.ids == ["r0", "r1", "r2", "r3", "r4"]  # in order, each once
+    assert w.failures == 2 and w.dropped == 0 and w.buffered == 0
+    await w.close(timeout=1)
+
+
+async def test_flush_raises_and_keeps_records_when_store_fails() -> None:
+    fake = FakeStore(fail_times=1)
+    w = LogWriter(fake, batch_size=10, flush_interval=60)
+    for r in recs(3):
+        w.submit(r)
+    with pytest.raises(ConnectionError):
+        await w.flush()
+    assert w.buffered == 3 and w.failures == 1
+    await w.flush()
+    assert fake.ids == ["r0", "r1", "r2"] and w.buffered == 0
+
+
+async def test_overflow_drops_oldest_and_counts() -> None:
+    fake = FakeStore()
+    w = LogWriter(fake, batch_size=100, flush_interval=60, max_buffer=5)
+    for r in recs(8):
+        w.submit(r)
+    assert w.dropped == 3 and w.buffered == 5
+    await w.flush()
+    assert fake.ids == ["r3", "r4", "r5", "r6", "r7"]
+
+
+async def test_close_gives_up_at_timeout_and_counts_losses() -> None:
+    fake, tasks = FakeStore(fail_times=10**9), BackgroundTasks()
+    w = LogWriter(fake, batch_size=2, flush_interval=0.01, retry_base=0.01, retry_cap=0.02)
+    w.start(tasks)
+    for r in recs(5):
+        w.submit(r)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await w.close(timeout=0.2)
+    assert 0.15 < loop.time() - started < 1.0
+    assert w.dropped == 5 and w.buffered == 0 and w.written == 0 and w.failures >= 2
+    await tasks.drain(timeout=1)
+    assert len(tasks) == 0
+
+
+async def test_bad_records_are_isolated_and_rejected() -> None:
+    fake = FakeStore(poison=frozenset({"r2", "r5"}))
+    w = LogWriter(fake, batch_size=8, flush_interval=60)
+    for r in recs(8):
+        w.submit(r)
+    await w.flush()
+    assert sorted(fake.ids) == ["r0", "r1", "r3", "r4", "r6", "r7"]
+    assert (w.written, w.rejected, w.failures, w.buffered) == (6, 2, 0, 0)
+
+
+async def test_writer_with_real_sqlite_rejects_only_the_bad_record(store: SQLiteStore) -> None:
+    w = LogWriter(store, batch_size=4, flush_interval=60)
+    batch = recs(4)
+    batch[1].input_tokens = 2**64
+    for r in batch:
+        w.submit(r)
+    await w.flush()
+    assert w.written == 3 and w.rejected == 1
+    assert sorted(r["request_id"] for r in await store.recent_requests()) == ["r0", "r2", "r3"]
+
+
+def test_writer_validates_settings() -> None:
+    with pytest.raises(ValueError):
+        LogWriter(FakeStore(), batch_size=0)
+
+
+# --- background tasks -------------------------------------------------------------------------
+
+
+async def test_background_tasks_log_failures_and_forget_finished(caplog: pytest.LogCaptureFixture) -> None:
+    tasks = BackgroundTasks()
+
+    async def boom() -> None:
+        raise ValueError("kaput")
+
+    async def fine() -> int:
+        return 7
+
+    caplog.set_level(logging.ERROR, logger="router.background")
+    failing = tasks.spawn(boom(), name="boom-task")
+    ok = tasks.spawn(fine(), name="fine-task")
+    assert len(tasks) == 2
+    await tasks.drain(timeout=1)
+    assert len(tasks) == 0 and ok.result() == 7 and failing.done()
+    assert any("boom-task" in r.getMessage() and r.exc_info for r in caplog.records)
+    assert not any("fine-task" in r.getMessage() for r in caplog.records)
+
+
+async def test_drain_waits_then_cancels_leftovers() -> None:
+    tasks = BackgroundTasks()
+    cleaned: list[str] = []
+
+    async def quick() -> None:
+        await asyncio.sleep(0.02)
+        tasks.spawn(asyncio.sleep(0.01), name="spawned-while-draining")
+
+    async def stuck() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.append("stuck")
+
+    q = tasks.spawn(quick(), name="quick")
+    s = tasks.spawn(stuck(), name="stuck")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await tasks.drain(timeout=0.2)
+    assert loop.time() - started < 1.0
+    assert q.done() and not q.cancelled()
+    assert s.cancelled() and cleaned == ["stuck"]
+    assert len(tasks) == 0
