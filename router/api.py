@@ -44,7 +44,9 @@ def register(app: FastAPI, s: Services) -> None:
     async def count_tokens(request: Request) -> Response:
         try:
             s.auth.check(request)
-            req = anthropic_protocol.parse(await read_body(request, s.settings.max_body_bytes), count_only=True)
+            req = anthropic_protocol.parse(
+                await read_body(request, s.settings.max_body_bytes), count_only=True
+            )
         except RouterError as err:
             return _json(err.anthropic_body(), err.status)
         n = s.counter.count_anthropic(req.system, req.messages, req.tools or None)

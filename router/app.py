@@ -24,6 +24,7 @@ from router.settings import Settings
 from router.store import Store, open_store
 from router.store.writer import LogWriter
 from router.tokens import TokenCounter
+from router.translate.litellm_setup import get_litellm
 from router.upstream import Upstream
 
 log = logging.getLogger("router.app")
@@ -49,6 +50,11 @@ def build_services(settings: Settings) -> Services:
     """Validate everything that can be validated before the server starts listening."""
     policy = load_policy(settings.config)
     catalog = build_catalog(policy)
+    # Cross-protocol calls go through litellm, whose import takes seconds: pay it before
+    # listening rather than on some agent's first translated request.
+    get_litellm()
+    counter = TokenCounter()
+    counter.count_text("load the encoding now, not on the first request")
     upstream = Upstream(settings.timeouts)
     store = open_store(settings.store)
     return Services(
@@ -56,7 +62,7 @@ def build_services(settings: Settings) -> Services:
         policy=policy,
         catalog=catalog,
         decider=Decider(policy, catalog),
-        counter=TokenCounter(),
+        counter=counter,
         upstream=upstream,
         executor=Executor(upstream, catalog, settings.timeouts),
         store=store,

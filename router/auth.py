@@ -22,7 +22,8 @@ MAX_KEY_LENGTH = 256
 
 class Auth:
     def __init__(self, master_key: SecretStr | None) -> None:
-        self._master = master_key.get_secret_value().encode() if master_key else None
+        secret = master_key.get_secret_value() if master_key is not None else ""
+        self._master = secret.encode() or None
 
     @property
     def open(self) -> bool:
@@ -40,6 +41,8 @@ class Auth:
             auth = request.headers.get("authorization") or ""
             presented = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         if not presented:
-            raise AuthenticationFailed("missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key'")
+            raise AuthenticationFailed(
+                "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key'"
+            )
         if len(presented) > MAX_KEY_LENGTH or not hmac.compare_digest(presented.encode(), self._master):
             raise AuthenticationFailed("invalid API key")

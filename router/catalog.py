@@ -9,7 +9,7 @@ names the variable rather than a failure at startup for a backend that may never
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +80,7 @@ class Catalog:
     def __getitem__(self, model_id: str) -> Backend:
         return self.backends[model_id]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Backend]:
         return iter(self.backends.values())
 
 
@@ -120,7 +120,9 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
     )
     window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")
     if not window:
-        raise ConfigError(f"{where}.context_window: not given, and litellm does not know {spec.litellm_model!r}")
+        raise ConfigError(
+            f"{where}.context_window: not given, and litellm does not know {spec.litellm_model!r}"
+        )
     max_out = spec.max_output_tokens or (known or {}).get("max_output_tokens") or 4096
     return Backend(
         id=spec.id,

@@ -7,6 +7,7 @@ typical agent requests, in both protocols, and prints the log records they left.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import threading
@@ -27,7 +28,11 @@ BASH_TOOL = {
     "function": {
         "name": "bash",
         "description": "Run a shell command",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
     },
 }
 
@@ -89,20 +94,26 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> 
         while not server.started:
             time.sleep(0.02)
         base = f"http://127.0.0.1:{port}"
-        console.print(f"[bold]router[/] on {base}  ·  local upstream on {upstream.url}  ·  policy {POLICY.name}")
+        console.print(
+            f"[bold]router[/] on {base}  ·  local upstream on {upstream.url}  ·  policy {POLICY.name}"
+        )
         table = Table(title="Routed requests")
-        for col in ("request", "status", "routed to", "task", "in/out tokens", "cost $", "ms"):
+        for col in ("request", "status", "routed to", "task", "in/out tokens", "ms"):
             table.add_column(col)
         big = "def f(x):\n    return x * 2\n" * 6000
         with httpx.Client(base_url=base, timeout=30) as client:
             for label, path, body, headers in _requests(big):
                 t0 = time.perf_counter()
-                r = client.post(path, content=orjson.dumps(body), headers={"content-type": "application/json", **headers})
+                r = client.post(
+                    path, content=orjson.dumps(body), headers={"content-type": "application/json", **headers}
+                )
                 ms = (time.perf_counter() - t0) * 1000
                 usage = _usage(r)
                 table.add_row(label, str(r.status_code), r.headers.get("x-router-model", "-"),
-                              (r.headers.get("x-router-task-id") or "-")[:14], usage, "", f"{ms:.0f}")  # fmt: skip
-            preview = client.post("/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": big}]})
+                              (r.headers.get("x-router-task-id") or "-")[:14], usage, f"{ms:.0f}")  # fmt: skip
+            preview = client.post(
+                "/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": big}]}
+            )
         console.print(table)
         p = preview.json()
         console.print(f"POST /v1/route for the 40k-token prompt: chose [bold]{p['chosen']}[/] "
@@ -111,10 +122,8 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> 
         if keep_serving:
             console.print(f"\nServing until Ctrl-C. Point agents at it:\n"
                           f"  ANTHROPIC_BASE_URL={base} claude ...\n  OPENAI_BASE_URL={base}/v1 ...")  # fmt: skip
-            try:
+            with contextlib.suppress(KeyboardInterrupt):
                 thread.join()
-            except KeyboardInterrupt:
-                pass
         server.should_exit = True
         thread.join(timeout=30)
         _print_log(console, store)
@@ -146,7 +155,19 @@ def _print_log(console: Console, store: str) -> None:
     ).fetchall()
     con.close()
     table = Table(title=f"Last log records ({path})")
-    for col in ("protocol", "asked", "chosen", "status", "in", "out", "cached", "cost $", "ttft ms", "total ms", "error"):
+    for col in (
+        "protocol",
+        "asked",
+        "chosen",
+        "status",
+        "in",
+        "out",
+        "cached",
+        "cost $",
+        "ttft ms",
+        "total ms",
+        "error",
+    ):
         table.add_column(col)
     for row in reversed(rows):
         table.add_row(*["-" if v is None else f"{v:.6f}" if isinstance(v, float) and v < 1 else

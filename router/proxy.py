@@ -97,8 +97,12 @@ class Proxy:
                 phases.finish()
                 self._finish(rec, phases)
 
-    def decide(self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord) -> Decision:
-        key_hash = tasks.client_key_hash(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    def decide(
+        self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord
+    ) -> Decision:
+        key_hash = tasks.client_key_hash(
+            request.headers.get("authorization"), request.headers.get("x-api-key")
+        )
         rec.task_id = tasks.task_id(req, request.headers.get("x-router-task-id"), key_hash)
         rec.requested_model = req.model
         rec.stream = req.stream

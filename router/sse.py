@@ -29,7 +29,9 @@ def parse_block(block: bytes) -> Event:
     return Event(name, b"\n".join(data_lines), block + b"\n\n")
 
 
-async def events(chunks: AsyncIterator[bytes], max_event_bytes: int = 16 * 1024 * 1024) -> AsyncIterator[Event]:
+async def events(
+    chunks: AsyncIterator[bytes], max_event_bytes: int = 16 * 1024 * 1024
+) -> AsyncIterator[Event]:
     """Yield events as soon as their terminating blank line arrives."""
     buf = b""
     async for chunk in chunks:

@@ -15,7 +15,6 @@ from the environment: the client chooses none of the URL, the key or the headers
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,6 +28,7 @@ from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upst
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, WIRES, ClientRequest
 from router.protocols.common import FAMILY
 from router.settings import Timeouts
+from router.translate.target import Target
 
 DEFAULT_BASES = {
     ("openai", "openai"): "https://api.openai.com/v1",
@@ -69,7 +69,9 @@ class Upstream:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=60, ttl_dns_cache=300)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect, sock_read=self.timeouts.idle)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeouts.connect, sock_read=self.timeouts.idle
+        )
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, json_serialize=lambda o: orjson.dumps(o).decode(),
             auto_decompress=True, skip_auto_headers=("User-Agent",),
@@ -79,7 +81,9 @@ class Upstream:
         if self._session is not None:
             await self._session.close()
 
-    def _headers(self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]) -> dict[str, str]:
+    def _headers(
+        self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]
+    ) -> dict[str, str]:
         key = backend.api_key()
         headers = {"content-type": "application/json", "user-agent": "router/0.1"}
         if backend.protocol == "anthropic":
@@ -96,7 +100,9 @@ class Upstream:
             headers["accept"] = "text/event-stream"
         return headers
 
-    async def _post(self, url: str, body: dict[str, Any], headers: dict[str, str], backend: Backend):  # type: ignore[no-untyped-def]
+    async def _post(
+        self, url: str, body: dict[str, Any], headers: dict[str, str], backend: Backend
+    ) -> aiohttp.ClientResponse:
         assert self._session is not None, "Upstream.start() was not called"
         try:
             resp = await self._session.post(url, data=orjson.dumps(body), headers=headers)
@@ -151,7 +157,9 @@ class Upstream:
         if base is None:
             from router import translate
 
-            frames = await translate.open_stream(req.protocol, provider_body(req, backend), self._target(backend))
+            frames = await translate.open_stream(
+                req.protocol, provider_body(req, backend), self._target(backend)
+            )
             return sse.events(_guard(frames, backend, self.timeouts))
         wire = WIRES[req.protocol]
         body = provider_body(req, backend)
@@ -160,12 +168,12 @@ class Upstream:
         if "text/event-stream" not in ctype:
             raw = await resp.read()
             resp.release()
-            raise UpstreamError(f"backend {backend.id!r} did not stream (content-type {ctype!r}): {_error_text(raw)}")
+            raise UpstreamError(
+                f"backend {backend.id!r} did not stream (content-type {ctype!r}): {_error_text(raw)}"
+            )
         return sse.events(_guard(_body_chunks(resp), backend, self.timeouts))
 
-    def _target(self, backend: Backend):  # type: ignore[no-untyped-def]
-        from router.translate import Target
-
+    def _target(self, backend: Backend) -> Target:
         return Target(
             litellm_model=backend.litellm_model,
             api_base=backend.api_base,
@@ -189,7 +197,7 @@ async def _guard(chunks: AsyncIterator[bytes], backend: Backend, timeouts: Timeo
             yield chunk
     except RouterError:
         raise
-    except (aiohttp.ServerTimeoutError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ServerTimeoutError):
         raise UpstreamTimeout("idle", timeouts.idle) from None
     except (aiohttp.ClientError, ValueError) as exc:
         raise UpstreamError(f"backend {backend.id!r} broke off the stream: {type(exc).__name__}") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from router.fakeupstream.behaviour import Behaviour, parse_spec
+from router.fakeupstream.behaviour import Behaviour, BehaviourError, parse_spec
 from router.fakeupstream.server import run
 
 
@@ -15,7 +15,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=9100)
     parser.add_argument("--behaviour", default="", help="default behaviour, e.g. 'ttft_ms=100,chunk_ms=5'")
     args = parser.parse_args(argv)
-    default = dataclasses.replace(Behaviour(), **parse_spec(args.behaviour))
+    try:
+        default = dataclasses.replace(Behaviour(), **parse_spec(args.behaviour))
+    except BehaviourError as exc:
+        parser.error(str(exc))
     run(args.host, args.port, default)
 
 

@@ -4,6 +4,15 @@ A behaviour is written ``key=value`` pairs separated by ``,`` (``ttft_ms=200,chu
 come from the server defaults, a per-model setting, the model name after ``@`` and the
 ``x-fake-behaviour`` header; later sources override earlier ones field by field, so every source is
 kept as an *overrides* mapping and only merged into a ``Behaviour`` at the end.
+
+Keys: ``ttft_ms`` (pause before the first content; before the whole answer when not streaming),
+``chunk_ms`` (pause between content deltas), ``chunks`` (number of text deltas), ``status`` (answer
+with this error), ``retry_after`` (Retry-After seconds), ``fail_times`` (fail only the first N
+requests per model string, 500 unless ``status`` says otherwise), ``break_after`` (drop the
+connection after K content deltas), ``stall_after``/``stall_ms`` (pause once mid-stream),
+``malformed`` (invalid JSON / SSE data), ``truncate`` (stream stops after its last content delta),
+``big_kb`` (a reply of about that many KB), ``text`` (literal reply), ``tool`` (auto|never|always),
+``cached`` (cached prompt tokens to report).
 """
 
 from __future__ import annotations

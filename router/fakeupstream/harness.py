@@ -15,6 +15,8 @@ from router.fakeupstream.server import FakeServer, create_app, server_of
 
 T = TypeVar("T")
 _TIMEOUT = 10.0
+#: How long stopping waits for requests still in flight (a stalled stream must not hang a test).
+_SHUTDOWN_S = 1.0
 
 
 class FakeUpstream:
@@ -93,7 +95,7 @@ class FakeUpstream:
     async def _start_site(self) -> None:
         # A fresh app per start: an aiohttp app is frozen once it has run.
         self._app = create_app(self._default, self._per_model)
-        self._runner = web.AppRunner(self._app, access_log=None)
+        self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=_SHUTDOWN_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()

@@ -7,6 +7,7 @@ behaviour into a ``Reply`` that the protocol module then renders in its own wire
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import itertools
 from collections import OrderedDict
@@ -131,6 +132,13 @@ def split_text(text: str, chunks: int) -> list[str]:
     return [text[i * n // chunks : (i + 1) * n // chunks] for i in range(chunks)]
 
 
+# The same object every time, so later lookups keyed by the text do not rehash kilobytes.
+@functools.lru_cache(maxsize=16)
+def filler(size: int) -> str:
+    """About ``size`` bytes of words, for ``big_kb`` replies."""
+    return (_FILLER * (size // len(_FILLER) + 1))[:size]
+
+
 def count_words(text: str) -> int:
     return max(1, len(text.split()))
 
@@ -189,8 +197,7 @@ class Planner:
         if behaviour.text is not None:
             return behaviour.text
         if behaviour.big_kb:
-            size = behaviour.big_kb * 1024
-            return (_FILLER * (size // len(_FILLER) + 1))[:size]
+            return filler(behaviour.big_kb * 1024)
         if prompt.tool_result is not None:
             return f"Tool result received: {prompt.tool_result[:40]}"
         return f"Hello from {prompt.model}. This is a fake reply."

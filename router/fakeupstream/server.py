@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any, Protocol
+from urllib.parse import parse_qsl
 
 import orjson
 from aiohttp import web
@@ -48,31 +49,51 @@ class Dialect(Protocol):
 
 
 class Recorder:
-    """The last requests the server saw, for tests to inspect. Only touched on the server's loop."""
+    """The last requests the server saw, for tests to inspect. Only touched on the server's loop.
 
-    def __init__(self, limit: int = 1000) -> None:
-        self._log: deque[dict[str, Any]] = deque(maxlen=limit)
+    Bodies are kept as the raw bytes already read and parsed only when asked for: holding parsed
+    agent-sized bodies would cost far more memory and slow the garbage collector on the hot path.
+    """
 
-    def add(self, request: web.Request, body: Any) -> None:
+    def __init__(self, limit: int = 1000, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self._log: deque[tuple[str, str, str, dict[str, str], bytes, float]] = deque(maxlen=limit)
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def add(self, request: web.Request, raw: bytes) -> None:
         headers = {k.lower(): v for k, v in request.headers.items() if k.lower() in RECORDED_HEADERS}
-        self._log.append(
-            {
-                "method": request.method,
-                "path": request.path,
-                "query": dict(request.query),
-                "headers": headers,
-                "body": body,
-                "time": time.time(),
-            }
-        )
+        if len(self._log) == self._log.maxlen:
+            self._bytes -= len(self._log[0][4])
+        self._log.append((request.method, request.path, request.query_string, headers, raw, time.time()))
+        self._bytes += len(raw)
+        while self._bytes > self._max_bytes and len(self._log) > 1:
+            self._bytes -= len(self._log.popleft()[4])
 
     def snapshot(self) -> list[dict[str, Any]]:
-        return list(self._log)
+        return [
+            {
+                "method": method,
+                "path": path,
+                "query": dict(parse_qsl(query, keep_blank_values=True)),
+                "headers": headers,
+                "body": _parse(raw),
+                "time": at,
+            }
+            for method, path, query, headers, raw, at in self._log
+        ]
 
     def clear(self) -> int:
         n = len(self._log)
         self._log.clear()
+        self._bytes = 0
         return n
+
+
+def _parse(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
 
 
 class FakeServer:
@@ -145,12 +166,8 @@ class FakeServer:
 
     async def _read(self, request: web.Request) -> Any:
         raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        self.recorder.add(request, body)
-        return body
+        self.recorder.add(request, raw)
+        return _parse(raw)
 
     def _model(self, body: Any) -> tuple[str, str]:
         if not isinstance(body, dict):
@@ -221,10 +238,7 @@ class FakeServer:
         return _json({"cleared": self.recorder.clear()})
 
     async def post_behaviour(self, request: web.Request) -> web.StreamResponse:
-        try:
-            fields = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            fields = None
+        fields = _parse(await request.read())
         if not isinstance(fields, dict) or not isinstance(fields.get("model"), str):
             return _json({"error": "expected a JSON object with a string 'model'"}, status=400)
         model = fields.pop("model")
@@ -341,6 +355,7 @@ def run(host: str = "127.0.0.1", port: int = 9100, default: bh.Behaviour | None 
         port=port,
         access_log=None,
         backlog=1024,
+        shutdown_timeout=5.0,
         loop=loop,
         print=lambda *_: print(f"fake upstream listening on http://{host}:{port}", flush=True),
     )

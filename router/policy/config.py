@@ -229,7 +229,9 @@ def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
 def _describe(exc: ValidationError, source: str) -> str:
     lines = []
     for err in exc.errors():
-        where = format_path([p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")])
+        where = format_path(
+            [p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")]
+        )
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"

@@ -115,7 +115,9 @@ class Decider:
         for n in names:
             backend = self.catalog[n]
             e = estimate(backend, features, defaults.expected_output_tokens)
-            e.excluded = excluded.get(n) or self._hard_constraint(backend, features, defaults.reserve_output_tokens)
+            e.excluded = excluded.get(n) or self._hard_constraint(
+                backend, features, defaults.reserve_output_tokens
+            )
             estimates.append(e)
         eligible = [e for e in estimates if e.excluded is None]
         if not eligible:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 from router.errors import ConfigError
 from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
 
-__all__ = ["OutcomeRecord", "RequestRecord", "Store", "StoreDataError", "mask_url", "open_store"]
+__all__ = ["OutcomeRecord", "RequestRecord", "Store", "StoreDataError", "mask_url", "open_store", "redact"]
 
-_URL_PASSWORD = re.compile(r"(://[^:@/?#\s]*):.*@")
-_PARAM_PASSWORD = re.compile(r"(?i)(password\s*=\s*)[^&\s]*")
+# Greedy up to the last "@": an unescaped "@" in a password must not leave its tail visible.
+_URL_PASSWORD = re.compile(r"(://[^:@/?#\s]*):(.*)@")
+_PARAM_PASSWORD = re.compile(r"(?i)(password\s*=\s*)([^&\s]*)")
 
 
 class Store(Protocol):
@@ -55,6 +57,15 @@ class Store(Protocol):
 def mask_url(url: str) -> str:
     """The URL with any password replaced by ``***``, fit for messages and logs."""
     return _PARAM_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", url))
+
+
+def redact(text: str, url: str) -> str:
+    """``text`` (say, a driver's error message) with the URL's password removed wherever it appears."""
+    secrets = [m.group(2) for pattern in (_URL_PASSWORD, _PARAM_PASSWORD) for m in pattern.finditer(url)]
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***").replace(unquote(secret), "***")
+    return mask_url(text)
 
 
 def open_store(url: str) -> Store:

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from router.store import mask_url, schema
+from router.store import mask_url, redact, schema
 from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
 
 # Serializes migrations across processes sharing a database (advisory locks are per database).
@@ -72,11 +72,14 @@ class PostgresStore:
         # direct attempt fails fast with libpq's reason (refused, auth, no such database).
         try:
             conn = await psycopg.AsyncConnection.connect(self._url, connect_timeout=self._libpq_timeout)
-        except psycopg.OperationalError as exc:
-            raise ConnectionError(
-                f"cannot connect to PostgreSQL log store {mask_url(self._url)}: {exc}"
-            ) from exc
-        await conn.close()
+        except psycopg.Error as exc:
+            # libpq quotes a malformed URL, password included, in its message: redact it, and raise
+            # outside this block so the original exception is not chained to ours.
+            reason = redact(str(exc).strip(), self._url)
+        else:
+            await conn.close()
+            return
+        raise ConnectionError(f"cannot connect to PostgreSQL log store {mask_url(self._url)}: {reason}")
 
     @property
     def _libpq_timeout(self) -> int:

@@ -57,6 +57,7 @@ class LogWriter:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._overflowing = False
+        self._late = False
         self._jitter = random.Random()
         self.written = 0
         self.dropped = 0
@@ -71,8 +72,10 @@ class LogWriter:
     def submit(self, record: RequestRecord) -> None:
         """Queue a record; O(1), never blocks."""
         if self._closed:
+            if not self._late:
+                self._late = True  # once: requests may keep finishing during shutdown
+                log.warning("log writer is closed; dropping request %s and any later ones", record.request_id)
             self.dropped += 1
-            log.warning("log writer is closed; dropped request %s", record.request_id)
             return
         if len(self._buffer) >= self._max_buffer:
             self._buffer.popleft()  # the oldest: recent requests matter more to whoever is watching

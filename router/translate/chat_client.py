@@ -105,7 +105,9 @@ def chunk_json(chunk: Any) -> dict[str, Any]:
         clean = {k: delta[k] for k in _DELTA_FIELDS if delta.get(k) is not None}
         if "tool_calls" in clean:
             clean["tool_calls"] = [_tool_call(call) for call in clean["tool_calls"]]
-        choices.append({"index": choice.get("index", 0), "delta": clean, "finish_reason": choice.get("finish_reason")})
+        choices.append(
+            {"index": choice.get("index", 0), "delta": clean, "finish_reason": choice.get("finish_reason")}
+        )
     out: dict[str, Any] = {
         "id": raw.get("id"),
         "object": "chat.completion.chunk",

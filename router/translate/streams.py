@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -50,14 +51,18 @@ async def _close(source: object) -> None:
     aclose = getattr(source, "aclose", None)
     if aclose is None:
         return
-    try:
+    # The stream is over either way; a failing close must not mask the real outcome.
+    with contextlib.suppress(Exception):
         await aclose()
-    except Exception:
-        pass  # the stream is over either way; a failing close must not mask the real outcome
 
 
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, default=_plain)
+
+
+def plain(obj: Any) -> Any:
+    """Litellm's objects (pydantic models, TypedDicts) as plain JSON values."""
+    return orjson.loads(dumps(obj))
 
 
 def _plain(obj: Any) -> Any:

@@ -55,7 +55,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("path", "body", "status", "kind"), CASES)
-def test_bad_input_is_a_protocol_shaped_4xx(router: RunningRouter, path: str, body: bytes, status: int, kind: str) -> None:
+def test_bad_input_is_a_protocol_shaped_4xx(
+    router: RunningRouter, path: str, body: bytes, status: int, kind: str
+) -> None:
     with httpx.Client(base_url=router.url, timeout=10) as c:
         r = c.post(path, content=body, headers={"content-type": "application/json"})
         if path == MESSAGES:

@@ -13,7 +13,11 @@ pytestmark = pytest.mark.integration
 BASH = {
     "name": "bash",
     "description": "Run a command",
-    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
 }
 THINKING = {"type": "enabled", "budget_tokens": 1024}
 
@@ -86,11 +90,16 @@ def test_beta_query_and_claude_code_fields(router: RunningRouter, upstream: Fake
     assert rec["task_id"] == "session-5f1c2b9e-1111-2222-3333-444455556666"
 
 
-def test_anthropic_client_to_openai_backend_with_tools_streaming(router: RunningRouter, upstream: FakeUpstream) -> None:
+def test_anthropic_client_to_openai_backend_with_tools_streaming(
+    router: RunningRouter, upstream: FakeUpstream
+) -> None:
     # No thinking: the cheapest candidate is an OpenAI-protocol model, reached through litellm.
     c = client(router)
     with c.messages.stream(
-        model="claude-haiku-4-5", max_tokens=1024, tools=[BASH], messages=[{"role": "user", "content": "run ls"}]
+        model="claude-haiku-4-5",
+        max_tokens=1024,
+        tools=[BASH],
+        messages=[{"role": "user", "content": "run ls"}],
     ) as stream:
         final = stream.get_final_message()
     tool_use = next(b for b in final.content if b.type == "tool_use")

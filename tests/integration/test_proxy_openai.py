@@ -17,7 +17,11 @@ BASH = {
     "function": {
         "name": "bash",
         "description": "Run a command",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
     },
 }
 
@@ -84,7 +88,11 @@ def test_unknown_fields_never_reach_the_provider(router: RunningRouter, upstream
     client(router).chat.completions.create(
         model="auto",
         messages=[{"role": "user", "content": "hi"}],
-        extra_body={"api_base": "http://127.0.0.1:1/steal", "base_url": "http://evil", "extra_headers": {"x": "y"}},
+        extra_body={
+            "api_base": "http://127.0.0.1:1/steal",
+            "base_url": "http://evil",
+            "extra_headers": {"x": "y"},
+        },
         extra_headers={"x-api-key": "client-secret"},
     )
     sent = upstream.requests()[-1]

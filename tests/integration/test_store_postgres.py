@@ -130,3 +130,18 @@ async def test_unreachable_server_fails_open_quickly() -> None:
         await s.open()
     assert "topsecret" not in str(info.value)
     assert not await s.ping()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:pwSECRET@[bad/db",  # libpq quotes the whole URI in this error
+        "postgres://u:pw%SECRET@127.0.0.1/db",  # ... and the bad token in this one
+        "postgresql://u:pwSECRET@127.0.0.1:badport/db",
+    ],
+)
+async def test_malformed_urls_do_not_leak_the_password(url: str) -> None:
+    with pytest.raises(ConnectionError) as info:
+        await open_store(url).open()
+    assert "SECRET" not in str(info.value)
+    assert info.value.__context__ is None and info.value.__cause__ is None

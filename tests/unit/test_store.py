@@ -13,7 +13,7 @@ import pytest
 
 from router.background import BackgroundTasks
 from router.errors import ConfigError
-from router.store import Store, StoreDataError, mask_url, open_store, schema
+from router.store import Store, StoreDataError, mask_url, open_store, redact, schema
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore
 from router.store.writer import LogWriter
@@ -355,6 +355,15 @@ def test_open_store_rejects_bad_urls_without_leaking_passwords(url: str) -> None
     message = str(info.value)
     assert "hunter2" not in message
     assert mask_url(url) in message
+
+
+def test_redact_removes_the_password_anywhere() -> None:
+    url = "postgresql://u:p%40ss@h/db"
+    assert redact('bad token "p%40ss" and "p@ss" in postgresql://u:p%40ss@h/db', url) == (
+        'bad token "***" and "***" in postgresql://u:***@h/db'
+    )
+    assert redact("password=pw is wrong", "host=h password=pw") == "password=*** is wrong"
+    assert redact("nothing secret", "postgresql://h/db") == "nothing secret"
 
 
 def test_mask_url() -> None:

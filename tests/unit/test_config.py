@@ -1,0 +1,112 @@
+"""Policy files: validation with file and field paths, interpolation, catalog resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.catalog import build_catalog
+from router.errors import ConfigError, MissingCredentials
+from router.policy.config import load_policy, parse_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE = """
+version: 1
+models:
+  - id: a
+    litellm_model: openai/a
+    protocol: openai
+    api_base: ${UP:-http://127.0.0.1:9100}/v1
+    prices: {input: 1, output: 2}
+    context_window: 1000
+routes:
+  - match: auto
+    candidates: [a]
+"""
+
+
+def parse(text: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return parse_policy(text, source="p.yaml", env=env or {})
+
+
+def no_prices(model: str) -> None:
+    return None
+
+
+def test_shipped_policies_load() -> None:
+    for path in [ROOT / "policies/default.yaml", *sorted((ROOT / "policies/examples").glob("*.yaml"))]:
+        policy = load_policy(path, env={})
+        catalog = build_catalog(policy)
+        assert catalog.backends, path
+
+
+def test_interpolation_default_and_override() -> None:
+    assert parse(BASE).models["a"].api_base == "http://127.0.0.1:9100/v1"
+    assert parse(BASE, {"UP": "http://h:1"}).models["a"].api_base == "http://h:1/v1"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda t: t.replace("protocol: openai", "protocol: grpc"), "p.yaml: models[0].protocol:"),
+        (lambda t: t.replace("context_window: 1000", "context_window: 1000\n    colour: red"),
+         "p.yaml: models[0].colour: unknown field"),
+        (lambda t: t.replace("context_window: 1000", "context_window: big"), "p.yaml: models[0].context_window:"),
+        (lambda t: t.replace("candidates: [a]", "candidates: [b]"),
+         "p.yaml: routes[0].candidates[0]: unknown model id 'b'"),
+        (lambda t: t + "surprise: 1\n", "p.yaml: surprise: unknown field"),
+        (lambda t: t.replace("${UP:-http://127.0.0.1:9100}", "${UP}"), "p.yaml: models[0].api_base"),
+        (lambda t: t.replace("api_base: ${UP:-http://127.0.0.1:9100}/v1", "api_base: file:///etc/passwd"),
+         "p.yaml: models[0]: Value error, api_base must start with http"),
+        (lambda t: t + "rules:\n  - name: r\n    when: {prompt_tokens: {$gt: 1}}\n",
+         "p.yaml: rules[0]: Value error, a rule needs"),
+        (lambda t: t + "rules:\n  - name: r\n    when: {colour: red}\n    exclude: [a]\n",
+         "p.yaml: rules[0].when: unknown feature 'colour'"),
+        (lambda t: t + "rules:\n  - name: r\n    when: {prompt_tokens: {$where: 1}}\n    exclude: [a]\n",
+         "p.yaml: rules[0].when"),
+        (lambda t: t.replace("candidates: [a]", "candidates: [a]\n    passthrough: a"),
+         "p.yaml: routes[0]: Value error, give exactly one"),
+        (lambda t: "!!python/object/apply:os.system ['true']\n" + t, "p.yaml: not valid YAML"),
+        (lambda t: "- just\n- a list\n", "p.yaml: the top level must be a mapping"),
+    ],
+)  # fmt: skip
+def test_errors_name_file_and_field(mutate, expected: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as exc:
+        parse(mutate(BASE))
+    assert expected in str(exc.value)
+
+
+def test_duplicate_model_ids() -> None:
+    text = BASE.replace("routes:", "  - id: a\n    litellm_model: openai/b\n    protocol: openai\nroutes:")
+    with pytest.raises(ConfigError, match=r"models\[1\]\.id: duplicate model id 'a'"):
+        parse(text)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read policy file"):
+        load_policy(tmp_path / "nope.yaml")
+
+
+def test_prices_from_litellm_map_when_omitted() -> None:
+    text = BASE.replace("prices: {input: 1, output: 2}", "prices: {output: 2}")
+    catalog = build_catalog(parse(text), lookup=lambda m: {"input_cost_per_token": 3e-6})
+    assert catalog["a"].price.input == pytest.approx(3e-6)
+    assert catalog["a"].price.output == pytest.approx(2e-6)
+    # Cache prices default to the input price when nothing says otherwise.
+    assert catalog["a"].price.cache_read == pytest.approx(3e-6)
+
+
+def test_unknown_price_is_a_config_error() -> None:
+    text = BASE.replace("prices: {input: 1, output: 2}", "prices: {}")
+    with pytest.raises(ConfigError, match=r"p.yaml: models\[0\].prices.input: not given"):
+        build_catalog(parse(text), lookup=no_prices)
+
+
+def test_missing_key_names_the_variable() -> None:
+    text = BASE.replace("context_window: 1000", "context_window: 1000\n    api_key_env: MY_KEY")
+    backend = build_catalog(parse(text), lookup=no_prices)["a"]
+    with pytest.raises(MissingCredentials, match="MY_KEY"):
+        backend.api_key(env={})
+    assert backend.api_key(env={"MY_KEY": "k"}) == "k"
