@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from router.catalog import Price
 from router.protocols.common import Usage
 
@@ -20,6 +22,29 @@ def fill_missing(usage: Usage, prompt_tokens_est: int, output_events: int) -> bo
         usage.output_tokens = output_events
         estimated = True
     return estimated
+
+
+@dataclass(frozen=True, slots=True)
+class CostSplit:
+    """USD by what was paid for; ``input`` is the uncached part of the prompt. The parts add up
+    to ``cost_usd`` up to rounding in the tenth decimal."""
+
+    input: float
+    output: float
+    cache_read: float
+    cache_write: float
+
+
+def cost_split(price: Price, usage: Usage) -> CostSplit:
+    read = usage.cache_read_tokens or 0
+    write = usage.cache_write_tokens or 0
+    uncached = max(0, (usage.input_tokens or 0) - read - write)
+    return CostSplit(
+        input=round(uncached * price.input, 10),
+        output=round((usage.output_tokens or 0) * price.output, 10),
+        cache_read=round(read * price.cache_read, 10),
+        cache_write=round(write * price.cache_write, 10),
+    )
 
 
 def cost_usd(price: Price, usage: Usage) -> float:

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from router import features
 from router.errors import BadRequest, RouterError
+from router.outcomes import post_outcome
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, WIRES
 from router.protocols import anthropic as anthropic_protocol
 from router.proxy import Proxy, read_body, rule_headers
@@ -102,6 +103,10 @@ def register(app: FastAPI, s: Services) -> None:
                 "candidates": [e.as_dict() for e in decision.candidates],
             }
         )
+
+    @app.post("/v1/outcomes", tags=["outcomes"])
+    async def outcomes(request: Request) -> Response:
+        return await post_outcome(request, s)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> Response:

@@ -16,13 +16,16 @@ from fastapi import FastAPI
 
 from router.auth import Auth
 from router.background import BackgroundTasks
-from router.catalog import Catalog, build_catalog
+from router.catalog import Catalog
 from router.execute import Executor
-from router.policy.config import Policy, load_policy
+from router.policy.config import Policy
 from router.policy.decide import Decider
+from router.policy.runtime import PolicyWatcher, Runtime, load_runtime
 from router.settings import Settings
 from router.store import Store, open_store
 from router.store.writer import LogWriter
+from router.tasktracker import TaskTracker
+from router.telemetry import Telemetry, build_telemetry
 from router.tokens import TokenCounter
 from router.translate.litellm_setup import get_litellm
 from router.upstream import Upstream
@@ -33,23 +36,39 @@ log = logging.getLogger("router.app")
 @dataclass
 class Services:
     settings: Settings
-    policy: Policy
-    catalog: Catalog
-    decider: Decider
+    runtime: Runtime
     counter: TokenCounter
     upstream: Upstream
     executor: Executor
     store: Store
     writer: LogWriter
     auth: Auth
+    telemetry: Telemetry = field(default_factory=Telemetry)
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
+    tracker: TaskTracker = field(default_factory=TaskTracker)
     draining: bool = False
+
+    # Each request reads these once; a policy reload swaps the whole runtime in one assignment.
+    @property
+    def policy(self) -> Policy:
+        return self.runtime.policy
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.runtime.catalog
+
+    @property
+    def decider(self) -> Decider:
+        return self.runtime.decider
+
+    def install(self, runtime: Runtime) -> None:
+        self.executor.use(runtime.catalog)
+        self.runtime = runtime
 
 
 def build_services(settings: Settings) -> Services:
     """Validate everything that can be validated before the server starts listening."""
-    policy = load_policy(settings.config)
-    catalog = build_catalog(policy)
+    runtime = load_runtime(settings.config)
     # Cross-protocol calls go through litellm, whose import takes seconds: pay it before
     # listening rather than on some agent's first translated request.
     get_litellm()
@@ -59,15 +78,14 @@ def build_services(settings: Settings) -> Services:
     store = open_store(settings.store)
     return Services(
         settings=settings,
-        policy=policy,
-        catalog=catalog,
-        decider=Decider(policy, catalog),
+        runtime=runtime,
         counter=counter,
         upstream=upstream,
-        executor=Executor(upstream, catalog, settings.timeouts),
+        executor=Executor(upstream, runtime.catalog, settings.timeouts),
         store=store,
         writer=LogWriter(store),
         auth=Auth(settings.master_key),
+        telemetry=build_telemetry(settings),
     )
 
 
@@ -80,12 +98,15 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         await s.store.open()
         await s.upstream.start()
         s.writer.start(s.tasks)
+        watcher = PolicyWatcher(s.settings.config, s.install, s.runtime)
+        watching = s.tasks.spawn(watcher.run(lambda: s.runtime), name="policy-watcher")
         log.info("router ready: policy %s (%d models), store %s", s.policy.source, len(s.catalog.backends),
                  s.settings.store.split("://", 1)[0])  # fmt: skip
         try:
             yield
         finally:
             s.draining = True
+            watching.cancel()
             await s.writer.close(s.settings.drain_timeout)
             await s.tasks.drain(s.settings.drain_timeout)
             await s.upstream.close()

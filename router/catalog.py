@@ -52,6 +52,7 @@ class Backend:
     vision: bool
     thinking: bool
     cache_ttl_s: float
+    max_concurrency: int | None = None
 
     @property
     def provider(self) -> str:
@@ -137,6 +138,7 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
         vision=spec.capabilities.vision,
         thinking=spec.capabilities.thinking,
         cache_ttl_s=spec.cache_ttl_s,
+        max_concurrency=spec.max_concurrency,
     )
 
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +60,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(store=args.store, keep_serving=args.serve)
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from router.training.commands import train
+
+    since = time.time() - _duration(args.since) if args.since else 0.0
+    train(args.store, args.config, args.out, since=since)
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from router.training.commands import promote
+
+    sha = promote(args.artifact, args.config)
+    print(f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second")
+    return 0
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise SystemExit(f"router: bad duration {text!r} (e.g. 30m, 24h, 7d)") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="router", description="A cost-aware model router for coding agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -82,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host")
     up.add_argument("--port", type=int)
     up.set_defaults(func=cmd_upstream)
+
+    tr = sub.add_parser("train", help="fit the learned policy from the log and evaluate it off-policy")
+    tr.add_argument("--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"))
+    tr.add_argument("--config", default=os.environ.get("ROUTER_CONFIG", "policies/default.yaml"))
+    tr.add_argument("--out", required=True, help="artifact path, e.g. policies/learned/NAME.json")
+    tr.add_argument("--since", help="only requests this recent (e.g. 7d)")
+    tr.set_defaults(func=cmd_train)
+
+    pr = sub.add_parser("promote", help="pin a trained artifact in a policy file (routers reload it)")
+    pr.add_argument("artifact")
+    pr.add_argument("--config", required=True)
+    pr.set_defaults(func=cmd_promote)
 
     demo = sub.add_parser("demo", help="local upstream + router + example requests, end to end")
     demo.add_argument("--store", default="sqlite:///router.db")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ class CommittedStream:
     observer: StreamObserver
     held: list[sse.Event]
     rest: AsyncIterator[sse.Event]
+    #: Frees the backend's concurrency slot; called once the stream has ended.
+    release: Callable[[], None] = lambda: None
 
 
 @dataclass(slots=True)
@@ -62,8 +64,13 @@ class Execution:
 class Executor:
     def __init__(self, upstream: Upstream, catalog: Catalog, timeouts: Timeouts) -> None:
         self.upstream = upstream
-        self.catalog = catalog
         self.timeouts = timeouts
+        self.use(catalog)
+
+    def use(self, catalog: Catalog) -> None:
+        """Switch to a reloaded catalog; in-flight calls keep the slots they hold."""
+        self.catalog = catalog
+        self._slots = {b.id: asyncio.Semaphore(b.max_concurrency) for b in catalog if b.max_concurrency}
 
     async def complete(
         self, req: ClientRequest, decision: Decision, headers: dict[str, str], phases: Phases, ex: Execution
@@ -72,10 +79,18 @@ class Executor:
         last: RouterError | None = None
         for model in decision.order:
             backend = ex.backend = self.catalog[model]
-            phases.start_upstream()
+            slot = self._slots.get(model)
             try:
                 async with asyncio.timeout_at(_loop_deadline(deadline)):
-                    obj = await self.upstream.complete(req, backend, headers)
+                    # Waiting for a concurrency slot is queue time: the upstream call starts after.
+                    if slot is not None:
+                        await slot.acquire()
+                    try:
+                        phases.start_upstream()
+                        obj = await self.upstream.complete(req, backend, headers)
+                    finally:
+                        if slot is not None:
+                            slot.release()
             except TimeoutError:
                 last = UpstreamTimeout("overall", self.timeouts.overall)
             except RouterError as exc:
@@ -98,6 +113,14 @@ class Executor:
         wire = WIRES[req.protocol]
         for model in decision.order:
             backend = ex.backend = self.catalog[model]
+            slot = self._slots.get(model)
+            if slot is not None:
+                try:
+                    async with asyncio.timeout_at(_loop_deadline(deadline)):
+                        await slot.acquire()
+                except TimeoutError:
+                    last = UpstreamTimeout("overall", self.timeouts.overall)
+                    break
             phases.start_upstream()
             first_token_by = min(deadline, time.monotonic() + self.timeouts.first_token)
             which = "first_token" if first_token_by < deadline else "overall"
@@ -105,12 +128,19 @@ class Executor:
                 async with asyncio.timeout_at(_loop_deadline(first_token_by)):
                     events = await self.upstream.open_stream(req, backend, headers)
                     committed = await _until_content(events, wire.observer(), phases, backend)
-            except TimeoutError:
-                seconds = self.timeouts.first_token if which == "first_token" else self.timeouts.overall
-                last = UpstreamTimeout(which, seconds)
-            except RouterError as exc:
-                last = exc
+            except BaseException as exc:
+                if slot is not None:
+                    slot.release()
+                if isinstance(exc, TimeoutError):
+                    seconds = self.timeouts.first_token if which == "first_token" else self.timeouts.overall
+                    last = UpstreamTimeout(which, seconds)
+                elif isinstance(exc, RouterError):
+                    last = exc
+                else:
+                    raise
             else:
+                if slot is not None:
+                    committed.release = slot.release
                 ex.tries.append(Attempt(model, _ms(phases.upstream_start), 200))
                 return committed
             ex.tries.append(Attempt(model, _ms(phases.upstream_start), last.status, last.kind))

@@ -25,6 +25,21 @@ class Features:
     n_messages: int
     side_call: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
+    # Task context (set by the proxy from the task tracker; defaults describe a fresh task).
+    task_vector: Mapping[int, float] | None = None
+    attempt: int = 1
+    failed_models: tuple[str, ...] = ()
+    #: The model this attempt is pinned to, if it has started.
+    pinned: str | None = None
+    #: Why the pinned model should be left (a loop, repeated tool failures), if anything says so.
+    switch_reason: str | None = None
+    #: The history carries provider-signed state (thinking signatures, encrypted reasoning) that
+    #: only this protocol family's pinned backend may receive back.
+    signed_history: str | None = None
+    task_budget_left: float | None = None
+    #: The backend holding this task's warm prompt prefix, and how many tokens of it.
+    warm_model: str | None = None
+    warm_tokens: int = 0
 
     def for_rules(self) -> dict[str, Any]:
         """The mapping that rule conditions read (names as in the policy file)."""

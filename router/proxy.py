@@ -17,13 +17,14 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from router import accounting, features, tasks
+from router import accounting, features, taskcontext, tasks
 from router.errors import PayloadTooLarge, RouterError
 from router.execute import CommittedStream, Execution
 from router.policy.decide import Decision
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
 from router.protocols.openai_chat import is_usage_only
 from router.store.records import RequestRecord
+from router.tasktracker import TaskState
 from router.timing import Phases
 
 if TYPE_CHECKING:
@@ -61,20 +62,23 @@ class Proxy:
         wire = WIRES[protocol]
         phases = Phases()
         rec = RequestRecord(request_id=uuid.uuid4().hex, ts=time.time(), protocol=protocol)
+        self.s.telemetry.started(rec)
         rec.endpoint = request.url.path
         rec.client = (request.headers.get("user-agent") or "")[:64] or None
         headers: dict[str, str] = {}
+        state: TaskState | None = None
         try:
             self.s.auth.check(request)
             raw = await read_body(request, self.s.settings.max_body_bytes)
             req = wire.parse(raw)
             headers = rule_headers(request.headers)
-            decision = self.decide(req, request, headers, rec)
+            decision, state = self.decide(req, request, headers, rec)
+            phases.decide()
             ex = Execution()
             if req.stream:
                 committed = await self.s.executor.open_stream(req, decision, headers, phases, ex)
                 _record_tries(rec, ex)
-                return self._stream(wire, req, decision, committed, phases, rec)
+                return self._stream(wire, req, committed, phases, rec, state)
             try:
                 obj = await self.s.executor.complete(req, decision, headers, phases, ex)
             finally:
@@ -95,11 +99,11 @@ class Proxy:
         finally:
             if not rec.stream or rec.status != 200:
                 phases.finish()
-                self._finish(rec, phases)
+                self._finish(rec, phases, state)
 
     def decide(
         self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord
-    ) -> Decision:
+    ) -> tuple[Decision, TaskState]:
         key_hash = tasks.client_key_hash(
             request.headers.get("authorization"), request.headers.get("x-api-key")
         )
@@ -115,6 +119,7 @@ class Proxy:
             rec.prompt = orjson.dumps({"system": req.system, "messages": req.messages}).decode()
         feats = features.extract(req, self.s.counter, headers)
         rec.prompt_tokens_est = feats.prompt_tokens
+        state = taskcontext.enter(self.s, req, feats, rec, request.headers.get("x-router-attempt"))
         decision = self.s.decider.decide(feats)
         rec.decision_id = decision.decision_id
         rec.policy = decision.policy
@@ -124,11 +129,11 @@ class Proxy:
         rec.chosen_model = decision.chosen
         est = decision.estimate(decision.chosen)
         rec.cost_est_usd = est.cost_usd if est else None
-        return decision
+        return decision, state
 
     def _stream(
-        self, wire: Wire, req: ClientRequest, decision: Decision, c: CommittedStream, phases: Phases,
-        rec: RequestRecord,
+        self, wire: Wire, req: ClientRequest, c: CommittedStream, phases: Phases, rec: RequestRecord,
+        state: TaskState,
     ) -> StreamingResponse:  # fmt: skip
         hide_usage = req.protocol == OPENAI_CHAT and not req.include_usage
         rec.status = 200
@@ -156,9 +161,10 @@ class Proxy:
                 rec.error_type = rec.error_type or "client_disconnected"
                 raise
             finally:
+                c.release()
                 phases.finish()
                 self._account(rec, c.observer.usage, content_events)
-                self._finish(rec, phases)
+                self._finish(rec, phases, state)
 
         return StreamingResponse(body(), media_type="text/event-stream", headers=_route_headers(rec))
 
@@ -173,6 +179,9 @@ class Proxy:
         rec.cache_read_tokens, rec.cache_write_tokens = usage.cache_read_tokens, usage.cache_write_tokens
         rec.reasoning_tokens = usage.reasoning_tokens
         rec.cost_usd = accounting.cost_usd(backend.price, usage)
+        split = accounting.cost_split(backend.price, usage)
+        rec.cost_input_usd, rec.cost_output_usd = split.input, split.output
+        rec.cost_cache_read_usd, rec.cost_cache_write_usd = split.cache_read, split.cache_write
 
     def _error(self, wire: Wire, err: RouterError, rec: RequestRecord) -> Response:
         rec.status, rec.error_type, rec.error_message = err.status, err.kind, err.message[:500]
@@ -182,10 +191,13 @@ class Proxy:
             headers["retry-after"] = str(int(retry_after + 0.999))
         return Response(orjson.dumps(wire.error_body(err)), err.status, headers, "application/json")
 
-    def _finish(self, rec: RequestRecord, phases: Phases) -> None:
+    def _finish(self, rec: RequestRecord, phases: Phases, state: TaskState | None) -> None:
+        if state is not None:
+            taskcontext.served(self.s, state, rec)
         for name, value in phases.summary().items():
             setattr(rec, name, value)
         self.s.writer.submit(rec)
+        self.s.telemetry.finished(rec, phases)
 
 
 def _record_tries(rec: RequestRecord, ex: Execution) -> None:

@@ -43,3 +43,5 @@ class Settings(BaseSettings):
     timeouts: Timeouts = Timeouts()
     #: Seconds to wait for in-flight requests and the log at shutdown.
     drain_timeout: float = Field(default=30.0, ge=0)
+    #: Put prompt text on trace spans. Needs ``log_prompts`` too (only then is the prompt captured).
+    trace_prompts: bool = False

@@ -13,12 +13,17 @@ from time import perf_counter
 @dataclass(slots=True)
 class Phases:
     arrival: float = field(default_factory=perf_counter)
+    #: When the policy's decision was made: arrival → decided is intake and routing.
+    decided: float | None = None
     upstream_start: float | None = None
     first_token: float | None = None
     last_token: float | None = None
     last_byte: float | None = None
     done: float | None = None
     gaps: list[float] = field(default_factory=list)
+
+    def decide(self) -> None:
+        self.decided = perf_counter()
 
     def start_upstream(self) -> None:
         """Called at the start of each try; the try that serves keeps its own start."""

@@ -114,8 +114,9 @@ class AnthropicMessages:
             raise BadRequest("tools: expected a list")
         items: list[bytes] = []
         for i, message in enumerate(messages):
-            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-                raise BadRequest(f"messages.{i}.role: expected 'user' or 'assistant'")
+            # "system" mid-conversation is what Claude Code sends with the mid-conversation-system beta.
+            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+                raise BadRequest(f"messages.{i}.role: expected 'user', 'assistant' or 'system'")
             if not isinstance(message.get("content"), str | list):
                 raise BadRequest(f"messages.{i}.content: expected a string or a list of blocks")
             item = orjson.dumps(message)

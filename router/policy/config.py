@@ -73,6 +73,8 @@ class ModelSpec(_Strict):
     capabilities: Capabilities = Capabilities()
     #: Prompt-cache lifetime at the provider, used for cache-affinity estimates.
     cache_ttl_s: float = Field(default=300, ge=0)
+    #: Calls in flight to this backend from one replica; more wait (and the wait is queue time).
+    max_concurrency: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _api_base_is_http(self) -> ModelSpec:
@@ -127,6 +129,38 @@ class Defaults(_Strict):
     reserve_output_tokens: int = Field(default=4096, gt=0)
 
 
+class LearnedRef(_Strict):
+    """A trained artifact, pinned by hash so that what runs is what was evaluated."""
+
+    #: Path to the JSON artifact, relative to this policy file.
+    artifact: Annotated[str, Field(min_length=1)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
+
+
+class Exploration(_Strict):
+    #: Share of decisions made uniformly at random among eligible candidates (logged with its propensity).
+    epsilon: float = Field(default=0.0, ge=0, le=1)
+
+
+class ObjectiveSpec(_Strict):
+    """What the learned policy optimises: cost per completed task, within these constraints."""
+
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    min_success: float | None = Field(default=None, ge=0, le=1)
+    #: Per-task budget in USD; as it runs out the plan steps down to cheaper models.
+    max_cost_per_task: float | None = Field(default=None, gt=0)
+    exploration: Exploration = Exploration()
+
+
+class TasksSpec(_Strict):
+    #: A task with no request for this long and no outcome counts as abandoned (a failure) in training.
+    abandon_after_s: float = Field(default=1800, gt=0)
+    #: Tool-less calls with at most this many output tokens and a short history are side calls.
+    side_call_max_tokens: int = Field(default=1024, ge=0)
+    #: The same tool call repeated this many times is a loop (a reason to switch models).
+    loop_threshold: int = Field(default=3, ge=2)
+
+
 class PolicyFile(_Strict):
     version: Literal[1] = 1
     name: str = "default"
@@ -134,6 +168,9 @@ class PolicyFile(_Strict):
     routes: list[Route]
     rules: list[Rule] = Field(default_factory=list)
     defaults: Defaults = Defaults()
+    learned: LearnedRef | None = None
+    objective: ObjectiveSpec = ObjectiveSpec()
+    tasks: TasksSpec = TasksSpec()
 
 
 class CompiledRule:
@@ -157,6 +194,10 @@ class Policy:
         self.models: dict[str, ModelSpec] = {m.id: m for m in spec.models}
         self.routes = spec.routes
         self.defaults = spec.defaults
+        self.objective = spec.objective
+        self.learned_path = (
+            (Path(source).parent / spec.learned.artifact).resolve() if spec.learned is not None else None
+        )
         self.rules = [
             CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}].when"))
             for i, r in enumerate(spec.rules)

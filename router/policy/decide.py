@@ -13,6 +13,7 @@ Every candidate keeps its estimates and, when excluded, the reason, for ``/v1/ro
 
 from __future__ import annotations
 
+import random
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -32,6 +33,9 @@ class Estimate:
     cost_usd: float
     excluded: str | None = None
     score: float | None = None
+    p_success: float | None = None
+    attempt_cost_usd: float | None = None
+    cost_per_completed_usd: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -76,17 +80,34 @@ class CheapestScorer:
         return ranked, 1.0, "cheapest expected cost among the candidates that fit"
 
 
+_CHEAPEST = CheapestScorer()
+
+
 def estimate(backend: Backend, features: Features, expected_output: int) -> Estimate:
+    """Tokens and dollars of this call on ``backend``, prompt caching included.
+
+    The task's prefix is warm only on the backend it last used, within that provider's cache
+    lifetime; anywhere else the whole prompt is new, and where the provider charges for cache
+    writes (Anthropic) a switch pays them.
+    """
     out = min(features.max_output_tokens or expected_output, expected_output, backend.max_output_tokens)
-    cost = backend.price.cost(features.prompt_tokens, out)
-    return Estimate(backend.id, features.prompt_tokens, out, 0, cost)
+    prompt = features.prompt_tokens
+    cached = min(features.warm_tokens, prompt) if features.warm_model == backend.id else 0
+    fresh = prompt - cached
+    writes = fresh if backend.protocol == "anthropic" else 0
+    cost = backend.price.cost(fresh - writes, out, cached, writes)
+    return Estimate(backend.id, prompt, out, cached, cost)
 
 
 class Decider:
-    def __init__(self, policy: Policy, catalog: Catalog, scorer: Scorer | None = None) -> None:
+    def __init__(
+        self, policy: Policy, catalog: Catalog, scorer: Scorer | None = None, rng: random.Random | None = None
+    ) -> None:
         self.policy = policy
         self.catalog = catalog
         self.scorer = scorer or CheapestScorer()
+        self.epsilon = policy.objective.exploration.epsilon
+        self._rng = rng or random.Random()
 
     def decide(self, features: Features) -> Decision:
         route = self.policy.route_for(features.requested_model)
@@ -119,11 +140,21 @@ class Decider:
                 backend, features, defaults.reserve_output_tokens
             )
             estimates.append(e)
+        self._switch_rules(features, estimates)
         eligible = [e for e in estimates if e.excluded is None]
         if not eligible:
             raise self._nothing_fits(features, estimates)
-        ranked, propensity, reason = self.scorer.rank(features, eligible)
+        scorer = self.scorer if not features.side_call else _CHEAPEST
+        ranked, propensity, reason = scorer.rank(features, eligible)
         order = [e.model for e in ranked]
+        if self.epsilon > 0 and len(order) > 1 and not features.side_call and features.pinned is None:
+            order, propensity, reason = self._explore(order, reason)
+        pinned = features.pinned
+        if pinned in order and not features.side_call:
+            # Within an attempt the task stays where it started: its context is warm there.
+            order.remove(pinned)
+            order.insert(0, pinned)
+            reason, propensity = f"pinned to {pinned} for attempt {features.attempt}", 1.0
         front = [p for p in preferred if p in order]
         if front:
             order = front + [m for m in order if m not in front]
@@ -142,6 +173,43 @@ class Decider:
             propensity=propensity,
             rules_applied=applied,
         )
+
+    def _explore(self, order: list[str], reason: str) -> tuple[list[str], float, str]:
+        """Epsilon-greedy over the eligible candidates, at the start of an attempt only.
+
+        The logged propensity is what off-policy evaluation divides by: the probability that
+        this policy would pick the model it picked.
+        """
+        k, eps, best = len(order), self.epsilon, order[0]
+        if self._rng.random() < eps:
+            order = list(order)
+            order.insert(0, order.pop(self._rng.randrange(k)))
+            reason = f"exploring (epsilon {eps}); best was {best}: {reason}"
+        propensity = (1 - eps) + eps / k if order[0] == best else eps / k
+        return order, propensity, reason
+
+    def _switch_rules(self, features: Features, estimates: list[Estimate]) -> None:
+        """Leave the pinned model only when told to, and only for backends that accept the history."""
+        pinned = features.pinned
+        if pinned is None or features.side_call:
+            return
+        if features.switch_reason:
+            others = [e for e in estimates if e.excluded is None and e.model != pinned]
+            legal = [e for e in others if self._accepts_history(features, e.model)]
+            if legal:
+                for e in estimates:
+                    if e.model == pinned:
+                        e.excluded = f"switch: {features.switch_reason}"
+        for e in estimates:
+            if e.excluded is None and e.model != pinned and not self._accepts_history(features, e.model):
+                e.excluded = f"switch: history holds {features.signed_history} state signed by {pinned}"
+
+    def _accepts_history(self, features: Features, model: str) -> bool:
+        # Another backend of the same protocol would receive (and reject) the pinned backend's
+        # signed blocks; a backend of another protocol gets them dropped in translation.
+        if features.signed_history is None or features.pinned is None:
+            return True
+        return model == features.pinned or self.catalog[model].protocol != features.signed_history
 
     @staticmethod
     def _hard_constraint(backend: Backend, features: Features, reserve: int) -> str | None:

@@ -35,7 +35,8 @@ MAX_TOKENS_CAP = 10_000_000
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: Literal["user", "assistant"]
+    #: "system" mid-conversation comes with Claude Code's mid-conversation-system beta.
+    role: Literal["user", "assistant", "system"]
     content: str | list[dict[str, Any]]
 
 

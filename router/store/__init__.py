@@ -53,6 +53,12 @@ class Store(Protocol):
 
     async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]: ...
 
+    async def requests_since(self, ts: float) -> list[dict[str, Any]]:
+        """Every request from ``ts`` (unix seconds) on, oldest first."""
+
+    async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
+        """Every outcome recorded from ``ts`` on."""
+
 
 def mask_url(url: str) -> str:
     """The URL with any password replaced by ``***``, fit for messages and logs."""

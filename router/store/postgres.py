@@ -167,3 +167,12 @@ class PostgresStore:
     async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
         sql = schema.select_sql(schema.OUTCOMES, "postgres", where="task_id", order="attempt, source")
         return await self._query(schema.OUTCOMES, sql, (task_id,))
+
+
+    async def requests_since(self, ts: float) -> list[dict[str, Any]]:
+        sql = schema.select_sql(schema.REQUESTS, "postgres", where="ts", op=">=", order="ts, request_id")
+        return await self._query(schema.REQUESTS, sql, (ts,))
+
+    async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
+        sql = schema.select_sql(schema.OUTCOMES, "postgres", where="ts", op=">=", order="ts")
+        return await self._query(schema.OUTCOMES, sql, (ts,))

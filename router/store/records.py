@@ -8,7 +8,7 @@ classes, so adding a field adds a column. A field added after the first release 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -56,6 +56,11 @@ class RequestRecord:
     prompt_tokens_est: int | None = None
     cost_usd: float | None = None
     cost_est_usd: float | None = None
+    # cost_usd split by what was paid for, at the prices of the request's time (prices change later).
+    cost_input_usd: float | None = field(default=None, metadata={"since": 2})  # uncached input
+    cost_output_usd: float | None = field(default=None, metadata={"since": 2})
+    cost_cache_read_usd: float | None = field(default=None, metadata={"since": 2})
+    cost_cache_write_usd: float | None = field(default=None, metadata={"since": 2})
 
     queue_ms: float | None = None
     ttft_ms: float | None = None
@@ -77,6 +82,8 @@ class RequestRecord:
     n_tools: int | None = None
 
     prompt: str | None = None  # only when the operator opts in to prompt logging
+    # The task's feature vector (hashed, no text), on the first main-loop request of each task.
+    task_features: dict[str, float] | None = field(default=None, metadata={"since": 2})
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

@@ -176,12 +176,18 @@ def upsert_outcome_sql(dialect: Dialect) -> str:
 
 
 def select_sql(
-    table: Table, dialect: Dialect, where: str | None = None, order: str | None = None, limit: bool = False
+    table: Table,
+    dialect: Dialect,
+    where: str | None = None,
+    order: str | None = None,
+    limit: bool = False,
+    op: str = "=",
 ) -> str:
-    """``where`` is a column name compared for equality with one parameter."""
+    """``where`` is a column name compared (``op``: ``=`` or ``>=``) with one parameter."""
+    assert op in ("=", ">="), op
     sql = f"SELECT {', '.join(table.names)} FROM {table.name}"
     if where:
-        sql += f" WHERE {where} = {_ph(dialect)}"
+        sql += f" WHERE {where} {op} {_ph(dialect)}"
     if order:
         sql += f" ORDER BY {order}"
     if limit:

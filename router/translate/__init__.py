@@ -8,8 +8,8 @@ reply (or stream) back into the client's wire format:
 * ``anthropic_client`` Anthropic Messages client -> OpenAI-protocol backend
 * ``responses_client`` OpenAI Responses client -> Chat Completions or Anthropic backend
 
-Failures surface as ``router.errors`` types (see ``upstream_errors``); a stream raises them from
-``open_stream`` until the upstream answered, and from the iterator after that.
+Every failure surfaces as a ``router.errors`` type (see ``upstream_errors``): from ``complete``;
+from ``open_stream`` until the upstream has answered; from the frame iterator after that.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from router.errors import BadRequest
 from router.translate import anthropic_client, chat_client, responses_client
 from router.translate.target import Target
+from router.translate.upstream_errors import to_router_error
 
 __all__ = ["Target", "complete", "open_stream"]
 
@@ -40,11 +41,19 @@ def _client(client_protocol: str) -> ModuleType:
 
 async def complete(client_protocol: str, body: dict[str, Any], target: Target) -> dict[str, Any]:
     """One non-streamed call; the reply is in the client's protocol, usage included."""
-    result: dict[str, Any] = await _client(client_protocol).complete(body, target)
+    client = _client(client_protocol)
+    try:
+        result: dict[str, Any] = await client.complete(body, target)
+    except Exception as exc:  # a translation bug here must still reach the caller as a RouterError
+        raise to_router_error(exc, target) from None
     return result
 
 
 async def open_stream(client_protocol: str, body: dict[str, Any], target: Target) -> AsyncIterator[bytes]:
     """Start a streamed call; returns once the upstream has answered, yielding whole SSE frames."""
-    stream: AsyncIterator[bytes] = await _client(client_protocol).open_stream(body, target)
-    return stream
+    client = _client(client_protocol)
+    try:
+        frames: AsyncIterator[bytes] = await client.open_stream(body, target)
+    except Exception as exc:
+        raise to_router_error(exc, target) from None
+    return frames

@@ -28,7 +28,6 @@ from typing import Any
 from router.translate import streams
 from router.translate.litellm_setup import Route, call_kwargs, get_litellm, route_of
 from router.translate.target import Target
-from router.translate.upstream_errors import to_router_error
 
 #: Anthropic request fields the adapter translates. ``output_config`` is consumed by it
 #: (``format`` -> ``response_format``, adaptive ``effort`` -> ``reasoning_effort``), never sent raw.
@@ -64,8 +63,6 @@ def _request(body: dict[str, Any], target: Target) -> tuple[dict[str, Any], dict
     if openai_request is None:
         raise ValueError("the Anthropic request could not be translated")
     request: dict[str, Any] = dict(openai_request)
-    if not route.anthropic_family:
-        request["messages"] = [_without_reasoning(m) for m in request.get("messages") or []]
     _fit_reasoning_effort(request, route)
     tool_choice = body.get("tool_choice")
     if (
@@ -100,12 +97,6 @@ def _without_cache_control(block: Any) -> Any:
     return out
 
 
-def _without_reasoning(message: Any) -> Any:
-    if isinstance(message, dict) and ("thinking_blocks" in message or "reasoning_content" in message):
-        return {k: v for k, v in message.items() if k not in ("thinking_blocks", "reasoning_content")}
-    return message
-
-
 def _fit_reasoning_effort(request: dict[str, Any], route: Route) -> None:
     """Chat backends take a plain effort string the model supports (e.g. no "max" for o-series)."""
     effort = request.get("reasoning_effort")
@@ -124,10 +115,6 @@ def _fit_reasoning_effort(request: dict[str, Any], route: Route) -> None:
     request["reasoning_effort"] = effort
 
 
-def _backend_model(target: Target) -> str:
-    return route_of(target.litellm_model).model
-
-
 async def complete(body: dict[str, Any], target: Target) -> dict[str, Any]:
     litellm = get_litellm()
     from litellm.llms.anthropic.messages.adapters.transformation import LiteLLMAnthropicMessagesAdapter
@@ -135,12 +122,9 @@ async def complete(body: dict[str, Any], target: Target) -> dict[str, Any]:
     deadline = streams.deadline_of(target)
     request, tool_names = _request(body, target)
     response = await streams.call(litellm.acompletion(**request), target, deadline)
-    try:
-        message = LiteLLMAnthropicMessagesAdapter().translate_openai_response_to_anthropic(
-            response=response, tool_name_mapping=tool_names
-        )
-    except Exception as exc:
-        raise to_router_error(exc, target) from None
+    message = LiteLLMAnthropicMessagesAdapter().translate_openai_response_to_anthropic(
+        response=response, tool_name_mapping=tool_names
+    )
     out: dict[str, Any] = streams.plain(message)
     if out.get("stop_details") is None:
         out.pop("stop_details", None)
@@ -159,12 +143,12 @@ async def open_stream(body: dict[str, Any], target: Target) -> AsyncIterator[byt
     # Iterating the wrapper itself (not its SSE helper) lets mid-stream errors raise instead of
     # turning into an error event here: the caller writes the one protocol error event.
     events = AnthropicStreamWrapper(
-        completion_stream=upstream, model=_backend_model(target), tool_name_mapping=tool_names
+        completion_stream=upstream, model=route_of(target.litellm_model).model, tool_name_mapping=tool_names
     )
-    return _frames(streams.guarded(events, target, deadline))
+    return streams.frames(events, target, deadline, _render)
 
 
-async def _frames(events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-    async for event in events:
-        if isinstance(event, dict):
-            yield streams.event_frame(str(event.get("type", "message")), streams.dumps(event))
+def _render(event: Any) -> bytes | None:
+    if not isinstance(event, dict):
+        return None
+    return streams.event_frame(str(event.get("type", "message")), streams.dumps(event))

@@ -16,8 +16,8 @@ from router.translate.litellm_setup import FALLBACK_MAX_TOKENS, call_kwargs, get
 from router.translate.target import Target
 
 #: Client fields litellm may translate for the backend (it drops what the backend cannot take).
-#: ``metadata``, ``store``, ``prompt_cache_key``, ``prediction`` and ``modalities`` mean nothing
-#: to a non-OpenAI backend and would reach litellm's own logging as its ``metadata`` argument.
+#: ``store``, ``prompt_cache_key``, ``prediction`` and ``modalities`` mean nothing to a non-OpenAI
+#: backend, and ``metadata`` would only reach litellm's own logging (its ``metadata`` argument).
 _PASSED = (
     "messages", "tools", "tool_choice", "parallel_tool_calls", "response_format", "temperature",
     "top_p", "max_tokens", "max_completion_tokens", "reasoning_effort", "stop", "seed", "user", "n",
@@ -54,13 +54,11 @@ async def open_stream(body: dict[str, Any], target: Target) -> AsyncIterator[byt
     kwargs["stream"] = True
     kwargs["stream_options"] = {"include_usage": True}
     upstream = await streams.call(litellm.acompletion(**kwargs), target, deadline)
-    return _frames(streams.guarded(upstream, target, deadline))
+    return streams.frames(upstream, target, deadline, _render, last=streams.DONE)
 
 
-async def _frames(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-    async for chunk in chunks:
-        yield streams.data_frame(streams.dumps(chunk_json(chunk)))
-    yield streams.DONE
+def _render(chunk: Any) -> bytes:
+    return streams.data_frame(streams.dumps(chunk_json(chunk)))
 
 
 def completion_json(response: Any) -> dict[str, Any]:
@@ -73,7 +71,7 @@ def completion_json(response: Any) -> dict[str, Any]:
         clean.setdefault("role", "assistant")
         clean.setdefault("content", None)
         if "tool_calls" in clean:
-            clean["tool_calls"] = [_tool_call(call) for call in clean["tool_calls"]]
+            clean["tool_calls"] = [_tool_call(call, ("id", "type")) for call in clean["tool_calls"]]
         choices.append(
             {
                 "index": choice.get("index", 0),
@@ -104,7 +102,7 @@ def chunk_json(chunk: Any) -> dict[str, Any]:
         delta = choice.get("delta") or {}
         clean = {k: delta[k] for k in _DELTA_FIELDS if delta.get(k) is not None}
         if "tool_calls" in clean:
-            clean["tool_calls"] = [_tool_call(call) for call in clean["tool_calls"]]
+            clean["tool_calls"] = [_tool_call(call, ("index", "id", "type")) for call in clean["tool_calls"]]
         choices.append(
             {"index": choice.get("index", 0), "delta": clean, "finish_reason": choice.get("finish_reason")}
         )
@@ -120,8 +118,9 @@ def chunk_json(chunk: Any) -> dict[str, Any]:
     return out
 
 
-def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
-    out = {k: call[k] for k in ("index", "id", "type") if call.get(k) is not None}
+def _tool_call(call: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    # A streamed call carries its index; a whole message's calls do not.
+    out = {k: call[k] for k in keys if call.get(k) is not None}
     function = call.get("function") or {}
     out["function"] = {k: function[k] for k in ("name", "arguments") if function.get(k) is not None}
     return out

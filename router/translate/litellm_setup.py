@@ -7,6 +7,7 @@ behind ``functools.cache``; every later call is a dictionary lookup.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from dataclasses import dataclass
 from types import ModuleType
@@ -39,6 +40,13 @@ def get_litellm() -> ModuleType:
     litellm.disable_streaming_logging = True
     litellm.log_raw_request_response = False
     litellm.redact_messages_in_exceptions = True
+    # Let litellm repair histories that another model wrote into what this backend accepts: e.g.
+    # drop Anthropic `thinking` when the tool-use turn has no thinking block to continue from,
+    # pair orphaned tool calls with results, and put a user message first.
+    litellm.modify_params = True
+    # litellm warns per request (e.g. for every dropped parameter); the router logs its own errors.
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     # The router's executor is the only retry loop: a retry inside litellm would hide a 429
     # from the fallback logic and double the deadline.
     litellm.num_retries = 0
@@ -58,11 +66,20 @@ def get_litellm() -> ModuleType:
     return litellm
 
 
+#: Providers whose key is a plain header value. Without a key litellm would fall back to the
+#: process's OPENAI_API_KEY / ANTHROPIC_API_KEY and send it to whatever base URL the backend has.
+_HEADER_KEY_PROVIDERS = frozenset({"openai", "anthropic", "hosted_vllm", "openai_like", "custom_openai"})
+_NO_KEY = "no-key"
+
+
 def call_kwargs(target: Target) -> dict[str, Any]:
     """Per-call litellm arguments: where to go, with what key, how long, and no retries."""
+    api_key = target.api_key
+    if api_key is None and route_of(target.litellm_model).provider in _HEADER_KEY_PROVIDERS:
+        api_key = _NO_KEY  # a keyless local backend; never an environment key
     return {
         "api_base": target.api_base,
-        "api_key": target.api_key,
+        "api_key": api_key,
         "timeout": target.timeout,
         "num_retries": 0,
         "max_retries": 0,

@@ -7,9 +7,11 @@ translates input items (messages, function calls and outputs), tools, ``reasonin
 and its stream iterator emits the Responses event sequence with sequence numbers, ending in
 ``response.completed`` with usage. Glue written here:
 
-* ``reasoning`` input items are removed unless the backend is sent Anthropic bodies and the item
-  carries signed thinking blocks (which litellm itself encoded when an Anthropic backend produced
-  them): a chat backend would get them as ``reasoning_content``, which some reject;
+* ``reasoning`` input items are removed unless the backend is sent Anthropic bodies, the request
+  asks for reasoning and the item carries signed thinking blocks (which litellm itself encoded
+  when an Anthropic backend produced them): a chat backend would get them as
+  ``reasoning_content``, which some reject, and Anthropic rejects thinking history in a request
+  without thinking;
 * ``include``, ``truncation``, ``metadata`` and ``client_metadata`` are not passed (no chat
   meaning; litellm's ``metadata`` is its own logging channel);
 * ``previous_response_id`` is refused: nothing stores the earlier turns for a translated backend;
@@ -24,7 +26,7 @@ from typing import Any
 
 from router.errors import BadRequest
 from router.translate import streams
-from router.translate.litellm_setup import FALLBACK_MAX_TOKENS, Route, call_kwargs, get_litellm, route_of
+from router.translate.litellm_setup import FALLBACK_MAX_TOKENS, call_kwargs, get_litellm, route_of
 from router.translate.target import Target
 
 _PASSED = (
@@ -42,7 +44,8 @@ def _request(body: dict[str, Any], target: Target) -> dict[str, Any]:
         )
     route = route_of(target.litellm_model)
     kwargs = {key: body[key] for key in _PASSED if body.get(key) is not None}
-    kwargs["input"] = _input_for(route, body.get("input", ""))
+    keep_thinking = route.anthropic_family and _wants_reasoning(body)
+    kwargs["input"] = _input_for(body.get("input", ""), keep_thinking)
     if route.anthropic_family and "max_output_tokens" not in kwargs:
         kwargs["max_output_tokens"] = route.max_output_tokens or FALLBACK_MAX_TOKENS
     kwargs.update(call_kwargs(target))
@@ -51,14 +54,22 @@ def _request(body: dict[str, Any], target: Target) -> dict[str, Any]:
     return kwargs
 
 
-def _input_for(route: Route, items: Any) -> Any:
+def _wants_reasoning(body: dict[str, Any]) -> bool:
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    return isinstance(effort, str) and effort != "none"
+
+
+def _input_for(items: Any, keep_thinking: bool) -> Any:
+    """Drop reasoning items, except signed Anthropic thinking when the request thinks too
+    (Anthropic rejects thinking blocks in the history of a request without thinking)."""
     if not isinstance(items, list):
         return items
     return [
         item
         for item in items
         if not (isinstance(item, dict) and item.get("type") == "reasoning")
-        or (route.anthropic_family and _carries_signed_thinking(item))
+        or (keep_thinking and _carries_signed_thinking(item))
     ]
 
 
@@ -89,10 +100,9 @@ async def open_stream(body: dict[str, Any], target: Target) -> AsyncIterator[byt
     kwargs = _request(body, target)
     kwargs["stream"] = True
     events = await streams.call(litellm.aresponses(**kwargs), target, deadline)
-    return _frames(streams.guarded(events, target, deadline))
+    return streams.frames(events, target, deadline, _render)
 
 
-async def _frames(events: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-    async for event in events:
-        payload = event.model_dump(mode="json", exclude_none=True)
-        yield streams.event_frame(str(payload.get("type")), streams.dumps(payload))
+def _render(event: Any) -> bytes:
+    payload = event.model_dump(mode="json", exclude_none=True)
+    return streams.event_frame(str(payload.get("type")), streams.dumps(payload))

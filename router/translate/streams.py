@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -31,23 +31,37 @@ async def call(awaitable: Awaitable[T], target: Target, deadline: float) -> T:
         raise to_router_error(exc, target) from None
 
 
-async def guarded(source: AsyncIterator[T], target: Target, deadline: float) -> AsyncIterator[T]:
-    """Iterate an upstream stream under the deadline, mapping errors; always closes the source."""
+async def frames(
+    source: AsyncIterator[T],
+    target: Target,
+    deadline: float,
+    render: Callable[[T], bytes | None],
+    last: bytes | None = None,
+) -> AsyncIterator[bytes]:
+    """Render an upstream stream as SSE frames under the deadline.
+
+    One generator does it all so that closing it early closes the upstream at once, and every
+    failure, the upstream's or a rendering one, leaves as a router error.
+    """
     try:
         while True:
             try:
                 async with asyncio.timeout_at(deadline):
                     item = await anext(source)
             except StopAsyncIteration:
-                return
-            yield item
+                break
+            frame = render(item)
+            if frame is not None:
+                yield frame
+        if last is not None:
+            yield last
     except Exception as exc:
         raise to_router_error(exc, target) from None
     finally:
-        await _close(source)
+        await close_quietly(source)
 
 
-async def _close(source: object) -> None:
+async def close_quietly(source: object) -> None:
     aclose = getattr(source, "aclose", None)
     if aclose is None:
         return

@@ -1,0 +1,199 @@
+"""The task ledger: what each agent task cost, in requests, tokens and dollars, and how it ended.
+
+A task is many requests (``task_id``), possibly over several attempts. Its cost is split into
+input (uncached), output, cache read and cache write at the prices in force when each request
+ran (the split is stored per request; rows logged before it existed count as ``unsplit``). The
+verdict on a task is its latest attempt's outcome, an explicit one before an inferred one.
+
+Cost per completed task is the spend on every task that has a verdict, divided by the tasks
+that succeeded: failed tasks are part of what a success costs. Tasks with no verdict yet are
+left out of it, and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from router.store import Store
+
+TOKEN_COLUMNS = {
+    "input": "input_tokens",
+    "output": "output_tokens",
+    "cache_read": "cache_read_tokens",
+    "cache_write": "cache_write_tokens",
+    "reasoning": "reasoning_tokens",
+}
+COST_COLUMNS = {
+    "input": "cost_input_usd",
+    "output": "cost_output_usd",
+    "cache_read": "cost_cache_read_usd",
+    "cache_write": "cost_cache_write_usd",
+}
+
+Row = Mapping[str, Any]
+
+
+def _usd(x: float) -> float:
+    return round(x, 10)
+
+
+def final_outcome(outcomes: Iterable[Row]) -> dict[str, Any] | None:
+    """The verdict that counts: the latest attempt's; within it explicit before inferred, then the latest."""
+    best = max(outcomes, default=None,
+               key=lambda o: (o.get("attempt") or 0, bool(o.get("explicit")), o.get("ts") or 0))  # fmt: skip
+    if best is None:
+        return None
+    return {
+        "success": bool(best["success"]),
+        "score": best.get("score"),
+        "source": best.get("source"),
+        "explicit": bool(best.get("explicit")),
+        "attempt": best.get("attempt"),
+        "ts": best.get("ts"),
+    }
+
+
+def _costs(requests: Sequence[Row]) -> dict[str, float]:
+    out = {"total": _usd(sum(r.get("cost_usd") or 0.0 for r in requests))}
+    for part, column in COST_COLUMNS.items():
+        out[part] = _usd(sum(r.get(column) or 0.0 for r in requests))
+    unsplit = [r for r in requests if r.get("cost_usd") and r.get("cost_input_usd") is None]
+    out["unsplit"] = _usd(sum(r["cost_usd"] for r in unsplit))
+    return out
+
+
+def _end(r: Row) -> float:
+    return float(r["ts"]) + (r.get("total_ms") or 0.0) / 1000
+
+
+def task_ledger(task_id: str, requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
+    """One task's ledger from its log rows (requests oldest first)."""
+    by_attempt: dict[int, list[Row]] = defaultdict(list)
+    for r in requests:
+        by_attempt[r.get("attempt") or 0].append(r)  # the outcomes table stores "unknown" as 0 too
+    outcomes_by_attempt: dict[int, list[Row]] = defaultdict(list)
+    for o in outcomes:
+        outcomes_by_attempt[o.get("attempt") or 0].append(o)
+    backends: dict[str, dict[str, Any]] = {}
+    for r in requests:
+        b = backends.setdefault(r.get("chosen_model") or "none", {"requests": 0, "cost_usd": 0.0})
+        b["requests"] += 1
+        b["cost_usd"] = _usd(b["cost_usd"] + (r.get("cost_usd") or 0.0))
+    side = [r for r in requests if r.get("side_call")]
+    outcome = final_outcome(outcomes)
+    return {
+        "task_id": task_id,
+        "first_ts": requests[0]["ts"] if requests else None,
+        "last_end_ts": max(map(_end, requests)) if requests else None,
+        "duration_s": round(max(map(_end, requests)) - requests[0]["ts"], 3) if requests else None,
+        "requests": len(requests),
+        "errors": sum(1 for r in requests if (r.get("status") or 0) >= 400 or r.get("error_type")),
+        "fallbacks": sum(1 for r in requests if len(r.get("tries") or []) > 1),
+        "side_calls": {"requests": len(side), "cost_usd": _usd(sum(r.get("cost_usd") or 0.0 for r in side))},
+        "attempts": [
+            {
+                "attempt": a,
+                "requests": len(rows),
+                "cost_usd": _usd(sum(r.get("cost_usd") or 0.0 for r in rows)),
+                "backends": dict(Counter(r.get("chosen_model") or "none" for r in rows)),
+                "outcome": final_outcome(outcomes_by_attempt.get(a, [])),
+            }
+            for a, rows in sorted(by_attempt.items())
+        ],
+        "backends": backends,
+        "tokens": {k: sum(r.get(c) or 0 for r in requests) for k, c in TOKEN_COLUMNS.items()},
+        "cost_usd": _costs(requests),
+        "outcome": outcome,
+        "completed": None if outcome is None else outcome["success"],
+    }
+
+
+def task_ledgers(requests: Sequence[Row], outcomes: Sequence[Row]) -> list[dict[str, Any]]:
+    """Ledgers of every task with requests in ``requests``, the most recently active first."""
+    rows: dict[str, list[Row]] = defaultdict(list)
+    for r in requests:
+        if r.get("task_id"):
+            rows[r["task_id"]].append(r)
+    verdicts: dict[str, list[Row]] = defaultdict(list)
+    for o in outcomes:
+        verdicts[o["task_id"]].append(o)
+    ledgers = [task_ledger(t, sorted(rs, key=lambda r: r["ts"]), verdicts.get(t, [])) for t, rs in rows.items()]
+    return sorted(ledgers, key=lambda x: x["last_end_ts"] or 0, reverse=True)
+
+
+def summary(ledgers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Across tasks: how many ended how, and the cost per completed task."""
+    judged = [x for x in ledgers if x["completed"] is not None]
+    completed = sum(1 for x in judged if x["completed"])
+    judged_cost = _usd(sum(x["cost_usd"]["total"] for x in judged))
+    return {
+        "tasks": len(ledgers),
+        "with_outcome": len(judged),
+        "completed": completed,
+        "failed": len(judged) - completed,
+        "without_outcome": len(ledgers) - len(judged),
+        "cost_usd": _usd(sum(x["cost_usd"]["total"] for x in ledgers)),
+        "cost_of_judged_tasks_usd": judged_cost,
+        "cost_per_completed_task_usd": _usd(judged_cost / completed) if completed else None,
+    }
+
+
+async def load_task(store: Store, task_id: str) -> dict[str, Any] | None:
+    """One task's ledger, or None when the log has no request of it."""
+    requests = await store.requests_for_task(task_id)
+    if not requests:
+        return None
+    return task_ledger(task_id, requests, await store.outcomes_for_task(task_id))
+
+
+# ---- `router tasks`
+
+
+def run_tasks(args: argparse.Namespace) -> int:
+    import orjson
+
+    from router.store.window import parse_duration, read_window
+
+    window = asyncio.run(read_window(args.store, parse_duration(args.since)))
+    ledgers = task_ledgers(window.requests, window.outcomes)
+    if args.task:
+        ledgers = [x for x in ledgers if x["task_id"] == args.task]
+    result = {"since": window.since, "until": window.until, "summary": summary(ledgers), "tasks": ledgers}
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        render(result)
+    return 0
+
+
+def render(result: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="Tasks (most recent first)", title_justify="left")
+    for col in ("task", "attempts", "requests", "side", "backends", "tokens in / cached / out", "cost $",
+                "in / out / cache r / w $", "outcome", "duration"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("task", "backends", "outcome") else "right")
+    for x in result["tasks"]:
+        t, c, o = x["tokens"], x["cost_usd"], x["outcome"]
+        verdict = "—" if o is None else f"{'done' if o['success'] else 'failed'} ({o['source']})"
+        table.add_row(
+            x["task_id"][:40], str(len(x["attempts"])), str(x["requests"]), str(x["side_calls"]["requests"]),
+            ", ".join(f"{b}×{v['requests']}" for b, v in x["backends"].items()),
+            f"{t['input']:,} / {t['cache_read']:,} / {t['output']:,}", f"{c['total']:.4f}",
+            f"{c['input']:.4f} / {c['output']:.4f} / {c['cache_read']:.4f} / {c['cache_write']:.4f}",
+            verdict, f"{x['duration_s'] or 0:.1f}s",
+        )  # fmt: skip
+    console.print(table)
+    s = result["summary"]
+    per_task = s["cost_per_completed_task_usd"]
+    console.print(
+        f"{s['tasks']} tasks: {s['completed']} completed, {s['failed']} failed, {s['without_outcome']} without "
+        f"an outcome; spent ${s['cost_usd']:.4f}; cost per completed task: "
+        + (f"${per_task:.4f}" if per_task is not None else "n/a (no completed task with an outcome)")
+    )

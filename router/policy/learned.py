@@ -1,0 +1,180 @@
+"""The learned policy: a trained artifact (data, not code) and the scorer that uses it.
+
+The artifact is JSON: per model, logistic weights over the task features (``taskfeatures``)
+with a Platt calibration for P(success), and a log-linear model of an attempt's cost. It records
+its feature schema, the data it was trained on and its metrics. The policy file pins it by
+sha256; a changed file or a different feature schema is refused with an error saying which.
+Nothing is unpickled, ever.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from router.errors import ConfigError
+from router.features import Features
+from router.policy import taskfeatures
+from router.policy.plan import Option, Plan, best_plan
+
+FORMAT = "router-learned/1"
+#: Calls in an agent attempt, assumed for a model the log has not seen yet.
+TYPICAL_CALLS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ModelParams:
+    weights: tuple[float, ...]
+    platt: tuple[float, float]
+    #: log(attempt cost in USD) = cost_weights · numeric features (dense part only).
+    cost_weights: tuple[float, ...]
+    calls_per_attempt: float
+    n: int
+
+    def p_success(self, vec: Mapping[int, float]) -> float:
+        z = taskfeatures.dot(self.weights, vec)
+        a, b = self.platt
+        return _sigmoid(a * z + b)
+
+    def attempt_cost(self, vec: Mapping[int, float]) -> float:
+        k = len(self.cost_weights)
+        return math.exp(sum(self.cost_weights[i] * v for i, v in vec.items() if i < k))
+
+
+@dataclass(frozen=True)
+class Artifact:
+    sha256: str
+    models: dict[str, ModelParams]
+    schema: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, *, source: str, expected_sha256: str | None) -> Artifact:
+        digest = hashlib.sha256(raw).hexdigest()
+        if expected_sha256 is not None and digest != expected_sha256.lower():
+            raise ConfigError(
+                f"{source}: sha256 mismatch: the policy pins {expected_sha256[:12]}…, the file is "
+                f"{digest[:12]}… (promote the new artifact with `router promote`)"
+            )
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"{source}: not JSON: {exc}") from None
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ConfigError(f"{source}: not a learned-policy artifact (format {FORMAT!r} expected)")
+        if obj.get("feature_schema") != taskfeatures.schema():
+            raise ConfigError(
+                f"{source}: feature schema mismatch: artifact has {obj.get('feature_schema')!r}, this "
+                f"router computes {taskfeatures.schema()!r}; retrain with `router train`"
+            )
+        width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+        models = {}
+        for mid, m in (obj.get("models") or {}).items():
+            weights = tuple(float(x) for x in m["weights"])
+            if len(weights) != width:
+                raise ConfigError(f"{source}: models.{mid}.weights: expected {width} values, got {len(weights)}")
+            models[mid] = ModelParams(
+                weights=weights,
+                platt=(float(m["platt"][0]), float(m["platt"][1])),
+                cost_weights=tuple(float(x) for x in m["cost_weights"]),
+                calls_per_attempt=float(m.get("calls_per_attempt", 1.0)),
+                n=int(m.get("n", 0)),
+            )
+        meta = {k: v for k, v in obj.items() if k not in ("models", "feature_schema", "format")}
+        return cls(digest, models, obj["feature_schema"], meta)
+
+    @classmethod
+    def load(cls, path: str | Path, expected_sha256: str | None) -> Artifact:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read learned artifact: {exc.strerror}") from None
+        return cls.from_bytes(raw, source=str(path), expected_sha256=expected_sha256)
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """The knobs of the objective, from the policy file."""
+
+    max_attempts: int = 3
+    min_success: float | None = None
+    max_cost_per_task: float | None = None
+
+
+class LearnedScorer:
+    """Orders candidates by the plan with the least expected cost per completed task."""
+
+    def __init__(self, artifact: Artifact, objective: Objective) -> None:
+        self.artifact = artifact
+        self.objective = objective
+        self.name = f"learned:{artifact.sha256[:12]}"
+
+    def options(
+        self, vec: Mapping[int, float], models: Sequence[str], per_call_cost: Mapping[str, float] | None = None
+    ) -> list[Option]:
+        known = {m: p for m, p in self.artifact.models.items() if m in models}
+        out = [Option(m, p.p_success(vec), p.attempt_cost(vec)) for m, p in known.items()]
+        if len(out) < len(models):
+            # A model the log has not seen: an even chance, at its call estimate times a typical
+            # loop, or at the median attempt cost of the models that were seen.
+            costs = sorted(o.attempt_cost for o in out)
+            median = costs[len(costs) // 2] if costs else 0.0
+            for m in models:
+                if m not in known:
+                    call = (per_call_cost or {}).get(m)
+                    out.append(Option(m, 0.5, call * TYPICAL_CALLS if call else median))
+        return out
+
+    def plan(
+        self, vec: Mapping[int, float], models: Sequence[str], *, attempt: int = 1,
+        failed: Sequence[str] = (), per_call_cost: Mapping[str, float] | None = None,
+        budget: float | None = None,
+    ) -> tuple[Plan, list[Option]]:  # fmt: skip
+        opts = self.options(taskfeatures.with_attempt(vec, attempt), models, per_call_cost)
+        obj = self.objective
+        plan = best_plan(
+            opts,
+            attempts_left=max(1, obj.max_attempts - attempt + 1),
+            already_failed=failed,
+            min_success=obj.min_success,
+            budget=budget if budget is not None else obj.max_cost_per_task,
+        )
+        return plan, opts
+
+    def rank(self, features: Features, estimates: list[Any]) -> tuple[list[Any], float, str]:
+        from router.policy.decide import CheapestScorer
+
+        vec = features.task_vector
+        if vec is None or features.side_call:
+            return CheapestScorer().rank(features, estimates)
+        plan, opts = self.plan(
+            vec, [e.model for e in estimates], attempt=features.attempt, failed=features.failed_models,
+            per_call_cost={e.model: e.cost_usd for e in estimates}, budget=features.task_budget_left,
+        )  # fmt: skip
+        by_model = {o.model: o for o in opts}
+        for e in estimates:
+            o = by_model[e.model]
+            e.p_success = round(o.p_success, 4)
+            e.attempt_cost_usd = round(o.attempt_cost, 6)
+            e.cost_per_completed_usd = round(o.attempt_cost / max(o.p_success, 1e-6), 6)
+            e.score = e.cost_per_completed_usd
+        first = plan.models[0]
+        ranked = sorted(estimates, key=lambda e: (e.model != first, e.score))
+        reason = (
+            f"plan {' → '.join(plan.models)}: expected ${plan.cost_per_completed:.4f} per completed task, "
+            f"success {plan.success:.0%}"
+        )
+        return ranked, 1.0, reason
+
+
+def _sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)

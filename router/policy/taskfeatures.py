@@ -1,0 +1,114 @@
+"""Task features: what the router knows about a task from the request that starts it.
+
+One function serves the proxy, ``router train`` and ``router eval``, so what is trained and
+evaluated is what routes live traffic. The features are computed from what a live router sees
+— the first user message, the system prompt, the tools offered, a repository hint — never from
+hindsight. Text becomes signed hashed word and word-pair counts (no vocabulary to ship, no text
+kept: the log stores only the hashed vector), plus a few shape features.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Width of the hashed text space. Part of the artifact's feature schema.
+HASH_DIM = 2048
+SCHEMA_VERSION = 1
+
+#: Dense features, in the order the artifact's weights expect.
+NUMERIC = (
+    "bias",
+    "log_chars",
+    "log_lines",
+    "code_fences",
+    "has_traceback",
+    "n_urls",
+    "log_system_chars",
+    "n_tools",
+    "attempt",
+)
+
+_WORD = re.compile(r"[a-z_][a-z0-9_]{1,30}")
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\bat [\w.$]+\(.*:\d+\)|panicked at")
+_URL = re.compile(r"https?://\S+")
+_REPO = re.compile(r"github\.com/([\w.-]+/[\w.-]+)")
+MAX_TEXT = 20_000
+
+Vector = dict[int, float]
+
+
+def schema() -> dict[str, Any]:
+    return {"version": SCHEMA_VERSION, "hash_dim": HASH_DIM, "numeric": list(NUMERIC)}
+
+
+def _bucket(token: str) -> tuple[int, float]:
+    h = zlib.crc32(token.encode())
+    return (h >> 1) % HASH_DIM, 1.0 if h & 1 else -1.0
+
+
+def task_vector(
+    first_user_text: str,
+    system_text: str = "",
+    n_tools: int = 0,
+    repo: str | None = None,
+) -> Vector:
+    """Sparse features: indices < len(NUMERIC) are the dense ones, the rest hashed text."""
+    text = first_user_text[:MAX_TEXT]
+    vec: Vector = {
+        0: 1.0,
+        1: math.log1p(len(first_user_text)) / 10,
+        2: math.log1p(first_user_text.count("\n")) / 10,
+        3: min(text.count("```"), 10) / 10,
+        4: 1.0 if _TRACEBACK.search(text) else 0.0,
+        5: min(len(_URL.findall(text)), 10) / 10,
+        6: math.log1p(len(system_text)) / 10,
+        7: min(n_tools, 50) / 50,
+    }
+    words = _WORD.findall(text.lower())
+    counts: dict[int, float] = {}
+    grams = [*words, *(f"{a} {b}" for a, b in zip(words, words[1:], strict=False))]
+    if repo is None:
+        m = _REPO.search(text)
+        repo = m.group(1) if m else None
+    if repo:
+        grams += [f"repo:{repo.lower()}"] * 3
+    for g in grams:
+        idx, sign = _bucket(g)
+        counts[idx] = counts.get(idx, 0.0) + sign
+    # Log-scaled and L2-normalised, so long issues do not dominate by length alone.
+    scaled = {i: math.copysign(math.log1p(abs(v)), v) for i, v in counts.items() if v}
+    norm = math.sqrt(sum(v * v for v in scaled.values())) or 1.0
+    base = len(NUMERIC)
+    for i, v in scaled.items():
+        vec[base + i] = v / norm
+    return vec
+
+
+def with_attempt(vec: Mapping[int, float], attempt: int) -> Vector:
+    out = dict(vec)
+    out[NUMERIC.index("attempt")] = min(max(attempt - 1, 0), 5) / 5
+    return out
+
+
+def dense(vec: Mapping[int, float]) -> list[float]:
+    """The full-width vector (for training)."""
+    row = [0.0] * (len(NUMERIC) + HASH_DIM)
+    for i, v in vec.items():
+        row[i] = v
+    return row
+
+
+def dot(weights: Sequence[float], vec: Mapping[int, float]) -> float:
+    return sum(weights[i] * v for i, v in vec.items())
+
+
+def to_json(vec: Mapping[int, float]) -> dict[str, float]:
+    return {str(i): round(v, 6) for i, v in vec.items()}
+
+
+def from_json(obj: Mapping[str, float]) -> Vector:
+    return {int(i): float(v) for i, v in obj.items()}

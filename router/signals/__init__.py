@@ -1,0 +1,50 @@
+"""Implicit task outcomes read from a coding agent's conversation, as weak labels with their source.
+
+``extract`` turns the recent messages of a request into ``Signal``s (test summaries, exit codes,
+build and runtime errors, tool-call loops, runs of failing tools); ``summarize`` turns those into
+one ``WeakLabel``. ``request_fingerprint`` lets the caller notice an identical request sent again
+(report it with ``resent_signal``). Everything here is pure and bounded in the text it reads.
+"""
+
+from router.signals.base import (
+    BUILD_ERROR,
+    DEFAULT_WEIGHTS,
+    EXIT_CODE,
+    RESENT,
+    RUNTIME_ERROR,
+    TESTS,
+    TOOL_FAILURES,
+    TOOL_LOOP,
+    Signal,
+    WeakLabel,
+    Weights,
+    resent_signal,
+)
+from router.signals.conversation import extract
+from router.signals.fingerprint import request_fingerprint, stable_hash
+from router.signals.label import summarize
+from router.signals.testrunners import TestSummary, parse_test_summary
+from router.signals.toolresult import ToolOutcome, analyze
+
+__all__ = [
+    "BUILD_ERROR",
+    "DEFAULT_WEIGHTS",
+    "EXIT_CODE",
+    "RESENT",
+    "RUNTIME_ERROR",
+    "TESTS",
+    "TOOL_FAILURES",
+    "TOOL_LOOP",
+    "Signal",
+    "TestSummary",
+    "ToolOutcome",
+    "WeakLabel",
+    "Weights",
+    "analyze",
+    "extract",
+    "parse_test_summary",
+    "request_fingerprint",
+    "resent_signal",
+    "stable_hash",
+    "summarize",
+]

@@ -1,0 +1,134 @@
+"""Signals read from the recent part of a conversation: tests, exits, errors, loops, failure runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from router.signals.base import (
+    BUILD_ERROR,
+    DEFAULT_WEIGHTS,
+    EXIT_CODE,
+    RUNTIME_ERROR,
+    TESTS,
+    TOOL_FAILURES,
+    TOOL_LOOP,
+    Signal,
+    Weights,
+)
+from router.signals.text import DEFAULT_MAX_CHARS
+from router.signals.toolresult import ToolOutcome, analyze
+from router.signals.transcript import ToolCall, ToolResult, tool_events
+
+_Analyzed = tuple[ToolResult, ToolOutcome, ToolCall | None]
+
+
+def _tests(results: Sequence[_Analyzed], w: Weights) -> Signal | None:
+    for age, (_, out, call) in enumerate(reversed(results)):
+        t = out.tests
+        if t is not None:
+            details = t.as_dict() | {"age": age, "tool": call.name if call else None}
+            return Signal(TESTS, t.pass_fraction, t.ok, w.aged(w.tests, age), details)
+    return None
+
+
+def _exit_code(results: Sequence[_Analyzed], w: Weights) -> Signal | None:
+    for age, (_, out, call) in enumerate(reversed(results)):
+        if out.exit_code is not None:
+            # A non-zero exit is weak evidence (grep finding nothing exits 1); zero says nothing.
+            success = False if out.exit_code != 0 else None
+            details = {"code": out.exit_code, "age": age, "tool": call.name if call else None}
+            return Signal(EXIT_CODE, float(out.exit_code), success, w.aged(w.exit_code, age), details)
+    return None
+
+
+def _error(results: Sequence[_Analyzed], w: Weights, name: str, base: float) -> Signal | None:
+    """The latest build or runtime error, unless a later result shows things working again."""
+    for age, (_, out, call) in enumerate(reversed(results)):
+        kind = out.build_error if name == BUILD_ERROR else out.runtime_error
+        if kind is not None:
+            return Signal(name, None, False, w.aged(base, age), {"kind": kind, "age": age, "tool": call.name if call else None})
+        if out.clean:
+            return None
+    return None
+
+
+def _failure_run(results: Sequence[_Analyzed], w: Weights, k: int) -> Signal | None:
+    run = 0
+    for _, out, _ in reversed(results):
+        if not out.failed:
+            break
+        run += 1
+    if run < k or run == 0:
+        return None
+    tools = [call.name if call else None for _, _, call in results[-run:]]
+    return Signal(TOOL_FAILURES, float(run), False, w.tool_failures, {"run": run, "tools": tools})
+
+
+def _loop(calls: Sequence[ToolCall], results: Sequence[_Analyzed], w: Weights, n: int) -> Signal | None:
+    """The strongest of three loop shapes, if any reaches ``n`` repeats.
+
+    Repeating a call is normal (edit, test, edit, test), so a call counts as looping only when it
+    repeats back to back or keeps returning the same output; a failure that keeps coming back
+    unchanged, whatever the call, is the agent stuck.
+    """
+    found: list[tuple[int, str, str | None]] = []
+    run, best_run, best_call = 0, 0, None
+    for i, c in enumerate(calls):
+        run = run + 1 if i and c.key == calls[i - 1].key else 1
+        if run > best_run:
+            best_run, best_call = run, c
+    if best_call is not None:
+        found.append((best_run, "consecutive_call", best_call.name))
+    same = Counter((call.key, out.digest) for _, out, call in results if call is not None)
+    if same:
+        (key, _), count = same.most_common(1)[0]
+        found.append((count, "same_call_same_result", key[0]))
+    failing = Counter(out.digest for _, out, _ in results if out.failed)
+    if failing:
+        digest, count = failing.most_common(1)[0]
+        name = next((c.name for _, o, c in reversed(results) if o.digest == digest and c), None)
+        found.append((count, "same_failing_result", name))
+    count, kind, tool = max(found, default=(0, "", None), key=lambda f: f[0])
+    if count < max(n, 1):
+        return None
+    return Signal(TOOL_LOOP, float(count), False, w.tool_loop, {"kind": kind, "count": count, "tool": tool})
+
+
+def extract(
+    protocol: str,
+    messages: Any,
+    *,
+    window: int = 20,
+    loop_threshold: int = 3,
+    failure_run: int = 3,
+    max_chars: int | None = DEFAULT_MAX_CHARS,
+    weights: Weights = DEFAULT_WEIGHTS,
+) -> list[Signal]:
+    """Signals from the last ``window`` messages (Responses: input items) of a request.
+
+    ``protocol`` is "openai_chat", "anthropic" or "openai_responses"; the shapes of all three are
+    recognised whatever it says. Each tool result is read up to its last ``max_chars``. Malformed
+    input yields fewer signals, never an exception.
+    """
+    del protocol  # the shapes identify themselves; kept for the caller's symmetry with fingerprints
+    if not isinstance(messages, list | tuple) or window <= 0:
+        return []
+    events = tool_events(list(messages[-window:]))
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    by_id = {c.call_id: c for c in calls if c.call_id}
+    results: list[_Analyzed] = []
+    for e in events:
+        if isinstance(e, ToolResult):
+            call = by_id.get(e.call_id) if e.call_id else None
+            results.append((e, analyze(e.text, e.is_error, max_chars=max_chars), call))
+    found = [
+        _tests(results, weights),
+        _exit_code(results, weights),
+        _error(results, weights, BUILD_ERROR, weights.build_error),
+        _error(results, weights, RUNTIME_ERROR, weights.runtime_error),
+        _failure_run(results, weights, failure_run),
+        _loop(calls, results, weights, loop_threshold),
+    ]
+    return [s for s in found if s is not None]

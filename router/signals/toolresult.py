@@ -1,0 +1,135 @@
+"""What one tool result says: exit code, build or runtime errors, a test summary.
+
+Only the head (where some harnesses report the exit code) and the tail (where summaries and
+final errors are) of the text are scanned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from router.signals.testrunners import TestSummary, last_summary
+from router.signals.text import DEFAULT_MAX_CHARS, HEAD_CHARS, clean, head
+
+# How harnesses report a command's exit: mini-swe-agent's tag, Claude Code's and Codex's
+# "Exit code N" line, OpenHands' closing note, and the "[exit code: N]" style of others.
+_EXIT_HARNESS = re.compile(
+    r"<returncode>[ \t]{0,4}(-?\d{1,4})[ \t]{0,4}</returncode>"
+    r"|^(?:error: )?exit code:?[ \t]{0,4}(-?\d{1,4})\b"
+    r"|\[exit code:?[ \t]{0,4}(-?\d{1,4})\]"
+    r"|command failed with exit code:?[ \t]{0,4}(-?\d{1,4})\b"
+    r"|(?:process|command) exited with (?:exit )?code:?[ \t]{0,4}(-?\d{1,4})\b"
+    r"|command completed with exit code:?[ \t]{0,4}(-?\d{1,4})\b",
+    re.I | re.M,
+)
+# What the output itself may say about an exit (go's test binary, subprocess errors, shells).
+_EXIT_OUTPUT = re.compile(
+    r"\bexit status (-?\d{1,4})\b|\bnon-zero exit status (-?\d{1,4})\b|\bexit(?:ed with)? code:?[ \t]{0,4}(-?\d{1,4})\b",
+    re.I,
+)
+_BUILD = re.compile(
+    r"(?P<rust>^error\[E\d{4}\]|^error: could not compile )"
+    r"|(?P<typescript>\berror TS\d{4,5}: )"
+    r"|(?P<syntax>\b(?:SyntaxError|IndentationError|TabError): )"
+    r"|(?P<module_not_found>\bModuleNotFoundError: |\bImportError: cannot import name |^Error: Cannot find module ')"
+    r"|(?P<go>^(?:\./)?[\w./-]{1,300}\.go:\d+:\d+: )"
+    r"|(?P<c>^[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: )"
+    r"|(?P<java>^[\w./-]{1,300}\.java:\d+: error: )"
+    r"|(?P<make>^make(?:\[\d+\])?: \*\*\* )",
+    re.M,
+)
+_RUNTIME = re.compile(
+    r"(?P<python>^Traceback \(most recent call last\):)"
+    r"|(?P<go_panic>^panic: )"
+    r"|(?P<rust_panic>^thread '[^'\n]{0,300}' panicked at )"
+    r"|(?P<node>^(?:[A-Z]\w{0,40})?Error(?: \[\w{1,40}\])?: [^\n]{0,1000}\n[ \t]{2,8}at )",
+    re.M,
+)
+# Timings and addresses differ between runs that otherwise print the same thing.
+_VOLATILE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|\b0x[0-9a-fA-F]{1,16}\b")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    exit_code: int | None = None
+    #: The protocol's own error flag (Anthropic ``is_error``); None when the protocol has none.
+    is_error: bool | None = None
+    build_error: str | None = None
+    runtime_error: str | None = None
+    tests: TestSummary | None = None
+    #: A hash of the output with timings masked: equal results of repeated calls compare equal.
+    digest: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.is_error) or (self.exit_code is not None and self.exit_code != 0)
+
+    @property
+    def clean(self) -> bool:
+        """Positive evidence that whatever broke before works now."""
+        return (self.exit_code == 0 and not self.is_error) or self.tests is not None
+
+
+def _first_code(m: re.Match[str] | None) -> int | None:
+    if m is None:
+        return None
+    return next((int(g) for g in m.groups() if g is not None), None)
+
+
+def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    last = deque(pattern.finditer(text), maxlen=1)
+    return last[0] if last else None
+
+
+def _exit_code(start: str, tail: str) -> int | None:
+    code = _first_code(_EXIT_HARNESS.search(start))
+    if code is None:
+        code = _first_code(_last(_EXIT_HARNESS, tail))
+    if code is None:
+        code = _first_code(_last(_EXIT_OUTPUT, tail))
+    return code
+
+
+def _codex_json(text: str) -> tuple[str, int | None] | None:
+    """Codex's older shell results: ``{"output": ..., "metadata": {"exit_code": N}}``."""
+    if not (text.startswith("{") and text.rstrip().endswith("}")):
+        return None
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("output"), str):
+        return None
+    meta = obj.get("metadata")
+    code = meta.get("exit_code") if isinstance(meta, dict) else None
+    return obj["output"], code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def analyze(text: Any, is_error: bool | None = None, *, max_chars: int | None = DEFAULT_MAX_CHARS) -> ToolOutcome:
+    """Read one tool result's text. Never raises; unreadable input gives an empty outcome."""
+    if not isinstance(text, str):
+        text = ""
+    code: int | None = None
+    codex = _codex_json(text)
+    if codex is not None:
+        text, code = codex
+    tail = clean(text, max_chars)
+    if code is None:
+        code = _exit_code(head(text, HEAD_CHARS), tail)
+    build = _last(_BUILD, tail)
+    runtime = _last(_RUNTIME, tail)
+    digest = hashlib.blake2b(_VOLATILE.sub("#", tail).encode("utf-8", "replace"), digest_size=12)
+    return ToolOutcome(
+        exit_code=code,
+        is_error=is_error,
+        build_error=build.lastgroup if build else None,
+        runtime_error=runtime.lastgroup if runtime else None,
+        tests=last_summary(tail),
+        digest=digest.hexdigest(),
+    )

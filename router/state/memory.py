@@ -1,0 +1,367 @@
+"""In-process shared state: the embedded default, and the local fallback of the Redis state.
+
+Every method body runs without awaiting until its state change is done, so each operation is
+atomic with respect to other tasks on the event loop. Maps are bounded LRUs with expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from router.state.types import (
+    NANO,
+    Allowed,
+    BreakerConfig,
+    BreakerState,
+    BudgetExceeded,
+    Pin,
+    Reservation,
+    StateConfig,
+    Usage,
+    VersionCallback,
+    Warm,
+    to_nano,
+)
+
+V = TypeVar("V")
+Clock = Callable[[], float]
+
+log = logging.getLogger(__name__)
+
+
+class TTLCache(Generic[V]):
+    """An LRU map whose entries also expire. Over ``max_entries`` the least recently used goes."""
+
+    def __init__(self, max_entries: int, clock: Clock) -> None:
+        self._data: OrderedDict[str, tuple[V, float]] = OrderedDict()
+        self._max = max_entries
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def get_entry(self, key: str) -> tuple[V, float] | None:
+        """The value and its expiry time, or None when absent or expired."""
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        if entry[1] <= self._clock():
+            del self._data[key]
+            return None
+        self._data.move_to_end(key)
+        return entry
+
+    def get(self, key: str) -> V | None:
+        entry = self.get_entry(key)
+        return None if entry is None else entry[0]
+
+    def set(self, key: str, value: V, ttl_s: float) -> None:
+        self._data[key] = (value, self._clock() + ttl_s)
+        self._data.move_to_end(key)
+        while len(self._data) > self._max:
+            self._data.popitem(last=False)
+
+
+def _positive_ttl(ttl_s: float) -> float:
+    if not ttl_s > 0:
+        raise ValueError(f"ttl_s must be > 0, got {ttl_s!r}")
+    return ttl_s
+
+
+class MemorySessions:
+    """Task pins and prompt-cache affinity."""
+
+    def __init__(self, config: StateConfig, clock: Clock) -> None:
+        self._pins: TTLCache[str] = TTLCache(config.local_max_entries, clock)
+        self._warm: TTLCache[str] = TTLCache(config.local_max_entries, clock)
+
+    async def pin(self, task_id: str) -> Pin | None:
+        entry = self._pins.get_entry(task_id)
+        return None if entry is None else Pin(*entry)
+
+    async def set_pin(self, task_id: str, model: str, ttl_s: float) -> None:
+        self._pins.set(task_id, model, _positive_ttl(ttl_s))
+
+    async def warm(self, task_id: str) -> Warm | None:
+        entry = self._warm.get_entry(task_id)
+        return None if entry is None else Warm(*entry)
+
+    async def mark_warm(self, task_id: str, model: str, ttl_s: float) -> None:
+        self._warm.set(task_id, model, _positive_ttl(ttl_s))
+
+
+@dataclass
+class _Scope:
+    spent: int = 0
+    #: reservation id -> (amount in nano-USD, expiry)
+    holds: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def purge(self, now: float) -> None:
+        for rid in [rid for rid, (_, exp) in self.holds.items() if exp <= now]:
+            del self.holds[rid]
+
+    def reserved(self) -> int:
+        return sum(amount for amount, _ in self.holds.values())
+
+
+def unique_scopes(scope_keys: Sequence[str]) -> tuple[str, ...]:
+    """Scopes in order, each once: a repeated scope must not be charged twice."""
+    return tuple(dict.fromkeys(scope_keys))
+
+
+class MemoryBudgets:
+    def __init__(self, config: StateConfig, clock: Clock) -> None:
+        self._scopes: TTLCache[_Scope] = TTLCache(config.local_max_entries, clock)
+        self._idle_ttl = max(config.budget_idle_ttl_s, config.reservation_ttl_s)
+        self._default_ttl = config.reservation_ttl_s
+        self._clock = clock
+
+    def _scope(self, name: str) -> _Scope:
+        scope = self._scopes.get(name)
+        if scope is None:
+            scope = _Scope()
+        scope.purge(self._clock())
+        self._scopes.set(name, scope, self._idle_ttl)
+        return scope
+
+    async def reserve(
+        self,
+        scope_keys: Sequence[str],
+        amount_usd: float,
+        limits: Mapping[str, float],
+        *,
+        ttl_s: float | None = None,
+    ) -> Reservation:
+        amount = to_nano(amount_usd)
+        ttl = _positive_ttl(self._default_ttl if ttl_s is None else ttl_s)
+        names = unique_scopes(scope_keys)
+        scopes = [self._scope(n) for n in names]
+        for name, scope in zip(names, scopes, strict=True):
+            limit = limits.get(name)
+            if limit is not None and scope.spent + scope.reserved() + amount > to_nano(limit):
+                raise BudgetExceeded(name, limit, scope.spent / NANO, scope.reserved() / NANO, amount_usd)
+        rid = uuid.uuid4().hex
+        expiry = self._clock() + ttl
+        for scope in scopes:
+            scope.holds[rid] = (amount, expiry)
+        return Reservation(rid, names, amount_usd, time.time() + ttl)
+
+    async def settle(self, reservation: Reservation, actual_usd: float) -> None:
+        actual = to_nano(actual_usd)
+        if reservation.closed:
+            return
+        reservation.closed = True
+        for name in reservation.scopes:
+            scope = self._scope(name)
+            scope.holds.pop(reservation.id, None)
+            scope.spent += actual
+
+    async def release(self, reservation: Reservation) -> None:
+        if reservation.closed:
+            return
+        reservation.closed = True
+        for name in reservation.scopes:
+            self._scope(name).holds.pop(reservation.id, None)
+
+    async def spent(self, scope: str) -> Usage:
+        entry = self._scopes.get(scope)
+        if entry is None:
+            return Usage(0.0, 0.0)
+        entry.purge(self._clock())
+        return Usage(entry.spent / NANO, entry.reserved() / NANO)
+
+
+@dataclass
+class _Window:
+    events: deque[tuple[float, int, int]] = field(default_factory=deque)
+    requests: int = 0
+    tokens: int = 0
+
+    def expire(self, cutoff: float) -> None:
+        while self.events and self.events[0][0] <= cutoff:
+            _, r, t = self.events.popleft()
+            self.requests -= r
+            self.tokens -= t
+
+    def wait_until_freed(self, need: int, index: int, window: float) -> float:
+        """The time at which the oldest events have freed ``need`` of field ``index``."""
+        freed: float = 0
+        for event in self.events:
+            freed += event[index]
+            if freed >= need:
+                return event[0] + window
+        return self.events[-1][0] + window if self.events else 0.0
+
+
+class MemoryRateLimits:
+    """Sliding-window log per key: a request is admitted when the window holds room for it."""
+
+    def __init__(self, config: StateConfig, clock: Clock) -> None:
+        self._windows: TTLCache[_Window] = TTLCache(config.local_max_entries, clock)
+        self._window_s = config.rate_window_s
+        self._clock = clock
+
+    def _get(self, key: str, now: float) -> _Window:
+        window = self._windows.get(key) or _Window()
+        window.expire(now - self._window_s)
+        return window
+
+    async def check_and_consume(
+        self, key: str, *, requests: int = 1, tokens: int = 0, rpm: int | None, tpm: int | None
+    ) -> Allowed:
+        if requests < 0 or tokens < 0:
+            raise ValueError("requests and tokens must be >= 0")
+        return self._admit(key, requests, tokens, rpm, tpm)
+
+    async def adjust(self, key: str, delta_tokens: int) -> None:
+        """Correct the token estimate once the real count is known (negative gives tokens back)."""
+        self._admit(key, 0, delta_tokens, None, None)
+
+    def _admit(self, key: str, requests: int, tokens: int, rpm: int | None, tpm: int | None) -> Allowed:
+        now = self._clock()
+        if (rpm is not None and requests > rpm) or (tpm is not None and tokens > tpm):
+            return Allowed(False, math.inf, "too_large")
+        w = self._get(key, now)
+        until, reason = -math.inf, ""
+        if rpm is not None and w.requests + requests > rpm:
+            until, reason = w.wait_until_freed(w.requests + requests - rpm, 1, self._window_s), "rpm"
+        if tpm is not None and max(w.tokens, 0) + tokens > tpm:
+            t_until = w.wait_until_freed(w.tokens + tokens - tpm, 2, self._window_s)
+            if t_until > until:
+                until, reason = t_until, "tpm"
+        if reason:
+            self._windows.set(key, w, self._window_s)
+            return Allowed(False, max(until - now, 0.0), reason)
+        w.events.append((now, requests, tokens))
+        w.requests += requests
+        w.tokens += tokens
+        self._windows.set(key, w, self._window_s)
+        return Allowed(True)
+
+
+@dataclass
+class _Breaker:
+    failures: int = 0
+    open_until: float | None = None
+    probe_until: float = 0.0
+
+
+class MemoryBreakers:
+    """closed -> (N consecutive retryable failures) -> open -> (cool-down) -> half_open, one probe
+    -> closed on success / open again on a retryable failure."""
+
+    def __init__(self, config: BreakerConfig, clock: Clock) -> None:
+        self._config = config
+        self._clock = clock
+        self._breakers: dict[str, _Breaker] = {}
+
+    def _get(self, backend: str) -> _Breaker:
+        return self._breakers.setdefault(backend, _Breaker())
+
+    async def state(self, backend: str) -> BreakerState:
+        b = self._get(backend)
+        if b.open_until is None:
+            return BreakerState.CLOSED
+        return BreakerState.OPEN if self._clock() < b.open_until else BreakerState.HALF_OPEN
+
+    async def before_call(self, backend: str) -> bool:
+        b, now = self._get(backend), self._clock()
+        if b.open_until is None:
+            return True
+        if now < b.open_until or now < b.probe_until:
+            return False
+        b.probe_until = now + self._config.probe_ttl_s
+        return True
+
+    async def record_success(self, backend: str) -> None:
+        b = self._get(backend)
+        if b.open_until is None:
+            b.failures = 0
+        elif self._clock() >= b.open_until:
+            self._breakers[backend] = _Breaker()
+        # A success while still cooling down comes from a call started before the breaker opened:
+        # the cool-down stands.
+
+    async def record_failure(self, backend: str, retryable: bool) -> None:
+        b, now = self._get(backend), self._clock()
+        half_open = b.open_until is not None and now >= b.open_until
+        if not retryable:
+            # The backend answered: no evidence either way. A probe that got a 4xx frees its slot.
+            if half_open:
+                b.probe_until = 0.0
+            return
+        if b.open_until is None:
+            b.failures += 1
+            if b.failures >= self._config.failure_threshold:
+                b.failures, b.open_until = 0, now + self._config.cooldown_s
+        elif half_open:
+            b.open_until, b.probe_until = now + self._config.cooldown_s, 0.0
+
+
+class MemoryPolicyVersion:
+    """The promoted policy version; ``publish_version`` awaits every watcher's callback in turn."""
+
+    def __init__(self) -> None:
+        self._version: str | None = None
+        self._callbacks: list[VersionCallback] = []
+
+    async def current_version(self) -> str | None:
+        return self._version
+
+    async def publish_version(self, version: str) -> None:
+        self._version = version
+        for callback in list(self._callbacks):
+            await deliver_version(callback, version)
+
+    async def watch(self, callback: VersionCallback, *, known: str | None = None) -> None:
+        """Runs until cancelled. Reports the current version first if it differs from ``known``."""
+        self._callbacks.append(callback)
+        try:
+            if self._version is not None and self._version != known:
+                await deliver_version(callback, self._version)
+            await asyncio.Event().wait()
+        finally:
+            self._callbacks.remove(callback)
+
+
+async def deliver_version(callback: VersionCallback, version: str) -> None:
+    try:
+        await callback(version)
+    except Exception:
+        # One broken watcher must not stop the others or the publisher.
+        log.exception("policy version callback failed for version %r", version)
+
+
+class MemoryState:
+    """All components in this process. Never degraded, never raises ``StateUnavailable``."""
+
+    def __init__(self, config: StateConfig | None = None, *, clock: Clock = time.time) -> None:
+        self.config = config or StateConfig()
+        self.sessions = MemorySessions(self.config, clock)
+        self.budgets = MemoryBudgets(self.config, clock)
+        self.limits = MemoryRateLimits(self.config, clock)
+        self.breakers = MemoryBreakers(self.config.breaker, clock)
+        self.policy = MemoryPolicyVersion()
+        self._fail_open_counts: dict[str, int] = {}
+
+    @property
+    def degraded(self) -> bool:
+        return False
+
+    @property
+    def fail_open_counts(self) -> Mapping[str, int]:
+        return self._fail_open_counts
+
+    async def ping(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,139 @@
+"""Shared state in Redis (redis-py asyncio): ``RedisState`` and its task pins / affinity part.
+
+One pooled client with short socket timeouts and no client-side retries (the guard's back-off
+replaces them); every call also runs under ``op_timeout_s``. The other components live in the
+``redis_*`` modules next to this one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from router.errors import ConfigError
+from router.state.memory import MemorySessions, MemoryState
+from router.state.redis_breaker import RedisBreakers
+from router.state.redis_budgets import RedisBudgets
+from router.state.redis_guard import Guard, RedisDown
+from router.state.redis_keys import Keys
+from router.state.redis_limits import RedisRateLimits
+from router.state.redis_version import RedisPolicyVersion
+from router.state.types import Pin, StateConfig, Warm
+from router.store import mask_url
+
+
+def connect(url: str, config: StateConfig) -> Redis:
+    """A client over a blocking pool: waiting for a connection is bounded by ``pool_timeout_s``."""
+    try:
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=config.pool_size,
+            timeout=config.pool_timeout_s,
+            socket_timeout=config.socket_timeout_s,
+            socket_connect_timeout=config.connect_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"invalid Redis URL {mask_url(url)!r}: {exc}") from None
+    return Redis.from_pool(pool)
+
+
+class RedisSessions:
+    """Pins and warm prefixes are plain keys with a PX expiry; ``until`` comes from PTTL, so it
+    does not depend on the writer's clock. Writes are mirrored to this replica's local maps, which
+    answer when Redis is down (counted) or has never heard of the task (pinned during an outage,
+    or Redis restarted empty)."""
+
+    def __init__(self, client: Redis, guard: Guard, keys: Keys, local: MemorySessions) -> None:
+        self._client = client
+        self._guard = guard
+        self._keys = keys
+        self._local = local
+
+    async def pin(self, task_id: str) -> Pin | None:
+        found = await self._read(self._keys.pin(task_id), lambda: self._local.pin(task_id))
+        return Pin(*found) if found is not None else await self._local.pin(task_id)
+
+    async def set_pin(self, task_id: str, model: str, ttl_s: float) -> None:
+        await self._local.set_pin(task_id, model, ttl_s)
+        await self._write(self._keys.pin(task_id), model, ttl_s)
+
+    async def warm(self, task_id: str) -> Warm | None:
+        found = await self._read(self._keys.warm(task_id), lambda: self._local.warm(task_id))
+        return Warm(*found) if found is not None else await self._local.warm(task_id)
+
+    async def mark_warm(self, task_id: str, model: str, ttl_s: float) -> None:
+        await self._local.mark_warm(task_id, model, ttl_s)
+        await self._write(self._keys.warm(task_id), model, ttl_s)
+
+    async def _read(
+        self, key: str, fallback: Callable[[], Awaitable[tuple[str, float] | None]]
+    ) -> tuple[str, float] | None:
+        async def remote() -> tuple[str, float] | None:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.get(key)
+                pipe.pttl(key)
+                model, pttl = await pipe.execute()
+            if model is None or pttl < 0:
+                return None
+            return model, time.time() + pttl / 1000
+
+        return await self._guard.fail_open("sessions", remote, fallback)
+
+    async def _write(self, key: str, model: str, ttl_s: float) -> None:
+        async def remote() -> None:
+            await self._client.set(key, model, px=max(1, int(ttl_s * 1000)))
+
+        async def local() -> None:
+            return None  # already mirrored
+
+        await self._guard.fail_open("sessions", remote, local)
+
+
+class RedisState:
+    """All components over one Redis, with ``local`` (a ``MemoryState``) as the fail-open fallback."""
+
+    def __init__(self, url: str, config: StateConfig | None = None) -> None:
+        self.config = config or StateConfig()
+        self._client = connect(url, self.config)
+        self._guard = Guard(self.config.op_timeout_s, self.config.backoff_s)
+        self.local = MemoryState(self.config)
+        keys = Keys(self.config.prefix)
+        c, g = self._client, self._guard
+        self.sessions = RedisSessions(c, g, keys, self.local.sessions)
+        self.budgets = RedisBudgets(c, g, keys, self.config)
+        self.limits = RedisRateLimits(c, g, keys, self.config, self.local.limits)
+        self.breakers = RedisBreakers(c, g, keys, self.config.breaker, self.local.breakers)
+        self.policy = RedisPolicyVersion(c, g, keys, self.config)
+
+    @property
+    def degraded(self) -> bool:
+        return self._guard.degraded
+
+    @property
+    def fail_open_counts(self) -> Mapping[str, int]:
+        return self._guard.fail_open_counts
+
+    @property
+    def fail_closed_counts(self) -> Mapping[str, int]:
+        return self._guard.fail_closed_counts
+
+    @property
+    def last_error(self) -> str | None:
+        return self._guard.last_error
+
+    async def ping(self) -> bool:
+        """True when Redis answers now (outside a back-off window); never raises."""
+        try:
+            await self._guard.run(self._client.ping)
+        except RedisDown:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

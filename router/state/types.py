@@ -1,0 +1,142 @@
+"""Values, settings and errors of the shared state layer (the contracts are in ``router.state``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+from router.errors import PermissionDenied, ServiceUnavailable
+
+#: Budgets are counted in integer nano-dollars so that sums are exact (Lua and Python agree).
+NANO = 1_000_000_000
+
+VersionCallback = Callable[[str], Awaitable[None]]
+
+
+def to_nano(usd: float) -> int:
+    if not math.isfinite(usd) or usd < 0:
+        raise ValueError(f"a USD amount must be finite and >= 0, got {usd!r}")
+    return round(usd * NANO)
+
+
+class Pin(NamedTuple):
+    """The model a task is pinned to, and until when (wall-clock epoch seconds)."""
+
+    model: str
+    until: float
+
+
+class Warm(NamedTuple):
+    """The backend model holding a task's warm prompt prefix, and until when (epoch seconds)."""
+
+    model: str
+    until: float
+
+
+class Usage(NamedTuple):
+    """Dollars of one budget scope: settled spend, and the sum of live reservations."""
+
+    spent: float
+    reserved: float
+
+
+@dataclass(slots=True)
+class Reservation:
+    """A hold on budget in every scope at once. ``closed`` is set by the first settle/release."""
+
+    id: str
+    scopes: tuple[str, ...]
+    amount_usd: float
+    #: Local wall-clock estimate; the authoritative expiry is the store's own clock.
+    expires_at: float
+    closed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """A rate-limit verdict. Truthy when allowed. ``reason`` is ``""``, ``"rpm"``, ``"tpm"`` or
+    ``"too_large"`` (the request alone exceeds a limit: waiting cannot help, ``retry_after_s`` is inf)."""
+
+    ok: bool
+    retry_after_s: float = 0.0
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    #: Consecutive retryable failures that open the breaker.
+    failure_threshold: int = 5
+    #: How long an open breaker refuses calls before it admits one probe.
+    cooldown_s: float = 30.0
+    #: A probe that never reports back frees its slot after this long (set >= the request deadline).
+    probe_ttl_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    """Tuning of both implementations; the Redis-only fields are ignored by the in-process one."""
+
+    #: Every Redis key and the pub/sub channel start with this.
+    prefix: str = "router:"
+    #: Per-socket-operation and connect timeouts of every Redis connection.
+    socket_timeout_s: float = 0.3
+    connect_timeout_s: float = 0.3
+    #: Cap on one whole state call (pool wait + connect + round trip): no call waits longer.
+    op_timeout_s: float = 0.5
+    pool_size: int = 32
+    #: How long a call waits for a free pooled connection.
+    pool_timeout_s: float = 0.2
+    #: After a Redis failure, calls skip Redis (fallback / StateUnavailable) for this long.
+    backoff_s: float = 1.0
+    #: Default lifetime of a budget reservation that is neither settled nor released.
+    reservation_ttl_s: float = 600.0
+    #: A budget scope untouched this long is forgotten (put the period in the scope name instead).
+    budget_idle_ttl_s: float = 40 * 86400.0
+    #: The sliding window of the rate limits: ``rpm``/``tpm`` are counts per this many seconds.
+    rate_window_s: float = 60.0
+    #: Entry cap of each in-process LRU map (pins, warm prefixes, rate windows, budget scopes).
+    local_max_entries: int = 100_000
+    #: The policy-version watcher re-reads the key this often, for replicas that missed a message.
+    poll_interval_s: float = 1.0
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+
+
+class BudgetExceeded(PermissionDenied):
+    """Reserving ``amount_usd`` would take ``scope`` over its limit. A cheaper candidate may fit."""
+
+    next_candidate = True
+
+    def __init__(
+        self, scope: str, limit_usd: float, spent_usd: float, reserved_usd: float, amount_usd: float
+    ) -> None:
+        super().__init__(f"budget exceeded for {scope}: limit ${limit_usd:.4f}", code="budget_exceeded")
+        self.scope = scope
+        self.limit_usd = limit_usd
+        self.spent_usd = spent_usd
+        self.reserved_usd = reserved_usd
+        self.amount_usd = amount_usd
+
+
+class StateUnavailable(ServiceUnavailable):
+    """The shared state store cannot answer, and this operation fails closed (budgets).
+
+    The client-facing message is generic; ``reason`` (for logs) says what failed.
+    """
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(
+            f"{what} unavailable: the shared state store (Redis) is unreachable", code="state_unavailable"
+        )
+        self.reason = reason

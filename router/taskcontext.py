@@ -1,0 +1,87 @@
+"""A request's place in its task: attempt, pin, side call, features, signals.
+
+Called by the proxy between parsing and deciding (``enter``) and after a backend has served
+(``served``). Weak outcome labels read from the conversation are written off the request path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from router import signals
+from router.features import Features
+from router.policy import taskfeatures
+from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest, text_of
+from router.store.records import OutcomeRecord, RequestRecord
+from router.tasktracker import TaskState, is_side_call
+
+if TYPE_CHECKING:
+    from router.app import Services
+
+#: Signals that mean "this model is stuck": the pinned model is left if another may take over.
+SWITCH_SIGNALS = frozenset({"tool_loop", "tool_failures"})
+
+
+def signed_history(req: ClientRequest) -> str | None:
+    """Which protocol's provider-signed state the history carries, if any."""
+    for m in req.messages:
+        if not isinstance(m, dict):
+            continue
+        if req.protocol == OPENAI_RESPONSES and m.get("type") == "reasoning" and m.get("encrypted_content"):
+            return OPENAI_RESPONSES
+        content = m.get("content")
+        if req.protocol == ANTHROPIC and m.get("role") == "assistant" and isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and (
+                    block.get("type") == "redacted_thinking"
+                    or (block.get("type") == "thinking" and block.get("signature"))
+                ):
+                    return ANTHROPIC
+    return None
+
+
+def _system_text(system: object) -> str:
+    if isinstance(system, list):
+        return "\n".join(text_of(s) if not isinstance(s, dict) else str(s.get("text") or "") for s in system)
+    return text_of(system)
+
+
+def enter(s: Services, req: ClientRequest, feats: Features, rec: RequestRecord, attempt_header: str | None) -> TaskState:
+    assert rec.task_id is not None
+    policy = s.decider.policy
+    state = s.tracker.begin(rec.task_id, req, attempt_header)
+    side = is_side_call(req, policy.spec.tasks.side_call_max_tokens)
+    rec.attempt, rec.side_call = state.attempt, side
+    if state.vector is None and not side:
+        state.vector = taskfeatures.task_vector(
+            req.first_user_text, _system_text(req.system), len(req.tools), feats.headers.get("x-router-repo")
+        )
+        rec.task_features = taskfeatures.to_json(state.vector)
+    found = [] if side else signals.extract(req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold)
+    switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
+    label = signals.summarize(found) if found else None
+    if label is not None:
+        out = OutcomeRecord(
+            task_id=rec.task_id, attempt=state.attempt, success=label.success, score=label.score,
+            source=label.source, details=label.details, ts=time.time(), explicit=False,
+        )  # fmt: skip
+        s.tasks.spawn(s.store.write_outcome(out), name="weak-outcome")
+    warm_model, warm_tokens = s.tracker.warm(state)
+    feats.side_call = side
+    feats.task_vector = state.vector
+    feats.attempt = state.attempt
+    feats.failed_models = tuple(state.failed_models)
+    feats.pinned = state.pinned
+    feats.switch_reason = switch
+    feats.signed_history = signed_history(req)
+    feats.warm_model, feats.warm_tokens = warm_model, warm_tokens
+    return state
+
+
+def served(s: Services, state: TaskState, rec: RequestRecord) -> None:
+    if rec.chosen_model is None or rec.status != 200:
+        return
+    backend = s.catalog[rec.chosen_model]
+    s.tracker.served(state, backend.id, rec.input_tokens or rec.prompt_tokens_est or 0, backend.cache_ttl_s,
+                     rec.side_call)  # fmt: skip

@@ -1,0 +1,112 @@
+"""What the router remembers about each live task: attempt, pin, failures, warm cache.
+
+A task's *attempt* advances when the client says so (``X-Router-Attempt``) or when, after a
+failed outcome, the conversation starts over (the same first message with no assistant turn
+yet). Within an attempt the task is *pinned* to the model that served its first main-loop
+request. Side calls never move the pin. The in-process tracker is bounded (LRU) so memory stays
+flat however many tasks pass; replicas share this state through Redis (``router.state``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from router.protocols.common import ClientRequest, text_of
+
+_SIDE_CALL_TEXT = re.compile(
+    r"\b(title|summar(y|ize|ise)|compact|topic|one[- ]line|commit message|quota check)\b", re.IGNORECASE
+)
+
+
+@dataclass(slots=True)
+class TaskState:
+    attempt: int = 1
+    pinned: str | None = None
+    failed_models: list[str] = field(default_factory=list)
+    #: The current attempt was reported failed; the next restart of the conversation opens a new one.
+    failed_open: bool = False
+    vector: Mapping[int, float] | None = None
+    warm_model: str | None = None
+    warm_tokens: int = 0
+    warm_until: float = 0.0
+    last_fingerprint: str | None = None
+    seen: float = field(default_factory=time.time)
+
+
+def is_side_call(req: ClientRequest, max_tokens: int = 1024) -> bool:
+    """Title generation, summaries, compaction, quota checks: short tool-less calls beside the loop."""
+    if req.tools:
+        return False
+    system = text_of(req.system) if not isinstance(req.system, list) else " ".join(text_of(s) for s in req.system)
+    last = req.messages[-1] if req.messages else {}
+    last_text = text_of(last.get("content")) if isinstance(last, dict) else ""
+    if _SIDE_CALL_TEXT.search(system[:4000]) or _SIDE_CALL_TEXT.search(last_text[-4000:]):
+        return True
+    return req.max_output_tokens is not None and req.max_output_tokens <= max_tokens and len(req.messages) <= 2
+
+
+def is_restart(req: ClientRequest) -> bool:
+    """The conversation has just begun: no assistant turn yet."""
+    return not any(isinstance(m, dict) and m.get("role") == "assistant" for m in req.messages)
+
+
+class TaskTracker:
+    def __init__(self, max_tasks: int = 100_000) -> None:
+        self._tasks: OrderedDict[str, TaskState] = OrderedDict()
+        self._max = max_tasks
+
+    def get(self, task_id: str) -> TaskState:
+        state = self._tasks.get(task_id)
+        if state is None:
+            state = self._tasks[task_id] = TaskState()
+            if len(self._tasks) > self._max:
+                self._tasks.popitem(last=False)
+        else:
+            self._tasks.move_to_end(task_id)
+        state.seen = time.time()
+        return state
+
+    def peek(self, task_id: str) -> TaskState | None:
+        return self._tasks.get(task_id)
+
+    def begin(self, task_id: str, req: ClientRequest, attempt_header: str | None) -> TaskState:
+        """The task's state for this request, opening a new attempt when one has begun."""
+        state = self.get(task_id)
+        if attempt_header and attempt_header.isdigit():
+            n = max(1, min(int(attempt_header), 1000))
+            if n != state.attempt:
+                self._new_attempt(state, n)
+        elif state.failed_open and is_restart(req):
+            self._new_attempt(state, state.attempt + 1)
+        return state
+
+    @staticmethod
+    def _new_attempt(state: TaskState, n: int) -> None:
+        if state.pinned and state.pinned not in state.failed_models:
+            state.failed_models.append(state.pinned)
+        state.attempt, state.pinned, state.failed_open = n, None, False
+
+    def outcome(self, task_id: str, attempt: int | None, success: bool) -> None:
+        state = self._tasks.get(task_id)
+        if state is None or (attempt is not None and attempt != state.attempt):
+            return
+        state.failed_open = not success
+
+    def served(self, state: TaskState, model: str, prompt_tokens: int, cache_ttl_s: float, side_call: bool) -> None:
+        if side_call:
+            return
+        # The first main-loop request pins the attempt; a later switch (a loop, a context that
+        # outgrew the window) moves the pin with it.
+        state.pinned = model
+        state.warm_model, state.warm_tokens = model, prompt_tokens
+        state.warm_until = time.time() + cache_ttl_s
+
+    @staticmethod
+    def warm(state: TaskState) -> tuple[str | None, int]:
+        if state.warm_model and time.time() < state.warm_until:
+            return state.warm_model, state.warm_tokens
+        return None, 0

@@ -1,0 +1,114 @@
+"""Telemetry: OpenTelemetry traces and Prometheus metrics of proxied requests.
+
+The proxy calls two hooks and nothing else: ``started(record)`` when a request arrives and
+``finished(record, phases)`` once its log record is complete. Spans are built after the fact
+from the recorded phase timestamps, so tracing adds no work between the client and the backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from router.store.records import RequestRecord
+from router.telemetry.metrics import RequestMetrics
+from router.timing import Phases
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from router.policy.config import Policy
+    from router.settings import Settings
+    from router.telemetry.tracing import RequestTracer
+
+log = logging.getLogger("router.telemetry")
+
+
+class Telemetry:
+    """The no-op base: what runs when neither tracing nor metrics are configured."""
+
+    def started(self, record: RequestRecord | None = None) -> None:
+        pass
+
+    def finished(self, record: RequestRecord, phases: Phases) -> None:
+        pass
+
+    def exposition(self) -> bytes | None:
+        """The Prometheus text exposition of the metrics, or None when there are none."""
+        return None
+
+    def close(self) -> None:
+        """Flush and stop exporters (idempotent)."""
+
+    def use_policy(self, current: Callable[[], Policy]) -> None:
+        """Where to find the policy in force (it may be reloaded), for naming routes."""
+
+
+class RouterTelemetry(Telemetry):
+    """Metrics always (in-process counters, cheap); spans only when a tracer is configured.
+
+    Telemetry must never fail a request: the hooks run in the proxy's ``finally`` blocks, so
+    an exception here is logged, not raised.
+    """
+
+    def __init__(self, metrics: RequestMetrics, tracer: RequestTracer | None = None) -> None:
+        self.metrics = metrics
+        self.tracer = tracer
+        self._failed_once = False
+
+    def started(self, record: RequestRecord | None = None) -> None:
+        if record is not None:
+            self._guard(self.metrics.started, record)
+
+    def finished(self, record: RequestRecord, phases: Phases) -> None:
+        self._guard(self.metrics.finished, record, phases)
+        if self.tracer is not None:
+            self._guard(self.tracer.record, record, phases)
+
+    def exposition(self) -> bytes:
+        return self.metrics.exposition()
+
+    def close(self) -> None:
+        if self.tracer is not None:
+            self.tracer.shutdown()
+
+    def use_policy(self, current: Callable[[], Policy]) -> None:
+        self.metrics.route_of = _route_namer(current)
+
+    def _guard(self, fn: Callable[..., None], *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            if not self._failed_once:  # once: a systematic bug must not flood the log per request
+                self._failed_once = True
+                log.exception("telemetry failed (further failures are not logged)")
+
+
+def build_telemetry(
+    settings: Settings,
+    *,
+    env: Mapping[str, str] | None = None,
+    exporter: SpanExporter | None = None,
+) -> RouterTelemetry:
+    """Metrics on a registry of their own; tracing when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT``
+    is set in ``env`` (default: the process environment) or an ``exporter`` is given (tests)."""
+    from router.telemetry import tracing
+
+    metrics = RequestMetrics()
+    tracer = None
+    if exporter is not None or tracing.otlp_configured(os.environ if env is None else env):
+        tracer = tracing.build_tracer(exporter=exporter, prompts=settings.trace_prompts)
+    return RouterTelemetry(metrics, tracer)
+
+
+def _route_namer(current: Callable[[], Policy]) -> Callable[[str | None], str]:
+    """Label cost by the route's pattern, not the client's model string: clients choose that
+    string freely, and an unbounded label would grow the registry without limit."""
+
+    def route_of(requested: str | None) -> str:
+        route = current().route_for(requested) if requested else None
+        return route.match if route is not None else "none"
+
+    return route_of

@@ -1,0 +1,151 @@
+"""Prometheus metrics of proxied requests, on a registry of the app's own (never the global one).
+
+Every latency observed here is the number written to the log record (``rec.ttft_ms`` and so
+on), so a dashboard and ``router report`` cannot disagree about what a request measured. Units
+are Prometheus base units: seconds, tokens, US dollars.
+
+Labels are bounded: ``backend`` is a catalog id (or ``none`` before one was chosen), ``route``
+the matching route's pattern, ``status`` an HTTP status, ``kind`` a token kind, ``reason`` an
+error class name. Nothing a client chooses freely becomes a label value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from router.store.records import RequestRecord
+from router.timing import Phases
+
+__all__ = ["CONTENT_TYPE_LATEST", "RequestMetrics"]
+
+# LLM latencies span five orders of magnitude: a cached short prompt answers in tens of ms, a
+# long reasoning call takes minutes.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
+# Waiting for a slot or a connection: usually under a millisecond, minutes when overloaded.
+QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+# Parsing, features and the decision: sub-millisecond normally; a learned scorer may take longer.
+ROUTING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+# Between two streamed tokens: a few ms at fast providers, seconds when a provider stalls.
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 10)
+DECODE_RATE_BUCKETS = (1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2500)
+PREFILL_RATE_BUCKETS = (100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000)
+
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_write", "reasoning")
+
+
+class RequestMetrics:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        route_of: Callable[[str | None], str] | None = None,
+        *,
+        process: bool = True,
+    ) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        #: requested model → route label; "none" until the app names its policy (``use_policy``).
+        self.route_of: Callable[[str | None], str] = route_of or (lambda _requested: "none")
+        if process:
+            ProcessCollector(registry=r)  # CPU, memory, open files of this router process
+
+        def hist(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, registry=r, buckets=buckets)
+
+        self.ttft = hist("router_ttft_seconds", "Upstream call to first content token (streamed requests).",
+                         ("backend",), LATENCY_BUCKETS)  # fmt: skip
+        self.gap = hist("router_inter_token_gap_seconds",
+                        "Mean gap between content tokens, one observation per streamed request.",
+                        ("backend",), GAP_BUCKETS)  # fmt: skip
+        self.decode = hist("router_decode_seconds", "First to last content token (streamed requests).",
+                           ("backend",), LATENCY_BUCKETS)  # fmt: skip
+        self.queue = hist("router_queue_seconds",
+                          "Arrival to the upstream call: intake, routing, concurrency and connection waits.",
+                          ("backend",), QUEUE_BUCKETS)  # fmt: skip
+        self.routing = hist("router_routing_seconds", "Arrival to the policy's decision (read, parse, decide).",
+                            (), ROUTING_BUCKETS)  # fmt: skip
+        self.delivery = hist("router_delivery_seconds", "Last upstream byte to the response's end.",
+                             ("backend",), QUEUE_BUCKETS)  # fmt: skip
+        self.e2e = hist("router_request_duration_seconds", "Arrival to the response's end.",
+                        ("backend", "status"), LATENCY_BUCKETS)  # fmt: skip
+        self.decode_rate = hist("router_decode_tokens_per_second",
+                                "Output tokens over decode time (streamed requests).",
+                                ("backend",), DECODE_RATE_BUCKETS)  # fmt: skip
+        self.prefill_rate = hist("router_prefill_tokens_per_second",
+                                 "Prompt tokens over time to first token (streamed requests).",
+                                 ("backend",), PREFILL_RATE_BUCKETS)  # fmt: skip
+        self.requests = Counter("router_requests", "Requests by the backend that served (or failed last) "
+                                "and the status the client got.", ("backend", "status"), registry=r)  # fmt: skip
+        self.tokens = Counter("router_tokens", "Tokens by kind; input includes cached tokens.",
+                              ("backend", "kind"), registry=r)  # fmt: skip
+        self.cost = Counter("router_cost_usd", "Cost at catalog prices, by backend and route.",
+                            ("backend", "route"), registry=r)  # fmt: skip
+        self.fallbacks = Counter("router_fallbacks", "Requests served (or failed) after another backend "
+                                 "failed first; backend is the last one tried.", ("backend",), registry=r)  # fmt: skip
+        self.retries = Counter("router_retries", "Failed upstream tries that were followed by another try, "
+                               "by the backend that failed and why.", ("backend", "reason"), registry=r)  # fmt: skip
+        self.cache_hit = Gauge("router_prompt_cache_hit_ratio", "Cached share of input tokens since start "
+                               "(for a window use rate of router_tokens_total cache_read over input).",
+                               ("backend",), registry=r)  # fmt: skip
+        # Records of requests in flight: the stream gauge counts the ones that asked to stream,
+        # which is only known after parsing, hence records rather than two counters.
+        self._inflight: dict[str, RequestRecord] = {}
+        inflight = self._inflight
+        Gauge("router_inflight_requests", "Requests being handled now.", registry=r).set_function(
+            lambda: len(inflight)
+        )
+        Gauge("router_inflight_streams", "Streamed requests being handled now.", registry=r).set_function(
+            lambda: sum(1 for rec in list(inflight.values()) if rec.stream)
+        )
+        self._cache_tally: dict[str, tuple[int, int]] = {}  # backend → (input tokens, cached tokens)
+
+    def started(self, rec: RequestRecord) -> None:
+        self._inflight[rec.request_id] = rec
+
+    def finished(self, rec: RequestRecord, phases: Phases) -> None:
+        self._inflight.pop(rec.request_id, None)
+        backend = rec.chosen_model or "none"
+        self.requests.labels(backend, str(rec.status or "none")).inc()
+        if phases.decided is not None:
+            self.routing.observe(phases.decided - phases.arrival)
+        _observe_ms(self.queue, backend, rec.queue_ms)
+        _observe_ms(self.ttft, backend, rec.ttft_ms)
+        _observe_ms(self.decode, backend, rec.decode_ms)
+        _observe_ms(self.gap, backend, rec.gap_mean_ms)
+        _observe_ms(self.delivery, backend, rec.delivery_ms)
+        if rec.total_ms is not None:
+            self.e2e.labels(backend, str(rec.status or "none")).observe(rec.total_ms / 1000)
+        if rec.decode_ms and rec.output_tokens:
+            self.decode_rate.labels(backend).observe(rec.output_tokens / (rec.decode_ms / 1000))
+        if rec.ttft_ms and rec.input_tokens:
+            self.prefill_rate.labels(backend).observe(rec.input_tokens / (rec.ttft_ms / 1000))
+        self._count_tokens(rec, backend)
+        if rec.cost_usd:
+            self.cost.labels(backend, self.route_of(rec.requested_model)).inc(rec.cost_usd)
+        tries = rec.tries or []
+        if len(tries) > 1:
+            self.fallbacks.labels(backend).inc()
+            for t in tries[:-1]:
+                reason = t.get("error_type") or str(t.get("status") or "unknown")
+                self.retries.labels(str(t.get("model") or "none"), reason).inc()
+
+    def _count_tokens(self, rec: RequestRecord, backend: str) -> None:
+        values = (rec.input_tokens, rec.output_tokens, rec.cache_read_tokens, rec.cache_write_tokens,
+                  rec.reasoning_tokens)  # fmt: skip
+        for kind, n in zip(TOKEN_KINDS, values, strict=True):
+            if n:
+                self.tokens.labels(backend, kind).inc(n)
+        if rec.input_tokens:
+            inputs, cached = self._cache_tally.get(backend, (0, 0))
+            inputs, cached = inputs + rec.input_tokens, cached + (rec.cache_read_tokens or 0)
+            self._cache_tally[backend] = (inputs, cached)
+            self.cache_hit.labels(backend).set(cached / inputs)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _observe_ms(h: Histogram, backend: str, ms: float | None) -> None:
+    if ms is not None:
+        h.labels(backend).observe(ms / 1000)

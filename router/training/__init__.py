@@ -1,0 +1,1 @@
+"""Training the learned policy from the log: dataset, fitting, off-policy evaluation, artifact."""

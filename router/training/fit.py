@@ -1,0 +1,126 @@
+"""Fitting: per model, a calibrated P(success | task) and a model of an attempt's cost.
+
+Each model gets an L2-regularised logistic regression over the task features, calibrated by
+Platt scaling on cross-validated scores (so the probabilities the planner multiplies are
+honest), and a ridge regression of log attempt cost on the task's shape features. Models with
+too little data fall back to smoothed rates. Everything is exported as plain numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+from router.policy import taskfeatures
+from router.policy.learned import FORMAT
+from router.training.dataset import AttemptRow
+
+MIN_ROWS_FOR_MODEL = 8
+
+
+def _smoothed_logit(successes: float, n: float) -> float:
+    p = (successes + 1) / (n + 2)
+    return math.log(p / (1 - p))
+
+
+def fit_model(rows: Sequence[AttemptRow], c: float = 0.5) -> tuple[dict[str, Any], np.ndarray]:
+    """Parameters for one model and its out-of-fold probabilities (for calibration metrics)."""
+    width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+    y = np.array([r.success for r in rows], dtype=int)
+    x = np.array([taskfeatures.dense(r.vector) for r in rows])
+    n, k = len(rows), int(y.sum())
+    weights = np.zeros(width)
+    platt = (1.0, 0.0)
+    if n >= MIN_ROWS_FOR_MODEL and 2 <= k <= n - 2:
+        # The bias is feature 0, so no separate intercept: the weights then carry everything.
+        clf = LogisticRegression(C=c, fit_intercept=False, max_iter=2000)
+        folds = min(5, k, n - k)
+        scores = cross_val_predict(
+            clf, x, y, cv=StratifiedKFold(folds, shuffle=True, random_state=0), method="decision_function"
+        )
+        cal = LogisticRegression(C=100.0).fit(scores.reshape(-1, 1), y)
+        platt = (float(cal.coef_[0][0]), float(cal.intercept_[0]))
+        oof = cal.predict_proba(scores.reshape(-1, 1))[:, 1]
+        weights = clf.fit(x, y).coef_[0]
+    else:
+        weights[0] = _smoothed_logit(k, n)
+        oof = np.full(n, 1 / (1 + math.exp(-weights[0])))
+    costs = np.array([max(r.cost, 1e-6) for r in rows])
+    dense_numeric = x[:, : len(taskfeatures.NUMERIC)]
+    if n >= 3:
+        ridge = Ridge(alpha=1.0, fit_intercept=False).fit(dense_numeric, np.log(costs))
+        cost_weights = ridge.coef_
+    else:
+        cost_weights = np.zeros(len(taskfeatures.NUMERIC))
+        cost_weights[0] = float(np.log(costs).mean())
+    params = {
+        "weights": [round(float(w), 6) for w in weights],
+        "platt": [round(platt[0], 6), round(platt[1], 6)],
+        "cost_weights": [round(float(w), 6) for w in cost_weights],
+        "calls_per_attempt": round(float(np.mean([r.n_calls for r in rows])), 3),
+        "n": n,
+        "success_rate": round(k / n, 4),
+        "mean_cost": round(float(costs.mean()), 6),
+    }
+    return params, oof
+
+
+def reliability(p: np.ndarray, y: np.ndarray, bins: int = 5) -> list[dict[str, Any]]:
+    edges = np.linspace(0, 1, bins + 1)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        mask = (p >= lo) & ((p < hi) if hi < 1 else (p <= hi))
+        if mask.any():
+            out.append({"bin": f"{lo:.1f}-{hi:.1f}", "n": int(mask.sum()),
+                        "predicted": round(float(p[mask].mean()), 3), "observed": round(float(y[mask].mean()), 3)})  # fmt: skip
+    return out
+
+
+def fit(rows: Sequence[AttemptRow], *, c: float = 0.5) -> dict[str, Any]:
+    """The artifact (a JSON-ready dict) for these attempt rows."""
+    if not rows:
+        raise ValueError("no labelled attempts in the log: send traffic and outcomes first")
+    per_model: dict[str, list[AttemptRow]] = defaultdict(list)
+    for r in rows:
+        per_model[r.model].append(r)
+    models: dict[str, Any] = {}
+    all_p: list[float] = []
+    all_y: list[bool] = []
+    for model, mrows in sorted(per_model.items()):
+        params, oof = fit_model(mrows, c=c)
+        models[model] = params
+        all_p.extend(oof)
+        all_y.extend(r.success for r in mrows)
+    p, y = np.array(all_p), np.array(all_y, dtype=np.float64)
+    return {
+        "format": FORMAT,
+        "feature_schema": taskfeatures.schema(),
+        "trained_at": time.time(),
+        "data": {
+            "attempts": len(rows),
+            "tasks": len({r.task_id for r in rows}),
+            "from_ts": min(r.ts for r in rows),
+            "to_ts": max(r.ts for r in rows),
+            "labels": dict(sorted(_count(r.label_source for r in rows).items())),
+        },
+        "metrics": {
+            "brier": round(float(np.mean((p - y) ** 2)), 4),
+            "brier_base_rate": round(float(np.mean((y.mean() - y) ** 2)), 4),
+            "reliability": reliability(p, y),
+        },
+        "models": models,
+    }
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for i in items:
+        out[i] += 1
+    return out
