@@ -12,10 +12,12 @@ from starlette.responses import Response
 
 from router import features
 from router.errors import BadRequest, RouterError
+from router.ops_api import register_ops
 from router.outcomes import post_outcome
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, WIRES
 from router.protocols import anthropic as anthropic_protocol
 from router.proxy import Proxy, read_body, rule_headers
+from router.taskcontext import preview_task
 
 if TYPE_CHECKING:
     from router.app import Services
@@ -86,6 +88,7 @@ def register(app: FastAPI, s: Services) -> None:
                 raise BadRequest(f"unknown protocol {protocol!r}; use one of {', '.join(WIRES)}")
             req = WIRES[protocol].parse(raw)
             feats = features.extract(req, s.counter, rule_headers(request.headers))
+            preview_task(s, req, feats)
             decision = s.decider.decide(feats)
         except RouterError as err:
             return _json(err.openai_body(), err.status)
@@ -100,6 +103,7 @@ def register(app: FastAPI, s: Services) -> None:
                 "propensity": decision.propensity,
                 "rules_applied": decision.rules_applied,
                 "prompt_tokens": feats.prompt_tokens,
+                "side_call": feats.side_call,
                 "candidates": [e.as_dict() for e in decision.candidates],
             }
         )
@@ -119,6 +123,8 @@ def register(app: FastAPI, s: Services) -> None:
         store_ok = await s.store.ping()
         body = {"status": "ok" if store_ok else "degraded", "store": store_ok, "policy": s.policy.name}
         return _json(body, 200 if store_ok else 503)
+
+    register_ops(app, s)
 
 
 def _detect(raw: bytes, request: Request) -> str:

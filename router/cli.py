@@ -1,4 +1,4 @@
-"""The ``router`` command: serve, demo, upstream (the local fake provider), check."""
+"""The ``router`` command: serve, demo, upstream (the local fake provider), check, report, tasks."""
 
 from __future__ import annotations
 
@@ -72,7 +72,9 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from router.training.commands import promote
 
     sha = promote(args.artifact, args.config)
-    print(f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second")
+    print(
+        f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second"
+    )
     return 0
 
 
@@ -82,6 +84,18 @@ def _duration(text: str) -> float:
         return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
     except (ValueError, IndexError):
         raise SystemExit(f"router: bad duration {text!r} (e.g. 30m, 24h, 7d)") from None
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from router.report import run_report
+
+    return run_report(args)
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from router.ledger import run_tasks
+
+    return run_tasks(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +138,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--store", default="sqlite:///router.db")
     demo.add_argument("--serve", action="store_true", help="keep serving after the demo requests")
     demo.set_defaults(func=cmd_demo)
+
+    def window(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"),
+                        help="log store URL (env ROUTER_STORE; default sqlite:///router.db)")  # fmt: skip
+        sp.add_argument("--since", default="24h", help="how far back: 90s, 15m, 2h, 7d, 1w (default 24h)")
+        sp.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    report = sub.add_parser("report", help="phases, rates, cost and errors per group, from the log")
+    window(report)
+    report.add_argument("--by", choices=["backend", "route", "task", "policy"], default="backend")
+    report.add_argument("--plot", metavar="FILE.png", help="also write stacked phases and distributions")
+    report.set_defaults(func=cmd_report)
+
+    tasks = sub.add_parser("tasks", help="the task ledger: requests, tokens, cost and outcome per task")
+    window(tasks)
+    tasks.add_argument("--task", help="only this task id")
+    tasks.set_defaults(func=cmd_tasks)
     return p
 
 

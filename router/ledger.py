@@ -3,7 +3,7 @@
 A task is many requests (``task_id``), possibly over several attempts. Its cost is split into
 input (uncached), output, cache read and cache write at the prices in force when each request
 ran (the split is stored per request; rows logged before it existed count as ``unsplit``). The
-verdict on a task is its latest attempt's outcome, an explicit one before an inferred one.
+verdict on a task is an explicit outcome if there is one, else the latest inferred signal.
 
 Cost per completed task is the spend on every task that has a verdict, divided by the tasks
 that succeeded: failed tasks are part of what a success costs. Tasks with no verdict yet are
@@ -42,9 +42,10 @@ def _usd(x: float) -> float:
 
 
 def final_outcome(outcomes: Iterable[Row]) -> dict[str, Any] | None:
-    """The verdict that counts: the latest attempt's; within it explicit before inferred, then the latest."""
+    """The verdict that counts: an explicit one before any inferred signal (as in training), then
+    the latest attempt's, then the latest recorded."""
     best = max(outcomes, default=None,
-               key=lambda o: (o.get("attempt") or 0, bool(o.get("explicit")), o.get("ts") or 0))  # fmt: skip
+               key=lambda o: (bool(o.get("explicit")), o.get("attempt") or 0, o.get("ts") or 0))  # fmt: skip
     if best is None:
         return None
     return {
@@ -121,7 +122,9 @@ def task_ledgers(requests: Sequence[Row], outcomes: Sequence[Row]) -> list[dict[
     verdicts: dict[str, list[Row]] = defaultdict(list)
     for o in outcomes:
         verdicts[o["task_id"]].append(o)
-    ledgers = [task_ledger(t, sorted(rs, key=lambda r: r["ts"]), verdicts.get(t, [])) for t, rs in rows.items()]
+    ledgers = [
+        task_ledger(t, sorted(rs, key=lambda r: r["ts"]), verdicts.get(t, [])) for t, rs in rows.items()
+    ]
     return sorted(ledgers, key=lambda x: x["last_end_ts"] or 0, reverse=True)
 
 
@@ -184,7 +187,7 @@ def render(result: Mapping[str, Any]) -> None:
         verdict = "—" if o is None else f"{'done' if o['success'] else 'failed'} ({o['source']})"
         table.add_row(
             x["task_id"][:40], str(len(x["attempts"])), str(x["requests"]), str(x["side_calls"]["requests"]),
-            ", ".join(f"{b}×{v['requests']}" for b, v in x["backends"].items()),
+            ", ".join(f"{b} x{v['requests']}" for b, v in x["backends"].items()),
             f"{t['input']:,} / {t['cache_read']:,} / {t['output']:,}", f"{c['total']:.4f}",
             f"{c['input']:.4f} / {c['output']:.4f} / {c['cache_read']:.4f} / {c['cache_write']:.4f}",
             verdict, f"{x['duration_s'] or 0:.1f}s",

@@ -54,11 +54,14 @@ def enter(s: Services, req: ClientRequest, feats: Features, rec: RequestRecord, 
     side = is_side_call(req, policy.spec.tasks.side_call_max_tokens)
     rec.attempt, rec.side_call = state.attempt, side
     if state.vector is None and not side:
-        state.vector = taskfeatures.task_vector(
-            req.first_user_text, _system_text(req.system), len(req.tools), feats.headers.get("x-router-repo")
-        )
+        state.vector = _vector(req, feats)
         rec.task_features = taskfeatures.to_json(state.vector)
     found = [] if side else signals.extract(req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold)
+    if not side:
+        fingerprint = signals.request_fingerprint(req.protocol, req.body)
+        if fingerprint == state.last_fingerprint:
+            found.append(signals.resent_signal(1))
+        state.last_fingerprint = fingerprint
     switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
     label = signals.summarize(found) if found else None
     if label is not None:
@@ -85,3 +88,15 @@ def served(s: Services, state: TaskState, rec: RequestRecord) -> None:
     backend = s.catalog[rec.chosen_model]
     s.tracker.served(state, backend.id, rec.input_tokens or rec.prompt_tokens_est or 0, backend.cache_ttl_s,
                      rec.side_call)  # fmt: skip
+
+
+def preview_task(s: Services, req: ClientRequest, feats: Features) -> None:
+    """Task features for a decision preview (``/v1/route``), leaving the tracker untouched."""
+    feats.side_call = is_side_call(req, s.decider.policy.spec.tasks.side_call_max_tokens)
+    if not feats.side_call:
+        feats.task_vector = _vector(req, feats)
+
+
+def _vector(req: ClientRequest, feats: Features) -> taskfeatures.Vector:
+    repo = feats.headers.get("x-router-repo")
+    return taskfeatures.task_vector(req.first_user_text, _system_text(req.system), len(req.tools), repo)

@@ -52,7 +52,7 @@ class Weights:
     tool_loop: float = 0.2
     resent: float = 0.2
     exit_code: float = 0.1
-    #: Evidence from older tool results says less about where the task stands now: weight × decay**age,
+    #: Evidence from older tool results says less about where the task stands now: weight * decay**age,
     #: where age counts the tool results that came after it.
     decay: float = 0.85
 

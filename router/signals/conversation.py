@@ -48,7 +48,13 @@ def _error(results: Sequence[_Analyzed], w: Weights, name: str, base: float) -> 
     for age, (_, out, call) in enumerate(reversed(results)):
         kind = out.build_error if name == BUILD_ERROR else out.runtime_error
         if kind is not None:
-            return Signal(name, None, False, w.aged(base, age), {"kind": kind, "age": age, "tool": call.name if call else None})
+            return Signal(
+                name,
+                None,
+                False,
+                w.aged(base, age),
+                {"kind": kind, "age": age, "tool": call.name if call else None},
+            )
         if out.clean:
             return None
     return None

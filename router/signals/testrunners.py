@@ -75,6 +75,10 @@ def _tally(counts: str, words: Mapping[str, str | None]) -> dict[str, int] | Non
     return out
 
 
+def _summary(runner: str, c: Mapping[str, int]) -> TestSummary:
+    return TestSummary(runner, c["passed"], c["failed"], c["errors"], c["skipped"])
+
+
 # -- pytest -----------------------------------------------------------------------------------
 
 _PYTEST = re.compile(
@@ -101,7 +105,7 @@ def _pytest(text: str) -> _Found | None:
             if tallied is None:
                 continue
             counts = tallied
-        return m.start(), TestSummary("pytest", **counts)
+        return m.start(), _summary("pytest", counts)
     return None
 
 
@@ -202,7 +206,7 @@ def _js(runner: str, pattern: re.Pattern[str], text: str) -> _Found | None:
     for m in reversed(list(pattern.finditer(text))[-_TRIES:]):
         counts = _tally(m.group(1), _JS_WORDS)
         if counts is not None:
-            return m.start(), TestSummary(runner, **counts)
+            return m.start(), _summary(runner, counts)
     return None
 
 

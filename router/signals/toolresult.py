@@ -111,7 +111,9 @@ def _codex_json(text: str) -> tuple[str, int | None] | None:
     return obj["output"], code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
-def analyze(text: Any, is_error: bool | None = None, *, max_chars: int | None = DEFAULT_MAX_CHARS) -> ToolOutcome:
+def analyze(
+    text: Any, is_error: bool | None = None, *, max_chars: int | None = DEFAULT_MAX_CHARS
+) -> ToolOutcome:
     """Read one tool result's text. Never raises; unreadable input gives an empty outcome."""
     if not isinstance(text, str):
         text = ""

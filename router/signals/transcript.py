@@ -8,6 +8,7 @@ Anything that does not fit is skipped.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -16,7 +17,9 @@ import orjson
 from router.signals.fingerprint import stable_hash
 
 _CALL_ITEMS: Final = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
-_OUTPUT_ITEMS: Final = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output"})
+_OUTPUT_ITEMS: Final = frozenset(
+    {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
+)
 #: Arguments longer than this are hashed as text rather than parsed (a file write, say).
 _MAX_PARSED_ARGS: Final = 256_000
 
@@ -45,10 +48,8 @@ Event = ToolCall | ToolResult
 
 def _args_hash(args: Any) -> str:
     if isinstance(args, str) and len(args) <= _MAX_PARSED_ARGS and args[:1] in ("{", "["):
-        try:
+        with contextlib.suppress(orjson.JSONDecodeError):
             args = orjson.loads(args)
-        except orjson.JSONDecodeError:
-            pass
     return stable_hash(args)
 
 
@@ -80,7 +81,8 @@ def _chat_calls(msg: dict[str, Any]) -> list[Event]:
     calls = msg.get("tool_calls")
     for c in calls if isinstance(calls, list) else ():
         if isinstance(c, dict):
-            fn = c.get("function") if isinstance(c.get("function"), dict) else {}
+            fn = c.get("function")
+            fn = fn if isinstance(fn, dict) else {}
             out.append(_call(c.get("id"), fn.get("name"), fn.get("arguments")))
     legacy = msg.get("function_call")
     if isinstance(legacy, dict):

@@ -323,13 +323,21 @@ class MemoryPolicyVersion:
 
     async def watch(self, callback: VersionCallback, *, known: str | None = None) -> None:
         """Runs until cancelled. Reports the current version first if it differs from ``known``."""
-        self._callbacks.append(callback)
+        last = known
+
+        async def on_version(version: str) -> None:
+            nonlocal last
+            if version != last:
+                last = version
+                await deliver_version(callback, version)
+
+        self._callbacks.append(on_version)
         try:
-            if self._version is not None and self._version != known:
-                await deliver_version(callback, self._version)
+            if self._version is not None:
+                await on_version(self._version)
             await asyncio.Event().wait()
         finally:
-            self._callbacks.remove(callback)
+            self._callbacks.remove(on_version)
 
 
 async def deliver_version(callback: VersionCallback, version: str) -> None:

@@ -22,7 +22,9 @@ def parse_duration(text: str) -> float:
     compact = text.strip().lower().replace(" ", "")
     parts = _DURATION.findall(compact)
     if not compact or "".join(n + u for n, u in parts) != compact:
-        raise ConfigError(f"duration {text!r}: expected a number with a unit s, m, h, d or w (e.g. 24h, 1h30m)")
+        raise ConfigError(
+            f"duration {text!r}: expected a number with a unit s, m, h, d or w (e.g. 24h, 1h30m)"
+        )
     return sum(float(n) * _UNIT_S[u] for n, u in parts)
 
 
@@ -34,12 +36,16 @@ class Window:
     outcomes: list[dict[str, Any]]
 
 
-@asynccontextmanager
-async def opened(url: str) -> AsyncIterator[Store]:
-    """The store, open for reading; a SQLite file that does not exist is an error, not a new log."""
+def _check_exists(url: str) -> None:
     scheme, _, rest = url.partition("://")
     if scheme.lower() == "sqlite" and rest[1:] != ":memory:" and not Path(rest[1:]).exists():
         raise ConfigError(f"log store {mask_url(url)}: no such file {rest[1:]!r}")
+
+
+@asynccontextmanager
+async def opened(url: str) -> AsyncIterator[Store]:
+    """The store, open for reading; a SQLite file that does not exist is an error, not a new log."""
+    _check_exists(url)
     store = open_store(url)
     await store.open()
     try:

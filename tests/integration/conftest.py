@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 import yaml
 
-from router.app import create_app
+from router.app import Services, build_services, create_app
 from router.fakeupstream import FakeUpstream
 from router.settings import Settings
 
@@ -68,11 +68,21 @@ class RunningRouter:
         self.thread.join(timeout=15)
 
 
-def start_router(policy: dict[str, Any], tmp: Path, **settings: Any) -> RunningRouter:
+def start_router(
+    policy: dict[str, Any],
+    tmp: Path,
+    *,
+    services_hook: Callable[[Services], None] | None = None,
+    **settings: Any,
+) -> RunningRouter:
+    """``services_hook`` may replace parts of the services (say, telemetry) before the app is built."""
     config = tmp / "policy.yaml"
     config.write_text(yaml.safe_dump(policy))
     db = tmp / "log.db"
-    app = create_app(Settings(config=config, store=f"sqlite:///{db}", **settings))
+    services = build_services(Settings(config=config, store=f"sqlite:///{db}", **settings))
+    if services_hook is not None:
+        services_hook(services)
+    app = create_app(services=services)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -92,10 +102,12 @@ def start_router(policy: dict[str, Any], tmp: Path, **settings: Any) -> RunningR
 def router_factory(tmp_path: Path) -> Iterator[Callable[..., RunningRouter]]:
     started: list[RunningRouter] = []
 
-    def make(policy: dict[str, Any], **settings: Any) -> RunningRouter:
+    def make(
+        policy: dict[str, Any], *, services_hook: Callable[[Services], None] | None = None, **settings: Any
+    ) -> RunningRouter:
         sub = tmp_path / f"r{len(started)}"
         sub.mkdir()
-        r = start_router(policy, sub, **settings)
+        r = start_router(policy, sub, services_hook=services_hook, **settings)
         started.append(r)
         return r
 
