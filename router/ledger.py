@@ -173,6 +173,11 @@ def run_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def usd(x: float) -> str:
+    """Dollars with the digits that matter: agent calls often cost fractions of a cent."""
+    return "0" if x == 0 else f"{x:.6f}" if abs(x) < 0.01 else f"{x:.4f}"
+
+
 def render(result: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -188,8 +193,8 @@ def render(result: Mapping[str, Any]) -> None:
         table.add_row(
             x["task_id"][:40], str(len(x["attempts"])), str(x["requests"]), str(x["side_calls"]["requests"]),
             ", ".join(f"{b} x{v['requests']}" for b, v in x["backends"].items()),
-            f"{t['input']:,} / {t['cache_read']:,} / {t['output']:,}", f"{c['total']:.4f}",
-            f"{c['input']:.4f} / {c['output']:.4f} / {c['cache_read']:.4f} / {c['cache_write']:.4f}",
+            f"{t['input']:,} / {t['cache_read']:,} / {t['output']:,}", usd(c["total"]),
+            " / ".join(usd(c[k]) for k in ("input", "output", "cache_read", "cache_write")),
             verdict, f"{x['duration_s'] or 0:.1f}s",
         )  # fmt: skip
     console.print(table)
@@ -197,6 +202,6 @@ def render(result: Mapping[str, Any]) -> None:
     per_task = s["cost_per_completed_task_usd"]
     console.print(
         f"{s['tasks']} tasks: {s['completed']} completed, {s['failed']} failed, {s['without_outcome']} without "
-        f"an outcome; spent ${s['cost_usd']:.4f}; cost per completed task: "
-        + (f"${per_task:.4f}" if per_task is not None else "n/a (no completed task with an outcome)")
+        f"an outcome; spent ${usd(s['cost_usd'])}; cost per completed task: "
+        + (f"${usd(per_task)}" if per_task is not None else "n/a (no completed task with an outcome)")
     )

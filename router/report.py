@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from router.ledger import final_outcome
+from router.ledger import final_outcome, usd
 
 Row = Mapping[str, Any]
 
@@ -208,11 +208,11 @@ def render(report: Mapping[str, Any]) -> None:
         if per_task is None:
             per_task_text = "n/a" if not g["tasks"]["with_outcome"] else "none completed"
         else:
-            per_task_text = f"{per_task:.4f}"
+            per_task_text = usd(per_task)
         summary.add_row(
             g["key"], str(g["requests"]), _num(g["load"]["rps"], "{:.3f}"),
             _num(g["load"]["concurrency"], "{:.2f}"), _pct(g["error_rate"]), _pct(g["retry_rate"]),
-            _pct(g["cached_input_share"]), _num(g["cost_per_request_usd"], "{:.5f}"), per_task_text,
+            _pct(g["cached_input_share"]), usd(g["cost_per_request_usd"] or 0.0), per_task_text,
             _num(g["prefill_tok_s"]["p50"], "{:.0f}"), _num(g["decode_tok_s"]["p50"], "{:.1f}"),
         )  # fmt: skip
     console.print(summary)
@@ -264,12 +264,12 @@ def plot(report: Mapping[str, Any], requests: Sequence[Row], path: str) -> None:
         data = [[r[phase] for r in rows[k] if r.get(phase) is not None] for k in keys]
         present = [(k, d) for k, d in zip(keys, data, strict=True) if d]
         if present:
-            sub.boxplot(
-                [d for _, d in present], vert=False, tick_labels=[k for k, _ in present], whis=(1, 99)
-            )
+            values = [[max(v, 0.01) for v in d] for _, d in present]  # a log axis cannot show 0
+            sub.boxplot(values, orientation="horizontal", tick_labels=[k for k, _ in present], whis=(1, 99))
             sub.invert_yaxis()
-            if max(max(d) for _, d in present) > 0:
-                sub.set_xscale("symlog", linthresh=1)
+            lo, hi = min(min(v) for v in values), max(max(v) for v in values)
+            if hi / lo > 20:  # tails over orders of magnitude: only a log axis shows both ends
+                sub.set_xscale("log")
         sub.set_title(f"{phase.removesuffix('_ms')} (ms, whiskers p1-p99)")
     w = report["window"]
     fig.suptitle(f"{w['requests']} requests by {report['by']}: {_num(w['rps'], '{:.3f}')} req/s, "

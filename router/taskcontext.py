@@ -47,7 +47,9 @@ def _system_text(system: object) -> str:
     return text_of(system)
 
 
-def enter(s: Services, req: ClientRequest, feats: Features, rec: RequestRecord, attempt_header: str | None) -> TaskState:
+def enter(
+    s: Services, req: ClientRequest, feats: Features, rec: RequestRecord, attempt_header: str | None
+) -> TaskState:
     assert rec.task_id is not None
     policy = s.decider.policy
     state = s.tracker.begin(rec.task_id, req, attempt_header)
@@ -56,7 +58,11 @@ def enter(s: Services, req: ClientRequest, feats: Features, rec: RequestRecord, 
     if state.vector is None and not side:
         state.vector = _vector(req, feats)
         rec.task_features = taskfeatures.to_json(state.vector)
-    found = [] if side else signals.extract(req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold)
+    found = (
+        []
+        if side
+        else signals.extract(req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold)
+    )
     if not side:
         fingerprint = signals.request_fingerprint(req.protocol, req.body)
         if fingerprint == state.last_fingerprint:

@@ -41,12 +41,16 @@ def is_side_call(req: ClientRequest, max_tokens: int = 1024) -> bool:
     """Title generation, summaries, compaction, quota checks: short tool-less calls beside the loop."""
     if req.tools:
         return False
-    system = text_of(req.system) if not isinstance(req.system, list) else " ".join(text_of(s) for s in req.system)
+    system = (
+        text_of(req.system) if not isinstance(req.system, list) else " ".join(text_of(s) for s in req.system)
+    )
     last = req.messages[-1] if req.messages else {}
     last_text = text_of(last.get("content")) if isinstance(last, dict) else ""
     if _SIDE_CALL_TEXT.search(system[:4000]) or _SIDE_CALL_TEXT.search(last_text[-4000:]):
         return True
-    return req.max_output_tokens is not None and req.max_output_tokens <= max_tokens and len(req.messages) <= 2
+    return (
+        req.max_output_tokens is not None and req.max_output_tokens <= max_tokens and len(req.messages) <= 2
+    )
 
 
 def is_restart(req: ClientRequest) -> bool:
@@ -96,7 +100,9 @@ class TaskTracker:
             return
         state.failed_open = not success
 
-    def served(self, state: TaskState, model: str, prompt_tokens: int, cache_ttl_s: float, side_call: bool) -> None:
+    def served(
+        self, state: TaskState, model: str, prompt_tokens: int, cache_ttl_s: float, side_call: bool
+    ) -> None:
         if side_call:
             return
         # The first main-loop request pins the attempt; a later switch (a loop, a context that

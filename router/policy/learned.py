@@ -78,7 +78,9 @@ class Artifact:
         for mid, m in (obj.get("models") or {}).items():
             weights = tuple(float(x) for x in m["weights"])
             if len(weights) != width:
-                raise ConfigError(f"{source}: models.{mid}.weights: expected {width} values, got {len(weights)}")
+                raise ConfigError(
+                    f"{source}: models.{mid}.weights: expected {width} values, got {len(weights)}"
+                )
             models[mid] = ModelParams(
                 weights=weights,
                 platt=(float(m["platt"][0]), float(m["platt"][1])),
@@ -116,7 +118,10 @@ class LearnedScorer:
         self.name = f"learned:{artifact.sha256[:12]}"
 
     def options(
-        self, vec: Mapping[int, float], models: Sequence[str], per_call_cost: Mapping[str, float] | None = None
+        self,
+        vec: Mapping[int, float],
+        models: Sequence[str],
+        per_call_cost: Mapping[str, float] | None = None,
     ) -> list[Option]:
         known = {m: p for m, p in self.artifact.models.items() if m in models}
         out = [Option(m, p.p_success(vec), p.attempt_cost(vec)) for m, p in known.items()]

@@ -4,8 +4,8 @@ For a candidate m, ``p_m`` is the probability an attempt on m succeeds and ``c_m
 cost of that attempt. A plan is the sequence of models tried, one attempt each, until one
 succeeds or the retry limit is reached:
 
-    cost(plan)    = Σ_k c_k · Π_{j<k} (1 − p_j)
-    success(plan) = 1 − Π_k (1 − p_k)
+    cost(plan)    = Σ_k c_k · Π_{j<k} (1 - p_j)
+    success(plan) = 1 - Π_k (1 - p_k)
 
 and the quantity minimised is ``cost / success``: the money spent per task that gets done,
 failed attempts included. Plans are enumerated exactly (a handful of candidates, a retry

@@ -9,6 +9,7 @@ kept: the log stores only the hashed vector), plus a few shape features.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import zlib
@@ -70,7 +71,7 @@ def task_vector(
     }
     words = _WORD.findall(text.lower())
     counts: dict[int, float] = {}
-    grams = [*words, *(f"{a} {b}" for a, b in zip(words, words[1:], strict=False))]
+    grams = [*words, *(f"{a} {b}" for a, b in itertools.pairwise(words))]
     if repo is None:
         m = _REPO.search(text)
         repo = m.group(1) if m else None

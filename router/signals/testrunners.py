@@ -2,8 +2,8 @@
 
 Each parser returns the position of the last summary it recognises; ``parse_test_summary`` keeps
 the one that comes last in the text, since an agent's later run supersedes an earlier one.
-Every pattern is anchored at a line start or begins with a literal, and adjacent repeats are
-bounded or disjoint, so none can backtrack worse than linearly on hostile input.
+Every pattern is anchored at a line start or begins with a literal, adjacent repeats are disjoint
+and repeated groups are bounded, so none can backtrack worse than linearly on hostile input.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _summary(runner: str, c: Mapping[str, int]) -> TestSummary:
 # -- pytest -----------------------------------------------------------------------------------
 
 _PYTEST = re.compile(
-    r"^(?:=+ )?((?:\d+ [a-z]+, )*\d+ [a-z]+|no tests ran)"
+    r"^(?:=+ )?((?:\d+ [a-z]+, ){0,12}\d+ [a-z]+|no tests ran)"
     r" in \d+(?:\.\d+)?(?:s| seconds)(?: \([\d:.]+\))?(?: =+)?[ \t]*$",
     re.M,
 )
@@ -195,8 +195,8 @@ def _cargo(text: str) -> _Found | None:
 
 # -- jest / vitest ----------------------------------------------------------------------------
 
-_JEST = re.compile(r"^Tests:[ \t]+((?:\d+ [a-z]+, )*)\d+ total", re.M)
-_VITEST = re.compile(r"^[ \t]*Tests[ \t]+((?:\d+ [a-z]+ \| )*\d+ [a-z]+) \(\d+\)", re.M)
+_JEST = re.compile(r"^Tests:[ \t]+((?:\d+ [a-z]+, ){0,8})\d+ total", re.M)
+_VITEST = re.compile(r"^[ \t]*Tests[ \t]+((?:\d+ [a-z]+ \| ){0,8}\d+ [a-z]+) \(\d+\)", re.M)
 _JS_WORDS: Final = MappingProxyType(
     {"passed": "passed", "failed": "failed", "skipped": "skipped", "todo": "skipped", "pending": "skipped"}
 )

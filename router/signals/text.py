@@ -7,8 +7,10 @@ from typing import Final
 
 #: Summaries sit at the end of a run's output; 20 KB of tail holds them with room for a failure report.
 DEFAULT_MAX_CHARS: Final = 20_000
-#: Harnesses that report the exit code first (mini-swe-agent, Codex) put it within this many characters.
+#: Harnesses report an exit code within this many characters of the start (mini-swe-agent, Codex)
+#: or of the end (OpenHands, most shells' "exit status"); the digest of a result reads as much.
 HEAD_CHARS: Final = 2_048
+TAIL_CHARS: Final = 4_096
 
 # CSI sequences, OSC sequences with a terminator, then any other two-byte escape. The character
 # classes of each part are disjoint, so a long unterminated sequence costs one linear pass.

@@ -10,12 +10,12 @@ import hashlib
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from router.signals.testrunners import TestSummary, last_summary
-from router.signals.text import DEFAULT_MAX_CHARS, HEAD_CHARS, clean, head
+from router.signals.text import DEFAULT_MAX_CHARS, HEAD_CHARS, TAIL_CHARS, clean, head
 
 # How harnesses report a command's exit: mini-swe-agent's tag, Claude Code's and Codex's
 # "Exit code N" line, OpenHands' closing note, and the "[exit code: N]" style of others.
@@ -33,24 +33,42 @@ _EXIT_OUTPUT = re.compile(
     r"\bexit status (-?\d{1,4})\b|\bnon-zero exit status (-?\d{1,4})\b|\bexit(?:ed with)? code:?[ \t]{0,4}(-?\d{1,4})\b",
     re.I,
 )
-_BUILD = re.compile(
-    r"(?P<rust>^error\[E\d{4}\]|^error: could not compile )"
-    r"|(?P<typescript>\berror TS\d{4,5}: )"
-    r"|(?P<syntax>\b(?:SyntaxError|IndentationError|TabError): )"
-    r"|(?P<module_not_found>\bModuleNotFoundError: |\bImportError: cannot import name |^Error: Cannot find module ')"
-    r"|(?P<go>^(?:\./)?[\w./-]{1,300}\.go:\d+:\d+: )"
-    r"|(?P<c>^[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: )"
-    r"|(?P<java>^[\w./-]{1,300}\.java:\d+: error: )"
-    r"|(?P<make>^make(?:\[\d+\])?: \*\*\* )",
-    re.M,
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """A pattern run only when one of its literal needles occurs in the text (a cheap ``in`` test)."""
+
+    kind: str
+    needles: tuple[str, ...]
+    pattern: re.Pattern[str]
+
+
+def _probe(kind: str, needles: tuple[str, ...], pattern: str) -> _Probe:
+    return _Probe(kind, needles, re.compile(pattern, re.M))
+
+
+_BUILD: Final = (
+    _probe("rust", ("error",), r"^error(?:\[E\d{4}\]|: could not compile )"),
+    _probe("typescript", ("error TS",), r"error TS\d{4,5}: "),
+    _probe("syntax", ("Error: ",), r"(?:Syntax|Indentation|Tab)Error: "),
+    _probe(
+        "module_not_found",
+        ("ModuleNotFoundError", "ImportError", "Cannot find module"),
+        r"ModuleNotFoundError: |ImportError: cannot import name |^Error: Cannot find module '",
+    ),
+    _probe("go", (".go:",), r"^(?:\./)?[\w./-]{1,300}\.go:\d+:\d+: "),
+    _probe("c", (": error: ",), r"^[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: "),
+    _probe("java", (".java:",), r"^[\w./-]{1,300}\.java:\d+: error: "),
+    _probe("make", ("make",), r"^make(?:\[\d+\])?: \*\*\* "),
 )
-_RUNTIME = re.compile(
-    r"(?P<python>^Traceback \(most recent call last\):)"
-    r"|(?P<go_panic>^panic: )"
-    r"|(?P<rust_panic>^thread '[^'\n]{0,300}' panicked at )"
-    r"|(?P<node>^(?:[A-Z]\w{0,40})?Error(?: \[\w{1,40}\])?: [^\n]{0,1000}\n[ \t]{2,8}at )",
-    re.M,
+_RUNTIME: Final = (
+    _probe("python", ("Traceback",), r"^Traceback \(most recent call last\):"),
+    _probe("go_panic", ("panic: ",), r"^panic: "),
+    _probe("rust_panic", ("panicked at",), r"^thread '[^'\n]{0,300}' panicked at "),
+    _probe("node", ("Error",), r"^(?:[A-Z]\w{0,40})?Error(?: \[\w{1,40}\])?: [^\n]{0,1000}\n[ \t]{2,8}at "),
 )
+
 # Timings and addresses differ between runs that otherwise print the same thing.
 _VOLATILE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|\b0x[0-9a-fA-F]{1,16}\b")
 
@@ -63,7 +81,7 @@ class ToolOutcome:
     build_error: str | None = None
     runtime_error: str | None = None
     tests: TestSummary | None = None
-    #: A hash of the output with timings masked: equal results of repeated calls compare equal.
+    #: A hash of the output's end with timings masked: equal results of repeated calls compare equal.
     digest: str = ""
 
     @property
@@ -87,12 +105,30 @@ def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     return last[0] if last else None
 
 
+def _last_kind(probes: tuple[_Probe, ...], text: str) -> str | None:
+    """The kind of the probe whose match comes last in the text."""
+    best: tuple[int, str] | None = None
+    for p in probes:
+        if any(n in text for n in p.needles):
+            m = _last(p.pattern, text)
+            if m is not None and (best is None or m.start() > best[0]):
+                best = m.start(), p.kind
+    return best[1] if best else None
+
+
+def _mentions_exit(text: str) -> bool:
+    low = text.lower()
+    return "exit" in low or "returncode" in low
+
+
 def _exit_code(start: str, tail: str) -> int | None:
-    code = _first_code(_EXIT_HARNESS.search(start))
-    if code is None:
+    code = None
+    if _mentions_exit(start):
+        code = _first_code(_EXIT_HARNESS.search(start))
+    if code is None and _mentions_exit(tail):
         code = _first_code(_last(_EXIT_HARNESS, tail))
-    if code is None:
-        code = _first_code(_last(_EXIT_OUTPUT, tail))
+        if code is None:
+            code = _first_code(_last(_EXIT_OUTPUT, tail))
     return code
 
 
@@ -123,15 +159,16 @@ def analyze(
         text, code = codex
     tail = clean(text, max_chars)
     if code is None:
-        code = _exit_code(head(text, HEAD_CHARS), tail)
-    build = _last(_BUILD, tail)
-    runtime = _last(_RUNTIME, tail)
-    digest = hashlib.blake2b(_VOLATILE.sub("#", tail).encode("utf-8", "replace"), digest_size=12)
+        code = _exit_code(head(text, HEAD_CHARS), tail[-TAIL_CHARS:])
+    build = _last_kind(_BUILD, tail)
+    runtime = _last_kind(_RUNTIME, tail)
+    end = _VOLATILE.sub("#", tail[-TAIL_CHARS:])
+    digest = hashlib.blake2b(end.encode("utf-8", "replace"), digest_size=12)
     return ToolOutcome(
         exit_code=code,
         is_error=is_error,
-        build_error=build.lastgroup if build else None,
-        runtime_error=runtime.lastgroup if runtime else None,
+        build_error=build,
+        runtime_error=runtime,
         tests=last_summary(tail),
         digest=digest.hexdigest(),
     )

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.maint_notifications import MaintNotificationsConfig
 
 from router.errors import ConfigError
 from router.state.memory import MemorySessions, MemoryState
@@ -37,6 +38,10 @@ def connect(url: str, config: StateConfig) -> Redis:
             socket_connect_timeout=config.connect_timeout_s,
             retry=Retry(NoBackoff(), 0),
             decode_responses=True,
+            # With maintenance notifications on (redis-py's "auto"), the pool skips its check for
+            # connections the server closed while idle, so the first call after a Redis restart
+            # would fail on each stale pooled connection.
+            maint_notifications_config=MaintNotificationsConfig(enabled=False),
         )
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL {mask_url(url)!r}: {exc}") from None

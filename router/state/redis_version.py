@@ -82,7 +82,11 @@ class RedisPolicyVersion:
             try:
                 version = _text(await self._guard.run(lambda: self._client.get(self._key)))
             except RedisDown:
-                continue  # not counted as a fail-open: no caller was answered from local state
+                # Not a fail-open (no caller got a local answer). Try again once the guard's
+                # back-off is over rather than at the next poll: a nudge must not be lost.
+                await asyncio.sleep(self._retry_s)
+                nudge.set()
+                continue
             if version is None:
                 continue
             self._last_seen = version

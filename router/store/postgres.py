@@ -168,7 +168,6 @@ class PostgresStore:
         sql = schema.select_sql(schema.OUTCOMES, "postgres", where="task_id", order="attempt, source")
         return await self._query(schema.OUTCOMES, sql, (task_id,))
 
-
     async def requests_since(self, ts: float) -> list[dict[str, Any]]:
         sql = schema.select_sql(schema.REQUESTS, "postgres", where="ts", op=">=", order="ts, request_id")
         return await self._query(schema.REQUESTS, sql, (ts,))

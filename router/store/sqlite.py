@@ -161,7 +161,6 @@ class SQLiteStore:
         sql = schema.select_sql(schema.OUTCOMES, "sqlite", where="task_id", order="attempt, source")
         return await self._run(self._query, schema.OUTCOMES, sql, (task_id,))
 
-
     async def requests_since(self, ts: float) -> list[dict[str, Any]]:
         sql = schema.select_sql(schema.REQUESTS, "sqlite", where="ts", op=">=", order="ts, request_id")
         return await self._run(self._query, schema.REQUESTS, sql, (ts,))

@@ -39,7 +39,9 @@ def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
     return LearnedScorer(artifact, Objective(o.max_attempts, o.min_success, o.max_cost_per_task))
 
 
-def train(store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None) -> dict[str, Any]:
+def train(
+    store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None
+) -> dict[str, Any]:
     console = console or Console()
     policy = load_policy(config)
     requests, outcomes = asyncio.run(read_log(store_url, since))
@@ -104,7 +106,9 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
                   _fmt(e["cost_per_completed"], "${:.5f}"), _ci(e["ci_cost_per_completed"], "${:.5f}"),
                   str(e["matched"]))  # fmt: skip
     console.print(t)
-    console.print(f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>")
+    console.print(
+        f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>"
+    )
 
 
 def _fmt(x: float | None, f: str) -> str:
@@ -112,7 +116,7 @@ def _fmt(x: float | None, f: str) -> str:
 
 
 def _ci(ci: list[float | None], f: str) -> str:
-    return "n/a" if None in ci else f"{f.format(ci[0])}–{f.format(ci[1])}"
+    return "n/a" if None in ci else f"{f.format(ci[0])}-{f.format(ci[1])}"
 
 
 _LEARNED_BLOCK = re.compile(r"^learned:\n(?:[ \t]+.*\n?)*", re.MULTILINE)
@@ -131,7 +135,11 @@ def promote(artifact: str, config: str) -> str:
     except ValueError:
         rel = art
     block = f"learned:\n  artifact: {rel}\n  sha256: {sha}\n"
-    new = _LEARNED_BLOCK.sub(block, text, count=1) if _LEARNED_BLOCK.search(text) else text.rstrip("\n") + "\n\n" + block
+    new = (
+        _LEARNED_BLOCK.sub(block, text, count=1)
+        if _LEARNED_BLOCK.search(text)
+        else text.rstrip("\n") + "\n\n" + block
+    )
     # Validate before writing: a promotion never leaves a policy file the router would refuse.
     tmp = cfg.with_suffix(cfg.suffix + ".promote")
     tmp.write_text(new, encoding="utf-8")

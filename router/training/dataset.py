@@ -72,7 +72,9 @@ def build(
     for (task, attempt), reqs in sorted(by_attempt.items(), key=lambda kv: kv[1][0]["ts"]):
         if task not in vectors:
             continue
-        main = [r for r in reqs if not r.get("side_call") and r.get("status") == 200 and r.get("chosen_model")]
+        main = [
+            r for r in reqs if not r.get("side_call") and r.get("status") == 200 and r.get("chosen_model")
+        ]
         if not main:
             continue
         label = _label(labels.get((task, attempt), []) or labels.get((task, 0), []))

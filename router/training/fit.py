@@ -8,6 +8,7 @@ too little data fall back to smoothed rates. Everything is exported as plain num
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import defaultdict
@@ -75,7 +76,7 @@ def fit_model(rows: Sequence[AttemptRow], c: float = 0.5) -> tuple[dict[str, Any
 def reliability(p: np.ndarray, y: np.ndarray, bins: int = 5) -> list[dict[str, Any]]:
     edges = np.linspace(0, 1, bins + 1)
     out = []
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+    for lo, hi in itertools.pairwise(edges):
         mask = (p >= lo) & ((p < hi) if hi < 1 else (p <= hi))
         if mask.any():
             out.append({"bin": f"{lo:.1f}-{hi:.1f}", "n": int(mask.sum()),

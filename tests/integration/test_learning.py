@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 
 from router.fakeupstream import FakeUpstream
 from router.training.commands import promote, train
@@ -53,10 +52,17 @@ def policy(upstream_url: str, epsilon: float) -> dict[str, Any]:
     return {
         "name": "learning-test",
         "models": [
-            {"id": i, "litellm_model": m, "protocol": "openai", "api_base": base, "context_window": 100000,
-             "max_output_tokens": 4096, "prices": {"input": pin, "output": pout, "cache_read": pin}}
+            {
+                "id": i,
+                "litellm_model": m,
+                "protocol": "openai",
+                "api_base": base,
+                "context_window": 100000,
+                "max_output_tokens": 4096,
+                "prices": {"input": pin, "output": pout, "cache_read": pin},
+            }
             for i, m, pin, pout in models
-        ],  # fmt: skip
+        ],
         "routes": [{"match": "auto", "candidates": ["nano", "mini", "large"]}],
         "objective": {"max_attempts": 3, "exploration": {"epsilon": epsilon}},
     }
@@ -95,7 +101,9 @@ def run_task(router: RunningRouter, text: str, hard: bool, task_id: str) -> bool
             {"role": "tool", "tool_call_id": call.id, "content": f"$ pytest -q\n....\n{summary}"},
         ]
         client.chat.completions.create(model="auto", messages=msgs, tools=[BASH], extra_headers=headers)
-        r = httpx.post(router.url + "/v1/outcomes", json={"task_id": task_id, "success": ok, "attempt": attempt})
+        r = httpx.post(
+            router.url + "/v1/outcomes", json={"task_id": task_id, "success": ok, "attempt": attempt}
+        )
         assert r.status_code == 200, r.text
         if ok:
             return True
@@ -112,7 +120,9 @@ def run_all(router: RunningRouter, tasks: list[tuple[str, bool]], prefix: str) -
     return res
 
 
-def test_learning_lowers_cost_per_completed_task(router_factory, upstream: FakeUpstream, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_learning_lowers_cost_per_completed_task(
+    router_factory, upstream: FakeUpstream, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(7)
     train_tasks = [(make_task(rng, i % 2 == 1, i), i % 2 == 1) for i in range(60)]
     fresh_tasks = [(make_task(rng, i % 2 == 1, 1000 + i), i % 2 == 1) for i in range(20)]

@@ -75,7 +75,9 @@ def test_router_serve_process(tmp_path: Path, upstream: FakeUpstream) -> None:
 
 def test_bad_config_fails_at_startup_with_the_field_path(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
-    config.write_text("models:\n  - id: a\n    litellm_model: openai/a\n    protocol: openai\n    colour: red\nroutes: []\n")
+    config.write_text(
+        "models:\n  - id: a\n    litellm_model: openai/a\n    protocol: openai\n    colour: red\nroutes: []\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "router.cli", "serve", "--config", str(config)],
         capture_output=True, text=True, timeout=60,

@@ -66,7 +66,8 @@ async def check_sessions(state: SharedState, env: Env, ttl: float) -> None:
     assert pin is not None and pin.model == "model-a"
     assert pin.until == pytest.approx(env.now() + ttl, abs=env.slack + 1e-6)
     await s.set_pin("task-1", "model-b", ttl)
-    assert await s.pin("task-1") == (await s.pin("task-1")) and (await s.pin("task-1") or pin).model == "model-b"
+    replaced = await s.pin("task-1")
+    assert replaced is not None and replaced.model == "model-b"
     assert await s.pin("task-2") is None
 
     await s.mark_warm("task-1", "backend-x", ttl / 2)

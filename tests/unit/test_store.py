@@ -135,6 +135,10 @@ def test_columns_follow_the_records() -> None:
             "prompt_tokens_est",
             "cost_usd",
             "cost_est_usd",
+            "cost_input_usd",
+            "cost_output_usd",
+            "cost_cache_read_usd",
+            "cost_cache_write_usd",
             "queue_ms",
             "ttft_ms",
             "decode_ms",
@@ -153,6 +157,7 @@ def test_columns_follow_the_records() -> None:
             "n_messages",
             "n_tools",
             "prompt",
+            "task_features",
         ]
     )
 

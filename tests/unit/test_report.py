@@ -1,0 +1,228 @@
+"""``router report`` and the task ledger on a SQLite log filled with hand-made records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.cli import main
+from router.errors import ConfigError
+from router.ledger import final_outcome, load_task
+from router.report import quantile
+from router.store import open_store
+from router.store.records import OutcomeRecord, RequestRecord
+from router.store.window import parse_duration
+
+NOW = time.time()
+BASE = NOW - 600
+
+
+def rec(n: int, backend: str, task: str, **fields: Any) -> RequestRecord:
+    r = RequestRecord(request_id=f"r{n}", ts=BASE + n, chosen_model=backend, task_id=task, requested_model="auto",
+                      policy="p1", status=200, stream=True, tries=[{"model": backend, "status": 200}])  # fmt: skip
+    for k, v in fields.items():
+        setattr(r, k, v)
+    return r
+
+
+def streamed(
+    n: int, task: str, step: int, input_tokens: int, cached: int, temperature: float
+) -> RequestRecord:
+    """Backend alpha, phases scaled by ``step``: queue 10·s, ttft 100·s, decode 200·s, 5 + 5 ms to spare."""
+    cost = 0.01 * step
+    return rec(n, "alpha", task, queue_ms=10.0 * step, ttft_ms=100.0 * step, decode_ms=200.0 * step,
+               delivery_ms=5.0, total_ms=310.0 * step + 10, input_tokens=input_tokens, cache_read_tokens=cached,
+               output_tokens=100 * step, cost_usd=cost, cost_input_usd=cost * 0.5, cost_output_usd=cost * 0.4,
+               cost_cache_read_usd=cost * 0.1, cost_cache_write_usd=0.0, temperature=temperature,
+               gap_mean_ms=10.0)  # fmt: skip
+
+
+RECORDS = [
+    streamed(0, "T1", 1, 1000, 500, 0.2),
+    streamed(1, "T1", 2, 1000, 0, 0.2),
+    streamed(2, "T2", 3, 2000, 1000, 0.7),
+    streamed(3, "T2", 4, 2000, 500, 0.2),
+    rec(
+        4,
+        "beta",
+        "T3",
+        status=502,
+        error_type="UpstreamError",
+        queue_ms=5.0,
+        total_ms=100.0,
+        tries=[{"model": "alpha", "status": 500}, {"model": "beta", "status": 502}],
+    ),  # fmt: skip
+    rec(
+        5,
+        "beta",
+        "T3",
+        stream=False,
+        queue_ms=5.0,
+        delivery_ms=2.0,
+        total_ms=500.0,
+        input_tokens=100,
+        output_tokens=10,
+        cost_usd=0.005,
+    ),  # fmt: skip
+]
+OLD = rec(99, "alpha", "T-old", cost_usd=9.0, total_ms=100.0)
+OLD.ts = NOW - 7200
+OUTCOMES = [
+    OutcomeRecord("T1", 1, True, 1.0, "explicit", None, NOW - 10, True),
+    OutcomeRecord("T2", 1, False, None, "tests_failed", {"failed": 3}, NOW - 5, False),
+]
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+
+    async def fill() -> None:
+        store = open_store(url)
+        await store.open()
+        await store.write_requests([*RECORDS, OLD])
+        for o in OUTCOMES:
+            await store.write_outcome(o)
+        await store.close()
+
+    asyncio.run(fill())
+    return url
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_report_by_backend(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "report", "--store", store_url, "--since", "1h", "--json")
+    w = report["window"]
+    assert w["requests"] == 6  # the two-hour-old request is outside the window
+    assert w["seconds"] == pytest.approx(5.5)  # first arrival → last completion (r5: BASE + 5 + 0.5)
+    assert w["rps"] == pytest.approx(6 / 5.5, rel=1e-3)
+    total_s = (320 + 630 + 940 + 1250 + 100 + 500) / 1000
+    assert w["concurrency"] == pytest.approx(total_s / 5.5, rel=1e-3)
+    alpha, beta = report["groups"]
+    assert (alpha["key"], beta["key"]) == ("alpha", "beta")
+    assert alpha["requests"] == 4 and alpha["ok"] == 4
+    assert alpha["load"]["rps"] == pytest.approx(4 / 5.5, rel=1e-3)
+    ttft = alpha["phases_ms"]["ttft_ms"]
+    assert (ttft["n"], ttft["p50"], ttft["p95"], ttft["p99"]) == (4, 250, 385, 397)
+    alpha_total = 320 + 630 + 940 + 1250
+    assert ttft["share"] == pytest.approx(1000 / alpha_total, abs=1e-4)
+    assert alpha["phases_ms"]["decode_ms"]["share"] == pytest.approx(2000 / alpha_total, abs=1e-4)
+    assert alpha["phases_ms"]["upstream_other_ms"]["p50"] == pytest.approx(5)
+    shares = [alpha["phases_ms"][c]["share"] for c in ("queue_ms", "ttft_ms", "decode_ms", "upstream_other_ms",
+                                                       "delivery_ms")]  # fmt: skip
+    assert sum(shares) == pytest.approx(1, abs=1e-3)
+    assert alpha["decode_tok_s"]["p50"] == pytest.approx(500)
+    assert alpha["prefill_tok_s"]["p50"] == pytest.approx((5000 + 20000 / 3) / 2, rel=1e-4)
+    assert alpha["cached_input_share"] == pytest.approx(2000 / 6000, abs=1e-4)
+    assert alpha["cost_per_request_usd"] == pytest.approx(0.1 / 4)
+    # T1 completed, T2 failed: the one success cost what both tasks cost.
+    assert alpha["tasks"] == {"count": 2, "with_outcome": 2, "completed": 1}
+    assert alpha["cost_per_completed_task_usd"] == pytest.approx(0.1)
+    assert alpha["settings_differ"] == {"temperature": {"0.2": 3, "0.7": 1}}
+    assert alpha["error_rate"] == 0 and alpha["retry_rate"] == 0
+    assert beta["error_rate"] == 0.5 and beta["retry_rate"] == 0.5
+    assert beta["ok"] == 1 and beta["phases_ms"]["ttft_ms"]["n"] == 0  # not streamed: no TTFT, no guess
+    assert beta["phases_ms"]["upstream_other_ms"]["share"] == pytest.approx(493 / 500, abs=1e-3)
+    assert beta["cost_per_completed_task_usd"] is None and beta["tasks"]["with_outcome"] == 0
+
+
+def test_report_by_task_and_route(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    by_task = run_json(capsys, "report", "--store", store_url, "--by", "task", "--json")
+    groups = {g["key"]: g for g in by_task["groups"]}
+    assert set(groups) == {"T1", "T2", "T3"}
+    assert groups["T1"]["cost_per_completed_task_usd"] == pytest.approx(0.03)
+    assert groups["T2"]["cost_per_completed_task_usd"] is None and groups["T2"]["tasks"]["with_outcome"] == 1
+    by_route = run_json(capsys, "report", "--store", store_url, "--by", "route", "--json")
+    assert [g["key"] for g in by_route["groups"]] == ["auto"]
+
+
+def test_report_tables_and_plot(store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "report.png"
+    assert main(["report", "--store", store_url, "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "6 requests" in out and "alpha" in out and "temperature differs" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_task_ledger(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_json(capsys, "tasks", "--store", store_url, "--since", "1h", "--json")
+    assert result["summary"] == {
+        "tasks": 3, "with_outcome": 2, "completed": 1, "failed": 1, "without_outcome": 1,
+        "cost_usd": pytest.approx(0.105), "cost_of_judged_tasks_usd": pytest.approx(0.1),
+        "cost_per_completed_task_usd": pytest.approx(0.1),
+    }  # fmt: skip
+    tasks = {t["task_id"]: t for t in result["tasks"]}
+    t1 = tasks["T1"]
+    assert t1["requests"] == 2 and t1["backends"] == {
+        "alpha": {"requests": 2, "cost_usd": pytest.approx(0.03)}
+    }
+    assert t1["tokens"] == {"input": 2000, "output": 300, "cache_read": 500, "cache_write": 0, "reasoning": 0}
+    assert t1["cost_usd"] == pytest.approx(
+        {"total": 0.03, "input": 0.015, "output": 0.012, "cache_read": 0.003, "cache_write": 0, "unsplit": 0}
+    )
+    assert t1["outcome"]["success"] is True and t1["outcome"]["source"] == "explicit" and t1["completed"]
+    assert tasks["T2"]["completed"] is False and tasks["T2"]["outcome"]["source"] == "tests_failed"
+    t3 = tasks["T3"]
+    assert t3["outcome"] is None and t3["errors"] == 1 and t3["fallbacks"] == 1
+    assert t3["cost_usd"]["unsplit"] == pytest.approx(0.005)  # logged without the split
+    only = run_json(capsys, "tasks", "--store", store_url, "--task", "T2", "--json")
+    assert [t["task_id"] for t in only["tasks"]] == ["T2"]
+    assert main(["tasks", "--store", store_url]) == 0
+    assert "cost per completed task: $0.1000" in capsys.readouterr().out
+
+
+def test_load_task_from_the_store(store_url: str) -> None:
+    async def load() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        store = open_store(store_url)
+        await store.open()
+        try:
+            return await load_task(store, "T1"), await load_task(store, "nope")
+        finally:
+            await store.close()
+
+    found, missing = asyncio.run(load())
+    assert missing is None
+    assert found is not None and found["requests"] == 2 and found["attempts"][0]["outcome"]["explicit"]
+
+
+def test_explicit_outcome_overrides_inferred_signals() -> None:
+    rows = [
+        {"attempt": 2, "success": True, "source": "tests_passed", "explicit": False, "ts": 3.0},
+        {"attempt": 1, "success": False, "source": "explicit", "explicit": True, "ts": 1.0},
+    ]
+    verdict = final_outcome(rows)
+    assert verdict is not None and verdict["success"] is False and verdict["source"] == "explicit"
+    assert final_outcome(rows[:1]) == {"success": True, "score": None, "source": "tests_passed",
+                                       "explicit": False, "attempt": 2, "ts": 3.0}  # fmt: skip
+    assert final_outcome([]) is None
+
+
+def test_durations_and_quantiles() -> None:
+    assert parse_duration("90s") == 90 and parse_duration("1h30m") == 5400 and parse_duration("2d") == 172800
+    assert parse_duration("0.5h") == 1800
+    for bad in ("", "10", "1x", "h1", "1h 2"):
+        with pytest.raises(ConfigError):
+            parse_duration(bad + ("q" if bad == "1h 2" else ""))
+    assert quantile([], 0.5) is None
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert quantile([5.0], 0.99) == 5.0
+
+
+def test_missing_sqlite_log_is_an_error_not_a_new_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope.db"
+    assert main(["report", "--store", f"sqlite:///{missing}"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert not missing.exists()
