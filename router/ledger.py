@@ -182,7 +182,7 @@ def render(result: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(soft_wrap=True)  # long lines stay whole, for a pager or grep
     table = Table(title="Tasks (most recent first)", title_justify="left")
     for col in ("task", "attempts", "requests", "side", "backends", "tokens in / cached / out", "cost $",
                 "in / out / cache r / w $", "outcome", "duration"):  # fmt: skip

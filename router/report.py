@@ -191,7 +191,7 @@ def render(report: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(soft_wrap=True)  # long lines stay whole, for a pager or grep
     w = report["window"]
     console.print(
         f"[bold]{w['requests']} requests[/] over {_num(w['seconds'], '{:.1f}')} s: "

@@ -56,7 +56,7 @@ def enter(
     side = is_side_call(req, policy.spec.tasks.side_call_max_tokens)
     rec.attempt, rec.side_call = state.attempt, side
     if state.vector is None and not side:
-        state.vector = _vector(req, feats)
+        state.vector = vector_for(req, feats.headers.get("x-router-repo"))
         rec.task_features = taskfeatures.to_json(state.vector)
     found = (
         []
@@ -100,9 +100,9 @@ def preview_task(s: Services, req: ClientRequest, feats: Features) -> None:
     """Task features for a decision preview (``/v1/route``), leaving the tracker untouched."""
     feats.side_call = is_side_call(req, s.decider.policy.spec.tasks.side_call_max_tokens)
     if not feats.side_call:
-        feats.task_vector = _vector(req, feats)
+        feats.task_vector = vector_for(req, feats.headers.get("x-router-repo"))
 
 
-def _vector(req: ClientRequest, feats: Features) -> taskfeatures.Vector:
-    repo = feats.headers.get("x-router-repo")
+def vector_for(req: ClientRequest, repo: str | None = None) -> taskfeatures.Vector:
+    """The task features of a request that starts a task (the same code for proxy, train, eval)."""
     return taskfeatures.task_vector(req.first_user_text, _system_text(req.system), len(req.tools), repo)

@@ -58,7 +58,7 @@ _BUILD: Final = (
         r"ModuleNotFoundError: |ImportError: cannot import name |^Error: Cannot find module '",
     ),
     _probe("go", (".go:",), r"^(?:\./)?[\w./-]{1,300}\.go:\d+:\d+: "),
-    _probe("c", (": error: ",), r"^[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: "),
+    _probe("c", ("error: ",), r"^[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: "),
     _probe("java", (".java:",), r"^[\w./-]{1,300}\.java:\d+: error: "),
     _probe("make", ("make",), r"^make(?:\[\d+\])?: \*\*\* "),
 )

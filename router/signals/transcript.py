@@ -111,7 +111,7 @@ def _blocks(content: Any) -> list[Event]:
 
 
 def _item(item: dict[str, Any]) -> list[Event]:
-    kind = item.get("type")
+    kind = item.get("type") if isinstance(item.get("type"), str) else None
     if kind in _CALL_ITEMS:
         if kind == "local_shell_call":
             return [_call(item.get("call_id"), "local_shell", item.get("action"))]

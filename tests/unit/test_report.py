@@ -23,8 +23,9 @@ BASE = NOW - 600
 
 
 def rec(n: int, backend: str, task: str, **fields: Any) -> RequestRecord:
-    r = RequestRecord(request_id=f"r{n}", ts=BASE + n, chosen_model=backend, task_id=task, requested_model="auto",
-                      policy="p1", status=200, stream=True, tries=[{"model": backend, "status": 200}])  # fmt: skip
+    r = RequestRecord(request_id=f"r{n}", ts=BASE + n, chosen_model=backend, task_id=task, attempt=1,
+                      requested_model="auto", policy="p1", status=200, stream=True,
+                      tries=[{"model": backend, "status": 200}])  # fmt: skip
     for k, v in fields.items():
         setattr(r, k, v)
     return r
@@ -42,36 +43,20 @@ def streamed(
                gap_mean_ms=10.0)  # fmt: skip
 
 
+FAILED_THEN_FELL_BACK = {"status": 502, "error_type": "UpstreamError", "queue_ms": 5.0, "total_ms": 100.0,
+                         "tries": [{"model": "alpha", "status": 500}, {"model": "beta", "status": 502}]}  # fmt: skip
+NOT_STREAMED = {"stream": False, "queue_ms": 5.0, "delivery_ms": 2.0, "total_ms": 500.0, "input_tokens": 100,
+                "output_tokens": 10, "cost_usd": 0.005}  # fmt: skip
 RECORDS = [
     streamed(0, "T1", 1, 1000, 500, 0.2),
     streamed(1, "T1", 2, 1000, 0, 0.2),
     streamed(2, "T2", 3, 2000, 1000, 0.7),
     streamed(3, "T2", 4, 2000, 500, 0.2),
-    rec(
-        4,
-        "beta",
-        "T3",
-        status=502,
-        error_type="UpstreamError",
-        queue_ms=5.0,
-        total_ms=100.0,
-        tries=[{"model": "alpha", "status": 500}, {"model": "beta", "status": 502}],
-    ),  # fmt: skip
-    rec(
-        5,
-        "beta",
-        "T3",
-        stream=False,
-        queue_ms=5.0,
-        delivery_ms=2.0,
-        total_ms=500.0,
-        input_tokens=100,
-        output_tokens=10,
-        cost_usd=0.005,
-    ),  # fmt: skip
+    rec(4, "beta", "T3", **FAILED_THEN_FELL_BACK),
+    rec(5, "beta", "T3", **NOT_STREAMED),
 ]
 OLD = rec(99, "alpha", "T-old", cost_usd=9.0, total_ms=100.0)
-OLD.ts = NOW - 7200
+OLD.ts = NOW - 3 * 86400  # outside the default window of 24 h
 OUTCOMES = [
     OutcomeRecord("T1", 1, True, 1.0, "explicit", None, NOW - 10, True),
     OutcomeRecord("T2", 1, False, None, "tests_failed", {"failed": 3}, NOW - 5, False),
