@@ -1,28 +1,43 @@
 """The one place that retries and falls back.
 
-Backends are tried in the decision's order. A failure moves on to the next backend only when
-it is the kind another backend may not share (connect errors, timeouts, 429, 5xx, a missing
-key) and only before the client has received any content: for streams the commit point is
-the first content event, and everything read before it is held back until then. One overall
-deadline bounds the whole request; each phase's timeout names itself in the error it raises.
+Backends are tried in the decision's order, within one overall deadline:
+
+* a failure moves on to the next backend only when another backend may not share it (connect
+  errors, timeouts, 429, 5xx, a missing key); a request the backend rejected (400/401/403/404/
+  422) is returned as it is, not retried;
+* a context-length error moves on only to backends with a larger window;
+* a backend is retried (once, after a jittered pause or its ``Retry-After`` if that fits in the
+  deadline) only when no other backend is left — moving on is faster for the agent — and only
+  while the retry budget allows: retries are capped as a share of traffic, so an outage is not
+  multiplied by the router;
+* a breaker per backend (shared across replicas through ``router.state``) skips backends that
+  keep failing, with a half-open probe to notice their return;
+* for streams, all of this happens only before the first content event — the commit point.
+  Everything read before it is held back until then.
+
+Every timeout error names the timeout that fired (connect, first_token, idle, overall).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from router import sse
 from router.catalog import Backend, Catalog
-from router.errors import RouterError, UpstreamError, UpstreamTimeout
+from router.errors import RouterError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.policy.decide import Decision
 from router.protocols import WIRES, ClientRequest, StreamObserver
 from router.settings import Timeouts
+from router.state import Breakers
 from router.timing import Phases
 from router.upstream import Upstream
+
+T = TypeVar("T")
 
 _FAILURE_EVENTS = frozenset({"error", "response.failed"})
 
@@ -35,12 +50,7 @@ class Attempt:
     error_type: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "ms": round(self.ms, 3),
-            "status": self.status,
-            "error_type": self.error_type,
-        }
+        return {"model": self.model, "ms": round(self.ms, 3), "status": self.status, "error_type": self.error_type}
 
 
 @dataclass(slots=True)
@@ -59,12 +69,43 @@ class CommittedStream:
 class Execution:
     tries: list[Attempt] = field(default_factory=list)
     backend: Backend | None = None
+    retries: int = 0
+
+
+class RetryBudget:
+    """Retries allowed as a share of requests: each request earns ``ratio`` of a retry, up to a cap."""
+
+    def __init__(self, ratio: float = 0.2, cap: float = 20.0) -> None:
+        self.ratio, self.cap = ratio, cap
+        self._balance = cap
+
+    def earn(self) -> None:
+        self._balance = min(self.cap, self._balance + self.ratio)
+
+    def spend(self) -> bool:
+        if self._balance >= 1.0:
+            self._balance -= 1.0
+            return True
+        return False
 
 
 class Executor:
-    def __init__(self, upstream: Upstream, catalog: Catalog, timeouts: Timeouts) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        catalog: Catalog,
+        timeouts: Timeouts,
+        breakers: Breakers | None = None,
+        retry_budget: RetryBudget | None = None,
+        backoff_s: float = 0.25,
+    ) -> None:
+        from router.state.memory import MemoryState
+
         self.upstream = upstream
         self.timeouts = timeouts
+        self.breakers: Breakers = breakers or MemoryState().breakers
+        self.retry_budget = retry_budget or RetryBudget()
+        self.backoff_s = backoff_s
         self.use(catalog)
 
     def use(self, catalog: Catalog) -> None:
@@ -75,55 +116,35 @@ class Executor:
     async def complete(
         self, req: ClientRequest, decision: Decision, headers: dict[str, str], phases: Phases, ex: Execution
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + self.timeouts.overall
-        last: RouterError | None = None
-        for model in decision.order:
-            backend = ex.backend = self.catalog[model]
-            slot = self._slots.get(model)
-            try:
-                async with asyncio.timeout_at(_loop_deadline(deadline)):
-                    # Waiting for a concurrency slot is queue time: the upstream call starts after.
+        async def call(backend: Backend, deadline: float) -> dict[str, Any]:
+            slot = self._slots.get(backend.id)
+            async with asyncio.timeout_at(_loop_deadline(deadline)):
+                # Waiting for a concurrency slot is queue time: the upstream call starts after.
+                if slot is not None:
+                    await slot.acquire()
+                try:
+                    phases.start_upstream()
+                    obj = await self.upstream.complete(req, backend, headers)
+                finally:
                     if slot is not None:
-                        await slot.acquire()
-                    try:
-                        phases.start_upstream()
-                        obj = await self.upstream.complete(req, backend, headers)
-                    finally:
-                        if slot is not None:
-                            slot.release()
-            except TimeoutError:
-                last = UpstreamTimeout("overall", self.timeouts.overall)
-            except RouterError as exc:
-                last = exc
-            else:
-                phases.byte()
-                ex.tries.append(Attempt(model, _ms(phases.upstream_start), 200))
-                return obj
-            ex.tries.append(Attempt(model, _ms(phases.upstream_start), last.status, last.kind))
-            if not last.next_candidate or time.monotonic() >= deadline:
-                break
-        assert last is not None
-        raise last
+                        slot.release()
+            phases.byte()
+            return obj
+
+        return await self._run(decision, phases, ex, call)
 
     async def open_stream(
         self, req: ClientRequest, decision: Decision, headers: dict[str, str], phases: Phases, ex: Execution
     ) -> CommittedStream:
-        deadline = time.monotonic() + self.timeouts.overall
-        last: RouterError | None = None
         wire = WIRES[req.protocol]
-        for model in decision.order:
-            backend = ex.backend = self.catalog[model]
-            slot = self._slots.get(model)
+
+        async def call(backend: Backend, deadline: float) -> CommittedStream:
+            slot = self._slots.get(backend.id)
             if slot is not None:
-                try:
-                    async with asyncio.timeout_at(_loop_deadline(deadline)):
-                        await slot.acquire()
-                except TimeoutError:
-                    last = UpstreamTimeout("overall", self.timeouts.overall)
-                    break
+                async with asyncio.timeout_at(_loop_deadline(deadline)):
+                    await slot.acquire()
             phases.start_upstream()
             first_token_by = min(deadline, time.monotonic() + self.timeouts.first_token)
-            which = "first_token" if first_token_by < deadline else "overall"
             try:
                 async with asyncio.timeout_at(_loop_deadline(first_token_by)):
                     events = await self.upstream.open_stream(req, backend, headers)
@@ -131,23 +152,79 @@ class Executor:
             except BaseException as exc:
                 if slot is not None:
                     slot.release()
-                if isinstance(exc, TimeoutError):
-                    seconds = self.timeouts.first_token if which == "first_token" else self.timeouts.overall
-                    last = UpstreamTimeout(which, seconds)
-                elif isinstance(exc, RouterError):
+                if isinstance(exc, TimeoutError) and first_token_by < deadline:
+                    raise UpstreamTimeout("first_token", self.timeouts.first_token) from None
+                raise
+            if slot is not None:
+                committed.release = slot.release
+            return committed
+
+        return await self._run(decision, phases, ex, call)
+
+    async def _run(
+        self,
+        decision: Decision,
+        phases: Phases,
+        ex: Execution,
+        call: Callable[[Backend, float], Awaitable[T]],
+    ) -> T:
+        self.retry_budget.earn()
+        deadline = time.monotonic() + self.timeouts.overall
+        order = list(decision.order)
+        last: RouterError | None = None
+        skipped: list[str] = []
+        i = 0
+        while i < len(order):
+            backend = ex.backend = self.catalog[order[i]]
+            i += 1
+            if not await self.breakers.before_call(backend.id):
+                skipped.append(backend.id)
+                ex.tries.append(Attempt(backend.id, 0.0, None, "BreakerOpen"))
+                continue
+            for retry in (False, True):
+                started = time.perf_counter()
+                try:
+                    result = await call(backend, deadline)
+                except TimeoutError:
+                    last = UpstreamTimeout("overall", self.timeouts.overall)
+                except RouterError as exc:
                     last = exc
                 else:
-                    raise
-            else:
-                if slot is not None:
-                    committed.release = slot.release
-                ex.tries.append(Attempt(model, _ms(phases.upstream_start), 200))
-                return committed
-            ex.tries.append(Attempt(model, _ms(phases.upstream_start), last.status, last.kind))
+                    await self.breakers.record_success(backend.id)
+                    ex.tries.append(Attempt(backend.id, _ms(started), 200))
+                    return result
+                ex.tries.append(Attempt(backend.id, _ms(started), last.status, last.kind))
+                await self.breakers.record_failure(backend.id, last.retryable)
+                remaining = deadline - time.monotonic()
+                if retry or not last.retryable or i < len(order) or remaining <= 0:
+                    break
+                # The last backend standing: one retry, if the budget and the deadline allow.
+                pause = _pause(last, self.backoff_s)
+                if pause is None or pause >= remaining or not self.retry_budget.spend():
+                    break
+                ex.retries += 1
+                await asyncio.sleep(pause)
+            assert last is not None
+            if last.code == "context_length_exceeded":
+                # Only a larger window can help; the decision's estimate was too low for this one.
+                window = backend.context_window
+                order = order[:i] + [m for m in order[i:] if self.catalog[m].context_window > window]
+                continue
             if not last.next_candidate or time.monotonic() >= deadline:
                 break
-        assert last is not None
+        if last is None:
+            raise ServiceUnavailable(
+                f"every candidate backend is failing and paused by its breaker: {', '.join(skipped)}"
+            )
         raise last
+
+
+def _pause(err: RouterError, base: float) -> float | None:
+    """Seconds to wait before retrying: the provider's Retry-After, else jittered backoff."""
+    retry_after = getattr(err, "retry_after", None)
+    if retry_after is not None:
+        return float(retry_after)
+    return base * (0.5 + random.random())
 
 
 async def _until_content(
@@ -170,8 +247,8 @@ async def _until_content(
     return CommittedStream(backend, observer, held, events)
 
 
-def _ms(start: float | None) -> float:
-    return 0.0 if start is None else (time.perf_counter() - start) * 1000
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
 
 
 def _loop_deadline(monotonic_deadline: float) -> float:

@@ -175,7 +175,11 @@ def run_tasks(args: argparse.Namespace) -> int:
 
 def usd(x: float) -> str:
     """Dollars with the digits that matter: agent calls often cost fractions of a cent."""
-    return "0" if x == 0 else f"{x:.6f}" if abs(x) < 0.01 else f"{x:.4f}"
+    return "0" if x == 0 else f"{x:.4g}"
+
+
+def tokens(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e4 else str(n)
 
 
 def render(result: Mapping[str, Any]) -> None:
@@ -184,17 +188,17 @@ def render(result: Mapping[str, Any]) -> None:
 
     console = Console(soft_wrap=True)  # long lines stay whole, for a pager or grep
     table = Table(title="Tasks (most recent first)", title_justify="left")
-    for col in ("task", "attempts", "requests", "side", "backends", "tokens in / cached / out", "cost $",
-                "in / out / cache r / w $", "outcome", "duration"):  # fmt: skip
+    for col in ("task", "attempts", "requests (side)", "backends", "in/cached/out tokens", "cost $",
+                "in/out/cache r/w $", "outcome", "time"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("task", "backends", "outcome") else "right")
     for x in result["tasks"]:
         t, c, o = x["tokens"], x["cost_usd"], x["outcome"]
         verdict = "—" if o is None else f"{'done' if o['success'] else 'failed'} ({o['source']})"
         table.add_row(
-            x["task_id"][:40], str(len(x["attempts"])), str(x["requests"]), str(x["side_calls"]["requests"]),
+            x["task_id"][:32], str(len(x["attempts"])), f"{x['requests']} ({x['side_calls']['requests']})",
             ", ".join(f"{b} x{v['requests']}" for b, v in x["backends"].items()),
-            f"{t['input']:,} / {t['cache_read']:,} / {t['output']:,}", usd(c["total"]),
-            " / ".join(usd(c[k]) for k in ("input", "output", "cache_read", "cache_write")),
+            "/".join(tokens(t[k]) for k in ("input", "cache_read", "output")), usd(c["total"]),
+            "/".join(usd(c[k]) for k in ("input", "output", "cache_read", "cache_write")),
             verdict, f"{x['duration_s'] or 0:.1f}s",
         )  # fmt: skip
     console.print(table)

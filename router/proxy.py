@@ -18,7 +18,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from router import accounting, features, taskcontext, tasks
-from router.errors import PayloadTooLarge, RouterError
+from router.errors import PayloadTooLarge, RouterError, UpstreamError
 from router.execute import CommittedStream, Execution
 from router.policy.decide import Decision
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
@@ -153,6 +153,8 @@ class Proxy:
                     if hide_usage and is_usage_only(ev.data):
                         continue
                     yield ev.raw
+                if not c.observer.done:
+                    raise UpstreamError(f"backend {c.backend.id!r} ended the stream before its final event")
             except RouterError as err:
                 # After the commit point a failure is one protocol error event, then the end.
                 rec.error_type, rec.error_message = err.kind, err.message

@@ -199,9 +199,9 @@ def render(report: Mapping[str, Any]) -> None:
         f"— grouped by {report['by']}"
     )
     groups = report["groups"][:MAX_TABLE_GROUPS]
-    summary = Table(title="Load, errors, tokens, cost", title_justify="left")
-    for col in ("group", "requests", "req/s", "concurrency", "errors", "retries", "cached input", "$/request",
-                "$/completed task", "prefill tok/s p50", "decode tok/s p50"):  # fmt: skip
+    summary = Table(title="Load, errors, cache, cost; token rates are medians", title_justify="left")
+    for col in ("group", "reqs", "req/s", "conc", "errors", "retried", "cached in", "$/req", "$/done task",
+                "prefill tok/s", "decode tok/s"):  # fmt: skip
         summary.add_column(col, justify="left" if col == "group" else "right")
     for g in groups:
         per_task = g["cost_per_completed_task_usd"]

@@ -13,6 +13,7 @@ from router.protocols.common import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Cl
 
 class StreamObserver(Protocol):
     usage: Usage
+    done: bool
 
     def observe(self, event: str | None, data: bytes) -> bool: ...
 

@@ -129,10 +129,14 @@ class StreamObserver:
 
     def __init__(self) -> None:
         self.usage = Usage()
+        self.done = False
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event == "content_block_delta":
             return True
+        if event == "message_stop":
+            self.done = True
+            return False
         if event == "message_start":
             try:
                 msg = orjson.loads(data).get("message") or {}

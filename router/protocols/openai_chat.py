@@ -116,10 +116,13 @@ class StreamObserver:
 
     def __init__(self) -> None:
         self.usage = Usage()
+        #: The stream's terminal event has been seen (a stream that ends without it was cut short).
+        self.done = False
 
     def observe(self, event: str | None, data: bytes) -> bool:
         """Return whether this frame carries content (a token of text, tool call or reasoning)."""
         if data == b"[DONE]":
+            self.done = True
             return False
         try:
             chunk = orjson.loads(data)

@@ -112,10 +112,13 @@ _CONTENT_EVENTS = frozenset(
 class StreamObserver:
     def __init__(self) -> None:
         self.usage = Usage()
+        self.done = False
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event in _CONTENT_EVENTS:
             return True
+        if event in ("response.completed", "response.incomplete", "response.failed"):
+            self.done = True
         if event in ("response.completed", "response.incomplete", "response.created"):
             try:
                 resp = orjson.loads(data).get("response") or {}

@@ -97,7 +97,7 @@ def _loop(calls: Sequence[ToolCall], results: Sequence[_Analyzed], w: Weights, n
         name = next((c.name for _, o, c in reversed(results) if o.digest == digest and c), None)
         found.append((count, "same_failing_result", name))
     count, kind, tool = max(found, default=(0, "", None), key=lambda f: f[0])
-    if count < max(n, 1):
+    if count < max(n, 2):  # one call is not a loop, whatever the caller asks
         return None
     return Signal(TOOL_LOOP, float(count), False, w.tool_loop, {"kind": kind, "count": count, "tool": tool})
 

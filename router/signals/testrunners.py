@@ -3,7 +3,8 @@
 Each parser returns the position of the last summary it recognises; ``parse_test_summary`` keeps
 the one that comes last in the text, since an agent's later run supersedes an earlier one.
 Every pattern is anchored at a line start or begins with a literal, adjacent repeats are disjoint
-and repeated groups are bounded, so none can backtrack worse than linearly on hostile input.
+and repeated groups are bounded, so none can backtrack worse than linearly on hostile input. A
+leading lookahead on the first character keeps the cost low where every position is a line start.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _summary(runner: str, c: Mapping[str, int]) -> TestSummary:
 # -- pytest -----------------------------------------------------------------------------------
 
 _PYTEST = re.compile(
-    r"^(?:=+ )?((?:\d+ [a-z]+, ){0,12}\d+ [a-z]+|no tests ran)"
+    r"^(?=[=\dn])(?:=+ )?((?:\d+ [a-z]+, ){0,12}\d+ [a-z]+|no tests ran)"
     r" in \d+(?:\.\d+)?(?:s| seconds)(?: \([\d:.]+\))?(?: =+)?[ \t]*$",
     re.M,
 )
@@ -220,7 +221,7 @@ def _vitest(text: str) -> _Found | None:
 
 # -- mocha ------------------------------------------------------------------------------------
 
-_MOCHA_PASSING = re.compile(r"^[ \t]*(\d+) passing \(\d+(?:\.\d+)?[a-z]{0,2}\)[ \t]*$", re.M)
+_MOCHA_PASSING = re.compile(r"^(?=[ \t\d])[ \t]*(\d+) passing \(\d+(?:\.\d+)?[a-z]{0,2}\)[ \t]*$", re.M)
 _MOCHA_MORE = re.compile(r"[ \t]*(\d+) (pending|failing)[ \t]*")
 
 

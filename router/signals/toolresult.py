@@ -57,16 +57,22 @@ _BUILD: Final = (
         ("ModuleNotFoundError", "ImportError", "Cannot find module"),
         r"ModuleNotFoundError: |ImportError: cannot import name |^Error: Cannot find module '",
     ),
-    _probe("go", (".go:",), r"^(?:\./)?[\w./-]{1,300}\.go:\d+:\d+: "),
-    _probe("c", ("error: ",), r"^[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: "),
-    _probe("java", (".java:",), r"^[\w./-]{1,300}\.java:\d+: error: "),
+    _probe("go", (".go:",), r"^(?=[\w.])(?:\./)?[\w./-]{1,300}\.go:\d+:\d+: "),
+    _probe(
+        "c", ("error: ",), r"^(?=[\w.])[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: "
+    ),
+    _probe("java", (".java:",), r"^(?=[\w.])[\w./-]{1,300}\.java:\d+: error: "),
     _probe("make", ("make",), r"^make(?:\[\d+\])?: \*\*\* "),
 )
 _RUNTIME: Final = (
     _probe("python", ("Traceback",), r"^Traceback \(most recent call last\):"),
     _probe("go_panic", ("panic: ",), r"^panic: "),
     _probe("rust_panic", ("panicked at",), r"^thread '[^'\n]{0,300}' panicked at "),
-    _probe("node", ("Error",), r"^(?:[A-Z]\w{0,40})?Error(?: \[\w{1,40}\])?: [^\n]{0,1000}\n[ \t]{2,8}at "),
+    _probe(
+        "node",
+        ("Error",),
+        r"^(?=[A-Z])(?:[A-Z]\w{0,40})?Error(?: \[\w{1,40}\])?: [^\n]{0,1000}\n[ \t]{2,8}at ",
+    ),
 )
 
 # Timings and addresses differ between runs that otherwise print the same thing.

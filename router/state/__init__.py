@@ -40,8 +40,8 @@ limit`` for every scope, then holds the amount in all of them, or in none: concu
 never over-commit a limit. A hold carries a TTL (``ttl_s``, default ``reservation_ttl_s``) in the
 scope's expiry zset; every script purges the scope's expired holds first, so a crashed replica's
 reservations stop counting after their TTL with no janitor. ``settle`` drops the hold and adds
-the actual cost (which may exceed the hold: spend can pass the limit by what was in flight, never
-by more). Pins are last-writer-wins. Scripts use several keys, so this needs one Redis (or
+the actual cost, which may differ from the hold: a limit can be passed only by actual costs that
+exceed their own reservations, never by concurrent reserves. Pins are last-writer-wins. Scripts use several keys, so this needs one Redis (or
 Sentinel), not Cluster.
 
 Failure (Redis): every call has a hard timeout (``op_timeout_s``, socket timeouts under it, a
@@ -50,7 +50,8 @@ automatic. Meanwhile budgets (and ``publish_version``) FAIL CLOSED with ``StateU
 (a 503); pins, affinity, rate limits, breakers and ``current_version`` FAIL OPEN to the
 replica's in-process state, each counted in ``fail_open_counts`` by component (``sessions``,
 ``rate_limits``, ``breakers``, ``policy``). ``degraded`` is true from a failed call until the next
-success (the policy watcher's poll keeps it fresh); ``ping()`` checks now.
+success (the policy watcher's poll keeps it fresh); ``ping()`` checks now. Refusals are counted
+in ``fail_closed_counts`` (``budgets``, ``policy``).
 """
 
 from __future__ import annotations
@@ -211,6 +212,16 @@ class SharedState(Protocol):
     @property
     def fail_open_counts(self) -> Mapping[str, int]:
         """Calls answered from local state because Redis could not, by component (for metrics)."""
+        ...
+
+    @property
+    def fail_closed_counts(self) -> Mapping[str, int]:
+        """Calls refused with ``StateUnavailable`` because Redis could not answer, by component."""
+        ...
+
+    @property
+    def last_error(self) -> str | None:
+        """What the last failed Redis call said (for logs and ``/readyz`` details, never clients)."""
         ...
 
     async def ping(self) -> bool:

@@ -14,6 +14,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from router.state.types import (
@@ -358,7 +359,7 @@ class MemoryState:
         self.limits = MemoryRateLimits(self.config, clock)
         self.breakers = MemoryBreakers(self.config.breaker, clock)
         self.policy = MemoryPolicyVersion()
-        self._fail_open_counts: dict[str, int] = {}
+        self._no_counts: Mapping[str, int] = MappingProxyType({})
 
     @property
     def degraded(self) -> bool:
@@ -366,7 +367,15 @@ class MemoryState:
 
     @property
     def fail_open_counts(self) -> Mapping[str, int]:
-        return self._fail_open_counts
+        return self._no_counts
+
+    @property
+    def fail_closed_counts(self) -> Mapping[str, int]:
+        return self._no_counts
+
+    @property
+    def last_error(self) -> str | None:
+        return None
 
     async def ping(self) -> bool:
         return True

@@ -42,6 +42,8 @@ def connect(url: str, config: StateConfig) -> Redis:
             # connections the server closed while idle, so the first call after a Redis restart
             # would fail on each stale pooled connection.
             maint_notifications_config=MaintNotificationsConfig(enabled=False),
+            # No CLIENT SETINFO round trips on connect: a burst opens many connections at once.
+            driver_info=None,
         )
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL {mask_url(url)!r}: {exc}") from None

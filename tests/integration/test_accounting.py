@@ -9,15 +9,20 @@ so the lower bounds are the tight ones.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import psycopg
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,8 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from router.app import Services
 from router.cli import main
 from router.fakeupstream import FakeUpstream
+from router.store import open_store
 from router.telemetry import build_telemetry
 from tests.integration.conftest import RunningRouter, local_policy
+from tests.unit.test_report import OUTCOMES, RECORDS
 
 pytestmark = pytest.mark.integration
 
@@ -190,3 +197,43 @@ def test_queue_wait_rises_behind_a_concurrency_limit(
         sum(r["queue_ms"] for r in rows) / 1000, rel=1e-3
     )
     assert sample(m, "router_inflight_streams") == 0
+
+
+PG_URL = os.environ.get("ROUTER_TEST_PG_URL", "postgresql://root@127.0.0.1:5432/test")
+
+
+def test_report_and_ledger_read_the_same_from_postgresql_and_sqlite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = f"router_acct_{uuid.uuid4().hex[:12]}"
+    pg = f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
+    lite = f"sqlite:///{tmp_path / 'log.db'}"
+
+    async def admin(sql: str) -> None:
+        async with await psycopg.AsyncConnection.connect(PG_URL, autocommit=True, connect_timeout=5) as conn:
+            await conn.execute(sql)
+
+    async def fill(url: str) -> None:
+        store = open_store(url)
+        await store.open()
+        await store.write_requests(RECORDS)
+        for o in OUTCOMES:
+            await store.write_outcome(o)
+        await store.close()
+
+    asyncio.run(admin(f"CREATE SCHEMA {schema}"))
+    try:
+        asyncio.run(fill(pg))
+        asyncio.run(fill(lite))
+        out = {}
+        for name, url in (("pg", pg), ("sqlite", lite)):
+            capsys.readouterr()
+            assert main(["report", "--store", url, "--json"]) == 0
+            report = json.loads(capsys.readouterr().out)
+            assert main(["tasks", "--store", url, "--json"]) == 0
+            tasks = json.loads(capsys.readouterr().out)
+            out[name] = (report["window"], report["groups"], tasks["summary"], tasks["tasks"])
+        assert out["pg"] == out["sqlite"]
+        assert out["pg"][0]["requests"] == len(RECORDS)
+    finally:
+        asyncio.run(admin(f"DROP SCHEMA {schema} CASCADE"))

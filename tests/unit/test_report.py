@@ -164,7 +164,7 @@ def test_task_ledger(store_url: str, capsys: pytest.CaptureFixture[str]) -> None
     only = run_json(capsys, "tasks", "--store", store_url, "--task", "T2", "--json")
     assert [t["task_id"] for t in only["tasks"]] == ["T2"]
     assert main(["tasks", "--store", store_url]) == 0
-    assert "cost per completed task: $0.1000" in capsys.readouterr().out
+    assert "cost per completed task: $0.1" in capsys.readouterr().out
 
 
 def test_load_task_from_the_store(store_url: str) -> None:

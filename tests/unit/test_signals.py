@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,10 @@ def test_colour_samples_really_are_coloured() -> None:
         ("=== RUN   TestX\n--- PASS: TestX (0.00s)\nPASS\n", ("go", 1, 0, 0, 0)),
         ("PASS\n", ("go", 1, 0, 0, 0)),
         ("--- FAIL: TestX (0.00s)\n    x_test.go:3: boom\n", ("go", 0, 1, 0, 0)),
-        ("test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s", ("cargo", 5, 0, 0, 1)),
+        (
+            "test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s",
+            ("cargo", 5, 0, 0, 1),
+        ),
         ("Tests:       1 failed, 4 passed, 5 total", ("jest", 4, 1, 0, 0)),
         ("Tests:       2 todo, 3 passed, 5 total", ("jest", 3, 0, 0, 2)),
         ("      Tests  2 failed | 10 passed (12)", ("vitest", 10, 2, 0, 0)),
@@ -243,7 +247,9 @@ def test_exit_code_at_the_head_of_a_long_result() -> None:
 
 
 def test_codex_json_shell_output() -> None:
-    text = json.dumps({"output": "3 failed, 9 passed in 1.2s\n", "metadata": {"exit_code": 1, "duration_seconds": 1.3}})
+    text = json.dumps(
+        {"output": "3 failed, 9 passed in 1.2s\n", "metadata": {"exit_code": 1, "duration_seconds": 1.3}}
+    )
     out = analyze(text)
     assert out.exit_code == 1
     assert out.tests is not None and (out.tests.passed, out.tests.failed) == (9, 3)
@@ -255,9 +261,9 @@ def test_codex_json_shell_output() -> None:
     ("text", "kind"),
     [
         ("error[E0425]: cannot find value `x` in this scope\n", "rust"),
-        ("error: could not compile `app` (bin \"app\") due to 2 previous errors\n", "rust"),
+        ('error: could not compile `app` (bin "app") due to 2 previous errors\n', "rust"),
         ("./main.go:3:2: undefined: foo\n", "go"),
-        ("main.go:3:2: \"os\" imported and not used\n", "go"),
+        ('main.go:3:2: "os" imported and not used\n', "go"),
         ("src/A.java:7: error: ';' expected\n", "java"),
         ("lib/x.cpp:10:3: fatal error: foo.h: No such file or directory\n", "c"),
         ("ImportError: cannot import name 'thing' from 'pkg'\n", "module_not_found"),
@@ -295,7 +301,11 @@ def conversation(protocol: str, steps: list[Step]) -> list[Any]:
             {"role": "user", "content": "Fix the failing tests."},
         ]
         for i, s in enumerate(steps):
-            call = {"id": f"call_{i}", "type": "function", "function": {"name": s.tool, "arguments": json.dumps(s.args)}}
+            call = {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": s.tool, "arguments": json.dumps(s.args)},
+            }
             msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
             msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": s.output})
         return msgs
@@ -318,9 +328,13 @@ def conversation(protocol: str, steps: list[Step]) -> list[Any]:
                 block["is_error"] = s.is_error
             msgs.append({"role": "user", "content": [block]})
         return msgs
-    items: list[Any] = [{"role": "user", "content": [{"type": "input_text", "text": "Fix the failing tests."}]}]
+    items: list[Any] = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Fix the failing tests."}]}
+    ]
     for i, s in enumerate(steps):
-        items.append({"type": "function_call", "call_id": f"fc_{i}", "name": s.tool, "arguments": json.dumps(s.args)})
+        items.append(
+            {"type": "function_call", "call_id": f"fc_{i}", "name": s.tool, "arguments": json.dumps(s.args)}
+        )
         output: Any = s.output if i % 2 else [{"type": "input_text", "text": s.output}]
         items.append({"type": "function_call_output", "call_id": f"fc_{i}", "output": output})
     return items
@@ -414,7 +428,9 @@ def test_back_to_back_identical_calls_are_a_loop(protocol: str) -> None:
 
 
 def test_argument_key_order_does_not_hide_a_loop() -> None:
-    msgs = conversation("openai_chat", [Step("read", {"path": "a.py", "limit": 50}, f"v{i}") for i in range(3)])
+    msgs = conversation(
+        "openai_chat", [Step("read", {"path": "a.py", "limit": 50}, f"v{i}") for i in range(3)]
+    )
     msgs[2]["tool_calls"][0]["function"]["arguments"] = '{"limit":50,  "path":"a.py"}'
     assert by_name(extract("openai_chat", msgs))[TOOL_LOOP].details["kind"] == "consecutive_call"
 
@@ -428,15 +444,25 @@ def test_edit_test_cycles_are_not_a_loop_unless_the_result_repeats(protocol: str
     ]
     steps: list[Step] = []
     for i, out in enumerate(progress):
-        steps += [Step("edit", {"path": "a.py", "patch": f"fix {i}"}, "ok"), Step("bash", {"command": "pytest"}, out)]
+        steps += [
+            Step("edit", {"path": "a.py", "patch": f"fix {i}"}, "ok"),
+            Step("bash", {"command": "pytest"}, out),
+        ]
     assert TOOL_LOOP not in by_name(extract(protocol, conversation(protocol, steps)))
 
     stuck: list[Step] = []
     for i in range(3):
         out = f"FAILED test_a.py::test_x - assert 1 == 2\n===== 1 failed, 5 passed in 0.4{i}s ====="
-        stuck += [Step("edit", {"path": "a.py", "patch": f"try {i}"}, "ok"), Step("bash", {"command": "pytest"}, out)]
+        stuck += [
+            Step("edit", {"path": "a.py", "patch": f"try {i}"}, "ok"),
+            Step("bash", {"command": "pytest"}, out),
+        ]
     loop = by_name(extract(protocol, conversation(protocol, stuck)))[TOOL_LOOP]
-    assert loop.value == 3.0 and loop.details["kind"] == "same_call_same_result" and loop.details["tool"] == "bash"
+    assert (
+        loop.value == 3.0
+        and loop.details["kind"] == "same_call_same_result"
+        and loop.details["tool"] == "bash"
+    )
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -464,7 +490,9 @@ def test_build_error_is_cleared_by_later_success_evidence(protocol: str) -> None
 
 
 def test_runtime_error_and_exit_code_from_chat() -> None:
-    steps = [Step("bash", {"command": "python migrate.py"}, sample("python_traceback.txt") + "\nexit status 1")]
+    steps = [
+        Step("bash", {"command": "python migrate.py"}, sample("python_traceback.txt") + "\nexit status 1")
+    ]
     signals = by_name(extract("openai_chat", conversation("openai_chat", steps)))
     assert signals[RUNTIME_ERROR].details["kind"] == "python"
     assert signals[EXIT_CODE].success is False
@@ -474,7 +502,11 @@ def test_runtime_error_and_exit_code_from_chat() -> None:
 
 def test_responses_custom_and_shell_calls_are_read() -> None:
     items = [
-        {"type": "local_shell_call", "call_id": "s1", "action": {"type": "exec", "command": ["go", "test", "./..."]}},
+        {
+            "type": "local_shell_call",
+            "call_id": "s1",
+            "action": {"type": "exec", "command": ["go", "test", "./..."]},
+        },
         {"type": "local_shell_call_output", "call_id": "s1", "output": sample("go_short_fail.txt")},
         {"type": "custom_tool_call", "call_id": "p1", "name": "apply_patch", "input": "*** Begin Patch"},
         {"type": "custom_tool_call_output", "call_id": "p1", "output": "Done!"},
@@ -549,7 +581,9 @@ def test_resent_request_is_a_weak_failure() -> None:
 
 def test_custom_weights() -> None:
     w = Weights(build_error=0.05, runtime_error=0.5, decay=0.5)
-    msgs = conversation("openai_chat", [Step("bash", {"command": "x"}, sample("python_syntax_error.txt")), Step("r", {}, "")])
+    msgs = conversation(
+        "openai_chat", [Step("bash", {"command": "x"}, sample("python_syntax_error.txt")), Step("r", {}, "")]
+    )
     signals = by_name(extract("openai_chat", msgs, weights=w))
     assert signals[BUILD_ERROR].weight == pytest.approx(0.025)
     assert signals[RUNTIME_ERROR].weight == pytest.approx(0.25)
@@ -568,7 +602,12 @@ def anthropic_body(**over: Any) -> dict[str, Any]:
         "metadata": {"user_id": "u1"},
         "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "fix it"}]}],
-        "tools": [{"name": "bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}],
+        "tools": [
+            {
+                "name": "bash",
+                "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+            }
+        ],
     }
     body.update(over)
     return body
@@ -576,12 +615,19 @@ def anthropic_body(**over: Any) -> dict[str, Any]:
 
 def test_fingerprint_ignores_the_model_and_delivery_settings() -> None:
     base = request_fingerprint("anthropic", anthropic_body())
-    assert base == request_fingerprint("anthropic", anthropic_body(model="claude-haiku-4-5", max_tokens=1, stream=False))
-    assert base == request_fingerprint("anthropic", anthropic_body(metadata={"user_id": "other"}, temperature=0.2))
+    assert base == request_fingerprint(
+        "anthropic", anthropic_body(model="claude-haiku-4-5", max_tokens=1, stream=False)
+    )
+    assert base == request_fingerprint(
+        "anthropic", anthropic_body(metadata={"user_id": "other"}, temperature=0.2)
+    )
     moved = anthropic_body()
     moved["system"] = [{"type": "text", "text": "You are Claude Code."}]
     moved["messages"] = [
-        {"role": "user", "content": [{"type": "text", "text": "fix it", "cache_control": {"type": "ephemeral"}}]}
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "fix it", "cache_control": {"type": "ephemeral"}}],
+        }
     ]
     assert base == request_fingerprint("anthropic", moved)
     reordered = dict(reversed(list(anthropic_body().items())))
@@ -600,7 +646,9 @@ def test_fingerprint_changes_with_content() -> None:
     assert base != request_fingerprint("openai_chat", anthropic_body())
     chat = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}
     responses = {"model": "gpt-5", "input": "hi", "instructions": "be brief"}
-    assert request_fingerprint("openai_chat", chat) == request_fingerprint("openai_chat", chat | {"model": "o3"})
+    assert request_fingerprint("openai_chat", chat) == request_fingerprint(
+        "openai_chat", chat | {"model": "o3"}
+    )
     assert request_fingerprint("openai_responses", responses) != request_fingerprint(
         "openai_responses", responses | {"instructions": "be long"}
     )
@@ -628,10 +676,16 @@ MALFORMED: list[Any] = [
     {"role": "tool", "content": None},
     {"role": "tool", "tool_call_id": 5, "content": {"a": 1}},
     {"role": "assistant", "tool_calls": "nope"},
-    {"role": "assistant", "tool_calls": [None, {"function": 3}, {"function": {"name": 1, "arguments": "{bad"}}]},
+    {
+        "role": "assistant",
+        "tool_calls": [None, {"function": 3}, {"function": {"name": 1, "arguments": "{bad"}}],
+    },
     {"role": "assistant", "function_call": {"name": "legacy", "arguments": None}},
     {"role": "user", "content": [None, {"type": "tool_result", "content": {"a": 1}, "is_error": "yes"}]},
-    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": [], "content": [None, 1, {"text": 2}]}]},
+    {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": [], "content": [None, 1, {"text": 2}]}],
+    },
     {"role": "assistant", "content": [{"type": "tool_use", "id": None, "name": None, "input": [[["x"]]]}]},
     {"type": "function_call_output", "output": 12},
     {"type": "function_call", "call_id": {}, "name": [], "arguments": 7},
@@ -675,50 +729,61 @@ def test_random_junk_never_raises() -> None:
 N = 1_000_000
 
 
-def adversarial_inputs() -> dict[str, str]:
+def mixed_tokens() -> str:
     rnd = random.Random(7)
     vocab = ["passed", " ", ", ", "1", "\n", "=", " in ", "s", "\x1b[", ".go:", ":", "Error", "exit code",
              "Tests", "\t", "ok", "FAIL", "|", "(", ")", "0.5", "Ran ", "test result: ok. ", "Traceback"]  # fmt: skip
-    return {
-        "digits": "1" * N,
-        "pytest_items": "1 passed, " * (N // 10),
-        "equals": "=" * N,
-        "exit_spaces": "exit code" + " " * N,
-        "returncode": "<returncode>" + " " * N,
-        "ansi_params": "\x1b[" + "1;" * (N // 2),
-        "ansi_opens": "\x1b[" * (N // 2),
-        "osc": "\x1b]" + "a" * N,
-        "go_path": "./" + "a." * (N // 2),
-        "c_paths": "a.c:1:1: " * (N // 9),
-        "jest_items": "Tests: " + "1 a, " * (N // 5),
-        "vitest_items": "Tests " + "1 a | " * (N // 6),
-        "mocha_spaces": " " * N + "1 passing (",
-        "node_error": "Error: " + "x" * N,
-        "rust_thread": "thread '" + "a" * N,
-        "ran_lines": "Ran 1 tests in 1s\n" * (N // 18),
-        "pytest_lines": "1 passed in 1s\n" * (N // 15),
-        "go_test_lines": "--- PASS: T\n" * (N // 12),
-        "newlines": "\n" * N,
-        "carriage_returns": "\r" * N,
-        "mixed": "".join(rnd.choice(vocab) for _ in range(N // 3))[:N],
-    }
+    return "".join(rnd.choice(vocab) for _ in range(N // 3))[:N]
 
 
-@pytest.mark.parametrize("name", sorted(adversarial_inputs()))
+# Each aims at a pattern's weak spot: long runs that a greedy part eats and then gives back.
+ADVERSARIAL: dict[str, Callable[[], str]] = {
+    "digits": lambda: "1" * N,
+    "pytest_items": lambda: "1 passed, " * (N // 10),
+    "equals": lambda: "=" * N,
+    "exit_spaces": lambda: "exit code" + " " * N,
+    "returncode": lambda: "<returncode>" + " " * N,
+    "ansi_params": lambda: "\x1b[" + "1;" * (N // 2),
+    "ansi_opens": lambda: "\x1b[" * (N // 2),
+    "osc": lambda: "\x1b]" + "a" * N,
+    "go_path": lambda: "./" + "a." * (N // 2),
+    "c_paths": lambda: "a.c:1:1: " * (N // 9),
+    "jest_items": lambda: "Tests: " + "1 a, " * (N // 5),
+    "vitest_items": lambda: "Tests " + "1 a | " * (N // 6),
+    "mocha_spaces": lambda: " " * N + "1 passing (",
+    "node_error": lambda: "Error: " + "x" * N,
+    "rust_thread": lambda: "thread '" + "a" * N,
+    "ran_lines": lambda: "Ran 1 tests in 1s\n" * (N // 18),
+    "pytest_lines": lambda: "1 passed in 1s\n" * (N // 15),
+    "go_test_lines": lambda: "--- PASS: T\n" * (N // 12),
+    "newlines": lambda: "\n" * N,
+    "carriage_returns": lambda: "\r" * N,
+    "mixed": mixed_tokens,
+}
+
+
+# Every literal the parsers test for before running a pattern, so that all patterns do run.
+NEEDLES = (
+    "\nx in Ran Tests: Tests ok PASS FAIL --- test result: 1 passing ( exit returncode error TS Error: "
+    "ModuleNotFoundError ImportError Cannot find module .go: error: .java: make Traceback panic: panicked at"
+)
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_one_megabyte_of_hostile_text_is_cheap(name: str) -> None:
-    text = adversarial_inputs()[name]
+    text = ADVERSARIAL[name]() + NEEDLES
     assert len(text) >= N * 0.9
     start = time.perf_counter()
     parse_test_summary(text)
     analyze(text)
     capped = time.perf_counter() - start
-    # Unbounded too: linear patterns keep even the whole megabyte cheap.
+    assert capped < 1.0, f"{name}: {capped:.3f}s with the default cap"  # typically a few ms
+    # The whole megabyte too, so that the cap is not what hides a pattern's backtracking: linear
+    # patterns take a fraction of a second here, a catastrophic one would not finish at all.
     start = time.perf_counter()
-    parse_test_summary(text, max_chars=None)
     analyze(text, max_chars=None)
     whole = time.perf_counter() - start
-    assert capped < 1.0, f"{name}: {capped:.3f}s with the default cap"
-    assert whole < 1.0, f"{name}: {whole:.3f}s uncapped"
+    assert whole < 3.0, f"{name}: {whole:.3f}s uncapped"
 
 
 def test_long_conversation_reads_only_the_window() -> None:

@@ -370,7 +370,8 @@ async def test_policy_watch_survives_a_failing_callback() -> None:
 
 async def test_memory_state_is_never_degraded() -> None:
     state = MemoryState()
-    assert not state.degraded and await state.ping() and dict(state.fail_open_counts) == {}
+    assert not state.degraded and await state.ping() and state.last_error is None
+    assert dict(state.fail_open_counts) == {} == dict(state.fail_closed_counts)
     await state.aclose()
 
 
