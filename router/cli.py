@@ -22,16 +22,9 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from router.serve import serve
 
-    from router.app import create_app
-
-    settings = _settings(args)
-    app = create_app(settings)
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False,
-        timeout_graceful_shutdown=int(settings.drain_timeout) or None,
-    )  # fmt: skip
+    serve(_settings(args), args.log_level)
     return 0
 
 

@@ -43,5 +43,7 @@ class Settings(BaseSettings):
     timeouts: Timeouts = Timeouts()
     #: Seconds to wait for in-flight requests and the log at shutdown.
     drain_timeout: float = Field(default=30.0, ge=0)
+    #: Seconds between SIGTERM and closing the listener, with /readyz at 503 meanwhile.
+    drain_delay: float = Field(default=2.0, ge=0)
     #: Put prompt text on trace spans. Needs ``log_prompts`` too (only then is the prompt captured).
     trace_prompts: bool = False

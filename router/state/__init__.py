@@ -41,8 +41,8 @@ never over-commit a limit. A hold carries a TTL (``ttl_s``, default ``reservatio
 scope's expiry zset; every script purges the scope's expired holds first, so a crashed replica's
 reservations stop counting after their TTL with no janitor. ``settle`` drops the hold and adds
 the actual cost, which may differ from the hold: a limit can be passed only by actual costs that
-exceed their own reservations, never by concurrent reserves. Pins are last-writer-wins. Scripts use several keys, so this needs one Redis (or
-Sentinel), not Cluster.
+exceed their own reservations, never by concurrent reserves. Pins are last-writer-wins. Scripts
+use several keys, so this needs one Redis (or Sentinel), not Cluster.
 
 Failure (Redis): every call has a hard timeout (``op_timeout_s``, socket timeouts under it, a
 bounded pool wait). On failure Redis is skipped for ``backoff_s``, then tried again: recovery is
@@ -51,7 +51,9 @@ automatic. Meanwhile budgets (and ``publish_version``) FAIL CLOSED with ``StateU
 replica's in-process state, each counted in ``fail_open_counts`` by component (``sessions``,
 ``rate_limits``, ``breakers``, ``policy``). ``degraded`` is true from a failed call until the next
 success (the policy watcher's poll keeps it fresh); ``ping()`` checks now. Refusals are counted
-in ``fail_closed_counts`` (``budgets``, ``policy``).
+in ``fail_closed_counts`` (``budgets``, ``policy``). Pin, affinity and breaker writes are mirrored
+locally while Redis is up, so the fallback knows this replica's own tasks; local rate limits
+start empty, so during an outage each replica admits up to the full limit by itself.
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ class MemoryBudgets:
         expiry = self._clock() + ttl
         for scope in scopes:
             scope.holds[rid] = (amount, expiry)
-        return Reservation(rid, names, amount_usd, time.time() + ttl)
+        return Reservation(rid, names, amount_usd, expiry)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:
         actual = to_nano(actual_usd)

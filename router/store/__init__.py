@@ -13,9 +13,18 @@ from typing import Any, Protocol
 from urllib.parse import unquote
 
 from router.errors import ConfigError
-from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
+from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
 
-__all__ = ["OutcomeRecord", "RequestRecord", "Store", "StoreDataError", "mask_url", "open_store", "redact"]
+__all__ = [
+    "KeyRecord",
+    "OutcomeRecord",
+    "RequestRecord",
+    "Store",
+    "StoreDataError",
+    "mask_url",
+    "open_store",
+    "redact",
+]
 
 # Greedy up to the last "@": an unescaped "@" in a password must not leave its tail visible.
 _URL_PASSWORD = re.compile(r"(://[^:@/?#\s]*):(.*)@")
@@ -58,6 +67,18 @@ class Store(Protocol):
 
     async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
         """Every outcome recorded from ``ts`` on."""
+
+    async def create_key(self, rec: KeyRecord) -> None:
+        """Insert a virtual key; raises ``StoreDataError`` if its id or hash is already stored."""
+
+    async def get_key_by_hash(self, key_hash: str) -> KeyRecord | None:
+        """The key with this SHA-256 (hex), revoked or not."""
+
+    async def list_keys(self) -> list[KeyRecord]:
+        """Every key ever created, revoked ones included, oldest first."""
+
+    async def revoke_key(self, key_id: str, ts: float) -> bool:
+        """Mark the key revoked at ``ts``; False when no such key or it was already revoked."""
 
 
 def mask_url(url: str) -> str:

@@ -12,7 +12,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from router.store import mask_url, redact, schema
-from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
+from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
 
 # Serializes migrations across processes sharing a database (advisory locks are per database).
 _MIGRATION_LOCK = zlib.crc32(b"router.store.migrations")
@@ -175,3 +175,24 @@ class PostgresStore:
     async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
         sql = schema.select_sql(schema.OUTCOMES, "postgres", where="ts", op=">=", order="ts")
         return await self._query(schema.OUTCOMES, sql, (ts,))
+
+    async def create_key(self, rec: KeyRecord) -> None:
+        await self._write(schema.insert_key_sql("postgres"), [schema.encode_key(rec)])
+
+    async def get_key_by_hash(self, key_hash: str) -> KeyRecord | None:
+        sql = schema.select_sql(schema.KEYS, "postgres", where="key_hash")
+        async with self._db().connection() as conn:
+            cur = await conn.execute(sql, (key_hash,))
+            row = await cur.fetchone()
+        return schema.decode_key(row) if row is not None else None
+
+    async def list_keys(self) -> list[KeyRecord]:
+        sql = schema.select_sql(schema.KEYS, "postgres", order="created_at, key_id")
+        async with self._db().connection() as conn:
+            cur = await conn.execute(sql)
+            return [schema.decode_key(r) for r in await cur.fetchall()]
+
+    async def revoke_key(self, key_id: str, ts: float) -> bool:
+        async with self._db().connection() as conn:
+            cur = await conn.execute(schema.revoke_key_sql("postgres"), (ts, key_id))
+            return cur.rowcount > 0

@@ -3,7 +3,8 @@
 The field names are the column names; ``router.store.schema`` derives the tables from these
 classes, so adding a field adds a column. A field added after the first release needs
 ``metadata={"since": N}`` (N = the schema version that adds it) so existing databases get an
-``ALTER TABLE``; opening a store refuses to start if a field has no column.
+``ALTER TABLE``; opening a store refuses to start if a field has no column. ``KeyRecord`` is a
+virtual key (its hash and limits, never the key).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class RequestRecord:
     prompt: str | None = None  # only when the operator opts in to prompt logging
     # The task's feature vector (hashed, no text), on the first main-loop request of each task.
     task_features: dict[str, float] | None = field(default=None, metadata={"since": 2})
+    #: The virtual key that made the request (its id, never the key); None in open mode or for the master key.
+    key_id: str | None = field(default=None, metadata={"since": 3})
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
@@ -107,4 +110,24 @@ class OutcomeRecord:
     @classmethod
     def columns(cls) -> tuple[str, ...]:
         """The outcome table's column names, in table order."""
+        return tuple(f.name for f in fields(cls))
+
+
+@dataclass(slots=True)
+class KeyRecord:
+    """A virtual key: only its SHA-256 is kept; the key itself is shown once, at creation."""
+
+    key_id: str  # non-secret handle, used in the log and by ``router keys revoke``
+    key_hash: str  # hex SHA-256 of the whole key
+    prefix: str  # the key's first characters, for telling keys apart in listings
+    name: str
+    created_at: float
+    budget_usd: float | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    models: list[str] | None = None  # requested-model names or globs this key may use; None = any
+    revoked_at: float | None = None
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))

@@ -15,7 +15,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import orjson
 
-from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
+from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
 
 Dialect = Literal["sqlite", "postgres"]
 Kind = Literal["text", "int", "float", "bool", "json"]
@@ -47,6 +47,8 @@ class Table:
     columns: tuple[Column, ...]
     primary_key: tuple[str, ...]
     indexes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    since: int = 1  # schema version that created the table
+
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -99,12 +101,23 @@ OUTCOMES = Table(
     columns_of(OutcomeRecord, not_null=("task_id", "attempt", "source", "success", "ts", "explicit")),
     primary_key=("task_id", "attempt", "source"),
 )
-TABLES = (REQUESTS, OUTCOMES)
+KEYS = Table(
+    "keys",
+    columns_of(KeyRecord, not_null=("key_id", "key_hash", "prefix", "name", "created_at")),
+    primary_key=("key_id",),
+    since=3,
+)
+TABLES = (REQUESTS, OUTCOMES, KEYS)
 
 #: Statements a version needs beyond creating tables and adding ``since`` columns.
-_EXTRA_DDL: dict[int, tuple[str, ...]] = {}
+_EXTRA_DDL: dict[int, tuple[str, ...]] = {
+    # Authentication looks keys up by hash; two keys with one hash must be impossible.
+    3: ("CREATE UNIQUE INDEX IF NOT EXISTS keys_hash_idx ON keys (key_hash)",),
+}
 
-SCHEMA_VERSION = max([1, *_EXTRA_DDL, *(c.since for t in TABLES for c in t.columns)])
+SCHEMA_VERSION = max(
+    [1, *_EXTRA_DDL, *(t.since for t in TABLES), *(c.since for t in TABLES for c in t.columns)]
+)
 
 
 def version_table_ddl(dialect: Dialect) -> str:
@@ -120,7 +133,7 @@ def _column_ddl(col: Column, dialect: Dialect) -> str:
 
 
 def _create_table(table: Table, dialect: Dialect) -> list[str]:
-    cols = [_column_ddl(c, dialect) for c in table.columns if c.since == 1]
+    cols = [_column_ddl(c, dialect) for c in table.columns if c.since <= table.since]
     cols.append(f"PRIMARY KEY ({', '.join(table.primary_key)})")
     stmts = [f"CREATE TABLE IF NOT EXISTS {table.name} ({', '.join(cols)})"]
     stmts += [
@@ -136,12 +149,12 @@ def migrations(dialect: Dialect) -> list[tuple[int, list[str]]]:
     for version in range(1, SCHEMA_VERSION + 1):
         stmts: list[str] = []
         for table in TABLES:
-            if version == 1:
+            if version == table.since:
                 stmts += _create_table(table, dialect)
             stmts += [
                 f"ALTER TABLE {table.name} ADD COLUMN {_column_ddl(c, dialect)}"
                 for c in table.columns
-                if c.since == version and version > 1
+                if c.since == version and version > table.since
             ]
         stmts += _EXTRA_DDL.get(version, ())
         out.append((version, stmts))
@@ -244,6 +257,25 @@ def _encode_values(table: Table, values: Sequence[Any], key: str) -> tuple[Any, 
 
 def encode_request(rec: RequestRecord) -> tuple[Any, ...]:
     return _encode_values(REQUESTS, [getattr(rec, n) for n in REQUESTS.names], rec.request_id)
+
+
+def insert_key_sql(dialect: Dialect) -> str:
+    names = KEYS.names
+    return f"INSERT INTO keys ({', '.join(names)}) VALUES ({', '.join([_ph(dialect)] * len(names))})"
+
+
+def revoke_key_sql(dialect: Dialect) -> str:
+    """Parameters: revoked_at, key_id. Revoking twice keeps the first time."""
+    ph = _ph(dialect)
+    return f"UPDATE keys SET revoked_at = {ph} WHERE key_id = {ph} AND revoked_at IS NULL"
+
+
+def encode_key(rec: KeyRecord) -> tuple[Any, ...]:
+    return _encode_values(KEYS, [getattr(rec, n) for n in KEYS.names], rec.key_id)
+
+
+def decode_key(row: Sequence[Any]) -> KeyRecord:
+    return KeyRecord(**decode_row(KEYS, row))
 
 
 def encode_outcome(rec: OutcomeRecord) -> tuple[Any, ...]:

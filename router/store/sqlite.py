@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from router.errors import ConfigError
 from router.store import schema
-from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
+from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
 
 T = TypeVar("T")
 
@@ -168,3 +168,20 @@ class SQLiteStore:
     async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
         sql = schema.select_sql(schema.OUTCOMES, "sqlite", where="ts", op=">=", order="ts")
         return await self._run(self._query, schema.OUTCOMES, sql, (ts,))
+
+    async def create_key(self, rec: KeyRecord) -> None:
+        await self._run(self._write_sync, schema.insert_key_sql("sqlite"), [schema.encode_key(rec)])
+
+    async def get_key_by_hash(self, key_hash: str) -> KeyRecord | None:
+        sql = schema.select_sql(schema.KEYS, "sqlite", where="key_hash")
+        rows = await self._run(lambda: self._db().execute(sql, (key_hash,)).fetchall())
+        return schema.decode_key(rows[0]) if rows else None
+
+    async def list_keys(self) -> list[KeyRecord]:
+        sql = schema.select_sql(schema.KEYS, "sqlite", order="created_at, key_id")
+        rows = await self._run(lambda: self._db().execute(sql).fetchall())
+        return [schema.decode_key(r) for r in rows]
+
+    async def revoke_key(self, key_id: str, ts: float) -> bool:
+        sql = schema.revoke_key_sql("sqlite")
+        return bool(await self._run(lambda: self._db().execute(sql, (ts, key_id)).rowcount > 0))

@@ -28,6 +28,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(base + "/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        assert time.monotonic() < deadline, "router serve did not become ready"
+        time.sleep(0.2)
+
+
 def test_router_serve_process(tmp_path: Path, upstream: FakeUpstream) -> None:
     config = tmp_path / "policy.yaml"
     config.write_text(yaml.safe_dump(local_policy(upstream.url)))
@@ -40,16 +53,7 @@ def test_router_serve_process(tmp_path: Path, upstream: FakeUpstream) -> None:
     )  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            assert time.monotonic() < deadline, "router serve did not become ready"
-            time.sleep(0.2)
+        wait_ready(base, proc)
         c = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0, timeout=20)
         text = "".join(
             ch.choices[0].delta.content or ""

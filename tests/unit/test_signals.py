@@ -664,6 +664,15 @@ def test_stable_hash_distinguishes_types_and_survives_junk() -> None:
     for junk in (cyclic, deep, {1: object(), (2,): b"x"}, None, 3.5, float("nan"), "\ud800"):
         a = request_fingerprint("anthropic", junk)
         assert a == request_fingerprint("anthropic", junk)
+    # A block shared by two places hashes like two equal copies (as its JSON would).
+    block = {"type": "text", "text": "same"}
+    assert stable_hash([block, block]) == stable_hash([dict(block), dict(block)])
+    assert stable_hash(cyclic) != stable_hash({"a": 1, "self": {"a": 1}})
+    bomb: list[Any] = ["x"]
+    for _ in range(80):
+        bomb = [bomb, bomb]  # 2**80 leaves if walked naively
+    assert stable_hash(bomb, max_nodes=10_000) == stable_hash(bomb, max_nodes=10_000)
+    assert stable_hash(bomb, max_nodes=10_000) != stable_hash(bomb, max_nodes=20_000)
 
 
 # -- malformed input -------------------------------------------------------------------------
