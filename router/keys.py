@@ -1,0 +1,207 @@
+"""Virtual keys: their format, their hash, and ``router keys create | list | revoke``.
+
+A key is ``rk-`` followed by 40 URL-safe characters from ``secrets`` (240 random bits). The
+store keeps only ``sha256(key)``: a plain, unsalted hash is enough because the key is not a
+password. Salts, peppers and slow KDFs exist to make guessing *low-entropy* secrets from a
+stolen hash expensive; guessing a 240-bit random key is out of reach at any hash speed, and an
+unsalted hash is what lets authentication find the key with one indexed lookup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import re
+import secrets
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from router.store import KeyRecord, Store, open_store
+
+KEY_PREFIX = "rk-"
+#: ``secrets.token_urlsafe(30)`` is exactly 40 characters: 30 random bytes in unpadded base64url.
+_RANDOM_BYTES = 30
+KEY_LENGTH = len(KEY_PREFIX) + 40
+KEY_FORMAT = re.compile(r"rk-[A-Za-z0-9_-]{40}")
+#: How much of a key listings show: enough to tell keys apart, far too little to guess the rest.
+DISPLAY_CHARS = 8
+_MODEL_NAME = re.compile(r"[A-Za-z0-9._:/*?\[\]@-]{1,256}")
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(_RANDOM_BYTES)
+
+
+def looks_like_key(text: str) -> bool:
+    """The format check made before any lookup: length, prefix and alphabet."""
+    return len(text) == KEY_LENGTH and KEY_FORMAT.fullmatch(text) is not None
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("ascii")).hexdigest()
+
+
+def new_key(
+    name: str,
+    *,
+    budget_usd: float | None = None,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    models: list[str] | None = None,
+    now: float | None = None,
+) -> tuple[str, KeyRecord]:
+    """A fresh key and the record to store for it. The key is returned once and kept nowhere."""
+    key = generate_key()
+    rec = KeyRecord(
+        key_id="key_" + secrets.token_hex(6),
+        key_hash=hash_key(key),
+        prefix=key[:DISPLAY_CHARS],
+        name=name,
+        created_at=time.time() if now is None else now,
+        budget_usd=budget_usd,
+        rpm=rpm,
+        tpm=tpm,
+        models=models,
+    )
+    return key, rec
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+        return value
+
+    return parse
+
+
+def _models(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in names if not _MODEL_NAME.fullmatch(m)]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected comma-separated model names or globs, got {text!r}")
+    return names
+
+
+def _name(text: str) -> str:
+    if not 1 <= len(text) <= 200 or not text.isprintable():
+        raise argparse.ArgumentTypeError("a key name is 1-200 printable characters")
+    return text
+
+
+def add_parser(sub: Any, default_store: str) -> None:
+    """Register ``router keys ...`` on the top-level subparsers."""
+    keys = sub.add_parser("keys", help="virtual keys: create, list, revoke")
+    keys.set_defaults(func=run_keys)
+    actions = keys.add_subparsers(dest="action", required=True)
+
+    def store_flag(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--store", default=default_store,
+                        help="store URL (env ROUTER_STORE; default sqlite:///router.db)")  # fmt: skip
+        sp.add_argument("--json", action="store_true", help="print JSON")
+
+    create = actions.add_parser("create", help="create a key (printed once; only its hash is stored)")
+    create.add_argument("--name", required=True, type=_name)
+    create.add_argument("--budget", type=_positive(float), help="spend limit in USD")
+    create.add_argument("--rpm", type=_positive(int), help="requests per minute")
+    create.add_argument("--tpm", type=_positive(int), help="tokens per minute")
+    create.add_argument("--models", type=_models, help="comma-separated requested-model names or globs")
+    store_flag(create)
+    store_flag(actions.add_parser("list", help="list keys (never the keys themselves)"))
+    revoke = actions.add_parser("revoke", help="revoke a key by id (routers notice within 30 s)")
+    revoke.add_argument("key_id")
+    store_flag(revoke)
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    await store.open()
+    try:
+        if args.action == "create":
+            return await _create(store, args)
+        if args.action == "list":
+            return await _list(store, args)
+        return await _revoke(store, args)
+    finally:
+        await store.close()
+
+
+async def _create(store: Store, args: argparse.Namespace) -> int:
+    key, rec = new_key(args.name, budget_usd=args.budget, rpm=args.rpm, tpm=args.tpm, models=args.models)
+    await store.create_key(rec)
+    if args.json:
+        print(orjson.dumps({"key": key, **_public(rec)}).decode())
+    else:
+        print(f"created {rec.key_id} ({rec.name})")
+        print(f"key: {key}")
+        print("This is the only time the key is shown: only its hash is stored.")
+    return 0
+
+
+async def _list(store: Store, args: argparse.Namespace) -> int:
+    rows = [_public(k) for k in await store.list_keys()]
+    if args.json:
+        print(orjson.dumps(rows).decode())
+        return 0
+    if not rows:
+        print("no keys")
+        return 0
+    cols = ("key_id", "prefix", "name", "budget_usd", "rpm", "tpm", "models", "created", "revoked")
+    table = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in table)) for i, c in enumerate(cols)]
+    for line in [list(cols), *table]:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+    return 0
+
+
+async def _revoke(store: Store, args: argparse.Namespace) -> int:
+    if await store.revoke_key(args.key_id, time.time()):
+        print(f"revoked {args.key_id}")
+        return 0
+    known = {k.key_id for k in await store.list_keys()}
+    why = "already revoked" if args.key_id in known else "no such key"
+    print(f"router: cannot revoke {args.key_id!r}: {why}", file=sys.stderr)
+    return 1
+
+
+def _public(rec: KeyRecord) -> dict[str, Any]:
+    """A key's record for display: everything but the hash."""
+    return {
+        "key_id": rec.key_id,
+        "prefix": rec.prefix + "…",
+        "name": rec.name,
+        "budget_usd": rec.budget_usd,
+        "rpm": rec.rpm,
+        "tpm": rec.tpm,
+        "models": rec.models,
+        "created": _iso(rec.created_at),
+        "revoked": _iso(rec.revoked_at),
+    }
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ",".join(value)
+    return str(value)
