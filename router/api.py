@@ -46,7 +46,7 @@ def register(app: FastAPI, s: Services) -> None:
     @app.post("/v1/messages/count_tokens", tags=["proxy"])
     async def count_tokens(request: Request) -> Response:
         try:
-            s.auth.check(request)
+            await s.auth.check(request)
             req = anthropic_protocol.parse(
                 await read_body(request, s.settings.max_body_bytes), count_only=True
             )
@@ -81,7 +81,7 @@ def register(app: FastAPI, s: Services) -> None:
         """The decision the router would make for this body, without calling any backend."""
         protocol = request.query_params.get("protocol")
         try:
-            s.auth.check(request)
+            await s.auth.check(request)
             raw = await read_body(request, s.settings.max_body_bytes)
             protocol = protocol or _detect(raw, request)
             if protocol not in WIRES:
@@ -120,9 +120,20 @@ def register(app: FastAPI, s: Services) -> None:
     async def readyz() -> Response:
         if s.draining:
             return _json({"status": "draining"}, 503)
+        # A degraded replica still serves: the log buffers while its store is down, and pins and
+        # rate limits fall back to local state while Redis is (budgets refuse with 503 meanwhile).
         store_ok = await s.store.ping()
-        body = {"status": "ok" if store_ok else "degraded", "store": store_ok, "policy": s.policy.name}
-        return _json(body, 200 if store_ok else 503)
+        state_ok = not s.state.degraded and await s.state.ping()
+        body = {
+            "status": "ok" if store_ok and state_ok else "degraded",
+            "store": store_ok,
+            "shared_state": state_ok,
+            "log_buffered": s.writer.buffered,
+            "state_fail_open": dict(s.state.fail_open_counts),
+            "policy": s.policy.name,
+            "scorer": s.decider.scorer.name,
+        }
+        return _json(body)
 
     register_ops(app, s)
 

@@ -7,6 +7,7 @@ shutdown drains in-flight work and flushes the log.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from router.policy.config import Policy
 from router.policy.decide import Decider
 from router.policy.runtime import PolicyWatcher, Runtime, load_runtime
 from router.settings import Settings
+from router.state import SharedState, StateConfig, open_state
 from router.store import Store, open_store
 from router.store.writer import LogWriter
 from router.tasktracker import TaskTracker
@@ -43,6 +45,7 @@ class Services:
     store: Store
     writer: LogWriter
     auth: Auth
+    state: SharedState
     telemetry: Telemetry = field(default_factory=Telemetry)
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     tracker: TaskTracker = field(default_factory=TaskTracker)
@@ -76,15 +79,17 @@ def build_services(settings: Settings) -> Services:
     counter.count_text("load the encoding now, not on the first request")
     upstream = Upstream(settings.timeouts)
     store = open_store(settings.store)
+    state = open_state(settings.redis_url, StateConfig(prefix=settings.redis_prefix))
     return Services(
         settings=settings,
         runtime=runtime,
         counter=counter,
         upstream=upstream,
-        executor=Executor(upstream, runtime.catalog, settings.timeouts),
+        executor=Executor(upstream, runtime.catalog, settings.timeouts, breakers=state.breakers),
         store=store,
         writer=LogWriter(store),
-        auth=Auth(settings.master_key),
+        auth=Auth(settings.master_key, store),
+        state=state,
         telemetry=build_telemetry(settings),
     )
 
@@ -94,23 +99,34 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        s.auth.announce()
         await s.store.open()
+        await s.auth.start()
         await s.upstream.start()
         s.writer.start(s.tasks)
         watcher = PolicyWatcher(s.settings.config, s.install, s.runtime)
-        watching = s.tasks.spawn(watcher.run(lambda: s.runtime), name="policy-watcher")
+        async def promoted(version: str) -> None:
+            # A promotion published by another replica: reload now rather than at the next poll.
+            await asyncio.to_thread(watcher.check, s.runtime)
+
+        watching = [
+            s.tasks.spawn(watcher.run(lambda: s.runtime), name="policy-watcher"),
+            s.tasks.spawn(s.state.policy.watch(promoted), name="policy-version"),
+        ]
+        if not await s.state.ping():
+            log.warning("shared state unreachable at startup: running degraded (see /readyz)")
         log.info("router ready: policy %s (%d models), store %s", s.policy.source, len(s.catalog.backends),
                  s.settings.store.split("://", 1)[0])  # fmt: skip
         try:
             yield
         finally:
             s.draining = True
-            watching.cancel()
+            for task in watching:
+                task.cancel()
             await s.writer.close(s.settings.drain_timeout)
             await s.tasks.drain(s.settings.drain_timeout)
             await s.upstream.close()
             await s.store.close()
+            await s.state.aclose()
 
     app = FastAPI(title="router", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = s

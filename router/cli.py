@@ -17,7 +17,8 @@ def _settings(args: argparse.Namespace) -> Any:
     from router.settings import Settings
 
     given = {k: v for k, v in {"config": args.config, "host": args.host, "port": args.port,
-                               "store": args.store}.items() if v is not None}  # fmt: skip
+                               "store": args.store, "redis_url": getattr(args, "redis", None)}.items()
+             if v is not None}  # fmt: skip
     return Settings(**given)
 
 
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--host", help="bind address (env ROUTER_HOST; default 127.0.0.1)")
         sp.add_argument("--port", type=int, help="port (env ROUTER_PORT; default 8080)")
         sp.add_argument("--store", help="log store URL (env ROUTER_STORE; default sqlite:///router.db)")
+        sp.add_argument("--redis", help="shared state for replicas (env ROUTER_REDIS_URL; default: in-process)")
 
     serve = sub.add_parser("serve", help="run the proxy")
     common(serve)
@@ -148,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     window(tasks)
     tasks.add_argument("--task", help="only this task id")
     tasks.set_defaults(func=cmd_tasks)
+
+    from router.keys import add_parser as add_keys
+
+    add_keys(sub, os.environ.get("ROUTER_STORE", "sqlite:///router.db"))
     return p
 
 

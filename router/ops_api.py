@@ -45,7 +45,7 @@ def register_ops(app: FastAPI, s: Services) -> None:
     @app.get("/v1/tasks/{task_id:path}", tags=["ops"])
     async def task(task_id: str, request: Request) -> Response:
         try:
-            s.auth.check(request)
+            await s.auth.check(request, master_only=True)
             ledger = await load_task(s.store, task_id)
             if ledger is None:
                 raise TaskNotFound(task_id)

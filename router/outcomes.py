@@ -49,7 +49,7 @@ class TaskNotFound(RouterError):
 
 async def post_outcome(request: Request, s: Services) -> Response:
     try:
-        s.auth.check(request)
+        await s.auth.check(request)
         body = load_json(await request.body())
         try:
             out = OutcomeIn.model_validate(body)

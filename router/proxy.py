@@ -17,13 +17,14 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from router import accounting, features, taskcontext, tasks
+from router import accounting, admission, features, taskcontext, tasks
 from router.errors import PayloadTooLarge, RouterError, UpstreamError
 from router.execute import CommittedStream, Execution
 from router.policy.decide import Decision
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
 from router.protocols.openai_chat import is_usage_only
 from router.store.records import RequestRecord
+from router.state import Reservation
 from router.tasktracker import TaskState
 from router.timing import Phases
 
@@ -67,18 +68,22 @@ class Proxy:
         rec.client = (request.headers.get("user-agent") or "")[:64] or None
         headers: dict[str, str] = {}
         state: TaskState | None = None
+        held: Reservation | None = None
         try:
-            self.s.auth.check(request)
+            principal = await self.s.auth.check(request)
+            rec.key_id = principal.key_id
             raw = await read_body(request, self.s.settings.max_body_bytes)
             req = wire.parse(raw)
+            principal.authorize_model(req.model)
             headers = rule_headers(request.headers)
-            decision, state = self.decide(req, request, headers, rec)
+            decision, state = await self.decide(req, request, headers, rec)
+            held = await admission.admit(self.s, principal, rec, decision)
             phases.decide()
             ex = Execution()
             if req.stream:
                 committed = await self.s.executor.open_stream(req, decision, headers, phases, ex)
                 _record_tries(rec, ex)
-                return self._stream(wire, req, committed, phases, rec, state)
+                return self._stream(wire, req, committed, phases, rec, state, held)
             try:
                 obj = await self.s.executor.complete(req, decision, headers, phases, ex)
             finally:
@@ -99,9 +104,9 @@ class Proxy:
         finally:
             if not rec.stream or rec.status != 200:
                 phases.finish()
-                self._finish(rec, phases, state)
+                self._finish(rec, phases, state, held)
 
-    def decide(
+    async def decide(
         self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord
     ) -> tuple[Decision, TaskState]:
         key_hash = tasks.client_key_hash(
@@ -119,7 +124,7 @@ class Proxy:
             rec.prompt = orjson.dumps({"system": req.system, "messages": req.messages}).decode()
         feats = features.extract(req, self.s.counter, headers)
         rec.prompt_tokens_est = feats.prompt_tokens
-        state = taskcontext.enter(self.s, req, feats, rec, request.headers.get("x-router-attempt"))
+        state = await taskcontext.enter(self.s, req, feats, rec, request.headers.get("x-router-attempt"))
         decision = self.s.decider.decide(feats)
         rec.decision_id = decision.decision_id
         rec.policy = decision.policy
@@ -134,6 +139,7 @@ class Proxy:
     def _stream(
         self, wire: Wire, req: ClientRequest, c: CommittedStream, phases: Phases, rec: RequestRecord,
         state: TaskState,
+        held: Reservation | None,
     ) -> StreamingResponse:  # fmt: skip
         hide_usage = req.protocol == OPENAI_CHAT and not req.include_usage
         rec.status = 200
@@ -166,7 +172,7 @@ class Proxy:
                 c.release()
                 phases.finish()
                 self._account(rec, c.observer.usage, content_events)
-                self._finish(rec, phases, state)
+                self._finish(rec, phases, state, held)
 
         return StreamingResponse(body(), media_type="text/event-stream", headers=_route_headers(rec))
 
@@ -193,9 +199,13 @@ class Proxy:
             headers["retry-after"] = str(int(retry_after + 0.999))
         return Response(orjson.dumps(wire.error_body(err)), err.status, headers, "application/json")
 
-    def _finish(self, rec: RequestRecord, phases: Phases, state: TaskState | None) -> None:
+    def _finish(
+        self, rec: RequestRecord, phases: Phases, state: TaskState | None, held: Reservation | None
+    ) -> None:
         if state is not None:
             taskcontext.served(self.s, state, rec)
+        if held is not None:
+            self.s.tasks.spawn(admission.settle(self.s, held, rec.cost_usd), name="settle-budget")
         for name, value in phases.summary().items():
             setattr(rec, name, value)
         self.s.writer.submit(rec)

@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     store: str = "sqlite:///router.db"
+    #: Shared state for several replicas (pins, budgets, rate limits, breakers, policy version).
+    #: Unset: everything lives in this process (the embedded default).
+    redis_url: str | None = None
+    redis_prefix: str = "router:"
     #: Requests with a larger body are refused with 413 before parsing.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     #: Store prompt text in the log. Off unless the operator opts in.

@@ -47,13 +47,22 @@ def _system_text(system: object) -> str:
     return text_of(system)
 
 
-def enter(
+async def enter(
     s: Services, req: ClientRequest, feats: Features, rec: RequestRecord, attempt_header: str | None
 ) -> TaskState:
     assert rec.task_id is not None
     policy = s.decider.policy
     state = s.tracker.begin(rec.task_id, req, attempt_header)
     side = is_side_call(req, policy.spec.tasks.side_call_max_tokens)
+    if not side and state.pinned is None:
+        # Another replica may have started this task: its pin and warm prefix are shared.
+        pin = await s.state.sessions.pin(rec.task_id)
+        if pin is not None:
+            state.pinned = pin.model
+        warm = await s.state.sessions.warm(rec.task_id)
+        if warm is not None and state.warm_model is None:
+            state.warm_model, state.warm_until = warm.model, warm.until
+            state.warm_tokens = feats.prompt_tokens
     rec.attempt, rec.side_call = state.attempt, side
     if state.vector is None and not side:
         state.vector = vector_for(req, feats.headers.get("x-router-repo"))
@@ -89,11 +98,17 @@ def enter(
 
 
 def served(s: Services, state: TaskState, rec: RequestRecord) -> None:
-    if rec.chosen_model is None or rec.status != 200:
+    if rec.chosen_model is None or rec.status != 200 or rec.side_call or rec.task_id is None:
         return
     backend = s.catalog[rec.chosen_model]
-    s.tracker.served(state, backend.id, rec.input_tokens or rec.prompt_tokens_est or 0, backend.cache_ttl_s,
-                     rec.side_call)  # fmt: skip
+    s.tracker.served(state, backend.id, rec.input_tokens or rec.prompt_tokens_est or 0, backend.cache_ttl_s, False)
+    s.tasks.spawn(_share(s, rec.task_id, backend.id, backend.cache_ttl_s), name="share-pin")
+
+
+async def _share(s: Services, task_id: str, model: str, cache_ttl_s: float) -> None:
+    """Tell the other replicas where this task is pinned and where its prefix is warm."""
+    await s.state.sessions.set_pin(task_id, model, s.decider.policy.spec.tasks.abandon_after_s)
+    await s.state.sessions.mark_warm(task_id, model, cache_ttl_s)
 
 
 def preview_task(s: Services, req: ClientRequest, feats: Features) -> None:

@@ -158,6 +158,7 @@ def test_columns_follow_the_records() -> None:
             "n_tools",
             "prompt",
             "task_features",
+            "key_id",
         ]
     )
 

@@ -1,0 +1,133 @@
+"""Virtual keys through a running router: 401/403 in each protocol's shape, the key id in the log."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from router.app import Services
+from router.auth import Auth
+from router.cli import main
+from router.fakeupstream import FakeUpstream
+from router.store.postgres import PostgresStore
+from tests.integration.conftest import RunningRouter, local_policy
+from tests.integration.test_store_postgres import pg_url  # noqa: F401 - the fixture
+from tests.unit.test_keys import check_keys
+
+pytestmark = pytest.mark.integration
+
+MASTER = "master-key-for-tests-0123456789"
+BODIES = {
+    "/v1/chat/completions": {"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/messages": {"model": "claude-x", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/responses": {"model": "auto", "input": "hi"},
+}
+
+
+def create_key(router: RunningRouter, capsys: pytest.CaptureFixture[str], *flags: str) -> dict[str, Any]:
+    assert main(["keys", "create", "--store", f"sqlite:///{router.db_path}", "--json", *flags]) == 0
+    made: dict[str, Any] = orjson.loads(capsys.readouterr().out)
+    return made
+
+
+def error_type(path: str, r: httpx.Response) -> str:
+    body = r.json()
+    if path == "/v1/messages":
+        assert body["type"] == "error"
+    kind: str = body["error"]["type"]
+    return kind
+
+
+def short_ttl(s: Services) -> None:
+    s.auth = Auth(s.settings.master_key, s.store, ttl=0.2)
+
+
+@pytest.fixture
+def closed(router_factory: Callable[..., RunningRouter], upstream: FakeUpstream) -> RunningRouter:
+    return router_factory(local_policy(upstream.url), master_key=MASTER, services_hook=short_ttl)
+
+
+@pytest.mark.parametrize("path", list(BODIES))
+def test_keys_in_every_protocol(
+    closed: RunningRouter, capsys: pytest.CaptureFixture[str], path: str
+) -> None:
+    made = create_key(closed, capsys, "--name", "agent")
+    limited = create_key(closed, capsys, "--name", "nano-only", "--models", "local-nano")
+    with httpx.Client(base_url=closed.url, timeout=20) as c:
+        body = BODIES[path]
+        r = c.post(path, json=body)
+        assert r.status_code == 401 and error_type(path, r) == "authentication_error"
+        r = c.post(path, json=body, headers={"authorization": "Bearer " + made["key"][:-1] + "A"})
+        assert r.status_code == 401 and made["key"][:-1] not in r.text
+        r = c.post(path, json=body, headers={"x-api-key": MASTER})
+        assert r.status_code == 200, r.text
+        r = c.post(path, json=body, headers={"authorization": "Bearer " + made["key"]})
+        assert r.status_code == 200, r.text
+        rid = r.headers["x-request-id"]
+        r = c.post(path, json=body, headers={"x-api-key": limited["key"]})
+        assert r.status_code == 403 and error_type(path, r) == "permission_error"
+        assert limited["key"] not in r.text
+        r = c.post(path, json={**body, "model": "local-nano"}, headers={"x-api-key": limited["key"]})
+        assert r.status_code == 200, r.text
+    rows = {row["request_id"]: row for row in closed.records(6)}
+    assert rows[rid]["key_id"] == made["key_id"] and rows[rid]["status"] == 200
+    assert {row["key_id"] for row in rows.values()} >= {None, made["key_id"], limited["key_id"]}
+
+
+def test_revocation_takes_effect_within_the_ttl(closed: RunningRouter, capsys: pytest.CaptureFixture[str]) -> None:
+    made = create_key(closed, capsys, "--name", "soon-revoked")
+    headers = {"authorization": "Bearer " + made["key"]}
+    with httpx.Client(base_url=closed.url, timeout=20) as c:
+        assert c.post("/v1/chat/completions", json=BODIES["/v1/chat/completions"], headers=headers).is_success
+        assert main(["keys", "revoke", made["key_id"], "--store", f"sqlite:///{closed.db_path}"]) == 0
+        capsys.readouterr()
+        import time
+
+        time.sleep(0.3)
+        r = c.post("/v1/chat/completions", json=BODIES["/v1/chat/completions"], headers=headers)
+        assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
+def test_management_endpoints_need_the_master_key(
+    closed: RunningRouter, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = create_key(closed, capsys, "--name", "agent")
+    with httpx.Client(base_url=closed.url, timeout=20) as c:
+        r = c.post("/v1/chat/completions", json=BODIES["/v1/chat/completions"],
+                   headers={"x-api-key": made["key"], "x-router-task-id": "task-keys"})  # fmt: skip
+        assert r.is_success
+        closed.records(1)
+        assert c.get("/v1/tasks/task-keys", headers={"x-api-key": made["key"]}).status_code == 403
+        assert c.get("/v1/tasks/task-keys").status_code == 401
+        assert c.get("/v1/tasks/task-keys", headers={"x-api-key": MASTER}).status_code == 200
+        # The other authenticated endpoints take virtual keys.
+        assert c.post("/v1/route", json=BODIES["/v1/chat/completions"]).status_code == 401
+        assert c.post("/v1/route", json=BODIES["/v1/chat/completions"], headers={"x-api-key": made["key"]}).is_success
+        count = {"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}
+        assert c.post("/v1/messages/count_tokens", json=count).status_code == 401
+        assert c.post("/v1/messages/count_tokens", json=count, headers={"x-api-key": made["key"]}).is_success
+
+
+def test_startup_names_the_mode(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="router.auth")
+    router_factory(local_policy(upstream.url))
+    router_factory(local_policy(upstream.url), master_key=MASTER)
+    text = caplog.text
+    assert "OPEN MODE" in text and "master key mode" in text
+    assert MASTER not in text
+
+
+async def test_postgres_keys_table(pg_url: str) -> None:  # noqa: F811 - the fixture
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        await check_keys(store)
+    finally:
+        await store.close()

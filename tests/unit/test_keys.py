@@ -1,0 +1,329 @@
+"""Virtual keys: format, hashing, the store's keys table, ``Auth`` modes and caching, the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import SecretStr
+from starlette.requests import Request
+
+from router import keys
+from router.auth import MASTER, OPEN, Auth, Principal
+from router.cli import main
+from router.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
+from router.store import KeyRecord, Store, StoreDataError, schema
+from router.store.sqlite import SQLiteStore
+
+
+def request(key: str | None = None, header: str = "authorization") -> Request:
+    headers = []
+    if key is not None:
+        value = f"Bearer {key}" if header == "authorization" else key
+        headers.append((header.encode(), value.encode("latin-1")))
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": headers})
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    s = SQLiteStore(str(tmp_path / "keys.db"))
+    await s.open()
+    yield s
+    await s.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Spy:
+    """A store wrapper counting key lookups; ``fail`` makes them raise."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.lookups = 0
+        self.lists = 0
+        self.fail = False
+
+    async def get_key_by_hash(self, key_hash: str) -> KeyRecord | None:
+        self.lookups += 1
+        if self.fail:
+            raise ConnectionError("database is down")
+        return await self.inner.get_key_by_hash(key_hash)
+
+    async def list_keys(self) -> list[KeyRecord]:
+        self.lists += 1
+        return await self.inner.list_keys()
+
+
+# --- format and hash --------------------------------------------------------------------------
+
+
+def test_generated_keys_have_the_documented_format() -> None:
+    made = {keys.generate_key() for _ in range(200)}
+    assert len(made) == 200
+    for key in made:
+        assert key.startswith("rk-") and len(key) == keys.KEY_LENGTH == 43
+        assert keys.looks_like_key(key)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "rk-",
+        "rk-" + "a" * 39,
+        "rk-" + "a" * 41,
+        "sk-" + "a" * 40,
+        "RK-" + "a" * 40,
+        "rk-" + "a" * 39 + "=",
+        "rk-" + "a" * 39 + "é",
+        "rk-" + "a" * 39 + "\n",
+        "rk-" + "a" * 20 + "' OR '1'='1" + "a" * 9,
+    ],
+)
+def test_malformed_keys_fail_the_format_check(text: str) -> None:
+    assert not keys.looks_like_key(text)
+
+
+def test_the_hash_is_plain_sha256_of_the_whole_key() -> None:
+    key, rec = keys.new_key("ci", budget_usd=2.5, rpm=10, tpm=1000, models=["auto"], now=5.0)
+    assert rec.key_hash == hashlib.sha256(key.encode()).hexdigest() == keys.hash_key(key)
+    assert rec.prefix == key[: keys.DISPLAY_CHARS] and rec.key_id.startswith("key_")
+    assert key not in repr(rec) and rec.created_at == 5.0 and rec.revoked_at is None
+
+
+# --- store ------------------------------------------------------------------------------------
+
+
+async def check_keys(store: Store) -> None:
+    """Shared with the PostgreSQL integration test."""
+    assert await store.list_keys() == []
+    k1, r1 = keys.new_key("alice", budget_usd=5.0, rpm=60, tpm=10_000, models=["auto", "claude-*"], now=1.0)
+    k2, r2 = keys.new_key("bob", now=2.0)
+    await store.create_key(r1)
+    await store.create_key(r2)
+    assert await store.get_key_by_hash(keys.hash_key(k1)) == r1
+    assert await store.get_key_by_hash(keys.hash_key(k2)) == r2
+    assert await store.get_key_by_hash(keys.hash_key(keys.generate_key())) is None
+    assert await store.get_key_by_hash("' OR '1'='1") is None
+    assert [k.key_id for k in await store.list_keys()] == [r1.key_id, r2.key_id]
+    assert await store.revoke_key(r1.key_id, 9.0) is True
+    assert await store.revoke_key(r1.key_id, 10.0) is False  # the first revocation time stays
+    assert await store.revoke_key("key_nope", 10.0) is False
+    got = await store.get_key_by_hash(r1.key_hash)
+    assert got is not None and got.revoked_at == 9.0 and got.models == ["auto", "claude-*"]
+    with pytest.raises(StoreDataError):
+        await store.create_key(r2)  # same id
+    dup_hash = KeyRecord("key_other", r2.key_hash, "rk-x", "dup", 3.0)
+    with pytest.raises(StoreDataError):
+        await store.create_key(dup_hash)
+    assert len(await store.list_keys()) == 2
+
+
+async def test_keys_table(store: SQLiteStore) -> None:
+    await check_keys(store)
+
+
+async def test_a_version_2_database_gains_the_keys_table(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(schema.version_table_ddl("sqlite"))
+        for version, stmts in schema.migrations("sqlite")[:2]:
+            for stmt in stmts:
+                conn.execute(stmt)
+            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
+        conn.execute("INSERT INTO requests (request_id, ts) VALUES ('old', 1.0)")
+    s = SQLiteStore(str(path))
+    await s.open()
+    try:
+        assert (await s.get_request("old") or {})["key_id"] is None
+        await check_keys(s)
+    finally:
+        await s.close()
+
+
+# --- Auth -------------------------------------------------------------------------------------
+
+
+async def test_open_mode_without_master_key_or_keys(store: SQLiteStore) -> None:
+    auth = Auth(None, store)
+    await auth.start()
+    assert auth.open and auth.mode == "open"
+    assert await auth.check(request()) is OPEN
+    assert await auth.check(request("anything at all")) is OPEN
+    assert await auth.check(request(), master_only=True) is OPEN
+
+
+async def test_an_empty_master_key_is_no_master_key(store: SQLiteStore) -> None:
+    auth = Auth(SecretStr(""), store)
+    await auth.start()
+    assert auth.open
+
+
+async def test_creating_a_key_ends_open_mode_within_the_ttl(store: SQLiteStore) -> None:
+    clock = Clock()
+    spy = Spy(store)
+    auth = Auth(None, spy, ttl=30, clock=clock)  # type: ignore[arg-type]
+    await auth.start()
+    key, rec = keys.new_key("late")
+    await store.create_key(rec)
+    assert await auth.check(request()) is OPEN  # not re-read yet
+    clock.now += 31
+    with pytest.raises(AuthenticationFailed):
+        await auth.check(request())
+    assert not auth.open and auth.mode == "virtual keys"
+    assert (await auth.check(request(key))).key_id == rec.key_id
+    # Revoking every key does not reopen the router.
+    await store.revoke_key(rec.key_id, 1.0)
+    clock.now += 31
+    with pytest.raises(AuthenticationFailed):
+        await auth.check(request(key))
+    assert not auth.open
+
+
+async def test_master_key_mode(store: SQLiteStore) -> None:
+    auth = Auth(SecretStr("the-master-key"), store)
+    await auth.start()
+    assert auth.mode == "master key"
+    assert await auth.check(request("the-master-key")) is MASTER
+    assert await auth.check(request("the-master-key", header="x-api-key"), master_only=True) is MASTER
+    for bad in (None, "the-master-ke", "the-master-keyX", "x" * 300, "Bearer the-master-key"):
+        with pytest.raises(AuthenticationFailed) as err:
+            await auth.check(request(bad))
+        assert (bad or "\0") not in err.value.message
+
+
+async def test_virtual_keys_carry_their_limits(store: SQLiteStore) -> None:
+    key, rec = keys.new_key("alice", budget_usd=5.0, rpm=60, tpm=1000, models=["auto", "claude-*"])
+    await store.create_key(rec)
+    auth = Auth(SecretStr("m"), store)
+    await auth.start()
+    p = await auth.check(request(key, header="x-api-key"))
+    assert p == Principal(rec.key_id, "alice", 5.0, 60, 1000, ("auto", "claude-*"))
+    p.authorize_model("auto")
+    p.authorize_model("claude-sonnet-4")
+    with pytest.raises(PermissionDenied) as err:
+        p.authorize_model("local-large")
+    assert err.value.status == 403 and key not in err.value.message
+    with pytest.raises(PermissionDenied):
+        await auth.check(request(key), master_only=True)
+    MASTER.authorize_model("anything")
+    OPEN.authorize_model("anything")
+
+
+async def test_malformed_keys_never_reach_the_store(store: SQLiteStore) -> None:
+    key, rec = keys.new_key("k")
+    await store.create_key(rec)
+    spy = Spy(store)
+    auth = Auth(None, spy)  # type: ignore[arg-type]
+    await auth.start()
+    hostile = [
+        "' OR '1'='1",
+        "rk-' OR 1=1; DROP TABLE keys; --aaaaaaaaaa",
+        key[:-1] + "'",
+        key + "a",
+        "rk-" + "a" * 5000,
+        "\x00" * 43,
+    ]
+    for bad in hostile:
+        with pytest.raises(AuthenticationFailed):
+            await auth.check(request(bad))
+    assert spy.lookups == 0
+    assert len(await store.list_keys()) == 1
+
+
+async def test_lookups_are_cached_for_the_ttl_and_bounded(store: SQLiteStore) -> None:
+    key, rec = keys.new_key("k")
+    await store.create_key(rec)
+    clock = Clock()
+    spy = Spy(store)
+    auth = Auth(None, spy, ttl=30, cache_size=3, clock=clock)  # type: ignore[arg-type]
+    await auth.start()
+    for _ in range(5):
+        await auth.check(request(key))
+    assert spy.lookups == 1
+    unknown = keys.generate_key()
+    for _ in range(3):
+        with pytest.raises(AuthenticationFailed):
+            await auth.check(request(unknown))
+    assert spy.lookups == 2  # misses are cached too
+    await store.revoke_key(rec.key_id, 1.0)
+    await auth.check(request(key))  # still cached
+    clock.now += 30
+    with pytest.raises(AuthenticationFailed) as err:
+        await auth.check(request(key))
+    assert "revoked" in err.value.message
+    for _ in range(10):
+        with pytest.raises(AuthenticationFailed):
+            await auth.check(request(keys.generate_key()))
+    assert len(auth._cache) == 3
+
+
+async def test_a_store_outage_is_a_503_not_a_pass(store: SQLiteStore) -> None:
+    key, rec = keys.new_key("k")
+    await store.create_key(rec)
+    spy = Spy(store)
+    auth = Auth(None, spy)  # type: ignore[arg-type]
+    await auth.start()
+    spy.fail = True
+    with pytest.raises(ServiceUnavailable):
+        await auth.check(request(key))
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    code, out, _ = run_cli(capsys, "keys", "create", "--name", "ci bot", "--budget", "12.5", "--rpm", "30",
+                           "--tpm", "9000", "--models", "auto, claude-*", "--store", url, "--json")  # fmt: skip
+    assert code == 0
+    made: dict[str, Any] = orjson.loads(out)
+    key = made["key"]
+    assert keys.looks_like_key(key)
+    assert made["models"] == ["auto", "claude-*"] and made["budget_usd"] == 12.5 and made["rpm"] == 30
+    code, out, _ = run_cli(capsys, "keys", "create", "--name", "plain", "--store", url)
+    assert code == 0 and "key: rk-" in out and "only time" in out
+    code, out, _ = run_cli(capsys, "keys", "list", "--store", url)
+    assert code == 0 and "ci bot" in out and "plain" in out and key not in out
+    assert keys.hash_key(key) not in out
+    code, out, _ = run_cli(capsys, "keys", "list", "--store", url, "--json")
+    listed = orjson.loads(out)
+    assert [k["name"] for k in listed] == ["ci bot", "plain"] and all("key_hash" not in k for k in listed)
+    code, out, _ = run_cli(capsys, "keys", "revoke", made["key_id"], "--store", url)
+    assert code == 0 and "revoked" in out
+    code, _, err = run_cli(capsys, "keys", "revoke", made["key_id"], "--store", url)
+    assert code == 1 and "already revoked" in err
+    code, _, err = run_cli(capsys, "keys", "revoke", "key_nope", "--store", url)
+    assert code == 1 and "no such key" in err
+    code, out, _ = run_cli(capsys, "keys", "list", "--store", url, "--json")
+    assert orjson.loads(out)[0]["revoked"] is not None
+    with sqlite3.connect(tmp_path / "cli.db") as conn:
+        dump = "\n".join(conn.iterdump())
+    assert key not in dump and keys.hash_key(key) in dump
+
+
+@pytest.mark.parametrize(
+    "flags", [["--rpm", "0"], ["--budget", "-1"], ["--budget", "nan"], ["--models", ","], ["--name", ""]]
+)
+def test_cli_refuses_bad_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
+    argv = ["keys", "create", "--name", "x", *flags, "--store", f"sqlite:///{tmp_path / 'c.db'}"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
