@@ -10,16 +10,19 @@ counts instead (the state layer counts each such fail-open).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from router.auth import Principal
 from router.errors import RateLimited
 from router.policy.decide import Decision
-from router.state import Reservation
+from router.state import Reservation, StateUnavailable
 from router.store.records import RequestRecord
 
 if TYPE_CHECKING:
     from router.app import Services
+
+log = logging.getLogger("router.admission")
 
 
 async def admit(s: Services, principal: Principal, rec: RequestRecord, decision: Decision) -> Reservation | None:
@@ -47,4 +50,8 @@ async def admit(s: Services, principal: Principal, rec: RequestRecord, decision:
 
 async def settle(s: Services, reservation: Reservation, actual_usd: float | None) -> None:
     """Turn the hold into spend (a failed request spends what it used, usually nothing)."""
-    await s.state.budgets.settle(reservation, actual_usd or 0.0)
+    try:
+        await s.state.budgets.settle(reservation, actual_usd or 0.0)
+    except StateUnavailable as exc:
+        # The hold expires by itself; the log keeps the real cost. Nothing to fail here.
+        log.warning("budget settle skipped (%s): reservation %s expires on its own", exc.reason, reservation.id)

@@ -123,13 +123,14 @@ def register(app: FastAPI, s: Services) -> None:
         # A degraded replica still serves: the log buffers while its store is down, and pins and
         # rate limits fall back to local state while Redis is (budgets refuse with 503 meanwhile).
         store_ok = await s.store.ping()
-        state_ok = not s.state.degraded and await s.state.ping()
+        state_ok = await s.state.ping()
         body = {
             "status": "ok" if store_ok and state_ok else "degraded",
             "store": store_ok,
             "shared_state": state_ok,
             "log_buffered": s.writer.buffered,
             "state_fail_open": dict(s.state.fail_open_counts),
+            "state_error": None if state_ok else s.state.last_error,
             "policy": s.policy.name,
             "scorer": s.decider.scorer.name,
         }

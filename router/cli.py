@@ -65,7 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_promote(args: argparse.Namespace) -> int:
     from router.training.commands import promote
 
-    sha = promote(args.artifact, args.config)
+    sha = promote(args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"))
     print(
         f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second"
     )
@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("promote", help="pin a trained artifact in a policy file (routers reload it)")
     pr.add_argument("artifact")
     pr.add_argument("--config", required=True)
+    pr.add_argument("--redis", help="also tell every replica sharing this Redis (env ROUTER_REDIS_URL)")
     pr.set_defaults(func=cmd_promote)
 
     demo = sub.add_parser("demo", help="local upstream + router + example requests, end to end")

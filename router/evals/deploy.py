@@ -107,11 +107,16 @@ def log_records(
                 requested_model=REQUESTED_MODEL, chosen_model=m, status=200, cost_usd=o.cost,
                 propensity=1.0 / len(models), candidates=candidates, task_features=vec,
             )  # fmt: skip
-            requests.append(dataclasses.asdict(rec))
+            requests.append(_row(rec, RequestRecord.columns()))
             out = OutcomeRecord(task_id=session, attempt=1, success=o.resolved, score=None,
                                 source="explicit", details=None, ts=ts + 0.5, explicit=True)  # fmt: skip
-            outcomes.append(dataclasses.asdict(out))
+            outcomes.append(_row(out, OutcomeRecord.columns()))
     return requests, outcomes
+
+
+def _row(record: object, columns: tuple[str, ...]) -> dict[str, Any]:
+    # A shallow dict, as the store returns rows (``asdict`` would deep-copy every shared list).
+    return {c: getattr(record, c) for c in columns}
 
 
 def train(data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival]) -> bytes:

@@ -10,7 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from router.errors import BadRequest, RouterError
 from router.protocols.common import (
     ANTHROPIC,
+    MAX_TOKENS_CAP,
     ClientRequest,
+    Flag,
+    MaxTokens,
     Usage,
     allow,
     has_image,
@@ -18,6 +21,7 @@ from router.protocols.common import (
     text_of,
     validation_message,
 )
+from router.protocols.toolschema import check_schema
 
 #: Fields a provider may receive. ``context_management`` and ``output_config`` are what Claude
 #: Code sends with beta headers; ``mcp_servers`` is left out on purpose: it makes the provider
@@ -29,9 +33,6 @@ ALLOWED = frozenset(
         "context_management", "output_config",
     }
 )  # fmt: skip
-
-MAX_TOKENS_CAP = 10_000_000
-
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -56,12 +57,12 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: Annotated[str, Field(min_length=1, max_length=256)]
     messages: Annotated[list[_Message], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP)]
+    max_tokens: MaxTokens
     system: str | list[dict[str, Any]] | None = None
-    stream: bool | None = False
+    stream: Flag | None = False
     tools: list[_Tool] | None = None
-    temperature: Annotated[float, Field(ge=0, le=1)] | None = None
-    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=1, strict=True)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1, strict=True)] | None = None
     thinking: _Thinking | None = None
     metadata: dict[str, Any] | None = None
 
@@ -74,6 +75,9 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         req = _Request.model_validate(body)
     except ValidationError as exc:
         raise BadRequest(validation_message(exc)) from None
+    for i, tool in enumerate(req.tools or ()):
+        if tool.input_schema is not None:
+            check_schema(tool.input_schema, f"tools[{i}].input_schema")
     messages = body["messages"]
     first_user = next((m for m in messages if m.get("role") == "user"), None)
     thinking = req.thinking is not None and req.thinking.type != "disabled"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from router.errors import BadRequest
 
@@ -22,6 +22,12 @@ OPENAI_RESPONSES = "openai_responses"
 
 #: The backend protocol family that can take each client protocol without translation.
 FAMILY = {OPENAI_CHAT: "openai", ANTHROPIC: "anthropic", OPENAI_RESPONSES: "openai_responses"}
+
+MAX_TOKENS_CAP = 10_000_000
+# Strict: the body is forwarded as the client sent it, so a value the router reads as a number
+# or a flag must already be one ("1000" or true for max_tokens would reach the provider as such).
+MaxTokens = Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP, strict=True)]
+Flag = Annotated[bool, Field(strict=True)]
 
 
 @dataclass(slots=True)
@@ -88,6 +94,12 @@ def load_json(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc.args[0]}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    try:
+        # The body is encoded again on its way to a provider, and orjson writes at most 255 levels
+        # (it reads 1024): a deeper body is refused here, not with a 500 at forwarding time.
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        raise BadRequest("request body is nested too deeply (at most 255 levels of arrays and objects)") from None
     return body
 
 

@@ -9,8 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from router.errors import BadRequest, RouterError
 from router.protocols.common import (
+    MAX_TOKENS_CAP,
     OPENAI_CHAT,
     ClientRequest,
+    Flag,
+    MaxTokens,
     Usage,
     allow,
     has_image,
@@ -18,6 +21,7 @@ from router.protocols.common import (
     text_of,
     validation_message,
 )
+from router.protocols.toolschema import check_schema
 
 #: Fields a provider may receive. Anything else a client sends is dropped, never forwarded.
 ALLOWED = frozenset(
@@ -29,9 +33,6 @@ ALLOWED = frozenset(
         "prompt_cache_key", "verbosity", "metadata", "store",
     }
 )  # fmt: skip
-
-MAX_TOKENS_CAP = 10_000_000
-
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -55,15 +56,15 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: Annotated[str, Field(min_length=1, max_length=256)]
     messages: Annotated[list[_Message], Field(min_length=1)]
-    stream: bool | None = False
+    stream: Flag | None = False
     tools: list[_Tool] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    max_tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP)] | None = None
-    max_completion_tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, strict=True)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1, strict=True)] | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     reasoning_effort: str | None = None
     stream_options: dict[str, Any] | None = None
-    n: Annotated[int, Field(ge=1, le=1)] | None = None
+    n: Annotated[int, Field(ge=1, le=1, strict=True)] | None = None
 
 
 def parse(raw: bytes) -> ClientRequest:
@@ -72,6 +73,12 @@ def parse(raw: bytes) -> ClientRequest:
         req = _Request.model_validate(body)
     except ValidationError as exc:
         raise BadRequest(validation_message(exc)) from None
+    for i, tool in enumerate(req.tools or ()):
+        if tool.type == "function":
+            if tool.function is None:
+                raise BadRequest(f"tools[{i}].function: a function tool needs its function", param="tools")
+            if tool.function.parameters is not None:
+                check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
     messages = body["messages"]
     system = [m.get("content") for m in messages if m.get("role") in ("system", "developer")]
     first_user = next((m for m in messages if m.get("role") == "user"), None)

@@ -13,8 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from router.errors import BadRequest, RouterError
 from router.protocols.common import (
+    MAX_TOKENS_CAP,
     OPENAI_RESPONSES,
     ClientRequest,
+    Flag,
+    MaxTokens,
     Usage,
     allow,
     has_image,
@@ -22,6 +25,7 @@ from router.protocols.common import (
     text_of,
     validation_message,
 )
+from router.protocols.toolschema import check_responses_tools
 
 ALLOWED = frozenset(
     {
@@ -30,9 +34,6 @@ ALLOWED = frozenset(
         "prompt_cache_key", "truncation", "user", "metadata", "service_tier",
     }
 )  # fmt: skip
-
-MAX_TOKENS_CAP = 10_000_000
-
 
 class _Reasoning(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -44,11 +45,11 @@ class _Request(BaseModel):
     model: Annotated[str, Field(min_length=1, max_length=256)]
     input: str | Annotated[list[dict[str, Any]], Field(min_length=1)]
     instructions: str | None = None
-    stream: bool | None = False
+    stream: Flag | None = False
     tools: list[dict[str, Any]] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    max_output_tokens: Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2, strict=True)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1, strict=True)] | None = None
+    max_output_tokens: MaxTokens | None = None
     reasoning: _Reasoning | None = None
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
@@ -65,6 +66,7 @@ def parse(raw: bytes) -> ClientRequest:
             "previous_response_id is not supported: this router keeps no responses (stateless mode); "
             "send the whole conversation in input with store: false",
         )
+    check_responses_tools(req.tools)
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else body["input"]
     first_user = next((i for i in items if i.get("role") == "user"), None)
     effort = req.reasoning.effort if req.reasoning else None

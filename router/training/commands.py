@@ -18,6 +18,7 @@ from rich.table import Table
 from router.errors import ConfigError
 from router.policy.config import Policy, load_policy
 from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.state import StateConfig, open_state
 from router.store import open_store
 from router.training import dataset, offpolicy
 from router.training.fit import fit
@@ -122,7 +123,7 @@ def _ci(ci: list[float | None], f: str) -> str:
 _LEARNED_BLOCK = re.compile(r"^learned:\n(?:[ \t]+.*\n?)*", re.MULTILINE)
 
 
-def promote(artifact: str, config: str) -> str:
+def promote(artifact: str, config: str, redis_url: str | None = None, redis_prefix: str = "router:") -> str:
     """Pin ``artifact`` in the policy file (path and sha256); running routers pick it up."""
     art = Path(artifact).resolve()
     raw = art.read_bytes()
@@ -151,4 +152,15 @@ def promote(artifact: str, config: str) -> str:
         os.replace(tmp, cfg)
     finally:
         tmp.unlink(missing_ok=True)
+    if redis_url:
+        asyncio.run(_publish(redis_url, redis_prefix, hashlib.sha256(new.encode()).hexdigest()))
     return sha
+
+
+async def _publish(redis_url: str, prefix: str, version: str) -> None:
+    """Tell every replica to reload now (each also polls its files, for when Redis is away)."""
+    state = open_state(redis_url, StateConfig(prefix=prefix))
+    try:
+        await state.policy.publish_version(version)
+    finally:
+        await state.aclose()

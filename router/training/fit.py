@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy import sparse
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
@@ -35,7 +36,7 @@ def fit_model(rows: Sequence[AttemptRow], c: float = 0.5) -> tuple[dict[str, Any
     """Parameters for one model and its out-of-fold probabilities (for calibration metrics)."""
     width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
     y = np.array([r.success for r in rows], dtype=int)
-    x = np.array([taskfeatures.dense(r.vector) for r in rows])
+    x = matrix(rows)
     n, k = len(rows), int(y.sum())
     weights = np.zeros(width)
     platt = (1.0, 0.0)
@@ -54,7 +55,7 @@ def fit_model(rows: Sequence[AttemptRow], c: float = 0.5) -> tuple[dict[str, Any
         weights[0] = _smoothed_logit(k, n)
         oof = np.full(n, 1 / (1 + math.exp(-weights[0])))
     costs = np.array([max(r.cost, 1e-6) for r in rows])
-    dense_numeric = x[:, : len(taskfeatures.NUMERIC)]
+    dense_numeric = x[:, : len(taskfeatures.NUMERIC)].toarray()
     if n >= 3:
         ridge = Ridge(alpha=1.0, fit_intercept=False).fit(dense_numeric, np.log(costs))
         cost_weights = ridge.coef_
@@ -71,6 +72,19 @@ def fit_model(rows: Sequence[AttemptRow], c: float = 0.5) -> tuple[dict[str, Any
         "mean_cost": round(float(costs.mean()), 6),
     }
     return params, oof
+
+
+def matrix(rows: Sequence[AttemptRow]) -> sparse.csr_matrix:
+    """The rows' task vectors as a sparse matrix: the hashed text is sparse, and dense solvers
+    are far slower on it (and oversubscribe BLAS threads on small machines)."""
+    width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+    indptr, indices, values = [0], [], []
+    for r in rows:
+        for i, v in sorted(r.vector.items()):
+            indices.append(i)
+            values.append(v)
+        indptr.append(len(indices))
+    return sparse.csr_matrix((values, indices, indptr), shape=(len(rows), width), dtype=np.float64)
 
 
 def reliability(p: np.ndarray, y: np.ndarray, bins: int = 5) -> list[dict[str, Any]]:

@@ -25,12 +25,20 @@ def get_litellm() -> ModuleType:
     """The configured litellm module (imported on the first call)."""
     # The price map must come from the bundled file: fetching it at import hangs offline.
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    os.environ["MAX_IMAGE_URL_DOWNLOAD_SIZE_MB"] = "0"  # see below
     # Importing litellm points TIKTOKEN_CACHE_DIR at its bundled files; an operator's choice wins.
     tiktoken_dir = os.environ.get("TIKTOKEN_CACHE_DIR")
     import litellm
 
     if tiktoken_dir is not None:
         os.environ["TIKTOKEN_CACHE_DIR"] = tiktoken_dir
+    # The router never fetches a URL a client named. Translating for some backends, litellm would
+    # download http(s) image and file URLs itself (a request from the router's network to any
+    # address); with downloads off such a request fails instead. The constant is read at import,
+    # so it is also set on the module in case litellm was imported before this function ran.
+    from litellm.litellm_core_utils.prompt_templates import image_handling
+
+    image_handling.MAX_IMAGE_URL_DOWNLOAD_SIZE_MB = 0  # type: ignore[misc]
     # Older releases phone home unless told not to; 1.110 only has consent-gated proxy telemetry.
     if hasattr(litellm, "telemetry"):
         litellm.telemetry = False

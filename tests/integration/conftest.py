@@ -76,10 +76,13 @@ def start_router(
     **settings: Any,
 ) -> RunningRouter:
     """``services_hook`` may replace parts of the services (say, telemetry) before the app is built."""
-    config = tmp / "policy.yaml"
-    config.write_text(yaml.safe_dump(policy))
+    config = settings.pop("config", None)  # replicas may share one policy file
+    if config is None:
+        config = tmp / "policy.yaml"
+        config.write_text(yaml.safe_dump(policy))
     db = tmp / "log.db"
-    services = build_services(Settings(config=config, store=f"sqlite:///{db}", **settings))
+    store = settings.pop("store", f"sqlite:///{db}")
+    services = build_services(Settings(config=config, store=store, **settings))
     if services_hook is not None:
         services_hook(services)
     app = create_app(services=services)

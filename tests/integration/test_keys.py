@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,12 +58,13 @@ def test_keys_in_every_protocol(
     closed: RunningRouter, capsys: pytest.CaptureFixture[str], path: str
 ) -> None:
     made = create_key(closed, capsys, "--name", "agent")
-    limited = create_key(closed, capsys, "--name", "nano-only", "--models", "local-nano")
+    limited = create_key(closed, capsys, "--name", "large-only", "--models", "local-large")
     with httpx.Client(base_url=closed.url, timeout=20) as c:
         body = BODIES[path]
         r = c.post(path, json=body)
         assert r.status_code == 401 and error_type(path, r) == "authentication_error"
-        r = c.post(path, json=body, headers={"authorization": "Bearer " + made["key"][:-1] + "A"})
+        wrong = made["key"][:-1] + ("B" if made["key"].endswith("A") else "A")
+        r = c.post(path, json=body, headers={"authorization": "Bearer " + wrong})
         assert r.status_code == 401 and made["key"][:-1] not in r.text
         r = c.post(path, json=body, headers={"x-api-key": MASTER})
         assert r.status_code == 200, r.text
@@ -72,7 +74,7 @@ def test_keys_in_every_protocol(
         r = c.post(path, json=body, headers={"x-api-key": limited["key"]})
         assert r.status_code == 403 and error_type(path, r) == "permission_error"
         assert limited["key"] not in r.text
-        r = c.post(path, json={**body, "model": "local-nano"}, headers={"x-api-key": limited["key"]})
+        r = c.post(path, json={**body, "model": "local-large"}, headers={"x-api-key": limited["key"]})
         assert r.status_code == 200, r.text
     rows = {row["request_id"]: row for row in closed.records(6)}
     assert rows[rid]["key_id"] == made["key_id"] and rows[rid]["status"] == 200
@@ -86,8 +88,6 @@ def test_revocation_takes_effect_within_the_ttl(closed: RunningRouter, capsys: p
         assert c.post("/v1/chat/completions", json=BODIES["/v1/chat/completions"], headers=headers).is_success
         assert main(["keys", "revoke", made["key_id"], "--store", f"sqlite:///{closed.db_path}"]) == 0
         capsys.readouterr()
-        import time
-
         time.sleep(0.3)
         r = c.post("/v1/chat/completions", json=BODIES["/v1/chat/completions"], headers=headers)
         assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]

@@ -1,0 +1,199 @@
+"""Two replicas sharing one Redis and one PostgreSQL, including the fault cases.
+
+Redis and PostgreSQL are the machine's real servers; each test uses its own Redis key prefix and
+its own PostgreSQL schema. Outages are played by a TCP relay in front of the shared server
+(``TcpProxy``), so stopping "Redis" or "PostgreSQL" here never disturbs anything else.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import yaml
+
+from router.fakeupstream import FakeUpstream
+from router.training import dataset
+from router.training.commands import promote
+from router.training.fit import fit
+from tests.integration.conftest import RunningRouter, local_policy
+from tests.integration.tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+REDIS_PORT = int(os.environ.get("ROUTER_TEST_REDIS_PORT", "6379"))
+PG = os.environ.get("ROUTER_TEST_PG_URL", "postgresql://root@127.0.0.1:5432/test")
+CHAT = "/v1/chat/completions"
+
+
+def body(text: str = "hi") -> dict[str, Any]:
+    return {"model": "auto", "messages": [{"role": "user", "content": text}]}
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    yield name
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+def pg_url(schema: str, port: int = 5432) -> str:
+    base = PG.replace(":5432/", f":{port}/")
+    return f"{base}?options=-csearch_path%3D{schema}"
+
+
+def pg_rows(schema: str, sql: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(pg_url(schema)) as conn:
+        return conn.execute(sql).fetchall()
+
+
+@pytest.fixture
+def pair(router_factory, upstream: FakeUpstream, pg_schema: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Two replicas, one policy file, one Redis prefix, one PostgreSQL schema."""
+
+    def make(policy: dict[str, Any] | None = None, redis_port: int = REDIS_PORT, pg_port: int = 5432, **kw: Any):  # type: ignore[no-untyped-def]
+        config = tmp_path / "shared-policy.yaml"
+        config.write_text(yaml.safe_dump(policy or local_policy(upstream.url)))
+        common = dict(config=config, store=pg_url(pg_schema, pg_port), redis_url=f"redis://127.0.0.1:{redis_port}/0",
+                      redis_prefix=f"test:{uuid.uuid4().hex[:8]}:", **kw)  # fmt: skip
+        return router_factory({}, **common), router_factory({}, **common), config
+
+    return make
+
+
+def test_pin_made_on_a_holds_on_b(pair, pg_schema: str) -> None:  # type: ignore[no-untyped-def]
+    a, b, _ = pair()
+    task = {"x-router-task-id": f"task-{uuid.uuid4().hex[:8]}"}
+    # The premium header makes A start the task on local-large ...
+    r1 = httpx.post(a.url + CHAT, json=body(), headers={**task, "x-router-tier": "premium"}, timeout=20)
+    assert r1.headers["x-router-model"] == "local-large"
+    time.sleep(0.2)  # the pin is shared off the request path
+    # ... and B keeps it there, though on its own B would pick the cheapest (local-nano).
+    r2 = httpx.post(b.url + CHAT, json=body("next"), headers=task, timeout=20)
+    assert r2.headers["x-router-model"] == "local-large"
+    assert httpx.post(b.url + CHAT, json=body(), timeout=20).headers["x-router-model"] == "local-nano"
+    deadline = time.monotonic() + 10
+    while len(pg_rows(pg_schema, "SELECT request_id FROM requests")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rows = pg_rows(pg_schema, f"SELECT chosen_model FROM requests WHERE task_id = '{task['x-router-task-id']}'")
+    assert sorted(r[0] for r in rows) == ["local-large", "local-large"]
+
+
+def test_200_concurrent_requests_never_overspend_a_task_budget(pair, upstream, pg_schema: str) -> None:  # type: ignore[no-untyped-def]
+    policy = local_policy(upstream.url)
+    budget = 0.002
+    policy["objective"] = {"max_cost_per_task": budget}
+    a, b, _ = pair(policy)
+    task = {"x-router-task-id": f"budget-{uuid.uuid4().hex[:8]}"}
+    big = "word " * 2000  # ~2k tokens: ~$0.0001 a call on local-nano, ~$0.0005 reserved (estimate)
+
+    def call(i: int) -> int:
+        target = a if i % 2 else b
+        return httpx.post(target.url + CHAT, json=body(big), headers=task, timeout=30).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        statuses = list(pool.map(call, range(200)))
+    assert set(statuses) <= {200, 403}
+    assert statuses.count(403) > 0 and statuses.count(200) > 0
+    deadline = time.monotonic() + 15
+    while len(pg_rows(pg_schema, "SELECT 1 FROM requests")) < 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    spent = pg_rows(pg_schema, f"SELECT SUM(cost_usd) FROM requests WHERE status = 200 AND task_id = '{task['x-router-task-id']}'")
+    assert spent[0][0] <= budget, spent
+    refused = pg_rows(pg_schema, "SELECT error_type FROM requests WHERE status = 403")
+    assert {r[0] for r in refused} == {"BudgetExceeded"}
+
+
+def synthetic_artifact(path: Path) -> None:
+    """A tiny trained artifact: 'large' succeeds, 'local-nano' does not."""
+    from router.policy import taskfeatures
+
+    vec = taskfeatures.task_vector("fix the race condition")
+    rows = [
+        dataset.AttemptRow(f"t{i}", 1, model, vec, model == "local-large", "explicit", 0.01, 3, 1.0, [model])
+        for i in range(12)
+        for model in ("local-nano", "local-large")
+    ]
+    import orjson
+
+    path.write_bytes(orjson.dumps(fit(rows)))
+
+
+def test_policy_promoted_on_a_is_used_by_b_within_a_second(pair, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    a, b, config = pair()
+    artifact = tmp_path / "learned.json"
+    synthetic_artifact(artifact)
+    route_body = {"model": "auto", "tools": [{"type": "function", "function": {"name": "bash"}}],
+                  "messages": [{"role": "user", "content": "fix the race condition"}]}  # fmt: skip
+    assert "learned" not in httpx.post(b.url + "/v1/route", json=route_body).json()["policy"]
+    started = time.monotonic()
+    promote(str(artifact), str(config), f"redis://127.0.0.1:{REDIS_PORT}/0",
+            a.server.config.app.state.services.settings.redis_prefix)  # fmt: skip
+    while "learned" not in httpx.post(b.url + "/v1/route", json=route_body).json()["policy"]:
+        assert time.monotonic() - started < 1.5, "B did not pick up the promoted policy"
+        time.sleep(0.05)
+    assert httpx.post(b.url + "/v1/route", json=route_body).json()["chosen"] == "local-large"
+
+
+def test_redis_outage_fails_budgets_closed_and_the_rest_open(pair, upstream, router_factory) -> None:  # type: ignore[no-untyped-def]
+    proxy = TcpProxy(REDIS_PORT).start()
+    policy = local_policy(upstream.url)
+    policy["objective"] = {"max_cost_per_task": 1.0}
+    a, _, _ = pair(policy, redis_port=proxy.port)
+    assert httpx.post(a.url + CHAT, json=body(), timeout=20).status_code == 200
+    proxy.stop()
+    r = httpx.post(a.url + CHAT, json=body(), timeout=20)
+    # A task budget cannot be checked: refused, in the protocol's shape, saying why.
+    assert r.status_code == 503 and r.json()["error"]["code"] == "state_unavailable"
+    ready = httpx.get(a.url + "/readyz").json()
+    assert ready["status"] == "degraded" and ready["shared_state"] is False
+    # Without a budget in play, requests go on with local pins and counts.
+    plain, _, _ = pair(local_policy(upstream.url), redis_port=proxy.port)
+    assert httpx.post(plain.url + CHAT, json=body(), timeout=20).status_code == 200
+    assert httpx.get(plain.url + "/readyz").json()["state_fail_open"]
+    proxy.start()
+    deadline = time.monotonic() + 5
+    while httpx.post(a.url + CHAT, json=body(), timeout=20).status_code != 200:
+        assert time.monotonic() < deadline, "did not recover after Redis came back"
+        time.sleep(0.3)
+    deadline = time.monotonic() + 5
+    while (ready := httpx.get(a.url + "/readyz").json())["status"] != "ok":
+        assert time.monotonic() < deadline, ready
+        time.sleep(0.3)
+    proxy.stop()
+
+
+def test_postgres_restart_loses_no_acknowledged_record(pair, pg_schema: str) -> None:  # type: ignore[no-untyped-def]
+    proxy = TcpProxy(5432).start()
+    a, b, _ = pair(pg_port=proxy.port)
+    acked = []
+    for i in range(5):
+        r = httpx.post((a if i % 2 else b).url + CHAT, json=body(), timeout=20)
+        acked.append(r.headers["x-request-id"])
+    proxy.stop()  # "PostgreSQL restarts": connections cut, new ones refused
+    for i in range(20):
+        r = httpx.post((a if i % 2 else b).url + CHAT, json=body(), timeout=20)
+        assert r.status_code == 200
+        acked.append(r.headers["x-request-id"])
+    assert httpx.get(a.url + "/readyz").json()["store"] is False
+    time.sleep(1.0)
+    proxy.start()
+    deadline = time.monotonic() + 20
+    while True:
+        ids = {r[0] for r in pg_rows(pg_schema, "SELECT request_id FROM requests")}
+        if set(acked) <= ids or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert set(acked) <= ids, f"lost {len(set(acked) - ids)} acknowledged records"
+    proxy.stop()
