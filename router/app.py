@@ -79,7 +79,12 @@ def build_services(settings: Settings) -> Services:
     counter.count_text("load the encoding now, not on the first request")
     upstream = Upstream(settings.timeouts)
     store = open_store(settings.store)
-    state = open_state(settings.redis_url, StateConfig(prefix=settings.redis_prefix))
+    t = settings.redis_timeout_s
+    state_config = StateConfig(
+        prefix=settings.redis_prefix, op_timeout_s=t, socket_timeout_s=t / 2, connect_timeout_s=t / 2,
+        pool_size=64, pool_timeout_s=t / 2,
+    )  # fmt: skip
+    state = open_state(settings.redis_url, state_config)
     return Services(
         settings=settings,
         runtime=runtime,

@@ -18,6 +18,7 @@ that time) in a bounded LRU. Keys are never echoed in errors or logs.
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import hashlib
 import hmac
@@ -38,6 +39,8 @@ log = logging.getLogger("router.auth")
 
 MAX_KEY_LENGTH = 256
 DEFAULT_TTL_S = 30.0
+#: Longest a key lookup may wait for the store (a slow store answers 503, never a hung request).
+STORE_TIMEOUT_S = 2.0
 DEFAULT_CACHE_SIZE = 10_000
 
 
@@ -135,7 +138,9 @@ class Auth:
         if self._master is not None or self._store is None or self._keys_exist:
             return
         try:
-            self._keys_exist = bool(await self._store.list_keys())
+            # Bounded: this runs on a request's path, and a store that is down must not stall it.
+            async with asyncio.timeout(STORE_TIMEOUT_S):
+                self._keys_exist = bool(await self._store.list_keys())
         except Exception as exc:  # the mode stays as it was until the store answers again
             log.warning("auth: cannot read virtual keys from the store: %s", type(exc).__name__)
             return
@@ -178,7 +183,8 @@ class Auth:
             if self._store is None:
                 return None
             try:
-                rec = await self._store.get_key_by_hash(digest)
+                async with asyncio.timeout(STORE_TIMEOUT_S):
+                    rec = await self._store.get_key_by_hash(digest)
             except Exception as exc:
                 log.error("auth: key lookup failed: %s", type(exc).__name__)
                 raise ServiceUnavailable("cannot check the API key right now; try again") from None

@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     #: Unset: everything lives in this process (the embedded default).
     redis_url: str | None = None
     redis_prefix: str = "router:"
+    #: Cap on one shared-state call (pool wait + round trip); past it Redis counts as down.
+    redis_timeout_s: float = Field(default=1.0, gt=0)
     #: Requests with a larger body are refused with 413 before parsing.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     #: Store prompt text in the log. Off unless the operator opts in.

@@ -6,6 +6,7 @@ Called by the proxy between parsing and deciding (``enter``) and after a backend
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ from router.tasktracker import TaskState, is_side_call
 
 if TYPE_CHECKING:
     from router.app import Services
+
+log = logging.getLogger("router.tasks")
 
 #: Signals that mean "this model is stuck": the pinned model is left if another may take over.
 SWITCH_SIGNALS = frozenset({"tool_loop", "tool_failures"})
@@ -84,7 +87,7 @@ async def enter(
             task_id=rec.task_id, attempt=state.attempt, success=label.success, score=label.score,
             source=label.source, details=label.details, ts=time.time(), explicit=False,
         )  # fmt: skip
-        s.tasks.spawn(s.store.write_outcome(out), name="weak-outcome")
+        s.tasks.spawn(_write_weak_label(s, out), name="weak-outcome")
     warm_model, warm_tokens = s.tracker.warm(state)
     feats.side_call = side
     feats.task_vector = state.vector
@@ -121,3 +124,11 @@ def preview_task(s: Services, req: ClientRequest, feats: Features) -> None:
 def vector_for(req: ClientRequest, repo: str | None = None) -> taskfeatures.Vector:
     """The task features of a request that starts a task (the same code for proxy, train, eval)."""
     return taskfeatures.task_vector(req.first_user_text, _system_text(req.system), len(req.tools), repo)
+
+
+async def _write_weak_label(s: Services, out: OutcomeRecord) -> None:
+    # Best effort: the conversation repeats its signals on the next request, which writes again.
+    try:
+        await s.store.write_outcome(out)
+    except Exception as exc:
+        log.warning("weak outcome label not stored (%s); the next request of the task retries", type(exc).__name__)

@@ -44,6 +44,15 @@ def first_untried(order: Sequence[str]) -> Chooser:
     return choose
 
 
+def first_untried_per_task(orders: Mapping[str, Sequence[str]]) -> Chooser:
+    """As ``first_untried``, with a ranking of its own for each task."""
+
+    def choose(task_id: str, attempt: int, failed: tuple[str, ...], spent: float) -> str | None:
+        return next((m for m in orders[task_id] if m not in failed), None)
+
+    return choose
+
+
 def uniform_random(models: Sequence[str], seed: int) -> Chooser:
     """A uniformly random model among those not yet failed, reproducible per task and attempt."""
     names = sorted(models)

@@ -253,7 +253,13 @@ def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Polic
 
 def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
     try:
-        # safe_load: no Python tags, no object construction from YAML.
+        # The safe loader: no Python tags, no object construction from YAML.
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None and _expanded_size(node) > MAX_YAML_NODES:
+            raise ConfigError(
+                f"{source}: the document expands to more than {MAX_YAML_NODES} values "
+                "(anchors and aliases repeated inside each other?)"
+            )
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
@@ -265,6 +271,33 @@ def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source)) from None
     return Policy(spec, source)
+
+
+#: A policy is a few hundred values; aliases nested in aliases can make a short file expand to
+#: billions, which every later pass (interpolation, validation) would walk.
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values the document has once aliases are expanded, counted without expanding them."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.MappingNode):
+            kids: list[yaml.Node] = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            kids = list(node.value)
+        else:
+            kids = []
+        if children_done or not kids:
+            sizes[id(node)] = min(1 + sum(sizes.get(id(k), 1) for k in kids), MAX_YAML_NODES + 1)
+        else:
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in sizes)
+    return sizes[id(root)]
 
 
 def _describe(exc: ValidationError, source: str) -> str:

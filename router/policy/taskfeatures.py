@@ -4,7 +4,9 @@ One function serves the proxy, ``router train`` and ``router eval``, so what is 
 evaluated is what routes live traffic. The features are computed from what a live router sees
 — the first user message, the system prompt, the tools offered, a repository hint — never from
 hindsight. Text becomes signed hashed word and word-pair counts (no vocabulary to ship, no text
-kept: the log stores only the hashed vector), plus a few shape features.
+kept: the log stores only the hashed vector), plus a few shape features. The repository gets a
+hashed slot of its own at full weight: on real agent outcomes it is the strongest single
+predictor of difficulty, and diluted among the words of a long issue it was all but lost.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 #: Width of the hashed text space. Part of the artifact's feature schema.
 HASH_DIM = 2048
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Dense features, in the order the artifact's weights expect.
 NUMERIC = (
@@ -75,8 +77,6 @@ def task_vector(
     if repo is None:
         m = _REPO.search(text)
         repo = m.group(1) if m else None
-    if repo:
-        grams += [f"repo:{repo.lower()}"] * 3
     for g in grams:
         idx, sign = _bucket(g)
         counts[idx] = counts.get(idx, 0.0) + sign
@@ -86,6 +86,9 @@ def task_vector(
     base = len(NUMERIC)
     for i, v in scaled.items():
         vec[base + i] = v / norm
+    if repo:
+        idx, _ = _bucket(f"repo:{repo.lower()}")
+        vec[base + idx] = vec.get(base + idx, 0.0) + 1.0
     return vec
 
 

@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from router.errors import BadRequest, RouterError
 from router.protocols.common import (
     ANTHROPIC,
-    MAX_TOKENS_CAP,
     ClientRequest,
     Flag,
     MaxTokens,
@@ -33,6 +32,7 @@ ALLOWED = frozenset(
         "context_management", "output_config",
     }
 )  # fmt: skip
+
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")

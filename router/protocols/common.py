@@ -99,7 +99,9 @@ def load_json(raw: bytes) -> dict[str, Any]:
         # (it reads 1024): a deeper body is refused here, not with a 500 at forwarding time.
         orjson.dumps(body)
     except orjson.JSONEncodeError:
-        raise BadRequest("request body is nested too deeply (at most 255 levels of arrays and objects)") from None
+        raise BadRequest(
+            "request body is nested too deeply (at most 255 levels of arrays and objects)"
+        ) from None
     return body
 
 

@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from router.errors import BadRequest, RouterError
 from router.protocols.common import (
-    MAX_TOKENS_CAP,
     OPENAI_CHAT,
     ClientRequest,
     Flag,
@@ -33,6 +32,7 @@ ALLOWED = frozenset(
         "prompt_cache_key", "verbosity", "metadata", "store",
     }
 )  # fmt: skip
+
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")

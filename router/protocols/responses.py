@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from router.errors import BadRequest, RouterError
 from router.protocols.common import (
-    MAX_TOKENS_CAP,
     OPENAI_RESPONSES,
     ClientRequest,
     Flag,
@@ -34,6 +33,7 @@ ALLOWED = frozenset(
         "prompt_cache_key", "truncation", "user", "metadata", "service_tier",
     }
 )  # fmt: skip
+
 
 class _Reasoning(BaseModel):
     model_config = ConfigDict(extra="allow")

@@ -36,6 +36,10 @@ def _kind(value: Any) -> str:
     )
 
 
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
 def _part(name: str) -> str:
     return name if len(name) <= _NAME_CHARS else name[:_NAME_CHARS] + "…"
 
@@ -57,11 +61,13 @@ def check_schema(schema: Any, where: str) -> None:
         if kind is not None:
             kinds = kind if isinstance(kind, list) else [kind]
             if not kinds or not all(isinstance(k, str) and k in TYPES for k in kinds):
-                raise BadRequest(f"{path}.type: expected one of {', '.join(sorted(TYPES))} (or a list of them)")
+                raise BadRequest(
+                    f"{path}.type: expected one of {', '.join(sorted(TYPES))} (or a list of them)"
+                )
         required = node.get("required")
-        if required is not None and not isinstance(required, bool):
-            if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-                raise BadRequest(f"{path}.required: expected an array of property names")
+        # A boolean is draft 3's per-property form; anything else must list property names.
+        if not (required is None or isinstance(required, bool) or _names(required)):
+            raise BadRequest(f"{path}.required: expected an array of property names")
         if "enum" in node and not isinstance(node["enum"], list):
             raise BadRequest(f"{path}.enum: expected an array")
         for key in _MAPS:
@@ -69,7 +75,9 @@ def check_schema(schema: Any, where: str) -> None:
             if value is None:
                 continue
             if not isinstance(value, dict):
-                raise BadRequest(f"{path}.{key}: expected an object mapping names to schemas, got {_kind(value)}")
+                raise BadRequest(
+                    f"{path}.{key}: expected an object mapping names to schemas, got {_kind(value)}"
+                )
             stack.extend((sub, f"{path}.{key}.{_part(str(name))}", depth + 1) for name, sub in value.items())
         for key in _LISTS:
             value = node.get(key)

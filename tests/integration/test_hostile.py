@@ -226,7 +226,7 @@ def test_mcp_tools_that_make_the_provider_connect_are_refused(router: RunningRou
         for model in ("local-resp", "local-large", "local-claude"):
             r = c.post(RESPONSES, json={"model": model, "input": "hi", "tools": [mcp]})
             assert r.status_code == 400, r.text
-            assert "mcp" in r.json()["error"]["message"]
+            assert "mcp" in r.json()["error"]["message"].lower()
     assert listener.seen == []
 
 

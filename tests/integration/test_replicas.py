@@ -59,7 +59,8 @@ def pg_rows(schema: str, sql: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture
-def pair(router_factory, upstream: FakeUpstream, pg_schema: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def pair(pg_schema: str, router_factory, upstream: FakeUpstream, tmp_path: Path):  # type: ignore[no-untyped-def]
+    # pg_schema comes first so that it is dropped after the routers have stopped and flushed.
     """Two replicas, one policy file, one Redis prefix, one PostgreSQL schema."""
 
     def make(policy: dict[str, Any] | None = None, redis_port: int = REDIS_PORT, pg_port: int = 5432, **kw: Any):  # type: ignore[no-untyped-def]
