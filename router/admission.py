@@ -25,16 +25,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("router.admission")
 
 
-async def admit(s: Services, principal: Principal, rec: RequestRecord, decision: Decision) -> Reservation | None:
+async def admit(
+    s: Services, principal: Principal, rec: RequestRecord, decision: Decision
+) -> Reservation | None:
     if principal.key_id and (principal.rpm or principal.tpm):
         est = decision.estimate(decision.chosen)
         tokens = (est.prompt_tokens + est.output_tokens) if est else 0
         verdict = await s.state.limits.check_and_consume(
-            principal.key_id, requests=1, tokens=tokens if principal.tpm else 0, rpm=principal.rpm, tpm=principal.tpm
+            principal.key_id,
+            requests=1,
+            tokens=tokens if principal.tpm else 0,
+            rpm=principal.rpm,
+            tpm=principal.tpm,
         )
         if not verdict:
             raise RateLimited(
-                f"this key's {verdict.reason} limit is reached", retry_after=min(verdict.retry_after_s, 3600.0)
+                f"this key's {verdict.reason} limit is reached",
+                retry_after=min(verdict.retry_after_s, 3600.0),
             )
     limits: dict[str, float] = {}
     if principal.key_id and principal.budget_usd is not None:
@@ -54,4 +61,6 @@ async def settle(s: Services, reservation: Reservation, actual_usd: float | None
         await s.state.budgets.settle(reservation, actual_usd or 0.0)
     except StateUnavailable as exc:
         # The hold expires by itself; the log keeps the real cost. Nothing to fail here.
-        log.warning("budget settle skipped (%s): reservation %s expires on its own", exc.reason, reservation.id)
+        log.warning(
+            "budget settle skipped (%s): reservation %s expires on its own", exc.reason, reservation.id
+        )

@@ -109,6 +109,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         await s.upstream.start()
         s.writer.start(s.tasks)
         watcher = PolicyWatcher(s.settings.config, s.install, s.runtime)
+
         async def promoted(version: str) -> None:
             # A promotion published by another replica: reload now rather than at the next poll.
             await asyncio.to_thread(watcher.check, s.runtime)

@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--host", help="bind address (env ROUTER_HOST; default 127.0.0.1)")
         sp.add_argument("--port", type=int, help="port (env ROUTER_PORT; default 8080)")
         sp.add_argument("--store", help="log store URL (env ROUTER_STORE; default sqlite:///router.db)")
-        sp.add_argument("--redis", help="shared state for replicas (env ROUTER_REDIS_URL; default: in-process)")
+        sp.add_argument(
+            "--redis", help="shared state for replicas (env ROUTER_REDIS_URL; default: in-process)"
+        )
 
     serve = sub.add_parser("serve", help="run the proxy")
     common(serve)

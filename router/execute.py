@@ -50,7 +50,12 @@ class Attempt:
     error_type: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "ms": round(self.ms, 3), "status": self.status, "error_type": self.error_type}
+        return {
+            "model": self.model,
+            "ms": round(self.ms, 3),
+            "status": self.status,
+            "error_type": self.error_type,
+        }
 
 
 @dataclass(slots=True)

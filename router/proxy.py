@@ -23,8 +23,8 @@ from router.execute import CommittedStream, Execution
 from router.policy.decide import Decision
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
 from router.protocols.openai_chat import is_usage_only
-from router.store.records import RequestRecord
 from router.state import Reservation
+from router.store.records import RequestRecord
 from router.tasktracker import TaskState
 from router.timing import Phases
 

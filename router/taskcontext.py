@@ -104,7 +104,9 @@ def served(s: Services, state: TaskState, rec: RequestRecord) -> None:
     if rec.chosen_model is None or rec.status != 200 or rec.side_call or rec.task_id is None:
         return
     backend = s.catalog[rec.chosen_model]
-    s.tracker.served(state, backend.id, rec.input_tokens or rec.prompt_tokens_est or 0, backend.cache_ttl_s, False)
+    s.tracker.served(
+        state, backend.id, rec.input_tokens or rec.prompt_tokens_est or 0, backend.cache_ttl_s, False
+    )
     s.tasks.spawn(_share(s, rec.task_id, backend.id, backend.cache_ttl_s), name="share-pin")
 
 
@@ -131,4 +133,6 @@ async def _write_weak_label(s: Services, out: OutcomeRecord) -> None:
     try:
         await s.store.write_outcome(out)
     except Exception as exc:
-        log.warning("weak outcome label not stored (%s); the next request of the task retries", type(exc).__name__)
+        log.warning(
+            "weak outcome label not stored (%s); the next request of the task retries", type(exc).__name__
+        )

@@ -281,6 +281,7 @@ MAX_YAML_NODES = 100_000
 def _expanded_size(root: yaml.Node) -> int:
     """How many values the document has once aliases are expanded, counted without expanding them."""
     sizes: dict[int, int] = {}
+    open_: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, children_done = stack.pop()
@@ -293,10 +294,14 @@ def _expanded_size(root: yaml.Node) -> int:
         else:
             kids = []
         if children_done or not kids:
-            sizes[id(node)] = min(1 + sum(sizes.get(id(k), 1) for k in kids), MAX_YAML_NODES + 1)
-        else:
-            stack.append((node, True))
-            stack.extend((k, False) for k in kids if id(k) not in sizes)
+            open_.discard(id(node))
+            sizes[id(node)] = min(1 + sum(sizes[id(k)] for k in kids), MAX_YAML_NODES + 1)
+            continue
+        if id(node) in open_ or any(id(k) in open_ for k in kids):
+            return MAX_YAML_NODES + 1  # an alias inside its own anchor: infinite
+        open_.add(id(node))
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in sizes)
     return sizes[id(root)]
 
 

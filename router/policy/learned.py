@@ -53,6 +53,8 @@ class Artifact:
     models: dict[str, ModelParams]
     schema: dict[str, Any]
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Spread of the unseen per-task difficulty on the logit scale (0: failures independent).
+    task_sd: float = 0.0
 
     @classmethod
     def from_bytes(cls, raw: bytes, *, source: str, expected_sha256: str | None) -> Artifact:
@@ -89,7 +91,10 @@ class Artifact:
                 n=int(m.get("n", 0)),
             )
         meta = {k: v for k, v in obj.items() if k not in ("models", "feature_schema", "format")}
-        return cls(digest, models, obj["feature_schema"], meta)
+        task_sd = obj.get("task_effect_sd", 0.0)
+        if not isinstance(task_sd, int | float) or not 0 <= task_sd <= 10:
+            raise ConfigError(f"{source}: task_effect_sd: expected a number in [0, 10], got {task_sd!r}")
+        return cls(digest, models, obj["feature_schema"], meta, float(task_sd))
 
     @classmethod
     def load(cls, path: str | Path, expected_sha256: str | None) -> Artifact:
@@ -149,6 +154,7 @@ class LearnedScorer:
             already_failed=failed,
             min_success=obj.min_success,
             budget=budget if budget is not None else obj.max_cost_per_task,
+            task_sd=self.artifact.task_sd,
         )
         return plan, opts
 

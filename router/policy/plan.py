@@ -10,17 +10,29 @@ succeeds or the retry limit is reached:
 and the quantity minimised is ``cost / success``: the money spent per task that gets done,
 failed attempts included. Plans are enumerated exactly (a handful of candidates, a retry
 limit of two or three), subject to a success floor and a budget.
+
+Failures of one task are not independent: a task one model failed is likely harder for the next.
+With a task effect (``task_sd`` > 0, learned with the artifact), each task has an unseen
+difficulty ``u ~ N(0, 1)`` that shifts every model's logit by ``task_sd · u``; the products
+above are then averaged over ``u`` (Gauss–Hermite), weighted by how likely the failures already
+seen make each ``u``. With ``task_sd`` = 0 this is the independent formula exactly.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 #: Success of a model that already failed this task, relative to a fresh try: agent runs are
 #: noisy, so a repeat is not hopeless, but it is much less likely than the first time.
 REPEAT_FACTOR = 0.35
+#: Quadrature points over the task effect.
+NODES = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +53,12 @@ class Plan:
         return self.expected_cost / self.success if self.success > 0 else float("inf")
 
 
-def evaluate(options: Sequence[Option], already_failed: Sequence[str] = ()) -> Plan:
+def evaluate(options: Sequence[Option], already_failed: Sequence[str] = (), task_sd: float = 0.0) -> Plan:
     """The expected cost and success of trying ``options`` in order."""
+    if task_sd > 0:
+        by_model = {o.model: o for o in options}
+        return _correlated(list(by_model.values()), [[list(by_model).index(o.model) for o in options]],
+                           already_failed, task_sd)[0]  # fmt: skip
     failed = set(already_failed)
     cost, fail_all = 0.0, 1.0
     for o in options:
@@ -61,6 +77,7 @@ def best_plan(
     min_success: float | None = None,
     budget: float | None = None,
     allow_repeats: bool = True,
+    task_sd: float = 0.0,
 ) -> Plan:
     """The plan of at most ``attempts_left`` attempts with the least cost per completed task.
 
@@ -71,10 +88,20 @@ def best_plan(
     """
     if not options:
         raise ValueError("no options to plan over")
+    failed_options = [o for o in options if o.model in set(already_failed)]
     options = shortlist(options)
     n = max(1, attempts_left)
     plans: list[Plan] = []
     for length in range(1, n + 1):
+        if task_sd > 0:
+            idx = range(len(options))
+            index_seqs = (
+                itertools.product(idx, repeat=length)
+                if allow_repeats
+                else itertools.permutations(idx, length)
+            )
+            plans += _correlated(options, list(index_seqs), already_failed, task_sd, failed_options)
+            continue
         seqs = (
             itertools.product(options, repeat=length)
             if allow_repeats
@@ -108,3 +135,51 @@ def shortlist(options: Sequence[Option], k: int = 7) -> Sequence[Option]:
     for o in [*by_ratio[: k - 3], *by_p[:2], by_cost[0]]:
         keep.setdefault(o.model, o)
     return list(keep.values())
+
+
+@functools.cache
+def _quadrature(n: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Nodes and weights for E[f(u)], u ~ N(0, 1)."""
+    u, w = np.polynomial.hermite_e.hermegauss(n)
+    return tuple(u.tolist()), tuple((w / w.sum()).tolist())
+
+
+def conditional_success(p: float, task_sd: float) -> np.ndarray:
+    """P(success | u) at the quadrature nodes, for a model whose success averaged over tasks like this is ``p``.
+
+    The logit is stretched so that averaging over ``u`` gives back ``p`` (the logistic-normal
+    approximation ``E σ(a + s·u) ≈ σ(a / sqrt(1 + π s²/8))``).
+    """
+    u, _ = _quadrature(NODES)
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    a = math.log(p / (1 - p)) * math.sqrt(1 + math.pi * task_sd**2 / 8)
+    return 1.0 / (1.0 + np.exp(-(a + task_sd * np.array(u))))
+
+
+def _correlated(
+    options: Sequence[Option], seqs: Sequence[Sequence[int]], already_failed: Sequence[str], task_sd: float,
+    failed_options: Sequence[Option] | None = None,
+) -> list[Plan]:  # fmt: skip
+    """Plans (index sequences into ``options``) under the task effect, given the failures so far."""
+    _, w = _quadrature(NODES)
+    failed = set(already_failed)
+    posterior = np.array(w)
+    for o in failed_options if failed_options is not None else [o for o in options if o.model in failed]:
+        posterior = posterior * (1.0 - conditional_success(o.p_success, task_sd))
+    posterior = posterior / posterior.sum() if posterior.sum() > 0 else np.array(w)
+    p = np.array([conditional_success(o.p_success, task_sd) for o in options])  # (options, nodes)
+    costs = np.array([o.attempt_cost for o in options])
+    was_failed = np.array([o.model in failed for o in options])
+    arr = np.array(seqs, dtype=int).reshape(len(seqs), -1)
+    alive = np.tile(posterior, (len(arr), 1))
+    cost = np.zeros(len(arr))
+    for j in range(arr.shape[1]):
+        k = arr[:, j]
+        repeat = was_failed[k] | (arr[:, :j] == k[:, None]).any(axis=1)
+        cost += costs[k] * alive.sum(axis=1)
+        alive = alive * (1.0 - p[k] * np.where(repeat, REPEAT_FACTOR, 1.0)[:, None])
+    success = 1.0 - alive.sum(axis=1)
+    return [
+        Plan(tuple(options[i].model for i in seq), float(c), float(s))
+        for seq, c, s in zip(arr.tolist(), cost, success, strict=True)
+    ]

@@ -6,6 +6,7 @@ final errors are) of the text are scanned.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections import deque
@@ -159,6 +160,13 @@ def analyze(
     """Read one tool result's text. Never raises; unreadable input gives an empty outcome."""
     if not isinstance(text, str):
         text = ""
+    return _analyze(text, is_error, max_chars)
+
+
+# Agents resend every earlier tool result on every turn: each is read once, then remembered
+# (bounded), so a growing conversation costs only its new tail — as token counting does.
+@functools.lru_cache(maxsize=4096)
+def _analyze(text: str, is_error: bool | None, max_chars: int | None) -> ToolOutcome:
     code: int | None = None
     codex = _codex_json(text)
     if codex is not None:

@@ -49,7 +49,6 @@ class Table:
     indexes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     since: int = 1  # schema version that created the table
 
-
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)

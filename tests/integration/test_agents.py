@@ -38,7 +38,9 @@ def agent_bin() -> Path:
 
 def agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE"))}
-    env.update(HOME=str(tmp_path), DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", **extra)
+    env.update(
+        HOME=str(tmp_path), DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", **extra
+    )
     return env
 
 
@@ -58,7 +60,11 @@ def test_claude_code_headless(router: RunningRouter, agent_bin: Path, tmp_path: 
     main = [r for r in rows if r["protocol"] == "anthropic" and r["status"] == 200]
     assert main, rows
     # Claude Code asks for thinking on its main loop: the policy keeps that on the Anthropic backend.
-    thinking = [r for r in main if r["reasoning_effort"] or r["thinking_budget"] or r["chosen_model"] == "local-claude"]
+    thinking = [
+        r
+        for r in main
+        if r["reasoning_effort"] or r["thinking_budget"] or r["chosen_model"] == "local-claude"
+    ]
     assert thinking
     assert all(r["task_id"].startswith("session-") for r in main)
     assert all(r["ttft_ms"] is not None for r in main if r["stream"])
@@ -81,7 +87,11 @@ def test_codex_cli_tool_turn(router: RunningRouter, agent_bin: Path, tmp_path: P
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     kinds = [e["type"] for e in events]
     assert "turn.completed" in kinds, proc.stdout
-    commands = [e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"]
+    commands = [
+        e["item"]
+        for e in events
+        if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"
+    ]
     assert commands and commands[0]["exit_code"] == 0
     rows = router.records(wait_for=2)
     responses = [r for r in rows if r["protocol"] == "openai_responses"]

@@ -31,19 +31,32 @@ def dead_port() -> int:
         return int(s.getsockname()[1])
 
 
-def faulty(upstream: FakeUpstream, behaviour: str, protocol: str = "openai", base: str | None = None) -> dict[str, Any]:
+def faulty(
+    upstream: FakeUpstream, behaviour: str, protocol: str = "openai", base: str | None = None
+) -> dict[str, Any]:
     url = base or upstream.url
     api = f"{url}/v1" if protocol == "openai" else url
     name = "openai/faulty-model" if protocol == "openai" else "anthropic/faulty-claude"
     good = "openai/good-model" if protocol == "openai" else "anthropic/good-claude"
     spec = {"protocol": protocol, "context_window": 100000, "max_output_tokens": 4096,
             "prices": {"input": 1.0, "output": 2.0}}  # fmt: skip
+    good_base = f"{upstream.url}/v1" if protocol == "openai" else upstream.url
     return {
         "models": [
-            {"id": "faulty", "litellm_model": f"{name}@{behaviour}" if behaviour else name, "api_base": api, **spec},
-            {"id": "good", "litellm_model": good, "api_base": f"{upstream.url}/v1" if protocol == "openai"
-             else upstream.url, **spec, "prices": {"input": 2.0, "output": 4.0}},
-        ],  # fmt: skip
+            {
+                "id": "faulty",
+                "litellm_model": f"{name}@{behaviour}" if behaviour else name,
+                "api_base": api,
+                **spec,
+            },
+            {
+                "id": "good",
+                "litellm_model": good,
+                "api_base": good_base,
+                **spec,
+                "prices": {"input": 2.0, "output": 4.0},
+            },
+        ],
         "routes": [
             {"match": "solo", "passthrough": "faulty"},
             {"match": "auto", "candidates": ["faulty", "good"]},
@@ -60,7 +73,9 @@ def oai(r: RunningRouter) -> openai.OpenAI:
 
 
 def post(r: RunningRouter, model: str, **body: Any) -> httpx.Response:
-    return httpx.post(r.url + "/v1/chat/completions", json={"model": model, "messages": HI, **body}, timeout=20)
+    return httpx.post(
+        r.url + "/v1/chat/completions", json={"model": model, "messages": HI, **body}, timeout=20
+    )
 
 
 def last(r: RunningRouter, n: int = 1) -> dict[str, Any]:

@@ -7,6 +7,8 @@ over both the relay and the litellm-translated paths, and asserts the listener s
 
 from __future__ import annotations
 
+import hashlib
+import os
 import socket
 import sqlite3
 import threading
@@ -19,7 +21,7 @@ import orjson
 import pytest
 
 from router.fakeupstream import FakeUpstream
-from tests.integration.conftest import RunningRouter, local_policy
+from tests.integration.conftest import RunningRouter, local_policy, start_router
 
 pytestmark = pytest.mark.integration
 
@@ -83,13 +85,16 @@ def hostile_policy(upstream_url: str) -> dict[str, Any]:
     return policy
 
 
-@pytest.fixture
-def router(
-    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
-) -> RunningRouter:
-    monkeypatch.setenv("ROUTER_HOSTILE_PROVIDER_KEY", "provider-key-from-the-environment")
-    upstream.clear()
-    return router_factory(hostile_policy(upstream.url), master_key=MASTER)
+@pytest.fixture(scope="module")
+def router(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRouter]:
+    """One router for the module: every test here must leave it serving (most check that they do)."""
+    os.environ["ROUTER_HOSTILE_PROVIDER_KEY"] = "provider-key-from-the-environment"
+    r = start_router(hostile_policy(upstream.url), tmp_path_factory.mktemp("hostile"), master_key=MASTER)
+    try:
+        yield r
+    finally:
+        r.stop()
+        os.environ.pop("ROUTER_HOSTILE_PROVIDER_KEY", None)
 
 
 def client(router: RunningRouter, timeout: float = 30) -> httpx.Client:
@@ -160,6 +165,7 @@ PATHS = [
 def test_steering_fields_never_reach_an_address(
     router: RunningRouter, upstream: FakeUpstream, listener: Listener, stream: bool
 ) -> None:
+    upstream.clear()
     with client(router) as c:
         for path, model in PATHS:
             headers = {h: listener.url for h in STEER_HEADERS}
@@ -172,7 +178,9 @@ def test_steering_fields_never_reach_an_address(
     for req in sent:
         text = orjson.dumps(req).decode()
         assert f"127.0.0.1:{listener.port}" not in text and "client-chosen-key" not in text, text[:500]
-        key = req["headers"].get("authorization", "").removeprefix("Bearer ") or req["headers"].get("x-api-key")
+        key = req["headers"].get("authorization", "").removeprefix("Bearer ") or req["headers"].get(
+            "x-api-key"
+        )
         assert key == "provider-key-from-the-environment"
 
 
@@ -220,8 +228,15 @@ def test_urls_in_content_are_never_fetched_by_the_router(
     assert listener.seen == []
 
 
-def test_mcp_tools_that_make_the_provider_connect_are_refused(router: RunningRouter, listener: Listener) -> None:
-    mcp = {"type": "mcp", "server_label": "trap", "server_url": listener.url + "/mcp", "require_approval": "never"}
+def test_mcp_tools_that_make_the_provider_connect_are_refused(
+    router: RunningRouter, listener: Listener
+) -> None:
+    mcp = {
+        "type": "mcp",
+        "server_label": "trap",
+        "server_url": listener.url + "/mcp",
+        "require_approval": "never",
+    }
     with client(router) as c:
         for model in ("local-resp", "local-large", "local-claude"):
             r = c.post(RESPONSES, json={"model": model, "input": "hi", "tools": [mcp]})
@@ -277,21 +292,23 @@ def table_counts(db: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize("header", ["authorization", "x-api-key"])
 def test_sql_injection_in_the_key_is_a_401(router: RunningRouter, header: str) -> None:
+    before = table_counts(router.db_path)
+    ids = []
     with httpx.Client(base_url=router.url, timeout=10) as c:
-        assert c.post(CHAT, json=body_for(CHAT, "auto", "http://x", False), headers={"x-api-key": MASTER}).is_success
-        router.records(1)
-        before = table_counts(router.db_path)
         for token in INJECTIONS:
             value = f"Bearer {token}" if header == "authorization" else token
             for path in (CHAT, MESSAGES, RESPONSES):
                 r = c.post(path, json=body_for(path, "auto", "http://x", False), headers={header: value})
                 assert r.status_code == 401, (token, r.text)
                 assert token not in r.text
-    rows = router.records(before["requests"] + 3 * len(INJECTIONS))
+                ids.append(r.headers["x-request-id"])
+        ok = c.post(CHAT, json=body_for(CHAT, "auto", "http://x", False), headers={"x-api-key": MASTER})
+        assert ok.status_code == 200
+    rows = {r["request_id"]: r for r in router.records(before["requests"] + len(ids) + 1)}
+    assert all(rows[i]["status"] == 401 and rows[i]["error_type"] == "AuthenticationFailed" for i in ids)
     after = table_counts(router.db_path)
     assert set(after) == set(before) and after["keys"] == before["keys"]
-    assert after["requests"] == len(rows) >= before["requests"] + 3 * len(INJECTIONS)
-    assert all(r["status"] in (200, 401) for r in rows)
+    assert after["requests"] >= before["requests"] + len(ids) + 1
 
 
 @pytest.mark.parametrize("size", [257, 10_000, 60_000, 1_000_000])
@@ -318,7 +335,12 @@ def test_oversize_keys_are_refused_without_a_5xx(router: RunningRouter, header: 
 
 
 def test_deeply_nested_json_is_a_400(router: RunningRouter) -> None:
-    deep = b'{"model": "auto", "messages": [{"role": "user", "content": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}"
+    deep = (
+        b'{"model": "auto", "messages": [{"role": "user", "content": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}]}"
+    )
     deep_obj = b'{"model": "auto", "input": ' + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}"
     with client(router) as c:
         for path in (CHAT, MESSAGES, RESPONSES):
@@ -363,7 +385,9 @@ def test_huge_json(router_factory: Callable[..., RunningRouter], upstream: FakeU
         wide = {"model": "auto", "messages": [{"role": "user", "content": "y" * 100}] * 5_000}
         resp = c.post(CHAT, json=wide)
         assert resp.status_code in (200, 400), resp.text
-        assert c.post(CHAT, json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]}).is_success
+        assert c.post(
+            CHAT, json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+        ).is_success
 
 
 @pytest.mark.parametrize(
@@ -374,7 +398,7 @@ def test_huge_json(router_factory: Callable[..., RunningRouter], upstream: FakeU
         b'{"model": "auto", "messages": [{"role": "user", "content": "\\ud800"}]}',  # escaped lone surrogate
         b'\xef\xbb\xbf{"model": "auto", "messages": [{"role": "user", "content": "bom"}]}',
         b'{"model": "auto\xc0\xaf", "messages": [{"role": "user", "content": "overlong"}]}',
-        b'\x00\x00\x00{',
+        b"\x00\x00\x00{",
         b'{"model": "auto", "messages": [{"role": "user", "content": "hi"}]}\x00trailing',
     ],
 )
@@ -407,7 +431,6 @@ def test_absurd_max_tokens_is_a_400(router: RunningRouter, value: Any) -> None:
 NOT_SCHEMAS: list[Any] = [
     "x",
     42,
-    None,
     [],
     ["type", "object"],
     {"type": 5},
@@ -424,15 +447,18 @@ def tools_body(path: str, model: str, schema: Any) -> dict[str, Any]:
         return {"model": model, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
     if path == MESSAGES:
         tool = {"name": "f", "input_schema": schema}
-        return {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+        return {
+            "model": model,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [tool],
+        }
     tool = {"type": "function", "name": "f", "parameters": schema}
     return {"model": model, "input": "hi", "tools": [tool]}
 
 
 @pytest.mark.parametrize("schema", NOT_SCHEMAS, ids=repr)
 def test_tool_schemas_that_are_not_json_schema_are_a_400(router: RunningRouter, schema: Any) -> None:
-    if schema is None:
-        pytest.skip("no parameters at all is a valid tool")
     with client(router) as c:
         for path, model in PATHS:
             r = c.post(path, json=tools_body(path, model, schema))
@@ -468,3 +494,139 @@ def test_garbage_tool_lists_are_a_400(router: RunningRouter) -> None:
 
 
 # --- configuration: the policy file and the learned artifact ----------------------------------
+
+
+def write_policy(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD_MODEL = """
+models:
+  - id: m
+    litellm_model: openai/m
+    protocol: openai
+    api_base: http://127.0.0.1:9/v1
+    prices: {input: 1, output: 2}
+    context_window: 1000
+    max_output_tokens: 100
+routes:
+  - match: auto
+    passthrough: m
+"""
+
+BAD_POLICIES = {
+    "unknown top-level key": ("version: 1\nmodles: []\n" + GOOD_MODEL, "modles: unknown field"),
+    "unknown nested key": (GOOD_MODEL.replace("    context_window", "    api_bse: http://x\n    context_window"),
+                           "models[0].api_bse: unknown field"),
+    "wrong type": (GOOD_MODEL.replace("context_window: 1000", "context_window: lots"), "models[0].context_window"),
+    "list for a mapping": (GOOD_MODEL.replace("prices: {input: 1, output: 2}", "prices: [1, 2]"), "models[0].prices"),
+    "string for a list": (GOOD_MODEL + "rules: all\n", "rules"),
+    "api_base not http": (GOOD_MODEL.replace("http://127.0.0.1:9/v1", "file:///etc/passwd"), "api_base"),
+    "key in place of a variable name": (GOOD_MODEL.replace("    prices", "    api_key_env: sk-live-123\n    prices"),
+                                        "api_key_env"),
+    "rule on an unknown feature": (GOOD_MODEL + "rules:\n  - {name: r, when: {__class__: 1}, only: [m]}\n", "rules[0]"),
+    "alias bomb": ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+    ) + GOOD_MODEL, "expands to more than"),
+    "recursive alias": ("a: &a [*a]\n" + GOOD_MODEL, "expands to more than"),
+    "two documents": (GOOD_MODEL + "---\n" + GOOD_MODEL, "not valid YAML"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_POLICIES))
+def test_bad_policy_files_are_refused_at_startup(tmp_path: Path, case: str) -> None:
+    from router.app import build_services
+    from router.errors import ConfigError
+    from router.policy.config import load_policy
+    from router.settings import Settings
+
+    text, expected = BAD_POLICIES[case]
+    path = write_policy(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_policy(path)
+    assert str(path) in str(err.value) and expected in str(err.value), str(err.value)
+    with pytest.raises(ConfigError):
+        build_services(Settings(config=path, store=f"sqlite:///{tmp_path / 'x.db'}"))
+
+
+TAGS = [
+    "!!python/object/apply:os.system ['touch {marker}']",
+    "!!python/object/new:subprocess.Popen [['touch', '{marker}']]",
+    "!!python/name:os.system",
+    "!!python/module:os",
+    '!!python/object/apply:builtins.exec [\'open("{marker}", "w")\']',
+]
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_python_tags_in_a_policy_never_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tag: str
+) -> None:
+    from router.cli import main
+
+    marker = tmp_path / "pwned"
+    for where in ("name: {tag}\n", "models:\n  - id: {tag}\n"):
+        text = (
+            "version: 1\n"
+            + where.format(tag=tag.format(marker=marker))
+            + GOOD_MODEL.replace("models:\n", "", 1)
+        )
+        path = write_policy(tmp_path, text)
+        assert main(["check", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "not valid YAML" in err and "python" in err
+    assert not marker.exists()
+
+
+def artifact_bytes() -> bytes:
+    from router.policy import taskfeatures
+    from router.policy.learned import FORMAT
+
+    width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+    params = {
+        "weights": [0.0] * width,
+        "platt": [1.0, 0.0],
+        "cost_weights": [0.0] * len(taskfeatures.NUMERIC),
+    }
+    return orjson.dumps({"format": FORMAT, "feature_schema": taskfeatures.schema(), "models": {"m": params}})
+
+
+def learned_policy(tmp_path: Path, sha: str) -> Path:
+    return write_policy(
+        tmp_path, f"version: 1\nlearned: {{artifact: learned.json, sha256: {sha}}}\n" + GOOD_MODEL
+    )
+
+
+def test_a_learned_artifact_must_match_its_pin(tmp_path: Path) -> None:
+    from router.errors import ConfigError
+    from router.policy.runtime import PolicyWatcher, load_runtime
+
+    raw = artifact_bytes()
+    (tmp_path / "learned.json").write_bytes(raw)
+    path = learned_policy(tmp_path, hashlib.sha256(raw).hexdigest())
+    runtime = load_runtime(path)  # the pinned artifact loads
+    assert runtime.decider.scorer.name.startswith("learned:")
+
+    tampered = raw.replace(b'"platt":[1.0,0.0]', b'"platt":[9.0,0.0]')
+    assert tampered != raw
+    (tmp_path / "learned.json").write_bytes(tampered)
+    with pytest.raises(ConfigError) as err:
+        load_runtime(path)
+    assert "sha256 mismatch" in str(err.value)
+    # A running router that sees the change keeps the policy it has.
+    installed: list[object] = []
+    watcher = PolicyWatcher(path, installed.append, runtime)
+    os.utime(tmp_path / "learned.json", ns=(1, 1))
+    assert watcher.check(runtime) is False and installed == []
+
+    # Pinned, but not an artifact: a pickle is refused as "not JSON", never unpickled.
+    import pickle
+
+    evil = pickle.dumps(os.system)
+    (tmp_path / "learned.json").write_bytes(evil)
+    path = learned_policy(tmp_path, hashlib.sha256(evil).hexdigest())
+    with pytest.raises(ConfigError) as err:
+        load_runtime(path)
+    assert "not JSON" in str(err.value)

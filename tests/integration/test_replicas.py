@@ -24,7 +24,7 @@ from router.fakeupstream import FakeUpstream
 from router.training import dataset
 from router.training.commands import promote
 from router.training.fit import fit
-from tests.integration.conftest import RunningRouter, local_policy
+from tests.integration.conftest import local_policy
 from tests.integration.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,9 @@ def pair(pg_schema: str, router_factory, upstream: FakeUpstream, tmp_path: Path)
     # pg_schema comes first so that it is dropped after the routers have stopped and flushed.
     """Two replicas, one policy file, one Redis prefix, one PostgreSQL schema."""
 
-    def make(policy: dict[str, Any] | None = None, redis_port: int = REDIS_PORT, pg_port: int = 5432, **kw: Any):  # type: ignore[no-untyped-def]
+    def make(
+        policy: dict[str, Any] | None = None, redis_port: int = REDIS_PORT, pg_port: int = 5432, **kw: Any
+    ):  # type: ignore[no-untyped-def]
         config = tmp_path / "shared-policy.yaml"
         config.write_text(yaml.safe_dump(policy or local_policy(upstream.url)))
         common = dict(config=config, store=pg_url(pg_schema, pg_port), redis_url=f"redis://127.0.0.1:{redis_port}/0",
@@ -87,7 +89,9 @@ def test_pin_made_on_a_holds_on_b(pair, pg_schema: str) -> None:  # type: ignore
     deadline = time.monotonic() + 10
     while len(pg_rows(pg_schema, "SELECT request_id FROM requests")) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
-    rows = pg_rows(pg_schema, f"SELECT chosen_model FROM requests WHERE task_id = '{task['x-router-task-id']}'")
+    rows = pg_rows(
+        pg_schema, f"SELECT chosen_model FROM requests WHERE task_id = '{task['x-router-task-id']}'"
+    )
     assert sorted(r[0] for r in rows) == ["local-large", "local-large"]
 
 
@@ -110,7 +114,10 @@ def test_200_concurrent_requests_never_overspend_a_task_budget(pair, upstream, p
     deadline = time.monotonic() + 15
     while len(pg_rows(pg_schema, "SELECT 1 FROM requests")) < 200 and time.monotonic() < deadline:
         time.sleep(0.2)
-    spent = pg_rows(pg_schema, f"SELECT SUM(cost_usd) FROM requests WHERE status = 200 AND task_id = '{task['x-router-task-id']}'")
+    spent = pg_rows(
+        pg_schema,
+        f"SELECT SUM(cost_usd) FROM requests WHERE status = 200 AND task_id = '{task['x-router-task-id']}'",
+    )
     assert spent[0][0] <= budget, spent
     refused = pg_rows(pg_schema, "SELECT error_type FROM requests WHERE status = 403")
     assert {r[0] for r in refused} == {"BudgetExceeded"}
