@@ -1,9 +1,14 @@
 """Fitting: per model, a calibrated P(success | task) and a model of an attempt's cost.
 
-Each model gets an L2-regularised logistic regression over the task features, calibrated by
-Platt scaling on cross-validated scores (so the probabilities the planner multiplies are
-honest), and a ridge regression of log attempt cost on the task's shape features. Models with
-too little data fall back to smoothed rates. Everything is exported as plain numbers.
+Difficulty is learned once from every model's attempts (``pooled``: a shared linear score of the
+task features); each model then gets its own intercept and slope on that score, fitted on
+out-of-fold scores so the probabilities the planner multiplies are honest. Its weights are
+exported over the task features as before (slope × shared weights, intercept on the bias), so
+the artifact reads the same. When the log is too small for a shared score, each model gets an
+L2-regularised logistic regression of its own, Platt-calibrated on cross-validated scores.
+A ridge regression of log attempt cost on the task's shape features gives each model's cost;
+models with too little data fall back to smoothed rates. How much one task's outcomes go
+together beyond its features (``taskeffect``) is stored for the planner's retries.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
 from router.policy import taskfeatures
 from router.policy.learned import FORMAT
+from router.training import pooled, taskeffect
 from router.training.dataset import AttemptRow
 
 MIN_ROWS_FOR_MODEL = 8
@@ -32,15 +38,28 @@ def _smoothed_logit(successes: float, n: float) -> float:
     return math.log(p / (1 - p))
 
 
-def fit_model(rows: Sequence[AttemptRow], c: float = 0.5) -> tuple[dict[str, Any], np.ndarray]:
-    """Parameters for one model and its out-of-fold probabilities (for calibration metrics)."""
+def fit_model(
+    rows: Sequence[AttemptRow], c: float = 0.5, shared: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Parameters for one model and its out-of-fold probabilities (for calibration metrics).
+
+    ``shared`` is (shared weights, these rows' out-of-fold shared scores), when there is one.
+    """
     width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
     y = np.array([r.success for r in rows], dtype=int)
     x = matrix(rows)
     n, k = len(rows), int(y.sum())
     weights = np.zeros(width)
     platt = (1.0, 0.0)
-    if n >= MIN_ROWS_FOR_MODEL and 2 <= k <= n - 2:
+    if n >= MIN_ROWS_FOR_MODEL and 2 <= k <= n - 2 and shared is not None:
+        shared_weights, score = shared
+        # Two parameters per model: its level and how much the shared difficulty moves it.
+        lr = LogisticRegression(C=10.0).fit(score.reshape(-1, 1), y)
+        slope, level = float(lr.coef_[0][0]), float(lr.intercept_[0])
+        weights = slope * shared_weights
+        weights[0] += level
+        oof = lr.predict_proba(score.reshape(-1, 1))[:, 1]
+    elif n >= MIN_ROWS_FOR_MODEL and 2 <= k <= n - 2:
         # The bias is feature 0, so no separate intercept: the weights then carry everything.
         clf = LogisticRegression(C=c, fit_intercept=False, max_iter=2000)
         folds = min(5, k, n - k)
@@ -102,18 +121,19 @@ def fit(rows: Sequence[AttemptRow], *, c: float = 0.5) -> dict[str, Any]:
     """The artifact (a JSON-ready dict) for these attempt rows."""
     if not rows:
         raise ValueError("no labelled attempts in the log: send traffic and outcomes first")
-    per_model: dict[str, list[AttemptRow]] = defaultdict(list)
-    for r in rows:
-        per_model[r.model].append(r)
+    shared = pooled.shared_score(rows, matrix(rows))
+    per_model: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        per_model[r.model].append(i)
     models: dict[str, Any] = {}
-    all_p: list[float] = []
-    all_y: list[bool] = []
-    for model, mrows in sorted(per_model.items()):
-        params, oof = fit_model(mrows, c=c)
+    p = np.zeros(len(rows))
+    for model, idx in sorted(per_model.items()):
+        given = (shared.weights, shared.oof[idx]) if shared.c is not None else None
+        params, oof = fit_model([rows[i] for i in idx], c=c, shared=given)
         models[model] = params
-        all_p.extend(oof)
-        all_y.extend(r.success for r in mrows)
-    p, y = np.array(all_p), np.array(all_y, dtype=np.float64)
+        p[idx] = oof
+    y = np.array([r.success for r in rows], dtype=np.float64)
+    task_sd = taskeffect.estimate(pooled.task_groups(rows), p, y)
     return {
         "format": FORMAT,
         "feature_schema": taskfeatures.schema(),
@@ -130,6 +150,8 @@ def fit(rows: Sequence[AttemptRow], *, c: float = 0.5) -> dict[str, Any]:
             "brier_base_rate": round(float(np.mean((y.mean() - y) ** 2)), 4),
             "reliability": reliability(p, y),
         },
+        "shared_score": {"c": shared.c},
+        "task_effect_sd": task_sd,
         "models": models,
     }
 
