@@ -1,0 +1,297 @@
+"""Secrets and privacy canary: unique secrets and a prompt marker go through every path, and come out nowhere.
+
+Canaries: the provider key (in the backends' key variable), a virtual key, a second virtual key
+limited to one model, the master key, and a marker in every prompt. Each request path is taken —
+success (relayed and translated), fallback after a 500, a stream cut mid-way, and each error
+(400 bad input, 404 model, 403 model not allowed, 413, upstream 400, upstream 429), streamed and
+not, in all three protocols — and then the log output, the SQLite files, ``/metrics``, the
+trace spans, every response body and every response header are searched for the canaries.
+The provider key must reach the provider: that is its point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from router import keys
+from router.app import Services
+from router.fakeupstream import FakeUpstream
+from router.store.sqlite import SQLiteStore
+from router.telemetry import build_telemetry
+from tests.integration.conftest import RunningRouter
+
+pytestmark = pytest.mark.integration
+
+KEY_ENV = "ROUTER_CANARY_PROVIDER_KEY"
+CHAT, MESSAGES, RESPONSES = "/v1/chat/completions", "/v1/messages", "/v1/responses"
+
+
+@dataclass
+class Canaries:
+    provider: str = field(default_factory=lambda: "sk-canary-provider-" + uuid.uuid4().hex)
+    master: str = field(default_factory=lambda: "canary-master-" + uuid.uuid4().hex)
+    marker: str = field(default_factory=lambda: "CANARYPROMPT" + uuid.uuid4().hex)
+    virtual: str = ""
+    restricted: str = ""
+
+    def secrets(self) -> dict[str, str]:
+        return {"provider key": self.provider, "master key": self.master, "virtual key": self.virtual,
+                "restricted key": self.restricted}  # fmt: skip
+
+    def everything(self) -> dict[str, str]:
+        return {**self.secrets(), "prompt marker": self.marker}
+
+
+def backend(id_: str, model: str, protocol: str, base: str) -> dict[str, Any]:
+    return {"id": id_, "litellm_model": model, "protocol": protocol, "api_base": base, "api_key_env": KEY_ENV,
+            "prices": {"input": 1.0, "output": 2.0}, "context_window": 100_000, "max_output_tokens": 4096,
+            "capabilities": {"tools": True}}  # fmt: skip
+
+
+def canary_policy(up: str) -> dict[str, Any]:
+    v1 = up + "/v1"
+    models = [
+        backend("nano", "openai/nano-model", "openai", v1),
+        backend("claude", "anthropic/claude-local", "anthropic", up),
+        backend("resp", "openai/large-model", "openai_responses", v1),
+        backend("broken", "openai/nano-model@status=500", "openai", v1),
+        backend("broken-claude", "anthropic/claude-local@status=500", "anthropic", up),
+        backend("limited", "openai/nano-model@status=429", "openai", v1),
+        backend("refuses", "openai/nano-model@status=400", "openai", v1),
+        backend("cut", "openai/nano-model@break_after=2", "openai", v1),
+        backend("cut-claude", "anthropic/claude-local@break_after=2", "anthropic", up),
+    ]
+    routes = [
+        {"match": "ok-openai", "passthrough": "nano"},
+        {"match": "ok-claude", "passthrough": "claude"},
+        {"match": "ok-resp", "passthrough": "resp"},
+        {"match": "fallback", "passthrough": "broken", "fallbacks": ["nano"]},
+        {"match": "fallback-claude", "passthrough": "broken-claude", "fallbacks": ["claude"]},
+        {"match": "limited", "passthrough": "limited"},
+        {"match": "refuses", "passthrough": "refuses"},
+        {"match": "cut", "passthrough": "cut"},
+        {"match": "cut-claude", "passthrough": "cut-claude"},
+    ]
+    return {"version": 1, "name": "canary", "models": models, "routes": routes}
+
+
+def body(path: str, model: str, marker: str, stream: bool, **extra: Any) -> dict[str, Any]:
+    text = f"please remember {marker} and answer"
+    if path == CHAT:
+        out: dict[str, Any] = {"model": model, "messages": [{"role": "system", "content": marker},
+                                                            {"role": "user", "content": text}]}  # fmt: skip
+    elif path == MESSAGES:
+        out = {
+            "model": model,
+            "max_tokens": 64,
+            "system": marker,
+            "messages": [{"role": "user", "content": text}],
+        }
+    else:
+        out = {"model": model, "instructions": marker, "input": text}
+    return {**out, "stream": stream, **extra}
+
+
+#: (requested model, what the client should see); every model runs in every protocol, streamed and not.
+SCENARIOS = [
+    ("ok-openai", "ok"),
+    ("ok-claude", "ok"),
+    ("ok-resp", "ok"),
+    ("fallback", "ok"),
+    ("fallback-claude", "ok"),
+    ("cut", "ok-or-error-event"),
+    ("cut-claude", "ok-or-error-event"),
+    ("limited", 429),
+    ("refuses", 400),
+    ("no-such-model", 404),
+]
+
+
+@dataclass
+class Seen:
+    bodies: list[str] = field(default_factory=list)
+    headers: list[str] = field(default_factory=list)
+
+    def add(self, r: httpx.Response) -> None:
+        self.bodies.append(r.text)
+        self.headers.append("\n".join(f"{k}: {v}" for k, v in r.headers.multi_items()))
+
+
+async def make_keys(db: Path, c: Canaries) -> tuple[str, str]:
+    store = SQLiteStore(str(db))
+    await store.open()
+    try:
+        c.virtual, rec = keys.new_key("canary agent")
+        await store.create_key(rec)
+        c.restricted, limited = keys.new_key("canary limited", models=["ok-openai"])
+        await store.create_key(limited)
+        return rec.key_id, limited.key_id
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def canaries(monkeypatch: pytest.MonkeyPatch) -> Iterator[Canaries]:
+    c = Canaries()
+    monkeypatch.setenv(KEY_ENV, c.provider)
+    yield c
+
+
+def run_every_path(r: RunningRouter, c: Canaries, *, full: bool) -> tuple[Seen, int]:
+    """Send the whole matrix; return what the client saw and how many log rows to expect."""
+    seen = Seen()
+    sent = 0
+    protocols = (CHAT, MESSAGES, RESPONSES)
+    with httpx.Client(base_url=r.url, timeout=30) as http:
+        auth_headers = [{"authorization": f"Bearer {c.virtual}"}, {"x-api-key": c.virtual}]
+        for n, (path, stream, (model, expect)) in enumerate(
+            (p, s, sc) for p in protocols for s in (False, True) for sc in SCENARIOS
+        ):
+            if not full and (stream or model not in ("ok-openai", "ok-claude", "refuses")):
+                continue
+            resp = http.post(path, json=body(path, model, c.marker, stream), headers=auth_headers[n % 2])
+            sent += 1
+            seen.add(resp)
+            if expect == "ok":
+                assert resp.status_code == 200, (path, model, stream, resp.text)
+            elif expect == "ok-or-error-event":
+                assert resp.status_code in (200, 502), (path, model, stream, resp.text)
+            else:
+                assert resp.status_code == expect, (path, model, stream, resp.text)
+            if stream and resp.status_code == 200:
+                assert "text/event-stream" in resp.headers["content-type"]
+        key = {"x-api-key": c.virtual}
+        for path in protocols:
+            # 400: bad input (the marker is in the body); 403: a model the key may not use; 413: too big.
+            cases = [
+                (body(path, "ok-openai", c.marker, False, temperature=9), key, 400),
+                (body(path, "ok-claude", c.marker, False), {"x-api-key": c.restricted}, 403),
+                (body(path, "ok-openai", c.marker * 2000, False), key, 413),
+            ]
+            for payload, headers, status in cases:
+                resp = http.post(path, json=payload, headers=headers)
+                sent += 1
+                seen.add(resp)
+                assert resp.status_code == status, (path, status, resp.text)
+        # The master key and the side endpoints.
+        resp = http.post(CHAT, json=body(CHAT, "ok-openai", c.marker, False), headers={"x-api-key": c.master})
+        sent += 1
+        seen.add(resp)
+        assert resp.status_code == 200
+        count = body(MESSAGES, "ok-claude", c.marker, False)
+        for extra in (http.post("/v1/messages/count_tokens", json=count, headers=key),
+                      http.post("/v1/route", json=body(CHAT, "ok-openai", c.marker, False), headers=key),
+                      http.post(CHAT, json=body(CHAT, "ok-openai", c.marker, False))):  # fmt: skip
+            seen.add(extra)
+        assert extra.status_code == 401
+        sent += 1  # the 401 is logged too
+        metrics = http.get("/metrics")
+        seen.add(metrics)
+    return seen, sent
+
+
+def start(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, c: Canaries, **settings: Any
+) -> tuple[RunningRouter, InMemorySpanExporter, tuple[str, str]]:
+    spans = InMemorySpanExporter()
+
+    def hook(s: Services) -> None:
+        s.telemetry = build_telemetry(s.settings, env={}, exporter=spans)
+
+    upstream.clear()
+    r = router_factory(canary_policy(upstream.url), services_hook=hook, master_key=c.master,
+                       max_body_bytes=50_000, **settings)  # fmt: skip
+    ids = asyncio.run(make_keys(r.db_path, c))
+    return r, spans, ids
+
+
+def store_bytes(db: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(db.parent.glob(db.name + "*")))
+
+
+def assert_absent(where: str, text: str | bytes, canaries: dict[str, str]) -> None:
+    data = text.encode() if isinstance(text, str) else text
+    for name, value in canaries.items():
+        assert value.encode() not in data, f"the {name} leaked into {where}"
+
+
+def assert_provider_got_its_key(upstream: FakeUpstream, c: Canaries) -> None:
+    sent = upstream.requests()
+    assert len(sent) >= 10
+    for req in sent:
+        h = req["headers"]
+        assert h.get("x-api-key") == c.provider or h.get("authorization") == f"Bearer {c.provider}", h
+        assert_absent(
+            "a provider request", str(req), {k: v for k, v in c.secrets().items() if k != "provider key"}
+        )
+
+
+def test_canaries_leak_nowhere(
+    router_factory: Callable[..., RunningRouter],
+    upstream: FakeUpstream,
+    canaries: Canaries,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    r, spans, (virtual_id, _) = start(router_factory, upstream, canaries)
+    seen, sent = run_every_path(r, canaries, full=True)
+    assert_provider_got_its_key(upstream, canaries)
+    rows = r.records(sent)
+    assert len(rows) >= sent
+    assert any(row["key_id"] == virtual_id for row in rows)
+    assert {row["status"] for row in rows} >= {200, 400, 401, 403, 404, 413, 429}
+    r.stop()  # flushes the log writer and the span processor
+
+    everything = canaries.everything()
+    for i, text in enumerate(seen.headers):
+        assert_absent(f"response headers #{i}", text, everything)
+    for i, text in enumerate(seen.bodies):
+        # A successful reply may quote the prompt back (a model would); errors and metrics may not.
+        assert_absent(f"response body #{i}", text, everything if "error" in text or i == len(seen.bodies) - 1
+                      else canaries.secrets())  # fmt: skip
+    metrics = seen.bodies[-1]
+    assert "router_requests_total" in metrics or metrics.startswith("metrics are not enabled")
+    assert_absent("the log output", caplog.text, everything)
+    out, err = capfd.readouterr()
+    assert_absent("stdout/stderr", out + err, everything)
+    assert_absent("the SQLite store", store_bytes(r.db_path), everything)
+    finished = spans.get_finished_spans()
+    assert finished
+    assert_absent("trace spans", "\n".join(s.to_json() for s in finished), everything)
+
+
+def test_prompts_are_stored_only_when_the_operator_opts_in(
+    router_factory: Callable[..., RunningRouter],
+    upstream: FakeUpstream,
+    canaries: Canaries,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    r, spans, _ = start(router_factory, upstream, canaries, log_prompts=True)
+    seen, sent = run_every_path(r, canaries, full=False)
+    assert_provider_got_its_key(upstream, canaries)
+    rows = r.records(sent)
+    r.stop()
+    stored = [row["prompt"] for row in rows if row["prompt"]]
+    assert stored and all(canaries.marker in p for p in stored)
+    data = store_bytes(r.db_path)
+    assert canaries.marker.encode() in data
+    assert_absent("the SQLite store", data, canaries.secrets())
+    assert_absent("the log output", caplog.text, canaries.everything())
+    # Spans carry prompts only with ROUTER_TRACE_PROMPTS as well.
+    assert_absent(
+        "trace spans", "\n".join(s.to_json() for s in spans.get_finished_spans()), canaries.everything()
+    )
+    assert os.environ[KEY_ENV] == canaries.provider
