@@ -1,0 +1,134 @@
+"""The objective, plan choice, dataset labels, calibration and the artifact's checks."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import orjson
+import pytest
+
+from router.errors import ConfigError
+from router.policy import taskfeatures
+from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.policy.plan import Option, best_plan, evaluate
+from router.training import dataset, offpolicy
+from router.training.fit import fit
+
+CHEAP = Option("cheap", 0.5, 1.0)
+STRONG = Option("strong", 0.9, 4.0)
+
+
+def test_plan_arithmetic() -> None:
+    p = evaluate([CHEAP, STRONG])
+    assert p.expected_cost == pytest.approx(1.0 + 0.5 * 4.0)
+    assert p.success == pytest.approx(1 - 0.5 * 0.1)
+    assert p.cost_per_completed == pytest.approx(3.0 / 0.95)
+
+
+def test_best_plan_minimises_cost_per_completed_task() -> None:
+    # cheap alone: 1/0.5 = 2.0 per completed; strong alone: 4/0.9 = 4.44; cheap then cheap again is
+    # penalised as a repeat. The cheap model first, then strong, beats strong alone.
+    plan = best_plan([CHEAP, STRONG], attempts_left=1)
+    assert plan.models == ("cheap",)
+    hard = [Option("cheap", 0.05, 1.0), STRONG]
+    assert best_plan(hard, attempts_left=3).models[0] == "strong"
+
+
+def test_success_floor_and_budget() -> None:
+    plan = best_plan([CHEAP, STRONG], attempts_left=2, min_success=0.9)
+    assert plan.success >= 0.9
+    # A floor no plan reaches: the most successful plan, not a refusal.
+    assert best_plan([CHEAP], attempts_left=1, min_success=0.99).models == ("cheap",)
+    # A budget that only the cheap model fits steps down to it.
+    assert best_plan([STRONG, CHEAP], attempts_left=1, budget=2.0, min_success=0.8).models == ("cheap",)
+
+
+def test_failed_models_count_less() -> None:
+    fresh = best_plan([CHEAP, STRONG], attempts_left=1)
+    after = best_plan([CHEAP, STRONG], attempts_left=1, already_failed=["cheap"])
+    assert fresh.models == ("cheap",) and after.models == ("strong",)
+
+
+def test_shortlist_keeps_planning_bounded() -> None:
+    rng = random.Random(0)
+    many = [Option(f"m{i}", rng.uniform(0.1, 0.9), rng.uniform(0.1, 5)) for i in range(24)]
+    plan = best_plan(many, attempts_left=3)
+    ratio = min(many, key=lambda o: o.attempt_cost / o.p_success)
+    assert plan.cost_per_completed <= ratio.attempt_cost / ratio.p_success + 1e-9
+
+
+def rows_for(n: int, seed: int = 0) -> list[dataset.AttemptRow]:
+    """Tasks about races fail on 'cheap' and succeed on 'strong'; typo tasks succeed on both."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        hard = i % 2 == 0
+        vec = taskfeatures.task_vector(("fix the race deadlock " if hard else "fix the typo docstring ") + str(i))
+        for model, cost in (("cheap", 0.01), ("strong", 0.04)):
+            ok = (model == "strong") or not hard
+            if rng.random() < 0.05:
+                ok = not ok
+            rows.append(dataset.AttemptRow(f"t{i}", 1, model, vec, ok, "explicit", cost, 5, 0.5, ["cheap", "strong"]))
+    return rows
+
+
+def test_fit_is_calibrated_and_separates_tasks() -> None:
+    art = fit(rows_for(80))
+    assert art["metrics"]["brier"] < art["metrics"]["brier_base_rate"]
+    bins = art["metrics"]["reliability"]
+    assert sum(b["n"] for b in bins) == 160
+    for b in bins:
+        if b["n"] >= 15:
+            assert abs(b["predicted"] - b["observed"]) < 0.25, b
+    artifact = Artifact.from_bytes(orjson.dumps(art), source="t", expected_sha256=None)
+    hard = taskfeatures.task_vector("fix the race deadlock 999")
+    easy = taskfeatures.task_vector("fix the typo docstring 999")
+    assert artifact.models["cheap"].p_success(hard) < 0.3 < 0.7 < artifact.models["cheap"].p_success(easy)
+    scorer = LearnedScorer(artifact, Objective(max_attempts=1))
+    assert scorer.plan(hard, ["cheap", "strong"])[0].models == ("strong",)
+    assert scorer.plan(easy, ["cheap", "strong"])[0].models == ("cheap",)
+    cost = artifact.models["strong"].attempt_cost(easy)
+    assert cost == pytest.approx(0.04, rel=0.2)
+
+
+def test_artifact_refuses_wrong_hash_and_schema() -> None:
+    raw = orjson.dumps(fit(rows_for(20)))
+    with pytest.raises(ConfigError, match="sha256 mismatch"):
+        Artifact.from_bytes(raw, source="a.json", expected_sha256="0" * 64)
+    obj = orjson.loads(raw)
+    obj["feature_schema"]["hash_dim"] = 7
+    with pytest.raises(ConfigError, match="feature schema mismatch"):
+        Artifact.from_bytes(orjson.dumps(obj), source="a.json", expected_sha256=None)
+    with pytest.raises(ConfigError, match="not a learned-policy artifact"):
+        Artifact.from_bytes(b'{"format": "pickle"}', source="a.json", expected_sha256=None)
+
+
+def test_dataset_labels_explicit_over_weak_and_abandoned() -> None:
+    vec = taskfeatures.to_json(taskfeatures.task_vector("x"))
+    req = {"task_id": "a", "attempt": 1, "chosen_model": "m", "status": 200, "ts": 100.0, "cost_usd": 0.1,
+           "task_features": vec, "propensity": 0.5, "candidates": [{"model": "m"}, {"model": "n"}]}  # fmt: skip
+    weak = {"task_id": "a", "attempt": 1, "success": False, "source": "tests", "explicit": False, "ts": 101}
+    explicit = {"task_id": "a", "attempt": 1, "success": True, "source": "explicit", "explicit": True, "ts": 99}
+    [row] = dataset.build([req], [weak, explicit], now=200)
+    assert row.success and row.label_source == "explicit" and row.actions == ["m", "n"]
+    [row] = dataset.build([req], [weak], now=200)
+    assert not row.success and row.label_source == "tests"
+    assert dataset.build([req], [], now=200, abandon_after_s=1000) == []  # still in progress
+    [row] = dataset.build([req], [], now=5000, abandon_after_s=1000)
+    assert row.label_source == "abandoned" and not row.success
+
+
+def test_offpolicy_estimates_recover_a_known_policy() -> None:
+    rows = rows_for(200, seed=1)
+    # Uniform logging over two models: propensity 0.5. The target policy: strong on hard tasks only.
+    hard = {r.task_id for r in rows if r.model == "cheap" and not r.success}
+
+    def choose(r: dataset.AttemptRow) -> str:
+        return "strong" if r.task_id in hard else "cheap"
+
+    est = offpolicy.evaluate(rows, choose)
+    truth = [r for r in rows if r.model == choose(r)]
+    assert est.success == pytest.approx(np.mean([r.success for r in truth]), abs=0.02)
+    assert est.ci_success[0] <= est.success <= est.ci_success[1]
+    assert offpolicy.logged(rows).success == pytest.approx(np.mean([r.success for r in rows]))
