@@ -92,6 +92,24 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return run_tasks(args)
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from router.store import mask_url, open_store
+    from router.store.schema import SCHEMA_VERSION
+
+    url = args.store or os.environ.get("ROUTER_STORE", "sqlite:///router.db")
+
+    async def run() -> None:
+        store = open_store(url)
+        await store.open()  # applies pending migrations, each in its own transaction
+        await store.close()
+
+    asyncio.run(run())
+    print(f"{mask_url(url)}: schema at version {SCHEMA_VERSION}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="router", description="A cost-aware model router for coding agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -125,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", required=True, help="artifact path, e.g. policies/learned/NAME.json")
     tr.add_argument("--since", help="only requests this recent (e.g. 7d)")
     tr.set_defaults(func=cmd_train)
+
+    mg = sub.add_parser("migrate", help="create or upgrade the log store's schema, then exit")
+    mg.add_argument("--store", help="log store URL (env ROUTER_STORE)")
+    mg.set_defaults(func=cmd_migrate)
 
     pr = sub.add_parser("promote", help="pin a trained artifact in a policy file (routers reload it)")
     pr.add_argument("artifact")

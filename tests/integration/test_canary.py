@@ -120,12 +120,20 @@ SCENARIOS = [
 
 @dataclass
 class Seen:
-    bodies: list[str] = field(default_factory=list)
+    bodies: list[tuple[int, str]] = field(default_factory=list)
     headers: list[str] = field(default_factory=list)
 
     def add(self, r: httpx.Response) -> None:
-        self.bodies.append(r.text)
+        self.bodies.append((r.status_code, r.text))
         self.headers.append("\n".join(f"{k}: {v}" for k, v in r.headers.multi_items()))
+
+    def errors(self) -> list[str]:
+        """Error bodies, and the error events inside streams that failed after their first token."""
+        out = [text for status, text in self.bodies if status >= 400]
+        for status, text in self.bodies:
+            if status == 200:
+                out += [line for line in text.splitlines() if '"error":{' in line.replace(" ", "")]
+        return out
 
 
 async def make_keys(db: Path, c: Canaries) -> tuple[str, str]:
@@ -259,11 +267,15 @@ def test_canaries_leak_nowhere(
     everything = canaries.everything()
     for i, text in enumerate(seen.headers):
         assert_absent(f"response headers #{i}", text, everything)
-    for i, text in enumerate(seen.bodies):
+    for i, (_, text) in enumerate(seen.bodies):
         # A successful reply may quote the prompt back (a model would); errors and metrics may not.
-        assert_absent(f"response body #{i}", text, everything if "error" in text or i == len(seen.bodies) - 1
-                      else canaries.secrets())  # fmt: skip
-    metrics = seen.bodies[-1]
+        assert_absent(f"response body #{i}", text, canaries.secrets())
+    errors = seen.errors()
+    assert len(errors) >= 30
+    for i, text in enumerate(errors):
+        assert_absent(f"error #{i}", text, everything)
+    metrics = seen.bodies[-1][1]
+    assert_absent("/metrics", metrics, everything)
     assert "router_requests_total" in metrics or metrics.startswith("metrics are not enabled")
     assert_absent("the log output", caplog.text, everything)
     out, err = capfd.readouterr()

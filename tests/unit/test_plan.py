@@ -64,12 +64,16 @@ def rows_for(n: int, seed: int = 0) -> list[dataset.AttemptRow]:
     rows = []
     for i in range(n):
         hard = i % 2 == 0
-        vec = taskfeatures.task_vector(("fix the race deadlock " if hard else "fix the typo docstring ") + str(i))
+        vec = taskfeatures.task_vector(
+            ("fix the race deadlock " if hard else "fix the typo docstring ") + str(i)
+        )
         for model, cost in (("cheap", 0.01), ("strong", 0.04)):
             ok = (model == "strong") or not hard
             if rng.random() < 0.05:
                 ok = not ok
-            rows.append(dataset.AttemptRow(f"t{i}", 1, model, vec, ok, "explicit", cost, 5, 0.5, ["cheap", "strong"]))
+            rows.append(
+                dataset.AttemptRow(f"t{i}", 1, model, vec, ok, "explicit", cost, 5, 0.5, ["cheap", "strong"])
+            )
     return rows
 
 
@@ -109,7 +113,14 @@ def test_dataset_labels_explicit_over_weak_and_abandoned() -> None:
     req = {"task_id": "a", "attempt": 1, "chosen_model": "m", "status": 200, "ts": 100.0, "cost_usd": 0.1,
            "task_features": vec, "propensity": 0.5, "candidates": [{"model": "m"}, {"model": "n"}]}  # fmt: skip
     weak = {"task_id": "a", "attempt": 1, "success": False, "source": "tests", "explicit": False, "ts": 101}
-    explicit = {"task_id": "a", "attempt": 1, "success": True, "source": "explicit", "explicit": True, "ts": 99}
+    explicit = {
+        "task_id": "a",
+        "attempt": 1,
+        "success": True,
+        "source": "explicit",
+        "explicit": True,
+        "ts": 99,
+    }
     [row] = dataset.build([req], [weak, explicit], now=200)
     assert row.success and row.label_source == "explicit" and row.actions == ["m", "n"]
     [row] = dataset.build([req], [weak], now=200)
