@@ -133,6 +133,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             await s.upstream.close()
             await s.store.close()
             await s.state.aclose()
+            s.telemetry.close()
 
     app = FastAPI(title="router", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = s

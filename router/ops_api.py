@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from router.errors import BadRequest, RouterError
 from router.ledger import load_task
+from router.telemetry.health import HealthCollector
 from router.telemetry.metrics import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
@@ -34,6 +35,9 @@ class TaskNotFound(BadRequest):
 def register_ops(app: FastAPI, s: Services) -> None:
     # Routes are labelled by the policy in force, which a reload may replace.
     s.telemetry.use_policy(lambda: s.policy)
+    registry = getattr(getattr(s.telemetry, "metrics", None), "registry", None)
+    if registry is not None:
+        registry.register(HealthCollector(s))
 
     @app.get("/metrics", tags=["ops"])
     async def metrics() -> Response:

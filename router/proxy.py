@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -144,9 +144,28 @@ class Proxy:
         hide_usage = req.protocol == OPENAI_CHAT and not req.include_usage
         rec.status = 200
         content_events = 1
+        started = finished = False
+
+        def finalize() -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            c.release()
+            phases.finish()
+            self._account(rec, c.observer.usage, content_events)
+            self._finish(rec, phases, state, held)
+
+        async def abandoned() -> None:
+            # The client left before the body began: close the upstream and account anyway.
+            if not started:
+                rec.error_type = "client_disconnected"
+                await c.rest.aclose()  # type: ignore[attr-defined]
+            finalize()
 
         async def body() -> AsyncIterator[bytes]:
-            nonlocal content_events
+            nonlocal content_events, started
+            started = True
             try:
                 for ev in c.held:
                     if not (hide_usage and is_usage_only(ev.data)):
@@ -169,12 +188,9 @@ class Proxy:
                 rec.error_type = rec.error_type or "client_disconnected"
                 raise
             finally:
-                c.release()
-                phases.finish()
-                self._account(rec, c.observer.usage, content_events)
-                self._finish(rec, phases, state, held)
+                finalize()
 
-        return StreamingResponse(body(), media_type="text/event-stream", headers=_route_headers(rec))
+        return _Stream(body(), abandoned, media_type="text/event-stream", headers=_route_headers(rec))
 
     def _account(self, rec: RequestRecord, usage: Usage, content_events: int) -> None:
         if rec.chosen_model is None:
@@ -227,3 +243,17 @@ def _route_headers(rec: RequestRecord) -> dict[str, str]:
     if rec.task_id:
         h["x-router-task-id"] = rec.task_id
     return h
+
+
+class _Stream(StreamingResponse):
+    """A streamed reply that is accounted for even if the client leaves before its body starts."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()

@@ -9,6 +9,7 @@ Nothing is unpickled, ever.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from router.errors import ConfigError
@@ -96,6 +98,21 @@ class Artifact:
             raise ConfigError(f"{source}: task_effect_sd: expected a number in [0, 10], got {task_sd!r}")
         return cls(digest, models, obj["feature_schema"], meta, float(task_sd))
 
+    @functools.cached_property
+    def arrays(self) -> _Arrays:
+        """Every model's parameters stacked, so scoring all candidates is one product."""
+        k = len(taskfeatures.NUMERIC)
+        names = tuple(self.models)
+        cost = np.zeros((len(names), k))
+        for i, m in enumerate(self.models.values()):
+            cost[i, : min(k, len(m.cost_weights))] = m.cost_weights[:k]
+        return _Arrays(
+            names=names,
+            weights=np.array([m.weights for m in self.models.values()]).reshape(len(names), -1),
+            platt=np.array([m.platt for m in self.models.values()]).reshape(len(names), 2),
+            cost_weights=cost,
+        )
+
     @classmethod
     def load(cls, path: str | Path, expected_sha256: str | None) -> Artifact:
         try:
@@ -103,6 +120,25 @@ class Artifact:
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read learned artifact: {exc.strerror}") from None
         return cls.from_bytes(raw, source=str(path), expected_sha256=expected_sha256)
+
+
+@dataclass(frozen=True)
+class _Arrays:
+    names: tuple[str, ...]
+    weights: np.ndarray
+    platt: np.ndarray
+    cost_weights: np.ndarray
+
+    def score(self, vec: Mapping[int, float]) -> tuple[np.ndarray, np.ndarray]:
+        """(P(success), attempt cost) of every model, as ``ModelParams`` computes them one by one."""
+        idx = np.fromiter(vec.keys(), dtype=np.int64, count=len(vec))
+        vals = np.fromiter(vec.values(), dtype=np.float64, count=len(vec))
+        z = self.weights[:, idx] @ vals if len(idx) else np.zeros(len(self.names))
+        t = self.platt[:, 0] * z + self.platt[:, 1]
+        p = np.where(t >= 0, 1.0 / (1.0 + np.exp(-np.abs(t))), np.exp(-np.abs(t)) / (1.0 + np.exp(-np.abs(t))))
+        dense = idx < self.cost_weights.shape[1]
+        cost = np.exp(self.cost_weights[:, idx[dense]] @ vals[dense])
+        return p, cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +165,9 @@ class LearnedScorer:
         per_call_cost: Mapping[str, float] | None = None,
     ) -> list[Option]:
         known = {m: p for m, p in self.artifact.models.items() if m in models}
-        out = [Option(m, p.p_success(vec), p.attempt_cost(vec)) for m, p in known.items()]
+        arrays = self.artifact.arrays
+        p, cost = arrays.score(vec)
+        out = [Option(m, float(p[i]), float(cost[i])) for i, m in enumerate(arrays.names) if m in known]
         if len(out) < len(models):
             # A model the log has not seen: an even chance, at its call estimate times a typical
             # loop, or at the median attempt cost of the models that were seen.

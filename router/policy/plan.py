@@ -179,7 +179,8 @@ def _correlated(
         cost += costs[k] * alive.sum(axis=1)
         alive = alive * (1.0 - p[k] * np.where(repeat, REPEAT_FACTOR, 1.0)[:, None])
     success = 1.0 - alive.sum(axis=1)
+    names = [o.model for o in options]
     return [
-        Plan(tuple(options[i].model for i in seq), float(c), float(s))
-        for seq, c, s in zip(arr.tolist(), cost, success, strict=True)
+        Plan(tuple(map(names.__getitem__, seq)), c, s)
+        for seq, c, s in zip(arr.tolist(), cost.tolist(), success.tolist(), strict=True)
     ]

@@ -272,11 +272,13 @@ def test_canaries_leak_nowhere(
         assert_absent(f"response body #{i}", text, canaries.secrets())
     errors = seen.errors()
     assert len(errors) >= 30
+    assert any(status == 200 and "error" in text for status, text in seen.bodies)  # a stream cut short
     for i, text in enumerate(errors):
         assert_absent(f"error #{i}", text, everything)
     metrics = seen.bodies[-1][1]
     assert_absent("/metrics", metrics, everything)
     assert "router_requests_total" in metrics or metrics.startswith("metrics are not enabled")
+    assert "master key mode" in caplog.text  # the router's own records are captured
     assert_absent("the log output", caplog.text, everything)
     out, err = capfd.readouterr()
     assert_absent("stdout/stderr", out + err, everything)

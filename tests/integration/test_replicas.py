@@ -170,6 +170,9 @@ def test_redis_outage_fails_budgets_closed_and_the_rest_open(pair, upstream, rou
     plain, _, _ = pair(local_policy(upstream.url), redis_port=proxy.port)
     assert httpx.post(plain.url + CHAT, json=body(), timeout=20).status_code == 200
     assert httpx.get(plain.url + "/readyz").json()["state_fail_open"]
+    metrics = httpx.get(plain.url + "/metrics").text
+    assert 'router_state_fail_open_total{component="sessions"}' in metrics
+    assert "router_state_degraded 1.0" in metrics
     proxy.start()
     deadline = time.monotonic() + 5
     while httpx.post(a.url + CHAT, json=body(), timeout=20).status_code != 200:

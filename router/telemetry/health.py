@@ -1,0 +1,46 @@
+"""Metrics of the router's own dependencies, read at scrape time: shared state and the log writer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from router.app import Services
+
+
+class HealthCollector(Collector):
+    def __init__(self, services: Services) -> None:
+        self.s = services
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        state = self.s.state
+        fail_open = CounterMetricFamily(
+            "router_state_fail_open", "Shared-state calls served from local state because Redis was away.",
+            labels=["component"],
+        )  # fmt: skip
+        for component, n in state.fail_open_counts.items():
+            fail_open.add_metric([component], n)
+        yield fail_open
+        fail_closed = CounterMetricFamily(
+            "router_state_fail_closed", "Shared-state calls refused because Redis was away (budgets).",
+            labels=["component"],
+        )  # fmt: skip
+        for component, n in getattr(state, "fail_closed_counts", {}).items():
+            fail_closed.add_metric([component], n)
+        yield fail_closed
+        yield GaugeMetricFamily(
+            "router_state_degraded", "1 while Redis is unreachable.", value=int(state.degraded)
+        )
+        w = self.s.writer
+        records = CounterMetricFamily("router_log_records", "Log records by fate.", labels=["fate"])
+        for fate, n in (("written", w.written), ("dropped", w.dropped), ("rejected", w.rejected)):
+            records.add_metric([fate], n)
+        yield records
+        yield CounterMetricFamily(
+            "router_log_write_failures", "Failed log store writes (retried).", value=w.failures
+        )
+        yield GaugeMetricFamily("router_log_buffered", "Log records waiting for the store.", value=w.buffered)
