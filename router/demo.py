@@ -52,7 +52,7 @@ def _requests(big_prompt: str) -> list[tuple[str, str, dict[str, Any], dict[str,
     return [
         ("OpenAI, short question", "/v1/chat/completions",
          {"model": "auto", "messages": [{"role": "user", "content": "Say hello."}]}, {}),
-        ("OpenAI, streamed, with a tool", "/v1/chat/completions",
+        ("OpenAI, streamed, tool", "/v1/chat/completions",
          {"model": "auto", "stream": True, "tools": [BASH_TOOL],
           "messages": [{"role": "user", "content": "List the files."}]}, {}),
         ("OpenAI, 40k-token prompt", "/v1/chat/completions",
@@ -78,7 +78,7 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> 
     from router.fakeupstream import FakeUpstream
     from router.settings import Settings
 
-    console = Console()
+    console = Console(width=max(Console().width, 112))  # the tables need the room; narrow terminals wrap
     up_sock = _free_port(9100)
     up_port = up_sock.getsockname()[1]
     up_sock.close()
@@ -98,8 +98,8 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> 
             f"[bold]router[/] on {base}  ·  local upstream on {upstream.url}  ·  policy {POLICY.name}"
         )
         table = Table(title="Routed requests")
-        for col in ("request", "status", "routed to", "task", "in/out tokens", "ms"):
-            table.add_column(col)
+        for col in ("request", "status", "routed to", "in/out tokens", "ms"):
+            table.add_column(col, no_wrap=col != "request")
         big = "def f(x):\n    return x * 2\n" * 6000
         with httpx.Client(base_url=base, timeout=30) as client:
             for label, path, body, headers in _requests(big):
@@ -109,8 +109,9 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> 
                 )
                 ms = (time.perf_counter() - t0) * 1000
                 usage = _usage(r)
-                table.add_row(label, str(r.status_code), r.headers.get("x-router-model", "-"),
-                              (r.headers.get("x-router-task-id") or "-")[:14], usage, f"{ms:.0f}")  # fmt: skip
+                table.add_row(
+                    label, str(r.status_code), r.headers.get("x-router-model", "-"), usage, f"{ms:.0f}"
+                )
             preview = client.post(
                 "/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": big}]}
             )
@@ -150,26 +151,18 @@ def _print_log(console: Console, store: str) -> None:
     path = store.removeprefix("sqlite:///")
     con = sqlite3.connect(path)
     rows = con.execute(
-        "SELECT protocol, requested_model, chosen_model, status, input_tokens, output_tokens, cache_read_tokens, "
-        "cost_usd, ttft_ms, total_ms, error_type FROM requests ORDER BY ts DESC LIMIT 7"
+        "SELECT requested_model, chosen_model, status, input_tokens, output_tokens, cache_read_tokens, "
+        "cost_usd, ttft_ms, total_ms FROM requests ORDER BY ts DESC LIMIT 7"
     ).fetchall()
     con.close()
     table = Table(title=f"Last log records ({path})")
-    for col in (
-        "protocol",
-        "asked",
-        "chosen",
-        "status",
-        "in",
-        "out",
-        "cached",
-        "cost $",
-        "ttft ms",
-        "total ms",
-        "error",
-    ):
-        table.add_column(col)
+    for col in ("asked", "chosen", "status", "in", "out", "cached", "cost $", "ttft ms", "total ms"):
+        table.add_column(col, no_wrap=True)
     for row in reversed(rows):
-        table.add_row(*["-" if v is None else f"{v:.6f}" if isinstance(v, float) and v < 1 else
-                        f"{v:.1f}" if isinstance(v, float) else str(v) for v in row])  # fmt: skip
+        *head, cost, ttft, total = ["-" if v is None else v for v in row]
+        table.add_row(*map(str, head), _num(cost, "{:.6f}"), _num(ttft, "{:.1f}"), _num(total, "{:.1f}"))
     console.print(table)
+
+
+def _num(v: object, fmt: str) -> str:
+    return fmt.format(v) if isinstance(v, int | float) else str(v)

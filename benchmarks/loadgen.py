@@ -1,0 +1,150 @@
+"""A closed-loop load generator: N workers, each sending its next request when the last one ends.
+
+Each cell runs a warm-up (connections opened, lazy imports paid), then a measured window. Only
+requests that start and end inside the window count; the server's CPU time (from /proc) and the
+generator's own are read at the window's edges. A request counts as an error unless it gets a
+200 and a complete reply: a JSON body with usage, or a stream that carries content and its
+protocol's final event. For streams, TTFT is the time to the first byte of content (the first
+text delta), not to the first byte of the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from benchmarks.bodies import Template
+from benchmarks.procs import own_cpu_seconds
+
+#: The first text delta of an OpenAI chat stream (the role-only first chunk has ``"content":""``).
+OPENAI_CONTENT = re.compile(rb'"content":\s?"[^"]')
+#: The first content event of an Anthropic stream.
+ANTHROPIC_CONTENT = re.compile(rb"content_block_delta")
+_MARKER_SPAN = 64  # bytes kept from the previous chunk so a marker split across chunks is found
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What one scenario sends to one target."""
+
+    path: str
+    headers: Mapping[str, str]
+    body: Template
+    stream: bool
+    #: Found in the first content chunk of a stream.
+    content: re.Pattern[bytes] | None = None
+    #: The stream's final event.
+    end: bytes = b""
+    #: Distinct tasks the requests are spread over (each task's conversation repeats, its last turn differs).
+    tasks: int = 64
+
+
+@dataclass
+class CellResult:
+    requests: int = 0
+    errors: int = 0
+    window_s: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    ttfts_ms: list[float] = field(default_factory=list)
+    server_cpu_s: float = 0.0
+    driver_cpu_s: float = 0.0
+    first_error: str | None = None
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.window_s if self.window_s else 0.0
+
+
+@dataclass
+class _Window:
+    start: float = float("inf")
+    end: float = float("inf")
+    stop: bool = False
+
+
+async def run_cell(
+    base_url: str,
+    call: Call,
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float,
+    server_cpu: Callable[[], float],
+    counter: itertools.count[int],
+) -> CellResult:
+    """Drive ``call`` at ``concurrency`` for ``warmup_s`` + ``duration_s``; measure the window."""
+    result = CellResult()
+    window = _Window()
+    url = base_url + call.path
+    connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=30)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+    ) as session:
+
+        async def worker() -> None:
+            while not window.stop:
+                n = next(counter)
+                body = call.body.render(n % call.tasks, n)
+                started = time.perf_counter()
+                ok, ttft, error = await _one(session, url, call, body, started)
+                ended = time.perf_counter()
+                if started < window.start or ended > window.end:
+                    continue
+                result.requests += 1
+                if not ok:
+                    result.errors += 1
+                    result.first_error = result.first_error or error
+                    continue
+                result.latencies_ms.append((ended - started) * 1000)
+                if ttft is not None:
+                    result.ttfts_ms.append(ttft * 1000)
+
+        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        try:
+            await asyncio.sleep(warmup_s)
+            cpu0, own0, window.start = server_cpu(), own_cpu_seconds(), time.perf_counter()
+            await asyncio.sleep(duration_s)
+            window.end = time.perf_counter()
+            cpu1, own1 = server_cpu(), own_cpu_seconds()
+            window.stop = True
+            await asyncio.wait_for(asyncio.gather(*workers), timeout=60)
+        finally:
+            for w in workers:
+                w.cancel()
+    result.window_s = window.end - window.start
+    result.server_cpu_s = cpu1 - cpu0
+    result.driver_cpu_s = own1 - own0
+    return result
+
+
+async def _one(
+    session: aiohttp.ClientSession, url: str, call: Call, body: bytes, started: float
+) -> tuple[bool, float | None, str | None]:
+    """Send one request; (complete and well-formed, TTFT in seconds if streamed, error text)."""
+    try:
+        async with session.post(url, data=body, headers=call.headers) as resp:
+            if not call.stream:
+                raw = await resp.read()
+                if resp.status != 200 or b'"usage"' not in raw:
+                    return False, None, f"HTTP {resp.status}: {raw[:200]!r}"
+                return True, None, None
+            ttft: float | None = None
+            tail = b""
+            async for chunk in resp.content.iter_any():
+                seen = tail + chunk
+                if ttft is None and call.content is not None and call.content.search(seen):
+                    ttft = time.perf_counter() - started
+                tail = seen[-_MARKER_SPAN:]
+            if resp.status != 200:
+                return False, None, f"HTTP {resp.status}: {tail!r}"
+            if ttft is None or call.end not in tail:
+                return False, None, f"incomplete stream (content seen: {ttft is not None}), ends {tail!r}"
+            return True, ttft, None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return False, None, f"{type(exc).__name__}: {exc}"
