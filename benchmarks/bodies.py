@@ -22,10 +22,10 @@ TASK = "__TASK__"
 REQUEST = "__REQUEST__"
 
 _WORDS = (
-    "parser token buffer config request handler cache index value result error state module "
-    "client server stream record field schema policy backend route model prompt budget retry"
-).split()
-_TOOLS = ("read_file", "run_tests", "search_code", "edit_file", "list_dir")
+    "parser", "token", "buffer", "config", "request", "handler", "cache", "index", "value", "result",
+    "error", "state", "module", "client", "server", "stream", "record", "field", "schema", "policy",
+    "backend", "route", "model", "prompt", "budget", "retry",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,9 @@ def agent_chat_body(model: str, stream: bool, n_messages: int = 40, size: int = 
 
 def tool_definitions() -> list[dict[str, Any]]:
     def tool(name: str, description: str, **props: str) -> dict[str, Any]:
-        properties = {p: {"type": kind, "description": f"The {p.replace('_', ' ')}."} for p, kind in props.items()}
+        properties = {
+            p: {"type": kind, "description": f"The {p.replace('_', ' ')}."} for p, kind in props.items()
+        }
         return {
             "type": "function",
             "function": {
@@ -130,11 +132,19 @@ def tool_turn(rng: random.Random, i: int, size: int) -> list[dict[str, Any]]:
     """One assistant tool call and its result: a source file, or a test run every fourth turn."""
     call_id = f"call_{i:06d}_{rng.randrange(10**6):06d}"
     if i % 4 == 3:
-        name, args, result = "run_tests", {"selector": f"tests/test_mod{i}.py", "timeout_s": 60}, _pytest(rng, size)
+        name, args, result = (
+            "run_tests",
+            {"selector": f"tests/test_mod{i}.py", "timeout_s": 60},
+            _pytest(rng, size),
+        )
     else:
         path = f"src/pkg/module_{i}.py"
         name, args, result = "read_file", {"path": path, "start_line": 1}, _source(rng, size)
-    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": orjson.dumps(args).decode()},
+    }
     return [
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call_id, "content": result},

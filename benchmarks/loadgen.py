@@ -52,8 +52,8 @@ class CellResult:
     window_s: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
     ttfts_ms: list[float] = field(default_factory=list)
-    server_cpu_s: float = 0.0
-    driver_cpu_s: float = 0.0
+    #: CPU seconds over the window per probe ("server", "upstream", "generator").
+    cpu_s: dict[str, float] = field(default_factory=dict)
     first_error: str | None = None
 
     @property
@@ -74,12 +74,16 @@ async def run_cell(
     concurrency: int,
     duration_s: float,
     warmup_s: float,
-    server_cpu: Callable[[], float],
+    cpu_probes: Mapping[str, Callable[[], float]],
     counter: itertools.count[int],
 ) -> CellResult:
-    """Drive ``call`` at ``concurrency`` for ``warmup_s`` + ``duration_s``; measure the window."""
+    """Drive ``call`` at ``concurrency`` for ``warmup_s`` + ``duration_s``; measure the window.
+
+    ``cpu_probes`` name the processes whose CPU time to read (the generator's own is added).
+    """
     result = CellResult()
     window = _Window()
+    probes = {**cpu_probes, "generator": own_cpu_seconds}
     url = base_url + call.path
     connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=30)
     timeout = aiohttp.ClientTimeout(total=120)
@@ -108,19 +112,23 @@ async def run_cell(
         workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
         try:
             await asyncio.sleep(warmup_s)
-            cpu0, own0, window.start = server_cpu(), own_cpu_seconds(), time.perf_counter()
+            cpu0 = _read(probes)
+            window.start = time.perf_counter()
             await asyncio.sleep(duration_s)
             window.end = time.perf_counter()
-            cpu1, own1 = server_cpu(), own_cpu_seconds()
+            cpu1 = _read(probes)
             window.stop = True
             await asyncio.wait_for(asyncio.gather(*workers), timeout=60)
         finally:
             for w in workers:
                 w.cancel()
     result.window_s = window.end - window.start
-    result.server_cpu_s = cpu1 - cpu0
-    result.driver_cpu_s = own1 - own0
+    result.cpu_s = {name: cpu1[name] - cpu0[name] for name in probes}
     return result
+
+
+def _read(probes: Mapping[str, Callable[[], float]]) -> dict[str, float]:
+    return {name: probe() for name, probe in probes.items()}
 
 
 async def _one(
@@ -148,3 +156,30 @@ async def _one(
             return True, ttft, None
     except (aiohttp.ClientError, TimeoutError) as exc:
         return False, None, f"{type(exc).__name__}: {exc}"
+
+
+async def run_count(
+    base_url: str, call: Call, concurrency: int, n: int, counter: itertools.count[int]
+) -> int:
+    """Send ``n`` requests at ``concurrency`` as fast as they go; return how many failed."""
+    left = n
+    errors = 0
+    url = base_url + call.path
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=120),
+        auto_decompress=False,
+    ) as session:
+
+        async def worker() -> None:
+            nonlocal left, errors
+            while left > 0:
+                left -= 1
+                i = next(counter)
+                ok, _, _ = await _one(
+                    session, url, call, call.body.render(i % call.tasks, i), time.perf_counter()
+                )
+                errors += not ok
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return errors

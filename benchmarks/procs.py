@@ -7,6 +7,7 @@ Ctrl-C) stops everything it started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -42,9 +43,7 @@ class Pinning:
     def describe(self) -> str:
         if not self.active:
             return "not pinned (taskset missing, fewer than 2 cores, or --no-pin)"
-        return (
-            f"server under test on core {self.server}; load generator and upstream on core {self.driver}"
-        )
+        return f"server under test on core {self.server}; load generator and upstream on core {self.driver}"
 
 
 def choose_pinning(enabled: bool) -> Pinning:
@@ -96,18 +95,17 @@ class Services:
     ) -> None:
         self.stop_all()
 
-    def start(
+    def launch(
         self,
         name: str,
         argv: Sequence[str],
         *,
         url: str,
-        ready_path: str,
         core: int | None,
         env: Mapping[str, str],
         cwd: Path,
-        timeout_s: float = 60.0,
     ) -> Service:
+        """Start a service without waiting for it (see ``wait_ready``)."""
         log_path = self.workdir / f"{name}.log"
         command = [*(["taskset", "-c", str(core)] if core is not None else []), *argv]
         with log_path.open("wb") as log:
@@ -117,14 +115,20 @@ class Services:
             )  # fmt: skip
         service = Service(name, proc, url, log_path, core)
         self._started.append(service)
+        return service
+
+    @staticmethod
+    def wait_ready(service: Service, ready_path: str, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise StartError(f"{name} exited with {proc.returncode}:\n{service.log_tail()}")
-            if _answers(url + ready_path):
-                return service
+            if service.proc.poll() is not None:
+                raise StartError(
+                    f"{service.name} exited with {service.proc.returncode}:\n{service.log_tail()}"
+                )
+            if _answers(service.url + ready_path):
+                return
             time.sleep(0.1)
-        raise StartError(f"{name} not ready after {timeout_s:.0f}s:\n{service.log_tail()}")
+        raise StartError(f"{service.name} not ready after {timeout_s:.0f}s:\n{service.log_tail()}")
 
     def stop(self, service: Service) -> None:
         if service.proc.poll() is None:
@@ -147,10 +151,8 @@ class Services:
 
 def _signal_group(pid: int, sig: int) -> None:
     # The service leads its own session (start_new_session), so its group id is its pid.
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _answers(url: str) -> bool:
@@ -202,6 +204,22 @@ def cpu_seconds(pid: int) -> float:
     return total / _TICKS
 
 
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the threads of a process tree spent runnable but waiting for a CPU (other work had it)."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                total += int(Path(f"/proc/{p}/task/{tid}/schedstat").read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return total / 1e9
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of a process and its descendants."""
     total = 0
@@ -233,8 +251,6 @@ def machine() -> dict[str, str]:
     except OSError:
         pass
     load = "unknown"
-    try:
+    with contextlib.suppress(OSError):
         load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        pass
     return {"nproc": str(os.cpu_count() or 0), "cpu": model, "loadavg": load}

@@ -92,6 +92,12 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return run_tasks(args)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from router.evals.commands import run_eval
+
+    return run_eval(args)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -175,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     window(tasks)
     tasks.add_argument("--task", help="only this task id")
     tasks.set_defaults(func=cmd_tasks)
+
+    from router.evals.commands import add_arguments as add_eval
+
+    ev = sub.add_parser("eval", help="offline evaluation of the learned policy on recorded agent outcomes")
+    add_eval(ev)
+    ev.set_defaults(func=cmd_eval)
 
     from router.keys import add_parser as add_keys
 

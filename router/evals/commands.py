@@ -1,4 +1,8 @@
-"""`router eval`: offline evaluation of the learned policy on recorded agent outcomes."""
+"""`router eval`: offline evaluation of the learned policy on recorded agent outcomes.
+
+Only the argument definitions load with the CLI; the evaluation's imports (scikit-learn,
+matplotlib) wait until the command runs.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import orjson
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from router.errors import ConfigError
-from router.evals import loader, report, runner
+
+if TYPE_CHECKING:
+    from router.evals.runner import Settings
 
 #: The data shipped with the repository (relative to the checkout).
 DEFAULT_DATA = Path("evals") / "data" / "swebench-verified"
@@ -38,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="processes for the folds (default: up to 2)")
 
 
-def settings_from(args: argparse.Namespace) -> runner.Settings:
+def settings_from(args: argparse.Namespace) -> Settings:
+    from router.evals import runner
+
     retries, min_success, budget = args.retries, args.min_success, args.max_cost_per_task
     if args.config:
         from router.policy.config import load_policy
@@ -62,6 +67,11 @@ def settings_from(args: argparse.Namespace) -> runner.Settings:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    import orjson
+    from rich.console import Console
+
+    from router.evals import loader, report, runner
+
     settings = settings_from(args)
     started = time.monotonic()
     train = loader.load(args.train or default_data_dir())
@@ -81,7 +91,8 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(clean).decode() + "\n")
     else:
-        console = Console()
+        # A pipe gets the full table too, not 80 columns of wrapped cells.
+        console = Console() if sys.stdout.isatty() else Console(width=170)
         report.print_table(result, console)
         if args.out is not None:
             console.print(f"wrote {args.out}/report.md, report.json, cost_success.png, share_of_calls.png")

@@ -64,7 +64,14 @@ def print_table(report: dict[str, Any], console: Console) -> None:
     setup = report["policy"]["setup"]
     t = Table(title=f"router eval — {setup['mode']}, {setup['tasks']} tasks × {setup['models']} models, "
                     f"retries {setup['retries']}")  # fmt: skip
-    for col in ("policy / baseline", "resolved", "$ / task", "$ / completed", "attempts", "chosen on training"):
+    for col in (
+        "policy / baseline",
+        "resolved",
+        "$ / task",
+        "$ / completed",
+        "attempts",
+        "chosen on training",
+    ):
         t.add_column(col, justify="left" if col in ("policy / baseline", "chosen on training") else "right")
     for name, m, chosen in rows(report):
         style = "bold" if name.startswith("policy") else ("dim" if name.startswith("single:") else None)
@@ -154,7 +161,7 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, str]:
     setup = report["policy"]["setup"]
 
     fig, ax = plt.subplots(figsize=(11, 7))
-    singles = {k[len("single:"):]: m for k, m in report["baselines"].items() if k.startswith("single:")}
+    singles = {k[len("single:") :]: m for k, m in report["baselines"].items() if k.startswith("single:")}
     ax.scatter([m["cost_per_task"] for m in singles.values()], [m["resolved_rate"] for m in singles.values()],
                color="0.55", s=22, label="single models", zorder=2)  # fmt: skip
     for name, m in singles.items():
@@ -175,7 +182,9 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, str]:
              "always-strongest": ("^", "tab:purple")}  # fmt: skip
     for name, (marker, color) in marks.items():
         m = report["baselines"][name]
-        ax.scatter([m["cost_per_task"]], [m["resolved_rate"]], marker=marker, s=70, color=color, label=name, zorder=3)
+        ax.scatter(
+            [m["cost_per_task"]], [m["resolved_rate"]], marker=marker, s=70, color=color, label=name, zorder=3
+        )
     routellm = sorted((m for k, m in report["baselines"].items() if k.startswith("routellm@")),
                       key=lambda m: m["cost_per_task"])  # fmt: skip
     if routellm:
@@ -208,7 +217,7 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, str]:
             totals[model] = totals.get(model, 0.0) + share
     top = [m for m, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:SHARE_TOP] if totals[m] > 0]
     cmap = plt.get_cmap("tab10")
-    for row, (label, m) in enumerate(lines):
+    for row, (_label, m) in enumerate(lines):
         left = 0.0
         for i, model in enumerate([*top, "other"]):
             share = (sum(v for k, v in m["share_of_calls"].items() if k not in top) if model == "other"

@@ -22,13 +22,13 @@ from threadpoolctl import threadpool_limits
 from router.evals import baselines as bl
 from router.evals.arrival import Arrival, arrive
 from router.evals.deploy import Deployment, Knobs, Router, price_decider, train
-from router.evals.loader import Dataset, DataError
+from router.evals.loader import DataError, Dataset
 from router.evals.metrics import combine, summarize
 from router.evals.simulate import Chooser, replay
 from router.tokens import TokenCounter
 
 #: The policy's trade-off sweep: its success floor, from none (least cost per completed task) up.
-FRONTIER: tuple[float | None, ...] = (None, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+FRONTIER: tuple[float | None, ...] = (None, 0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9)
 FLOORS = (0.65, 0.70, 0.75, 0.80)
 STRONG_SHARES = (0.1, 0.25, 0.5, 0.75)
 #: The cheap-end reference: the cheapest model (per task, on the training tasks) resolving over this.
@@ -143,9 +143,9 @@ def evaluate_fold(
         base[name] = run(threshold.chooser(share), test_ids)
         chosen[name] = f"{ref} | {strong[0]}"
     cands = bl.cascades(data, train_ids, min(k + 1, MAX_CASCADE))
-    for floor in (None, *settings.floors):
-        c = bl.best_cascade(cands, floor)
-        name = "cascade" if floor is None else f"cascade@{floor:.0%}"
+    for cascade_floor in (None, *settings.floors):
+        c = bl.best_cascade(cands, cascade_floor)
+        name = "cascade" if cascade_floor is None else f"cascade@{cascade_floor:.0%}"
         base[name] = run(bl.sequence(c.models), test_ids)
         chosen[name] = c.name
     oracle = run(bl.oracle(data), test_ids)
@@ -181,7 +181,9 @@ def train_test(train_data: Dataset, test_data: Dataset, settings: Settings) -> d
         )
     clash = {t.id for t in train_data.tasks} & {t.id for t in test_data.tasks}
     if clash:
-        raise DataError(f"{test_data.source}: {len(clash)} task(s) also in the training data, e.g. {min(clash)}")
+        raise DataError(
+            f"{test_data.source}: {len(clash)} task(s) also in the training data, e.g. {min(clash)}"
+        )
     both = Dataset(
         f"{train_data.source}+{test_data.source}",
         [*train_data.tasks, *test_data.tasks],
@@ -192,7 +194,9 @@ def train_test(train_data: Dataset, test_data: Dataset, settings: Settings) -> d
     return assemble([result], settings, mode=f"train {train_data.source}, test {test_data.source}", data=both)
 
 
-def assemble(results: Sequence[FoldResult], settings: Settings, *, mode: str, data: Dataset) -> dict[str, Any]:
+def assemble(
+    results: Sequence[FoldResult], settings: Settings, *, mode: str, data: Dataset
+) -> dict[str, Any]:
     """Fold results → the report object: policy, baselines, oracle, frontier (means ± std)."""
     policy = combine([r.policy for r in results])
     policy["objective"] = {"max_attempts": settings.retries + 1, "min_success": settings.min_success,

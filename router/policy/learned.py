@@ -135,7 +135,8 @@ class _Arrays:
         vals = np.fromiter(vec.values(), dtype=np.float64, count=len(vec))
         z = self.weights[:, idx] @ vals if len(idx) else np.zeros(len(self.names))
         t = self.platt[:, 0] * z + self.platt[:, 1]
-        p = np.where(t >= 0, 1.0 / (1.0 + np.exp(-np.abs(t))), np.exp(-np.abs(t)) / (1.0 + np.exp(-np.abs(t))))
+        e = np.exp(-np.abs(t))  # the stable sigmoid, as _sigmoid
+        p = np.where(t >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
         dense = idx < self.cost_weights.shape[1]
         cost = np.exp(self.cost_weights[:, idx[dense]] @ vals[dense])
         return p, cost

@@ -59,7 +59,8 @@ def shared_score(rows: Sequence[AttemptRow], x: sparse.csr_matrix) -> SharedScor
     models = sorted({r.model for r in rows})
     col = {m: i for i, m in enumerate(models)}
     onehot = sparse.csr_matrix(
-        (np.ones(len(rows)), (np.arange(len(rows)), [col[r.model] for r in rows])), shape=(len(rows), len(models))
+        (np.ones(len(rows)), (np.arange(len(rows)), [col[r.model] for r in rows])),
+        shape=(len(rows), len(models)),
     )
     xx = sparse.hstack([x, onehot], format="csr")
     folds = list(GroupKFold(min(FOLDS, n_tasks)).split(xx, y, groups))

@@ -99,7 +99,10 @@ def test_200_concurrent_requests_never_overspend_a_task_budget(pair, upstream, p
     policy = local_policy(upstream.url)
     budget = 0.002
     policy["objective"] = {"max_cost_per_task": budget}
-    a, b, _ = pair(policy)
+    # Both replicas, the upstream and 32 client threads share one process and its GIL here, so an
+    # event loop can stall for a while: give Redis calls room, or an overloaded test machine
+    # would look like a Redis outage (and budgets rightly fail closed).
+    a, b, _ = pair(policy, redis_timeout_s=5.0)
     task = {"x-router-task-id": f"budget-{uuid.uuid4().hex[:8]}"}
     big = "word " * 2000  # ~2k tokens: ~$0.0001 a call on local-nano, ~$0.0005 reserved (estimate)
 

@@ -1,0 +1,313 @@
+"""``python -m benchmarks.run`` (``make bench``): the router under load, beside the upstream and LiteLLM.
+
+Starts the fake upstream, the router (``router serve`` on the demo policy, SQLite log in a temp
+dir, metrics on) and LiteLLM's proxy against the same upstream, all on 127.0.0.1; pins the server
+under test to one core and the load generator and upstream to the other; drives every scenario
+at each concurrency against the upstream directly (the baseline), the router and LiteLLM, one
+after the other; then measures the router's memory after 10,000 requests and runs the routing
+microbenchmark. Prints one table with the ratios, and stops everything it started, also on
+Ctrl-C and errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+import orjson
+
+from benchmarks import litellm_proxy, routing, scenarios
+from benchmarks.loadgen import CellResult, run_cell, run_count
+from benchmarks.procs import (
+    Pinning,
+    Service,
+    Services,
+    choose_pinning,
+    cpu_seconds,
+    free_port,
+    machine,
+    rss_bytes,
+    runqueue_wait_seconds,
+)
+from benchmarks.report import LITELLM, ROUTER, UPSTREAM, Row, summary, table
+from benchmarks.scenarios import Scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY = ROOT / "policies" / "examples" / "local.yaml"
+T = TypeVar("T")
+
+NOTE = (
+    "The machine is shared and noisy (other work runs on it): compare rows of the same run, not runs "
+    "of different days; rerun a surprising cell before believing it."
+)
+LEGEND = """\
+Columns: req/s, latency p50/p99 (ms, whole response) and TTFT p50/p99 (ms to the first content byte of a
+stream) as seen by the load generator; CPU ms/req and CPU % are the server's own process (for upstream rows,
+the upstream itself) over the measured window; CPU wait % is the time the server's threads were runnable but
+waiting for a CPU that other processes held (high = the cell was disturbed by other work); driver core % is the load generator plus the upstream on the
+other core (near 100% would mean the driver, not the server, limits throughput); +p50 and +TTFT p50 are added
+to the upstream row of the same cell; ÷ LiteLLM is the router's req/s over LiteLLM's in the same cell."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    scenarios: tuple[Scenario, ...]
+    concurrency: tuple[int, ...]
+    duration_s: float
+    warmup_s: float
+    memory_requests: int
+
+    def levels(self, sc: Scenario) -> tuple[int, ...]:
+        if sc.concurrency is None:
+            return self.concurrency
+        return tuple(c for c in sc.concurrency if c in self.concurrency) or self.concurrency[:1]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="a smoke run: short cells, concurrency 1 and 16")
+    p.add_argument("--duration", type=float, help="measured seconds per cell (default 3; quick 0.5)")
+    p.add_argument("--warmup", type=float, help="warm-up seconds per cell (default 0.5; quick 0.2)")
+    p.add_argument("--concurrency", help="comma-separated levels (default 1,16,64; quick 1,16)")
+    p.add_argument("--scenarios", default=",".join(scenarios.SCENARIOS),
+                   help=f"comma-separated, from: {', '.join(scenarios.SCENARIOS)}")  # fmt: skip
+    p.add_argument(
+        "--memory-requests", type=int, help="router requests before the RSS reading (default 10000)"
+    )
+    p.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy (no install either)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    p.add_argument("--no-routing", action="store_true", help="skip the routing microbenchmark")
+    p.add_argument("--json", type=Path, help="also write every number here")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (service logs, router.db)")
+    return p.parse_args(argv)
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    unknown = [n for n in names if n not in scenarios.SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenario(s): {', '.join(unknown)}")
+    chosen = tuple(scenarios.SCENARIOS[n] for n in names)
+    levels = args.concurrency or ("1,16" if args.quick else "1,16,64")
+    concurrency = tuple(int(c) for c in levels.split(",") if c)
+    if args.quick and args.concurrency is None:
+        # Agent-sized and translated rows once each: they are the slow ones.
+        chosen = tuple(
+            Scenario(s.name, s.description, s.anthropic, s.stream, s.models, s.agent, (1,))
+            if s.concurrency else s
+            for s in chosen
+        )  # fmt: skip
+    return Plan(
+        scenarios=chosen,
+        concurrency=concurrency,
+        duration_s=args.duration if args.duration is not None else (0.5 if args.quick else 3.0),
+        warmup_s=args.warmup if args.warmup is not None else (0.2 if args.quick else 0.5),
+        memory_requests=args.memory_requests if args.memory_requests is not None else (1000 if args.quick else 10_000),
+    )  # fmt: skip
+
+
+def start(svc: Services, pin: Pinning, workdir: Path, with_litellm: bool) -> dict[str, Service]:
+    """Upstream first (the others point at it), then the router and LiteLLM side by side."""
+    up_port = free_port()
+    up_url = f"http://127.0.0.1:{up_port}"
+    upstream = svc.launch(
+        UPSTREAM,
+        [sys.executable, "-m", "router.fakeupstream", "--host", "127.0.0.1", "--port", str(up_port),
+         "--behaviour", f"chunks={scenarios.CHUNKS}"],
+        url=up_url, core=pin.driver, env=os.environ, cwd=ROOT,
+    )  # fmt: skip
+    svc.wait_ready(upstream, "/v1/models")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_", "OTEL_"))}
+    env.update(ROUTER_LOCAL_UPSTREAM=up_url, ROUTER_DRAIN_DELAY="0", ROUTER_DRAIN_TIMEOUT="5")
+    port = free_port()
+    router = svc.launch(
+        ROUTER,
+        [sys.executable, "-m", "router.cli", "serve", "--config", str(POLICY), "--host", "127.0.0.1",
+         "--port", str(port), "--store", f"sqlite:///{workdir / 'router.db'}", "--log-level", "warning"],
+        url=f"http://127.0.0.1:{port}", core=pin.server, env=env, cwd=ROOT,
+    )  # fmt: skip
+    started = {UPSTREAM: upstream, ROUTER: router}
+    if with_litellm:
+        port = free_port()
+        config = litellm_proxy.write_config(workdir / "litellm.yaml", up_url)
+        started[LITELLM] = svc.launch(
+            LITELLM, litellm_proxy.argv(config, port), url=f"http://127.0.0.1:{port}", core=pin.server,
+            env=litellm_proxy.environment(os.environ), cwd=workdir,
+        )  # fmt: skip
+    svc.wait_ready(router, "/readyz")
+    if with_litellm:
+        svc.wait_ready(started[LITELLM], "/health/liveliness", timeout_s=180)
+    return started
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def drive(plan: Plan, services: dict[str, Service], memory: dict[str, Any]) -> list[Row]:
+    counters = {name: itertools.count() for name in services}
+    up = services[UPSTREAM]
+
+    def probes(target: str) -> dict[str, Any]:
+        server = services[target]
+        return {
+            "server": lambda: cpu_seconds(server.pid),
+            "server_wait": lambda: runqueue_wait_seconds(server.pid),
+            "upstream": lambda: cpu_seconds(up.pid),
+        }
+
+    # One short pass per scenario and target first: lazy imports and connection pools are paid here.
+    for sc in plan.scenarios:
+        for target, service in services.items():
+            await run_cell(service.url, scenarios.call(sc, target), 2, 0.2, 0.1, {}, counters[target])
+    rows: list[Row] = []
+    for sc in plan.scenarios:
+        for c in plan.levels(sc):
+            for target, service in services.items():
+                result = await run_cell(
+                    service.url, scenarios.call(sc, target), c, plan.duration_s, plan.warmup_s, probes(target),
+                    counters[target],
+                )  # fmt: skip
+                rows.append(Row(sc.name, c, target, result))
+                _progress(_cell_line(sc.name, c, target, result))
+    router = services[ROUTER]
+    sent = next(counters[ROUTER])
+    if sent < plan.memory_requests:
+        chat = scenarios.call(scenarios.SCENARIOS["chat"], ROUTER)
+        _progress(f"memory: {plan.memory_requests - sent} more router requests (chat, c=16)...")
+        errors = await run_count(router.url, chat, 16, plan.memory_requests - sent, counters[ROUTER])
+        memory["top_up_errors"] = errors
+        sent = plan.memory_requests
+    await asyncio.sleep(1.0)  # let the batched log writer drain
+    memory["requests"] = sent
+    memory["rss_after"] = rss_bytes(router.pid)
+    return rows
+
+
+def _cell_line(scenario: str, c: int, target: str, r: CellResult) -> str:
+    row = Row(scenario, c, target, r)
+    ttft = f" TTFT p50 {row.ttft50:.2f} ms" if r.ttfts_ms else ""
+    return (
+        f"  {scenario:<18} c={c:<3} {target:<8} {r.rps:8.0f} req/s  p50 {row.p50:7.2f} ms{ttft}"
+        f"  cpu {row.cpu_ms_per_request:6.2f} ms/req  errors {r.errors}"
+        + (f" (first: {r.first_error})" if r.first_error else "")
+    )
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop  # the generator must not be the bottleneck: uvloop costs less per request
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _commit() -> str:
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def header(info: dict[str, str], pin: Pinning, plan: Plan, litellm_version: str | None) -> str:
+    lines = [
+        f"Router benchmark — {time.strftime('%Y-%m-%d %H:%M')} — commit {_commit()}",
+        f"Machine: nproc {info['nproc']}, {info['cpu']}; load average at start {info['loadavg']}",
+        f"Pinning: {pin.describe()}",
+        f"Note: {NOTE}",
+        f"Upstream: router.fakeupstream (aiohttp + uvloop), {scenarios.CHUNKS} chunks per stream, no delays",
+        "Router: `router serve` on policies/examples/local.yaml, one process, SQLite request log (temp dir), "
+        "metrics on, open mode",
+        "LiteLLM: "
+        + (
+            f"litellm {litellm_version} proxy, --num_workers 1, no DB, no callbacks, no master key"
+            if litellm_version
+            else "skipped"
+        ),
+        f"Cells: {plan.duration_s:g} s measured after {plan.warmup_s:g} s warm-up each; closed loop; "
+        "each request distinct (64 tasks; 16 for agent-sized)",
+    ]
+    lines += [f"  {sc.name}: {sc.description}" for sc in plan.scenarios]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = make_plan(args)
+    info = machine()
+    pin = choose_pinning(not args.no_pin)
+    signal.signal(signal.SIGTERM, _interrupt)
+    litellm_version = None
+    if not args.no_litellm:
+        litellm_proxy.ensure_installed()
+        litellm_version = litellm_proxy.version()
+    if pin.driver is not None:
+        os.sched_setaffinity(0, {pin.driver})
+    workdir = Path(tempfile.mkdtemp(prefix="router-bench-"))
+    memory: dict[str, Any] = {}
+    try:
+        with Services(workdir) as svc:
+            _progress(
+                "starting the upstream, the router"
+                + ("" if args.no_litellm else " and LiteLLM's proxy")
+                + "..."
+            )
+            services = start(svc, pin, workdir, not args.no_litellm)
+            memory["rss_start"] = rss_bytes(services[ROUTER].pid)
+            rows = _run(drive(plan, services, memory))
+        info_end = machine()
+        cases = [] if args.no_routing else routing.run(budget_s=0.2 if args.quick else 1.5)
+    finally:
+        if args.keep:
+            _progress(f"logs and router.db kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    out = [
+        header(info, pin, plan, litellm_version),
+        "",
+        table(rows),
+        LEGEND,
+        "",
+        summary(rows),
+        "",
+        f"Memory (router RSS): {memory['rss_start'] / 2**20:.0f} MiB at start (ready, before any request) → "
+        f"{memory['rss_after'] / 2**20:.0f} MiB after {memory['requests']:,} requests",
+        f"Load average at end: {info_end['loadavg']}",
+    ]
+    if cases:
+        out += ["", routing.render(cases)]
+    print("\n".join(out))
+    if args.json:
+        doc = {"machine": info, "loadavg_end": info_end["loadavg"], "pinning": pin.describe(),
+               "litellm": litellm_version, "rows": [r.as_dict() for r in rows], "memory": memory,
+               "routing": [c.as_dict() for c in cases]}  # fmt: skip
+        args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    # LiteLLM's failures are its own (reported in the table); the router's or the baseline's fail the run.
+    return 1 if any(r.result.errors for r in rows if r.target != LITELLM) else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: everything started was stopped", file=sys.stderr)
+        sys.exit(130)
