@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test serve lint typecheck unit clean
+.PHONY: demo test serve lint typecheck unit clean bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ typecheck: $(BIN)/.installed
 
 test: lint typecheck
 	$(BIN)/pytest -q
+
+# The side-by-side benchmark (upstream, router, LiteLLM's proxy): a few minutes; BENCH_ARGS=--quick for ~1 min.
+bench: $(BIN)/.installed
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 unit: $(BIN)/.installed
 	$(BIN)/pytest -q tests/unit -m 'not integration'

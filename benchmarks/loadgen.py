@@ -1,8 +1,11 @@
 """A closed-loop load generator: N workers, each sending its next request when the last one ends.
 
-Each cell runs a warm-up (connections opened, lazy imports paid), then a measured window. Only
-requests that start and end inside the window count; the server's CPU time (from /proc) and the
-generator's own are read at the window's edges. A request counts as an error unless it gets a
+Each cell runs a warm-up (connections opened, lazy imports paid, the server's queue filled), then
+a measured window: the requests that complete inside it are counted, and their latencies kept.
+The window lasts the cell's duration, stretched (up to three times, plus 2 s) until at least one
+request per worker has completed, so a slow server still gets a fair sample. The server's CPU
+time (from /proc) and the generator's own are read at the window's edges; when it closes, the
+requests in flight are let finish, so the next cell starts on an idle server. A request counts as an error unless it gets a
 200 and a complete reply: a JSON body with usage, or a stream that carries content and its
 protocol's final event. For streams, TTFT is the time to the first byte of content (the first
 text delta), not to the first byte of the response.
@@ -11,6 +14,7 @@ text delta), not to the first byte of the response.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import time
@@ -26,6 +30,7 @@ from benchmarks.procs import own_cpu_seconds
 OPENAI_CONTENT = re.compile(rb'"content":\s?"[^"]')
 #: The first content event of an Anthropic stream.
 ANTHROPIC_CONTENT = re.compile(rb"content_block_delta")
+_DRAIN_S = 60.0  # how long the requests in flight at the window's end may take to finish
 _MARKER_SPAN = 64  # bytes kept from the previous chunk so a marker split across chunks is found
 
 
@@ -64,8 +69,7 @@ class CellResult:
 @dataclass
 class _Window:
     start: float = float("inf")
-    end: float = float("inf")
-    stop: bool = False
+    closed: bool = False
 
 
 async def run_cell(
@@ -83,6 +87,7 @@ async def run_cell(
     """
     result = CellResult()
     window = _Window()
+    enough = asyncio.Event()  # one completion per worker: the least a window may count
     probes = {**cpu_probes, "generator": own_cpu_seconds}
     url = base_url + call.path
     connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=30)
@@ -92,15 +97,17 @@ async def run_cell(
     ) as session:
 
         async def worker() -> None:
-            while not window.stop:
+            while not window.closed:
                 n = next(counter)
                 body = call.body.render(n % call.tasks, n)
                 started = time.perf_counter()
                 ok, ttft, error = await _one(session, url, call, body, started)
                 ended = time.perf_counter()
-                if started < window.start or ended > window.end:
+                if ended < window.start or window.closed:
                     continue
                 result.requests += 1
+                if result.requests >= concurrency:
+                    enough.set()
                 if not ok:
                     result.errors += 1
                     result.first_error = result.first_error or error
@@ -115,14 +122,16 @@ async def run_cell(
             cpu0 = _read(probes)
             window.start = time.perf_counter()
             await asyncio.sleep(duration_s)
-            window.end = time.perf_counter()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(enough.wait(), timeout=duration_s * 2 + 2)
+            end = time.perf_counter()
             cpu1 = _read(probes)
-            window.stop = True
-            await asyncio.wait_for(asyncio.gather(*workers), timeout=60)
+            window.closed = True
+            await asyncio.wait(workers, timeout=_DRAIN_S)
         finally:
             for w in workers:
                 w.cancel()
-    result.window_s = window.end - window.start
+    result.window_s = end - window.start
     result.cpu_s = {name: cpu1[name] - cpu0[name] for name in probes}
     return result
 
@@ -154,7 +163,7 @@ async def _one(
             if ttft is None or call.end not in tail:
                 return False, None, f"incomplete stream (content seen: {ttft is not None}), ends {tail!r}"
             return True, ttft, None
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except Exception as exc:  # any failure is the server's answer to this request, not the run's end
         return False, None, f"{type(exc).__name__}: {exc}"
 
 

@@ -132,10 +132,10 @@ def _py_spy() -> str:
     return found
 
 
-async def _sample(pid: int, out: Path, fmt: str, seconds: float, rate: int) -> None:
+async def _sample(pid: int, out: Path, fmt: str, seconds: float, rate: int, flags: Sequence[str]) -> None:
     proc = await asyncio.create_subprocess_exec(
         _py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", str(rate),
-        "--format", fmt, "--output", str(out), "--function",
+        "--format", fmt, "--output", str(out), "--function", *flags,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     text, _ = await proc.communicate()
@@ -148,7 +148,14 @@ async def _sample(pid: int, out: Path, fmt: str, seconds: float, rate: int) -> N
 
 
 async def profile_mode(
-    router: Service, upstream: Service, mode: str, out: Path, seconds: float, rate: int, svg: bool
+    router: Service,
+    upstream: Service,
+    mode: str,
+    out: Path,
+    seconds: float,
+    rate: int,
+    svg: bool,
+    flags: Sequence[str],
 ) -> str:
     call = scenarios.call(scenarios.SCENARIOS[mode], ROUTER)
     counter = itertools.count()
@@ -157,12 +164,12 @@ async def profile_mode(
     raw = out / f"profile-{mode}.txt"
     load = asyncio.create_task(run_cell(url, call, 16, seconds + 0.5, 1.0, probes, counter))
     await asyncio.sleep(1.0)
-    await _sample(pid, raw, "raw", seconds, rate)
+    await _sample(pid, raw, "raw", seconds, rate, flags)
     result = await load
     if svg:
         load = asyncio.create_task(run_cell(url, call, 16, seconds + 0.5, 0.5, {}, counter))
         await asyncio.sleep(0.5)
-        await _sample(pid, out / f"profile-{mode}.svg", "flamegraph", seconds, rate)
+        await _sample(pid, out / f"profile-{mode}.svg", "flamegraph", seconds, rate, flags)
         await load
     cpu_ms = result.cpu_s["server"] * 1000 / result.requests if result.requests else float("nan")
     return render(mode, parse_collapsed(raw.read_text()), result, cpu_ms)
@@ -176,9 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"from: {', '.join(scenarios.SCENARIOS)}")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where profiles go")
     p.add_argument("--no-svg", action="store_true", help="skip the flamegraph pass")
+    p.add_argument("--native", action="store_true", help="include C frames (slower sampling)")
+    p.add_argument("--gil", action="store_true", help="only samples holding the GIL (Python CPU only)")
     args = p.parse_args(argv)
     _py_spy()
     args.out.mkdir(parents=True, exist_ok=True)
+    flags = [*(["--native"] if args.native else []), *(["--gil"] if args.gil else [])]
     pin = choose_pinning(True)
     if pin.driver is not None:
         os.sched_setaffinity(0, {pin.driver})
@@ -190,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             router, upstream = services[ROUTER], services[UPSTREAM]
             for mode in args.modes.split(","):
                 print(f"profiling {mode} for {args.seconds:g} s...", file=sys.stderr, flush=True)
-                job = profile_mode(router, upstream, mode, args.out, args.seconds, args.rate, not args.no_svg)
+                job = profile_mode(
+                    router, upstream, mode, args.out, args.seconds, args.rate, not args.no_svg, flags
+                )
                 reports.append(_run(job))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -55,11 +55,12 @@ NOTE = (
 )
 LEGEND = """\
 Columns: req/s, latency p50/p99 (ms, whole response) and TTFT p50/p99 (ms to the first content byte of a
-stream) as seen by the load generator; CPU ms/req and CPU % are the server's own process (for upstream rows,
-the upstream itself) over the measured window; CPU wait % is the time the server's threads were runnable but
-waiting for a CPU that other processes held (high = the cell was disturbed by other work); driver core % is the load generator plus the upstream on the
-other core (near 100% would mean the driver, not the server, limits throughput); +p50 and +TTFT p50 are added
-to the upstream row of the same cell; ÷ LiteLLM is the router's req/s over LiteLLM's in the same cell."""
+stream) as seen by the load generator. CPU ms/req and CPU % are the server's own process (for upstream
+rows, the upstream itself) over the measured window. CPU wait % is the time the server's threads were
+runnable but waiting for a CPU that another process held, summed over threads: high means the cell was
+disturbed by other work on the machine. Driver core % is the load generator plus the upstream on the
+other core (near 100% would mean the driver, not the server, limits throughput). +p50 and +TTFT p50 are
+added to the upstream row of the same cell; ÷ LiteLLM is the router's req/s over LiteLLM's in that cell."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,14 @@ def default_data_dir() -> Path:
     return beside if beside.is_dir() else DEFAULT_DATA
 
 
+def _relative(path: Path) -> Path:
+    # Reports name the shipped data as a checkout would, not by this machine's absolute path.
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", type=Path, default=None, help=f"data directory (default {DEFAULT_DATA})")
     p.add_argument("--test", type=Path, help="held-out data directory; without it, N-fold cross-validation")
@@ -74,7 +82,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     started = time.monotonic()
-    train = loader.load(args.train or default_data_dir())
+    train = loader.load(args.train or _relative(default_data_dir()))
     if args.test is not None:
         result = runner.train_test(train, loader.load(args.test), settings)
     else:

@@ -124,7 +124,8 @@ def markdown(report: dict[str, Any], images: dict[str, str]) -> str:
         "",
         f"{setup['mode']} on `{setup['data']}`: {setup['tasks']} tasks × {setup['models']} models, "
         f"retries {setup['retries']}, seed {setup['seed']}. Every number is measured on held-out tasks "
-        "(mean ± std across folds); what a row chose on the training folds is in the last column.",
+        "(mean ± std across folds); what a row chose on the training folds is in the last column. "
+        f"Fitted task effect (logit sd) per fold: {', '.join(f'{x:g}' for x in setup.get('task_effect_sd', []))}.",
         "",
         "## Targets",
         "",

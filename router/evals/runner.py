@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from threadpoolctl import threadpool_limits
 
 from router.evals import baselines as bl
@@ -61,6 +62,7 @@ class FoldResult:
     chosen: dict[str, str]
     oracle: dict[str, Any]
     reference: str
+    task_sd: float = 0.0
 
 
 def split(task_ids: Sequence[str], folds: int, seed: int) -> list[list[str]]:
@@ -99,7 +101,9 @@ def evaluate_fold(
 
     with threadpool_limits(1), tempfile.TemporaryDirectory(prefix="router-eval-") as tmp:
         # Small sparse fits: BLAS threads only contend on a shared 2-core machine.
-        dep = Deployment(data, train(data, train_ids, arrivals), Path(tmp))
+        artifact = train(data, train_ids, arrivals)
+        task_sd = float(orjson.loads(artifact).get("task_effect_sd", 0.0))
+        dep = Deployment(data, artifact, Path(tmp))
 
         def router(min_success: float | None, budget: float | None) -> Router:
             knobs = Knobs(max_attempts=k + 1, min_success=min_success, max_cost_per_task=budget)
@@ -149,7 +153,7 @@ def evaluate_fold(
         base[name] = run(bl.sequence(c.models), test_ids)
         chosen[name] = c.name
     oracle = run(bl.oracle(data), test_ids)
-    return FoldResult(policy, frontier, operating, base, chosen, oracle, ref)
+    return FoldResult(policy, frontier, operating, base, chosen, oracle, ref, task_sd)
 
 
 def _knob(f: float | None) -> str:
@@ -223,6 +227,7 @@ def assemble(
     policy["setup"] = {
         "mode": mode, "data": data.source, "tasks": len(data.tasks), "models": len(data.models),
         "retries": settings.retries, "folds": len(results), "seed": settings.seed, "reference_model": refs,
+        "task_effect_sd": [r.task_sd for r in results],
     }  # fmt: skip
     report = {
         "policy": policy,

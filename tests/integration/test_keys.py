@@ -54,9 +54,7 @@ def closed(router_factory: Callable[..., RunningRouter], upstream: FakeUpstream)
 
 
 @pytest.mark.parametrize("path", list(BODIES))
-def test_keys_in_every_protocol(
-    closed: RunningRouter, capsys: pytest.CaptureFixture[str], path: str
-) -> None:
+def test_keys_in_every_protocol(closed: RunningRouter, capsys: pytest.CaptureFixture[str], path: str) -> None:
     made = create_key(closed, capsys, "--name", "agent")
     limited = create_key(closed, capsys, "--name", "large-only", "--models", "local-large")
     with httpx.Client(base_url=closed.url, timeout=20) as c:
@@ -81,7 +79,9 @@ def test_keys_in_every_protocol(
     assert {row["key_id"] for row in rows.values()} >= {None, made["key_id"], limited["key_id"]}
 
 
-def test_revocation_takes_effect_within_the_ttl(closed: RunningRouter, capsys: pytest.CaptureFixture[str]) -> None:
+def test_revocation_takes_effect_within_the_ttl(
+    closed: RunningRouter, capsys: pytest.CaptureFixture[str]
+) -> None:
     made = create_key(closed, capsys, "--name", "soon-revoked")
     headers = {"authorization": "Bearer " + made["key"]}
     with httpx.Client(base_url=closed.url, timeout=20) as c:
@@ -107,7 +107,9 @@ def test_management_endpoints_need_the_master_key(
         assert c.get("/v1/tasks/task-keys", headers={"x-api-key": MASTER}).status_code == 200
         # The other authenticated endpoints take virtual keys.
         assert c.post("/v1/route", json=BODIES["/v1/chat/completions"]).status_code == 401
-        assert c.post("/v1/route", json=BODIES["/v1/chat/completions"], headers={"x-api-key": made["key"]}).is_success
+        assert c.post(
+            "/v1/route", json=BODIES["/v1/chat/completions"], headers={"x-api-key": made["key"]}
+        ).is_success
         count = {"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}
         assert c.post("/v1/messages/count_tokens", json=count).status_code == 401
         assert c.post("/v1/messages/count_tokens", json=count, headers={"x-api-key": made["key"]}).is_success
