@@ -248,7 +248,9 @@ def _route_headers(rec: RequestRecord) -> dict[str, str]:
 class _Stream(StreamingResponse):
     """A streamed reply that is accounted for even if the client leaves before its body starts."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kw: Any) -> None:
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kw: Any
+    ) -> None:
         super().__init__(content, **kw)
         self._on_close = on_close
 
