@@ -6,6 +6,7 @@ Called by the proxy between parsing and deciding (``enter``) and after a backend
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from router import signals
 from router.features import Features
 from router.policy import taskfeatures
 from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest, text_of
+from router.state import StateUnavailable
 from router.store.records import OutcomeRecord, RequestRecord
 from router.tasktracker import TaskState, is_side_call
 
@@ -88,6 +90,12 @@ async def enter(
             source=label.source, details=label.details, ts=time.time(), explicit=False,
         )  # fmt: skip
         s.tasks.spawn(_write_weak_label(s, out), name="weak-outcome")
+    budget = policy.spec.objective.max_cost_per_task
+    if budget is not None and not side:
+        # What is left of the task's budget steers the plan down to cheaper models as it runs out.
+        with contextlib.suppress(StateUnavailable):
+            used = await s.state.budgets.spent(f"task:{rec.task_id}")
+            feats.task_budget_left = max(0.0, budget - used.spent - used.reserved)
     warm_model, warm_tokens = s.tracker.warm(state)
     feats.side_call = side
     feats.task_vector = state.vector
