@@ -14,6 +14,7 @@ Every candidate keeps its estimates and, when excluded, the reason, for ``/v1/ro
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -132,10 +133,13 @@ class Decider:
             preferred.extend(p for p in rule.prefer if p not in preferred)
 
         defaults = self.policy.defaults
+        # Output length learned from the log, when the scorer has it (the learned policy does).
+        out_model: Callable[[str, int], int | None] | None = getattr(self.scorer, "expected_output", None)
         estimates = []
         for n in names:
             backend = self.catalog[n]
-            e = estimate(backend, features, defaults.expected_output_tokens)
+            learned = out_model(n, features.prompt_tokens) if out_model else None
+            e = estimate(backend, features, learned or defaults.expected_output_tokens)
             e.excluded = excluded.get(n) or self._hard_constraint(
                 backend, features, defaults.reserve_output_tokens
             )

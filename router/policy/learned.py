@@ -58,6 +58,15 @@ class Artifact:
     #: Spread of the unseen per-task difficulty on the logit scale (0: failures independent).
     task_sd: float = 0.0
 
+    def expected_output(self, model: str, prompt_tokens: int) -> int | None:
+        """The median output tokens of a call, learned from the log (None: no history)."""
+        params = (self.meta.get("output_tokens") or {}).get(model)
+        if not params:
+            return None
+        # log1p(output) = a + b·log1p(prompt), the median fitted by router.training.outputs.
+        a, b = params["q50"]
+        return max(1, round(math.expm1(a + b * math.log1p(prompt_tokens))))
+
     @classmethod
     def from_bytes(cls, raw: bytes, *, source: str, expected_sha256: str | None) -> Artifact:
         digest = hashlib.sha256(raw).hexdigest()
@@ -158,6 +167,9 @@ class LearnedScorer:
         self.artifact = artifact
         self.objective = objective
         self.name = f"learned:{artifact.sha256[:12]}"
+
+    def expected_output(self, model: str, prompt_tokens: int) -> int | None:
+        return self.artifact.expected_output(model, prompt_tokens)
 
     def options(
         self,

@@ -22,6 +22,7 @@ from router.state import StateConfig, open_state
 from router.store import open_store
 from router.training import dataset, offpolicy
 from router.training.fit import fit
+from router.training.outputs import fit_output_tokens
 
 
 async def read_log(store_url: str, since: float = 0.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -48,6 +49,7 @@ def train(
     requests, outcomes = asyncio.run(read_log(store_url, since))
     rows = dataset.build(requests, outcomes, abandon_after_s=policy.spec.tasks.abandon_after_s)
     artifact = fit(rows)
+    artifact["output_tokens"] = fit_output_tokens(requests)
     raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
     scorer = scorer_for_evaluation(raw, policy)
 

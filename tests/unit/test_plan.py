@@ -143,3 +143,24 @@ def test_offpolicy_estimates_recover_a_known_policy() -> None:
     assert est.success == pytest.approx(np.mean([r.success for r in truth]), abs=0.02)
     assert est.ci_success[0] <= est.success <= est.ci_success[1]
     assert offpolicy.logged(rows).success == pytest.approx(np.mean([r.success for r in rows]))
+
+
+def test_output_tokens_are_learned_per_model_and_used_by_the_decision() -> None:
+    from router.training.outputs import fit_output_tokens
+
+    rng = random.Random(3)
+    reqs = []
+    for _ in range(200):
+        prompt = rng.randint(1_000, 100_000)
+        # 'verbose' writes ~10x what 'terse' does, growing slowly with the prompt.
+        for model, scale in (("terse", 20), ("verbose", 200)):
+            out = int(scale * (prompt / 1000) ** 0.3 * rng.uniform(0.7, 1.3))
+            reqs.append({"status": 200, "chosen_model": model, "input_tokens": prompt, "output_tokens": out})
+    art = fit(rows_for(20))
+    art["output_tokens"] = fit_output_tokens(reqs)
+    artifact = Artifact.from_bytes(orjson.dumps(art), source="t", expected_sha256=None)
+    terse, verbose = artifact.expected_output("terse", 10_000), artifact.expected_output("verbose", 10_000)
+    assert terse is not None and verbose is not None
+    assert 30 <= terse <= 60 and 300 <= verbose <= 600  # ~20·10^0.3 ≈ 40 and ~400
+    assert artifact.expected_output("verbose", 100_000) > verbose  # grows with the prompt
+    assert artifact.expected_output("unknown", 10_000) is None
