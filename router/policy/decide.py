@@ -14,8 +14,8 @@ Every candidate keeps its estimates and, when excluded, the reason, for ``/v1/ro
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
