@@ -205,18 +205,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 def runqueue_wait_seconds(pid: int) -> float:
-    """Time the threads of a process tree spent runnable but waiting for a CPU (other work had it)."""
+    """Time the main thread of each process in the tree spent runnable but waiting for a CPU.
+
+    Main threads only: an exited thread's counters vanish from /proc, so a sum over all threads
+    could go down between two readings. The event loop runs on the main thread anyway.
+    """
     total = 0
     for p in process_tree(pid):
         try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
+            total += int(Path(f"/proc/{p}/schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        for tid in tids:
-            try:
-                total += int(Path(f"/proc/{p}/task/{tid}/schedstat").read_text().split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
     return total / 1e9
 
 

@@ -29,7 +29,7 @@ from benchmarks import scenarios
 from benchmarks.loadgen import CellResult, run_cell
 from benchmarks.procs import Service, Services, choose_pinning, cpu_seconds
 from benchmarks.report import ROUTER, UPSTREAM
-from benchmarks.run import ROOT, _run, start
+from benchmarks.run import ROOT, _run, handle_interrupts, start
 
 MODES = ("chat", "chat-stream")
 #: Leaf frames of threads blocked in C waiting for work: py-spy cannot tell those from busy ones.
@@ -188,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     _py_spy()
     args.out.mkdir(parents=True, exist_ok=True)
+    handle_interrupts()
     flags = [*(["--native"] if args.native else []), *(["--gil"] if args.gil else [])]
     pin = choose_pinning(True)
     if pin.driver is not None:
@@ -212,4 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: everything started was stopped", file=sys.stderr)
+        sys.exit(130)

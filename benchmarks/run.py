@@ -56,11 +56,12 @@ NOTE = (
 LEGEND = """\
 Columns: req/s, latency p50/p99 (ms, whole response) and TTFT p50/p99 (ms to the first content byte of a
 stream) as seen by the load generator. CPU ms/req and CPU % are the server's own process (for upstream
-rows, the upstream itself) over the measured window. CPU wait % is the time the server's threads were
-runnable but waiting for a CPU that another process held, summed over threads: high means the cell was
-disturbed by other work on the machine. Driver core % is the load generator plus the upstream on the
-other core (near 100% would mean the driver, not the server, limits throughput). +p50 and +TTFT p50 are
-added to the upstream row of the same cell; ÷ LiteLLM is the router's req/s over LiteLLM's in that cell."""
+rows, the upstream itself) over the measured window. CPU wait % is the time the server's main thread (its
+event loop) was runnable but waiting for a CPU that another process held: high means the cell was
+disturbed by other work on the machine (in upstream rows the load generator shares the core by design).
+Driver core % is the load generator plus the upstream on the other core (near 100% means the driver,
+not the server, limits throughput: expected in upstream rows only). +p50 and +TTFT p50 are added to the
+upstream row of the same cell; ÷ LiteLLM is the router's req/s over LiteLLM's in that cell."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,13 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def handle_interrupts() -> None:
+    """Ctrl-C and SIGTERM unwind the run (stopping every service), even for a background job,
+    which starts with SIGINT ignored."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+
+
 def _commit() -> str:
     out = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
@@ -256,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = make_plan(args)
     info = machine()
     pin = choose_pinning(not args.no_pin)
-    signal.signal(signal.SIGTERM, _interrupt)
+    handle_interrupts()
     litellm_version = None
     if not args.no_litellm:
         litellm_proxy.ensure_installed()

@@ -7,8 +7,8 @@ Modes, decided when the app starts (and logged then):
 * **virtual keys** — no master key, but the store holds keys (revoked ones count: revoking every
   key must not open the router): callers present a valid virtual key;
 * **open** — neither: anyone may call, for a laptop. While open, the store is asked again at most
-  every ``ttl`` seconds, so a key created with ``router keys create`` closes the router without a
-  restart.
+  every ``ttl`` seconds (in the background, never delaying a request), so a key created with
+  ``router keys create`` closes the router without a restart.
 
 A presented key (``Authorization: Bearer`` or ``x-api-key``) is format-checked before anything
 else, then hashed, looked up by hash, and the stored hash compared in constant time. Results,
@@ -106,6 +106,7 @@ class Auth:
         self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
         self._keys_exist = False
         self._mode_checked = float("-inf")
+        self._refreshing: asyncio.Task[None] | None = None
 
     @property
     def open(self) -> bool:
@@ -138,7 +139,7 @@ class Auth:
         if self._master is not None or self._store is None or self._keys_exist:
             return
         try:
-            # Bounded: this runs on a request's path, and a store that is down must not stall it.
+            # Bounded: a store that is down must not stall startup, nor leave a refresh hanging.
             async with asyncio.timeout(STORE_TIMEOUT_S):
                 self._keys_exist = bool(await self._store.list_keys())
         except Exception as exc:  # the mode stays as it was until the store answers again
@@ -147,11 +148,17 @@ class Auth:
         if self._keys_exist:
             log.warning("auth: virtual keys exist now; open mode has ended")
 
+    def _refreshed(self, _: asyncio.Task[None]) -> None:
+        self._refreshing = None
+
     async def check(self, request: Request, *, master_only: bool = False) -> Principal:
         """The caller, or ``AuthenticationFailed`` (401) / ``PermissionDenied`` (403)."""
-        if self.open and self._clock() - self._mode_checked >= self._ttl:
-            await self._refresh_mode()
         if self.open:
+            if self._clock() - self._mode_checked >= self._ttl and self._refreshing is None:
+                # In the background: a slow or unreachable store must not hold up open-mode traffic.
+                self._mode_checked = self._clock()
+                self._refreshing = asyncio.create_task(self._refresh_mode(), name="auth-mode")
+                self._refreshing.add_done_callback(self._refreshed)
             return OPEN
         key = presented_key(request)
         if not key:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sqlite3
 from collections.abc import AsyncIterator
@@ -179,6 +180,12 @@ async def test_creating_a_key_ends_open_mode_within_the_ttl(store: SQLiteStore) 
     await store.create_key(rec)
     assert await auth.check(request()) is OPEN  # not re-read yet
     clock.now += 31
+    # The store is re-read in the background: this request still passes, later ones do not.
+    assert await auth.check(request()) is OPEN
+    async with asyncio.timeout(5):
+        while auth.open:  # noqa: ASYNC110 - polling a flag the background refresh sets
+            await asyncio.sleep(0.01)
+    assert spy.lists == 2
     with pytest.raises(AuthenticationFailed):
         await auth.check(request())
     assert not auth.open and auth.mode == "virtual keys"
