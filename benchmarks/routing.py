@@ -93,7 +93,7 @@ class Pipeline:
         t5 = clock()
         signals.extract(req.protocol, req.messages, loop_threshold=self.loop_threshold)
         t6 = clock()
-        signals.request_fingerprint(req.protocol, req.body)
+        req.body_hash = hash(raw)  # the proxy's fingerprint of a re-sent request
         t7 = clock()
         self.runtime.decider.decide(feats)
         t8 = clock()

@@ -74,6 +74,8 @@ class Proxy:
             rec.key_id = principal.key_id
             raw = await read_body(request, self.s.settings.max_body_bytes)
             req = wire.parse(raw)
+            req.body_hash = hash(raw)
+            rec.requested_model = req.model
             principal.authorize_model(req.model)
             headers = rule_headers(request.headers)
             decision, state = await self.decide(req, request, headers, rec)

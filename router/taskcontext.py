@@ -78,8 +78,10 @@ async def enter(
         else signals.extract(req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold)
     )
     if not side:
-        fingerprint = signals.request_fingerprint(req.protocol, req.body)
-        if fingerprint == state.last_fingerprint:
+        # The raw bytes, not a canonical form: agents resend byte-identical bodies, and this costs
+        # a hash of the body rather than a walk over it.
+        fingerprint = req.body_hash
+        if fingerprint and fingerprint == state.last_fingerprint:
             found.append(signals.resent_signal(1))
         state.last_fingerprint = fingerprint
     switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)

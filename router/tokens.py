@@ -283,6 +283,9 @@ def _collect_part(part: Any, texts: list[str], depth: int) -> int:
     return 0
 
 
+_QUICK = "router.tokens.quick/1"
+
+
 class TokenCounter:
     """Token estimates with an LRU cache of per-message counts (thread-safe).
 
@@ -295,7 +298,7 @@ class TokenCounter:
             raise ValueError("max_entries must be >= 0")
         self._max_entries = max_entries
         self._encoding = encoding
-        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache: OrderedDict[bytes | int, int] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -356,7 +359,10 @@ class TokenCounter:
         return self._item(items)
 
     def _item(self, item: Any) -> int:
-        return self._cached(_ITEM_KEY, item, self._count_item)
+        key = _quick_key(item) if self._max_entries else None
+        if key is None:
+            return self._cached(_ITEM_KEY, item, self._count_item)
+        return self._lookup(key, lambda: self._count_item(item, None))
 
     def _tools(self, tools: Any) -> int:
         if not tools:
@@ -380,6 +386,9 @@ class TokenCounter:
             return compute(value, blob)
         # person= separates items from tool lists without concatenating bytes.
         key = hashlib.blake2b(blob, digest_size=16, person=person[:16]).digest()
+        return self._lookup(key, lambda: compute(value, blob))
+
+    def _lookup(self, key: bytes | int, compute: Callable[[], int]) -> int:
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -388,12 +397,35 @@ class TokenCounter:
                 return cached
             self.misses += 1
         # Counting runs outside the lock: it is the slow part, and a racing duplicate is harmless.
-        count = compute(value, blob)
+        count = compute()
         with self._lock:
             self._cache[key] = count
             while len(self._cache) > self._max_entries:
                 self._cache.popitem(last=False)
         return count
+
+
+_SAMPLE = 256
+
+
+def _quick_key(item: Any) -> int | None:
+    """A constant-time cache key for a plain message (string fields only), or None.
+
+    A long conversation resends every earlier message on every turn; serialising and hashing
+    them all each time costs more than the rest of the decision. For plain messages the key is
+    built from each field's length, head and tail instead. Two messages that agree on all of
+    those but differ in the middle share a count: an estimate off by the difference of two
+    equally long texts, which routing tolerates. Structured content keeps the exact key.
+    """
+    if type(item) is not dict or len(item) > 4:
+        return None
+    parts: list[Any] = [_QUICK]
+    for k, v in item.items():
+        if type(v) is not str:
+            return None
+        parts.append(k)
+        parts.append(v if len(v) <= 2 * _SAMPLE else (len(v), v[:_SAMPLE], v[-_SAMPLE:]))
+    return hash(tuple(parts))
 
 
 def _safe_len(encode: Callable[[str], list[int]], text: str) -> int:

@@ -54,6 +54,8 @@ class ClientRequest:
     session_hint: str | None = None
     #: OpenAI chat only: whether the client asked for the usage chunk.
     include_usage: bool = False
+    #: A cheap hash of the raw body (set by the proxy): an identical request sent again has the same.
+    body_hash: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def tools_sha256(self) -> str | None:
@@ -141,3 +143,29 @@ def has_image(content: Any) -> bool:
     return any(
         isinstance(p, dict) and p.get("type") in ("image", "image_url", "input_image") for p in content
     )
+
+
+def check_messages(
+    messages: Any, roles: frozenset[str], *, content_optional: bool, field: str = "messages"
+) -> None:
+    """Validate a conversation's shape by hand: on a long agent conversation this runs on every
+    request, and a loop over plain dicts costs a fraction of building a model per message."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(f"invalid request: {field}: must be a non-empty list", param=field)
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise BadRequest(f"invalid request: {field}.{i}: must be an object", param=field)
+        if m.get("role") not in roles:
+            allowed = ", ".join(sorted(roles))
+            raise BadRequest(f"invalid request: {field}.{i}.role: must be one of {allowed}", param=field)
+        content = m.get("content")
+        if content is None:
+            if not content_optional:
+                raise BadRequest(f"invalid request: {field}.{i}.content: required", param=field)
+        elif not isinstance(content, str) and not (
+            isinstance(content, list) and all(isinstance(p, dict) for p in content)
+        ):
+            raise BadRequest(
+                f"invalid request: {field}.{i}.content: must be a string or a list of content blocks",
+                param=field,
+            )
