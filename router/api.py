@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -122,7 +123,11 @@ def register(app: FastAPI, s: Services) -> None:
             return _json({"status": "draining"}, 503)
         # A degraded replica still serves: the log buffers while its store is down, and pins and
         # rate limits fall back to local state while Redis is (budgets refuse with 503 meanwhile).
-        store_ok = await s.store.ping()
+        try:
+            async with asyncio.timeout(1.0):  # a hung store must not hang the health check
+                store_ok = await s.store.ping()
+        except TimeoutError:
+            store_ok = False
         state_ok = await s.state.ping()
         body = {
             "status": "ok" if store_ok and state_ok else "degraded",

@@ -115,8 +115,12 @@ class Upstream:
         if resp.status >= 400:
             raw = await resp.read()
             resp.release()
+            text = _error_text(raw)
+            key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
+            if key and key in text:
+                text = text.replace(key, "[redacted]")  # some providers echo the key they refused
             raise from_upstream_status(
-                resp.status, f"backend {backend.id!r} answered {resp.status}: {_error_text(raw)}",
+                resp.status, f"backend {backend.id!r} answered {resp.status}: {text}",
                 _retry_after(resp.headers.get("retry-after")),
             )  # fmt: skip
         return resp
