@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from router.errors import BadRequest, RouterError
+from router.errors import RouterError
 from router.protocols.common import (
     ANTHROPIC,
     ClientRequest,
@@ -15,10 +15,11 @@ from router.protocols.common import (
     MaxTokens,
     Usage,
     allow,
+    check_messages,
     has_image,
     load_json,
     text_of,
-    validation_message,
+    validated,
 )
 from router.protocols.toolschema import check_schema
 
@@ -34,11 +35,8 @@ ALLOWED = frozenset(
 )  # fmt: skip
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    #: "system" mid-conversation comes with Claude Code's mid-conversation-system beta.
-    role: Literal["user", "assistant", "system"]
-    content: str | list[dict[str, Any]]
+#: "system" mid-conversation comes with Claude Code's mid-conversation-system beta.
+ROLES = frozenset({"user", "assistant", "system"})
 
 
 class _Tool(BaseModel):
@@ -56,7 +54,8 @@ class _Thinking(BaseModel):
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: Annotated[str, Field(min_length=1, max_length=256)]
-    messages: Annotated[list[_Message], Field(min_length=1)]
+    # Checked by hand (check_messages): the longest part of every agent request.
+    messages: list[Any]
     max_tokens: MaxTokens
     system: str | list[dict[str, Any]] | None = None
     stream: Flag | None = False
@@ -71,10 +70,8 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
     body = load_json(raw)
     if count_only and "max_tokens" not in body:
         body = {**body, "max_tokens": 1}
-    try:
-        req = _Request.model_validate(body)
-    except ValidationError as exc:
-        raise BadRequest(validation_message(exc)) from None
+    req = validated(_Request, body)
+    check_messages(body["messages"], ROLES, content_optional=False)
     for i, tool in enumerate(req.tools or ()):
         if tool.input_schema is not None:
             check_schema(tool.input_schema, f"tools[{i}].input_schema")
@@ -95,10 +92,17 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         top_p=req.top_p,
         thinking=thinking,
         thinking_budget=req.thinking.budget_tokens if req.thinking and thinking else None,
+        reasoning_effort=_effort(body.get("output_config")),
         vision=any(has_image(m.get("content")) for m in messages),
         first_user_text=text_of(first_user.get("content")) if first_user else "",
         session_hint=session_from_user_id(user_id) if isinstance(user_id, str) else None,
     )
+
+
+def _effort(output_config: Any) -> str | None:
+    """Claude Code's ``output_config.effort`` (low/medium/high): logged as the reasoning effort."""
+    effort = output_config.get("effort") if isinstance(output_config, dict) else None
+    return effort if isinstance(effort, str) else None
 
 
 def session_from_user_id(user_id: str) -> str | None:

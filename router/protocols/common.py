@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import orjson
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from router.errors import BadRequest
+
+M = TypeVar("M", bound=BaseModel)
 
 OPENAI_CHAT = "openai_chat"
 ANTHROPIC = "anthropic"
@@ -105,6 +107,14 @@ def load_json(raw: bytes) -> dict[str, Any]:
             "request body is nested too deeply (at most 255 levels of arrays and objects)"
         ) from None
     return body
+
+
+def validated(model: type[M], body: dict[str, Any]) -> M:
+    """The body validated against ``model``, or a 400 naming the first few bad fields."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(validation_message(exc)) from None
 
 
 def validation_message(exc: ValidationError) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from router.errors import BadRequest, RouterError
 from router.protocols.common import (
@@ -19,7 +19,7 @@ from router.protocols.common import (
     has_image,
     load_json,
     text_of,
-    validation_message,
+    validated,
 )
 from router.protocols.toolschema import check_schema
 
@@ -68,10 +68,7 @@ class _Request(BaseModel):
 
 def parse(raw: bytes) -> ClientRequest:
     body = load_json(raw)
-    try:
-        req = _Request.model_validate(body)
-    except ValidationError as exc:
-        raise BadRequest(validation_message(exc)) from None
+    req = validated(_Request, body)
     check_messages(body["messages"], ROLES, content_optional=True)
     for i, tool in enumerate(req.tools or ()):
         if tool.type == "function":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from router.errors import BadRequest, RouterError
 from router.protocols.common import (
@@ -22,7 +22,7 @@ from router.protocols.common import (
     has_image,
     load_json,
     text_of,
-    validation_message,
+    validated,
 )
 from router.protocols.toolschema import check_responses_tools
 
@@ -57,10 +57,7 @@ class _Request(BaseModel):
 
 def parse(raw: bytes) -> ClientRequest:
     body = load_json(raw)
-    try:
-        req = _Request.model_validate(body)
-    except ValidationError as exc:
-        raise BadRequest(validation_message(exc)) from None
+    req = validated(_Request, body)
     if req.previous_response_id:
         raise BadRequest(
             "previous_response_id is not supported: this router keeps no responses (stateless mode); "
