@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 from router import accounting, admission, features, taskcontext, tasks
 from router.errors import PayloadTooLarge, RouterError, UpstreamError
 from router.execute import CommittedStream, Execution
+from router.ids import IdMaker
 from router.policy.decide import Decision
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
 from router.protocols.openai_chat import is_usage_only
@@ -58,11 +58,12 @@ def rule_headers(headers: Mapping[str, str]) -> dict[str, str]:
 class Proxy:
     def __init__(self, services: Services) -> None:
         self.s = services
+        self._new_id = IdMaker()
 
     async def handle(self, request: Request, protocol: str) -> Response:
         wire = WIRES[protocol]
         phases = Phases()
-        rec = RequestRecord(request_id=uuid.uuid4().hex, ts=time.time(), protocol=protocol)
+        rec = RequestRecord(request_id=self._new_id(), ts=time.time(), protocol=protocol)
         self.s.telemetry.started(rec)
         rec.endpoint = request.url.path
         rec.client = (request.headers.get("user-agent") or "")[:64] or None

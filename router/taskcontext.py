@@ -59,7 +59,7 @@ async def enter(
     policy = s.decider.policy
     state = s.tracker.begin(rec.task_id, req, attempt_header)
     side = is_side_call(req, policy.spec.tasks.side_call_max_tokens)
-    if not side and state.pinned is None:
+    if not side and state.pinned is None and s.settings.redis_url:
         # Another replica may have started this task: its pin and warm prefix are shared.
         pin = await s.state.sessions.pin(rec.task_id)
         if pin is not None:
@@ -117,7 +117,8 @@ def served(s: Services, state: TaskState, rec: RequestRecord) -> None:
     s.tracker.served(
         state, backend.id, rec.input_tokens or rec.prompt_tokens_est or 0, backend.cache_ttl_s, False
     )
-    s.tasks.spawn(_share(s, rec.task_id, backend.id, backend.cache_ttl_s), name="share-pin")
+    if s.settings.redis_url:  # alone, the tracker already holds it
+        s.tasks.spawn(_share(s, rec.task_id, backend.id, backend.cache_ttl_s), name="share-pin")
 
 
 async def _share(s: Services, task_id: str, model: str, cache_ttl_s: float) -> None:

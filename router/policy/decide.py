@@ -14,14 +14,14 @@ Every candidate keeps its estimates and, when excluded, the reason, for ``/v1/ro
 from __future__ import annotations
 
 import random
-import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from router.catalog import Backend, Catalog
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
 from router.features import Features
+from router.ids import IdMaker
 from router.policy.config import Policy
 
 
@@ -39,8 +39,11 @@ class Estimate:
     cost_per_completed_usd: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {k: v for k, v in d.items() if v is not None}
+        # By hand: dataclasses.asdict deep-copies, and this runs for every candidate of every request.
+        return {k: v for k in _ESTIMATE_FIELDS if (v := getattr(self, k)) is not None}
+
+
+_ESTIMATE_FIELDS = tuple(f.name for f in fields(Estimate))
 
 
 @dataclass(slots=True)
@@ -109,6 +112,7 @@ class Decider:
         self.scorer = scorer or CheapestScorer()
         self.epsilon = policy.objective.exploration.epsilon
         self._rng = rng or random.Random()
+        self._new_id = IdMaker()
 
     def decide(self, features: Features) -> Decision:
         route = self.policy.route_for(features.requested_model)
@@ -169,7 +173,7 @@ class Decider:
             if fb not in order and fb not in excluded and not self._hard_constraint(backend, features, 0):
                 order.append(fb)
         return Decision(
-            decision_id=uuid.uuid4().hex,
+            decision_id=self._new_id(),
             policy=f"{self.policy.name}/{self.scorer.name}",
             order=order,
             candidates=estimates,
