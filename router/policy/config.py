@@ -140,6 +140,8 @@ class LearnedRef(_Strict):
 class Exploration(_Strict):
     #: Share of decisions made uniformly at random among eligible candidates (logged with its propensity).
     epsilon: float = Field(default=0.0, ge=0, le=1)
+    #: Fixes the random choices, for reproducible experiments (unset: a fresh seed per process).
+    seed: int | None = None
 
 
 class ObjectiveSpec(_Strict):

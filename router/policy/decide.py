@@ -111,7 +111,7 @@ class Decider:
         self.catalog = catalog
         self.scorer = scorer or CheapestScorer()
         self.epsilon = policy.objective.exploration.epsilon
-        self._rng = rng or random.Random()
+        self._rng = rng or random.Random(policy.objective.exploration.seed)
         self._new_id = IdMaker()
 
     def decide(self, features: Features) -> Decision:
