@@ -16,6 +16,8 @@ class Event:
     data: bytes
     #: The event as received, terminator included, ready to forward.
     raw: bytes
+    #: More events of the same network read follow at once: a relay can send them together.
+    more: bool = False
 
 
 def parse_block(block: bytes) -> Event:
@@ -46,7 +48,9 @@ async def events(
                 break
             block, buf = buf[:end], buf[end + 2 :]
             if block.strip():
-                yield parse_block(block)
+                ev = parse_block(block)
+                ev.more = b"\n\n" in buf
+                yield ev
         if len(buf) > max_event_bytes:
             raise ValueError("an SSE event exceeded the size limit")
     if buf.strip():

@@ -1,0 +1,33 @@
+"""Splitting server-sent events without re-encoding them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from router import sse
+
+
+async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for p in parts:
+        yield p
+
+
+async def _collect(*parts: bytes) -> list[sse.Event]:
+    return [ev async for ev in sse.events(_chunks(*parts))]
+
+
+async def test_one_event_per_read_and_events_split_across_reads() -> None:
+    evs = await _collect(b"data: 1\n\n", b"event: x\nda", b"ta: 2\n\n")
+    assert [(e.name, e.data) for e in evs] == [(None, b"1"), ("x", b"2")]
+    assert evs[1].raw == b"event: x\ndata: 2\n\n"
+
+
+async def test_events_of_one_read_are_marked_for_one_write() -> None:
+    evs = await _collect(b"data: a\n\ndata: b\n\ndata: c\n\n", b"data: d\n\n")
+    assert [e.more for e in evs] == [True, True, False, False]
+    assert b"".join(e.raw for e in evs) == b"data: a\n\ndata: b\n\ndata: c\n\ndata: d\n\n"
+
+
+async def test_crlf_multiline_data_and_a_missing_final_blank_line() -> None:
+    evs = await _collect(b"event: m\r\ndata: x\r\ndata: y\r\n\r\n", b"data: last")
+    assert [(e.name, e.data) for e in evs] == [("m", b"x\ny"), (None, b"last")]
