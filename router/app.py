@@ -29,6 +29,7 @@ from router.store.writer import LogWriter
 from router.tasktracker import TaskTracker
 from router.telemetry import Telemetry, build_telemetry
 from router.tokens import TokenCounter
+from router.translate import warm_up
 from router.translate.litellm_setup import get_litellm
 from router.upstream import Upstream
 
@@ -107,6 +108,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         await s.store.open()
         await s.auth.start()
         await s.upstream.start()
+        await warm_up()
         s.writer.start(s.tasks)
         watcher = PolicyWatcher(s.settings.config, s.install, s.runtime)
 

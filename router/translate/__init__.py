@@ -14,6 +14,7 @@ from ``open_stream`` until the upstream has answered; from the frame iterator af
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
@@ -57,3 +58,17 @@ async def open_stream(client_protocol: str, body: dict[str, Any], target: Target
     except Exception as exc:
         raise to_router_error(exc, target) from None
     return frames
+
+
+async def warm_up() -> None:
+    """Run litellm's call path once without a network call (``mock_response``).
+
+    Its first call in a process imports and builds a good deal lazily (a quarter of a second
+    here); paying that at startup keeps it off some agent's first cross-protocol request.
+    """
+    from router.translate.litellm_setup import get_litellm
+
+    with contextlib.suppress(Exception):  # a warm-up must never stop the router from starting
+        await get_litellm().acompletion(
+            model="openai/warm-up", messages=[{"role": "user", "content": "."}], mock_response="."
+        )
