@@ -65,7 +65,7 @@ class Pipeline:
 
         self.runtime = load_runtime(policy)
         self.encoding = TokenCounter().encoding
-        self.key_hash = tasks.client_key_hash("Bearer bench", None)
+        self.key_hash = tasks.client_key_hash("bench")
         self.loop_threshold = self.runtime.policy.spec.tasks.loop_threshold
 
     def counter(self) -> Any:

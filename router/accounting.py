@@ -34,6 +34,10 @@ class CostSplit:
     cache_read: float
     cache_write: float
 
+    @property
+    def total(self) -> float:
+        return round(self.input + self.output + self.cache_read + self.cache_write, 10)
+
 
 def cost_split(price: Price, usage: Usage) -> CostSplit:
     read = usage.cache_read_tokens or 0
@@ -45,10 +49,3 @@ def cost_split(price: Price, usage: Usage) -> CostSplit:
         cache_read=round(read * price.cache_read, 10),
         cache_write=round(write * price.cache_write, 10),
     )
-
-
-def cost_usd(price: Price, usage: Usage) -> float:
-    read = usage.cache_read_tokens or 0
-    write = usage.cache_write_tokens or 0
-    uncached = max(0, (usage.input_tokens or 0) - read - write)
-    return round(price.cost(uncached, usage.output_tokens or 0, read, write), 10)

@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from router import accounting, admission, features, taskcontext, tasks
+from router.auth import presented_key
 from router.errors import PayloadTooLarge, RouterError, UpstreamError
 from router.execute import CommittedStream, Execution
 from router.ids import IdMaker
@@ -112,9 +113,7 @@ class Proxy:
     async def decide(
         self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord
     ) -> tuple[Decision, TaskState]:
-        key_hash = tasks.client_key_hash(
-            request.headers.get("authorization"), request.headers.get("x-api-key")
-        )
+        key_hash = tasks.client_key_hash(presented_key(request))
         rec.task_id = tasks.task_id(req, request.headers.get("x-router-task-id"), key_hash)
         rec.requested_model = req.model
         rec.stream = req.stream
@@ -210,8 +209,8 @@ class Proxy:
         rec.input_tokens, rec.output_tokens = usage.input_tokens, usage.output_tokens
         rec.cache_read_tokens, rec.cache_write_tokens = usage.cache_read_tokens, usage.cache_write_tokens
         rec.reasoning_tokens = usage.reasoning_tokens
-        rec.cost_usd = accounting.cost_usd(backend.price, usage)
         split = accounting.cost_split(backend.price, usage)
+        rec.cost_usd = split.total
         rec.cost_input_usd, rec.cost_output_usd = split.input, split.output
         rec.cost_cache_read_usd, rec.cost_cache_write_usd = split.cache_read, split.cache_write
 

@@ -17,10 +17,11 @@ from router.protocols.common import ClientRequest, sha256_json
 _CLIENT_TASK_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
 
 
-def client_key_hash(authorization: str | None, api_key: str | None) -> str:
-    """A short hash of the caller's credential; the credential itself is never kept."""
-    secret = api_key or (authorization or "").removeprefix("Bearer ").strip()
-    return hashlib.sha256(("router-key:" + secret).encode()).hexdigest()[:16] if secret else "anonymous"
+def client_key_hash(presented_key: str) -> str:
+    """A short hash of the caller's credential (as ``auth.presented_key`` reads it); never the key."""
+    if not presented_key:
+        return "anonymous"
+    return hashlib.sha256(("router-key:" + presented_key).encode()).hexdigest()[:16]
 
 
 def task_id(req: ClientRequest, header_value: str | None, key_hash: str) -> str:
