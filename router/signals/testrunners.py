@@ -146,12 +146,16 @@ _GO_TEST = re.compile(r"^--- (PASS|FAIL|SKIP): \S", re.M)
 _GO_BARE = re.compile(r"^(PASS|FAIL)[ \t]*$", re.M)
 
 
+def _starts_a_line(text: str, *words: str) -> bool:
+    """Whether a line begins with one of ``words``: a guard cheaper than a line-anchored search."""
+    return text.startswith(words) or any("\n" + w in text for w in words)
+
+
 def _go(text: str) -> _Found | None:
-    if "ok" not in text and "PASS" not in text and "FAIL" not in text:
-        return None
-    pkgs = list(_GO_PKG.finditer(text))
-    tests = list(_GO_TEST.finditer(text))
-    bare = list(_GO_BARE.finditer(text))
+    # Each pattern is tried only where its literal occurs ("ok" alone is in "token", "look"...).
+    pkgs = list(_GO_PKG.finditer(text)) if _starts_a_line(text, "ok", "FAIL") else []
+    tests = list(_GO_TEST.finditer(text)) if _starts_a_line(text, "--- ") else []
+    bare = list(_GO_BARE.finditer(text)) if _starts_a_line(text, "PASS", "FAIL") else []
     if not (pkgs or tests or bare):
         return None
     pos = max(ms[-1].start() for ms in (pkgs, tests, bare) if ms)

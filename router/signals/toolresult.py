@@ -38,21 +38,30 @@ _EXIT_OUTPUT = re.compile(
 
 @dataclass(frozen=True, slots=True)
 class _Probe:
-    """A pattern run only when one of its literal needles occurs in the text (a cheap ``in`` test)."""
+    """A pattern run only when its literal needles occur in the text (cheap ``in`` tests).
+
+    Each group of needles must have one occurring: the literals the pattern cannot match
+    without. A line-anchored pattern tries every position of the text, a needle costs a scan in C.
+    """
 
     kind: str
-    needles: tuple[str, ...]
+    needles: tuple[tuple[str, ...], ...]
     pattern: re.Pattern[str]
 
+    def may_match(self, text: str) -> bool:
+        return all(any(n in text for n in group) for group in self.needles)
 
-def _probe(kind: str, needles: tuple[str, ...], pattern: str) -> _Probe:
-    return _Probe(kind, needles, re.compile(pattern, re.M))
+
+def _probe(kind: str, needles: tuple[str, ...], pattern: str, *more: tuple[str, ...]) -> _Probe:
+    return _Probe(kind, (needles, *more), re.compile(pattern, re.M))
 
 
 _BUILD: Final = (
-    _probe("rust", ("error",), r"^error(?:\[E\d{4}\]|: could not compile )"),
+    _probe("rust", ("error[E", "error: could not compile "), r"^error(?:\[E\d{4}\]|: could not compile )"),
     _probe("typescript", ("error TS",), r"error TS\d{4,5}: "),
-    _probe("syntax", ("Error: ",), r"(?:Syntax|Indentation|Tab)Error: "),
+    _probe(
+        "syntax", ("SyntaxError: ", "IndentationError: ", "TabError: "), r"(?:Syntax|Indentation|Tab)Error: "
+    ),
     _probe(
         "module_not_found",
         ("ModuleNotFoundError", "ImportError", "Cannot find module"),
@@ -60,24 +69,32 @@ _BUILD: Final = (
     ),
     _probe("go", (".go:",), r"^(?=[\w.])(?:\./)?[\w./-]{1,300}\.go:\d+:\d+: "),
     _probe(
-        "c", ("error: ",), r"^(?=[\w.])[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: "
+        "c",
+        (": error: ", ": fatal error: "),
+        r"^(?=[\w.])[\w./-]{1,300}\.(?:c|cc|cpp|cxx|h|hpp):\d+:\d+: (?:fatal )?error: ",
     ),
     _probe("java", (".java:",), r"^(?=[\w.])[\w./-]{1,300}\.java:\d+: error: "),
-    _probe("make", ("make",), r"^make(?:\[\d+\])?: \*\*\* "),
+    _probe("make", (": *** ",), r"^make(?:\[\d+\])?: \*\*\* "),
 )
 _RUNTIME: Final = (
-    _probe("python", ("Traceback",), r"^Traceback \(most recent call last\):"),
+    _probe("python", ("Traceback (most recent call last):",), r"^Traceback \(most recent call last\):"),
     _probe("go_panic", ("panic: ",), r"^panic: "),
     _probe("rust_panic", ("panicked at",), r"^thread '[^'\n]{0,300}' panicked at "),
     _probe(
         "node",
         ("Error",),
         r"^(?=[A-Z])(?:[A-Z]\w{0,40})?Error(?: \[\w{1,40}\])?: [^\n]{0,1000}\n[ \t]{2,8}at ",
+        (" at ", "\tat "),
     ),
 )
 
-# Timings and addresses differ between runs that otherwise print the same thing.
-_VOLATILE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|\b0x[0-9a-fA-F]{1,16}\b")
+# Timings and addresses differ between runs that otherwise print the same thing. Written to
+# start with the digit (the look-behinds then check what precedes it) so that the engine skips
+# to digits instead of trying the whole pattern at every position; it masks exactly what
+# ``(?<![\w.])\d+(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|\b0x[0-9a-fA-F]{1,16}\b`` does.
+_VOLATILE = re.compile(
+    r"\d(?:(?<![\w.]\d)\d*(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|(?<!\w\d)(?<=0)x[0-9a-fA-F]{1,16}\b)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +133,7 @@ def _last_kind(probes: tuple[_Probe, ...], text: str) -> str | None:
     """The kind of the probe whose match comes last in the text."""
     best: tuple[int, str] | None = None
     for p in probes:
-        if any(n in text for n in p.needles):
+        if p.may_match(text):
             m = _last(p.pattern, text)
             if m is not None and (best is None or m.start() > best[0]):
                 best = m.start(), p.kind

@@ -8,7 +8,8 @@ Anything that does not fit is skipped.
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -47,10 +48,30 @@ Event = ToolCall | ToolResult
 
 
 def _args_hash(args: Any) -> str:
-    if isinstance(args, str) and len(args) <= _MAX_PARSED_ARGS and args[:1] in ("{", "["):
-        with contextlib.suppress(orjson.JSONDecodeError):
-            args = orjson.loads(args)
-    return stable_hash(args)
+    if isinstance(args, str):
+        return _text_args_hash(args)
+    return _value_hash(args)
+
+
+# Every turn re-reads the calls of the last messages, and a conversation's earlier calls come
+# back as the same strings: each is parsed and hashed once (bounded), then remembered.
+@functools.lru_cache(maxsize=8192)
+def _text_args_hash(args: str) -> str:
+    if len(args) <= _MAX_PARSED_ARGS and args[:1] in ("{", "["):
+        try:
+            return _value_hash(orjson.loads(args))
+        except orjson.JSONDecodeError:
+            pass
+    return _value_hash(args)
+
+
+def _value_hash(value: Any) -> str:
+    """Key-order-insensitive: JSON with sorted keys, written in C; the Python walk for what orjson refuses."""
+    try:
+        blob = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # orjson.JSONEncodeError: non-str keys, ints beyond 64 bits, deep nesting
+        return stable_hash(value)
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
 
 
 def _str_or_none(v: Any) -> str | None:
