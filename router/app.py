@@ -22,6 +22,7 @@ from router.execute import Executor
 from router.policy.config import Policy
 from router.policy.decide import Decider
 from router.policy.runtime import PolicyWatcher, Runtime, load_runtime
+from router.promptsize import PromptSizer
 from router.settings import Settings
 from router.state import SharedState, StateConfig, open_state
 from router.store import Store, open_store
@@ -29,6 +30,7 @@ from router.store.writer import LogWriter
 from router.tasktracker import TaskTracker
 from router.telemetry import Telemetry, build_telemetry
 from router.tokens import TokenCounter
+from router.transcripts import Transcripts
 from router.translate import warm_up
 from router.translate.litellm_setup import get_litellm
 from router.upstream import Upstream
@@ -41,6 +43,7 @@ class Services:
     settings: Settings
     runtime: Runtime
     counter: TokenCounter
+    sizer: PromptSizer
     upstream: Upstream
     executor: Executor
     store: Store
@@ -90,6 +93,7 @@ def build_services(settings: Settings) -> Services:
         settings=settings,
         runtime=runtime,
         counter=counter,
+        sizer=PromptSizer(counter, Transcripts(settings.transcript_memory_bytes)),
         upstream=upstream,
         executor=Executor(upstream, runtime.catalog, settings.timeouts, breakers=state.breakers),
         store=store,

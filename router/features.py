@@ -68,10 +68,16 @@ def count_prompt_tokens(req: ClientRequest, counter: TokenCounter) -> int:
 
 
 def extract(req: ClientRequest, counter: TokenCounter, headers: Mapping[str, str]) -> Features:
+    """Features with the prompt counted exactly."""
+    return of(req, count_prompt_tokens(req, counter), headers)
+
+
+def of(req: ClientRequest, prompt_tokens: int, headers: Mapping[str, str]) -> Features:
+    """Features of a request whose prompt size is already known (or estimated: ``router.promptsize``)."""
     return Features(
         protocol=req.protocol,
         requested_model=req.model,
-        prompt_tokens=count_prompt_tokens(req, counter),
+        prompt_tokens=prompt_tokens,
         max_output_tokens=req.max_output_tokens,
         tools=bool(req.tools),
         n_tools=len(req.tools),

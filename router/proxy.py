@@ -7,6 +7,7 @@ shape. Logging happens off the request path (the writer batches in the backgroun
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -76,7 +77,6 @@ class Proxy:
             rec.key_id = principal.key_id
             raw = await read_body(request, self.s.settings.max_body_bytes)
             req = wire.parse(raw)
-            req.body_hash = hash(raw)
             rec.requested_model = req.model
             principal.authorize_model(req.model)
             headers = rule_headers(request.headers)
@@ -124,9 +124,17 @@ class Proxy:
         rec.n_messages, rec.n_tools = len(req.messages), len(req.tools)
         if self.s.settings.log_prompts:
             rec.prompt = orjson.dumps({"system": req.system, "messages": req.messages}).decode()
-        feats = features.extract(req, self.s.counter, headers)
+        size = self.s.sizer.measure(req, rec.task_id, _body_length(request, req))
+        feats = features.of(req, size.tokens, headers)
+        state = await taskcontext.enter(
+            self.s, req, feats, rec, request.headers.get("x-router-attempt"), resent=size.repeat
+        )
+        if not size.settled:
+            if self.s.decider.size_matters(feats, size.low, size.high):
+                feats.prompt_tokens = self.s.sizer.settle(size)  # a hard limit is never decided on a guess
+            else:
+                self.s.tasks.spawn(asyncio.to_thread(self.s.sizer.settle, size), name="count-tokens")
         rec.prompt_tokens_est = feats.prompt_tokens
-        state = await taskcontext.enter(self.s, req, feats, rec, request.headers.get("x-router-attempt"))
         decision = self.s.decider.decide(feats)
         rec.decision_id = decision.decision_id
         rec.policy = decision.policy
@@ -233,6 +241,12 @@ class Proxy:
             setattr(rec, name, value)
         self.s.writer.submit(rec)
         self.s.telemetry.finished(rec, phases)
+
+
+def _body_length(request: Request, req: ClientRequest) -> int:
+    """The body's size, the memory a remembered request is charged (a guess when not declared)."""
+    declared = request.headers.get("content-length")
+    return int(declared) if declared and declared.isdigit() else 4 * len(req.messages) * 1024
 
 
 def _record_tries(rec: RequestRecord, ex: Execution) -> None:

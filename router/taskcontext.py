@@ -53,8 +53,14 @@ def _system_text(system: object) -> str:
 
 
 async def enter(
-    s: Services, req: ClientRequest, feats: Features, rec: RequestRecord, attempt_header: str | None
+    s: Services,
+    req: ClientRequest,
+    feats: Features,
+    rec: RequestRecord,
+    attempt_header: str | None,
+    resent: bool = False,
 ) -> TaskState:
+    """``resent``: the request repeats one of the task's last requests (``router.transcripts``)."""
     assert rec.task_id is not None
     policy = s.decider.policy
     state = s.tracker.begin(rec.task_id, req, attempt_header)
@@ -77,13 +83,8 @@ async def enter(
         if side
         else signals.extract(req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold)
     )
-    if not side:
-        # The raw bytes, not a canonical form: agents resend byte-identical bodies, and this costs
-        # a hash of the body rather than a walk over it.
-        fingerprint = req.body_hash
-        if fingerprint and fingerprint == state.last_fingerprint:
-            found.append(signals.resent_signal(1))
-        state.last_fingerprint = fingerprint
+    if resent and not side:
+        found.append(signals.resent_signal(1))
     switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
     label = signals.summarize(found) if found else None
     if label is not None:

@@ -33,7 +33,6 @@ class TaskState:
     warm_model: str | None = None
     warm_tokens: int = 0
     warm_until: float = 0.0
-    last_fingerprint: int | None = None
     seen: float = field(default_factory=time.time)
 
 

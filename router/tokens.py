@@ -42,6 +42,8 @@ __all__ = [
     "build_encoding",
     "default_encoding",
     "find_tokenizers_dir",
+    "item_text",
+    "tools_text",
 ]
 
 IMAGE_TOKENS = 1_000
@@ -283,6 +285,19 @@ def _collect_part(part: Any, texts: list[str], depth: int) -> int:
     return 0
 
 
+def item_text(item: Any) -> tuple[int, str]:
+    """What ``count_item`` counts: the fixed tokens (overhead, images...) and the text it tokenizes."""
+    texts: list[str] = []
+    fixed = MESSAGE_OVERHEAD + _collect_item(item, texts, 0)
+    return fixed, texts[0] if len(texts) == 1 else "\n".join(texts)
+
+
+def tools_text(tools: Any) -> str:
+    """The text ``count_tools`` tokenizes."""
+    blob = _dumps(tools) if tools else None
+    return blob.decode() if blob is not None else ""
+
+
 _QUICK = "router.tokens.quick/1"
 
 
@@ -351,6 +366,33 @@ class TokenCounter:
             total += self._item(instructions)
         return total + self._items(input)
 
+    def count_item(self, item: Any) -> int:
+        """One message, input item, system or instructions value (cached)."""
+        return self._item(item)
+
+    def count_tools(self, tools: Any) -> int:
+        """A tool list (cached)."""
+        return self._tools(tools)
+
+    def peek_item(self, item: Any) -> int | None:
+        """``count_item`` if it is cached, else None: never tokenizes."""
+        key = _quick_key(item) if self._max_entries else None
+        return self._peek(key if key is not None else _blob_key(_ITEM_KEY, item))
+
+    def peek_tools(self, tools: Any) -> int | None:
+        """``count_tools`` if it is cached (0 for no tools), else None: never tokenizes."""
+        return self._peek(_blob_key(_TOOLS_KEY, tools)) if tools else 0
+
+    def _peek(self, key: bytes | int | None) -> int | None:
+        if key is None or self._max_entries == 0:
+            return None
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+            return cached
+
     def _items(self, items: Any) -> int:
         if isinstance(items, list | tuple):
             return sum(self._item(item) for item in items)
@@ -370,10 +412,8 @@ class TokenCounter:
         return self._cached(_TOOLS_KEY, tools, self._count_tools)
 
     def _count_item(self, item: Any, blob: bytes | None) -> int:
-        texts: list[str] = []
-        fixed = _collect_item(item, texts, 0)
-        text_tokens = self.count_text(texts[0] if len(texts) == 1 else "\n".join(texts)) if texts else 0
-        return MESSAGE_OVERHEAD + fixed + text_tokens
+        fixed, text = item_text(item)
+        return fixed + (self.count_text(text) if text else 0)
 
     def _count_tools(self, tools: Any, blob: bytes | None) -> int:
         return self.count_text(blob.decode()) if blob is not None else 0
@@ -384,9 +424,7 @@ class TokenCounter:
             with self._lock:
                 self.misses += 1
             return compute(value, blob)
-        # person= separates items from tool lists without concatenating bytes.
-        key = hashlib.blake2b(blob, digest_size=16, person=person[:16]).digest()
-        return self._lookup(key, lambda: compute(value, blob))
+        return self._lookup(_digest(person, blob), lambda: compute(value, blob))
 
     def _lookup(self, key: bytes | int, compute: Callable[[], int]) -> int:
         with self._lock:
@@ -403,6 +441,16 @@ class TokenCounter:
             while len(self._cache) > self._max_entries:
                 self._cache.popitem(last=False)
         return count
+
+
+def _digest(person: bytes, blob: bytes) -> bytes:
+    # person= separates items from tool lists without concatenating bytes.
+    return hashlib.blake2b(blob, digest_size=16, person=person[:16]).digest()
+
+
+def _blob_key(person: bytes, value: Any) -> bytes | None:
+    blob = _dumps(value)
+    return _digest(person, blob) if blob is not None else None
 
 
 _SAMPLE = 256

@@ -182,6 +182,33 @@ class Decider:
             rules_applied=applied,
         )
 
+    def size_matters(self, features: Features, low: int, high: int) -> bool:
+        """Whether a prompt of ``low`` and one of ``high`` tokens could be decided differently.
+
+        Only the hard parts count: a rule whose condition reads the size, a context window. The
+        ranking by cost also moves with the size, but smoothly: an estimate is what it is for.
+        """
+        if low == high:
+            return False
+        route = self.policy.route_for(features.requested_model)
+        if route is None:
+            return False  # decide refuses it whatever the size
+        facts = features.for_rules()
+        small, large = {**facts, "prompt_tokens": low}, {**facts, "prompt_tokens": high}
+        for rule in self.policy.rules:
+            if rule.condition.matches(small) != rule.condition.matches(large):
+                return True
+        reserve = self.policy.defaults.reserve_output_tokens
+        names = [route.passthrough] if route.passthrough else list(route.candidates)
+        for names_, reserve_ in ((names, reserve), (route.fallbacks, 0)):
+            for n in names_:
+                backend = self.catalog[n]
+                if _over_window(backend, features, reserve_, low) != _over_window(
+                    backend, features, reserve_, high
+                ):
+                    return True
+        return False
+
     def _explore(self, order: list[str], reason: str) -> tuple[list[str], float, str]:
         """Epsilon-greedy over the eligible candidates, at the start of an attempt only.
 
@@ -221,8 +248,8 @@ class Decider:
 
     @staticmethod
     def _hard_constraint(backend: Backend, features: Features, reserve: int) -> str | None:
-        wanted_out = min(features.max_output_tokens or reserve, backend.max_output_tokens)
-        if features.prompt_tokens + wanted_out > backend.context_window:
+        if _over_window(backend, features, reserve, features.prompt_tokens):
+            wanted_out = _wanted_output(backend, features, reserve)
             return (
                 f"context: ~{features.prompt_tokens} prompt + {wanted_out} output tokens "
                 f"> window {backend.context_window}"
@@ -241,3 +268,11 @@ class Decider:
                 f"no backend can hold this prompt (~{features.prompt_tokens} tokens): {reasons}"
             )
         return BadRequest(f"no backend can serve this request: {reasons}")
+
+
+def _wanted_output(backend: Backend, features: Features, reserve: int) -> int:
+    return min(features.max_output_tokens or reserve, backend.max_output_tokens)
+
+
+def _over_window(backend: Backend, features: Features, reserve: int, prompt_tokens: int) -> bool:
+    return prompt_tokens + _wanted_output(backend, features, reserve) > backend.context_window

@@ -56,8 +56,6 @@ class ClientRequest:
     session_hint: str | None = None
     #: OpenAI chat only: whether the client asked for the usage chunk.
     include_usage: bool = False
-    #: A cheap hash of the raw body (set by the proxy): an identical request sent again has the same.
-    body_hash: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def tools_sha256(self) -> str | None:

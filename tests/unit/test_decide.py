@@ -103,3 +103,53 @@ def test_rules_only_and_prefer(decider: Decider) -> None:
 def test_passthrough_and_fallbacks(decider: Decider) -> None:
     assert decider.decide(feats(model="pinned")).order == ["mid", "big"]
     assert decider.decide(feats(model="claude-x")).order == ["notools", "cheap", "big", "mid"]
+
+
+# -- size_matters: when an estimated prompt size must be counted before deciding -----------------
+
+
+@pytest.fixture
+def sized() -> Decider:
+    rule = """
+  - name: long-prompts-on-big
+    when: {prompt_tokens: {$gt: 50000}}
+    only: [big]
+"""
+    policy = parse_policy(POLICY + rule, source="t.yaml", env={})
+    return Decider(policy, build_catalog(policy, lookup=lambda m: None))
+
+
+def test_size_matters_when_a_rule_threshold_lies_between_the_bounds(sized: Decider) -> None:
+    assert sized.size_matters(feats(prompt=30_000), 30_000, 60_000)
+    assert not sized.size_matters(feats(prompt=60_000), 55_000, 60_000)
+    assert not sized.size_matters(feats(prompt=30_000), 20_000, 40_000)
+
+
+def test_size_matters_when_a_context_window_lies_between_the_bounds(decider: Decider) -> None:
+    # cheap: 16k window, the 4k output reserve counted (as decide does).
+    assert decider.size_matters(feats(prompt=10_000), 10_000, 14_000)
+    assert not decider.size_matters(feats(prompt=10_000), 10_000, 11_000)
+    # mid (128k) and big (200k): between them only when both bounds are past cheap's.
+    assert decider.size_matters(feats(prompt=130_000), 120_000, 130_000)
+    assert not decider.size_matters(feats(prompt=100_000), 90_000, 110_000)
+
+
+def test_size_matters_checks_fallbacks_and_passthrough(decider: Decider) -> None:
+    # pinned: passthrough mid (128k), fallback big (200k, no output reserve for fallbacks).
+    assert decider.size_matters(feats(model="pinned", prompt=150_000), 150_000, 210_000)
+    assert not decider.size_matters(feats(model="pinned", prompt=150_000), 150_000, 190_000)
+
+
+def test_size_never_matters_for_exact_sizes_or_unknown_models(decider: Decider) -> None:
+    assert not decider.size_matters(feats(prompt=16_000), 16_000, 16_000)
+    assert not decider.size_matters(feats(model="gpt-99"), 0, 10**9)
+
+
+def test_a_decision_on_either_bound_agrees_when_size_does_not_matter(sized: Decider) -> None:
+    for low, high in ((1_000, 3_000), (20_000, 45_000), (60_000, 120_000), (130_000, 190_000)):
+        f = feats(prompt=low)
+        assert not sized.size_matters(f, low, high)
+        a, b = sized.decide(feats(prompt=low)), sized.decide(feats(prompt=high))
+        assert a.rules_applied == b.rules_applied
+        assert [e.excluded is None for e in a.candidates] == [e.excluded is None for e in b.candidates]
+        assert a.order == b.order

@@ -1,0 +1,182 @@
+"""Prompt size on the request path: known counts, estimates within hard bounds, exact once settled."""
+
+from __future__ import annotations
+
+import base64
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from router import features
+from router.promptsize import PromptSizer
+from router.protocols import anthropic, openai_chat, responses
+from router.protocols.common import ClientRequest
+from router.tokens import TokenCounter
+from router.transcripts import Transcripts
+
+
+@pytest.fixture(scope="module")
+def encoding() -> Any:
+    return TokenCounter().encoding
+
+
+def sizer(encoding: Any, memory: int = 10_000_000) -> PromptSizer:
+    return PromptSizer(TokenCounter(encoding=encoding), Transcripts(memory))
+
+
+def exact(req: ClientRequest, encoding: Any) -> int:
+    return features.count_prompt_tokens(req, TokenCounter(encoding=encoding))
+
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+
+
+def chat_req(messages: list[dict[str, Any]]) -> ClientRequest:
+    return openai_chat.parse(orjson.dumps({"model": "auto", "messages": messages, "tools": TOOLS}))
+
+
+def conversation(turns: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. " * 20},
+        {"role": "user", "content": "Fix the failing test in parser.py"},
+    ]
+    for i in range(turns):
+        msgs += tool_turn(i)
+    return msgs
+
+
+def tool_turn(i: int, result: str | None = None) -> list[dict[str, Any]]:
+    call = {
+        "id": f"c{i}",
+        "type": "function",
+        "function": {"name": "read_file", "arguments": f'{{"path": "f{i}.py"}}'},
+    }
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{i}", "content": result or f"def f{i}():\n    return {i}\n" * 30},
+    ]
+
+
+def test_a_settled_size_is_the_exact_count(encoding: Any) -> None:
+    s = sizer(encoding)
+    req = chat_req(conversation(5))
+    size = s.measure(req, "t", 10_000)
+    assert not size.settled and size.low <= size.tokens <= size.high
+    assert s.settle(size) == exact(req, encoding) == size.tokens == size.low == size.high
+    assert size.settled
+
+
+def test_the_next_turn_estimates_only_its_new_messages(encoding: Any) -> None:
+    s = sizer(encoding)
+    s.settle(s.measure(chat_req(conversation(5)), "t", 10_000))
+    nxt = chat_req(conversation(5) + tool_turn(5))
+    size = s.measure(nxt, "t", 10_000)
+    assert sorted(u.slot for u in size.pending) == [len(nxt.messages) - 2, len(nxt.messages) - 1]
+    assert size.low <= exact(nxt, encoding) <= size.high
+    assert s.settle(size) == exact(nxt, encoding)
+    again = s.measure(chat_req(conversation(5) + tool_turn(5) + tool_turn(6)), "t", 10_000)
+    assert len(again.pending) == 2
+
+
+def test_counts_reach_the_token_counter_cache_too(encoding: Any) -> None:
+    s = sizer(encoding)
+    req = chat_req(conversation(3))
+    s.settle(s.measure(req, "t", 10_000))
+    # Another conversation key (no memo), same counter: every part is known from its cache.
+    other = PromptSizer(s.counter, Transcripts(10_000_000)).measure(chat_req(conversation(3)), "u", 10_000)
+    assert other.settled and other.tokens == exact(req, encoding)
+
+
+def test_without_memory_or_key_everything_unknown_is_estimated(encoding: Any) -> None:
+    for s, key in ((sizer(encoding, memory=0), "t"), (sizer(encoding), None)):
+        req = chat_req(conversation(2))
+        size = s.measure(req, key, 10_000)
+        assert len(size.pending) == len(req.messages) + 1  # the tools too
+        assert s.settle(size) == exact(req, encoding)
+
+
+def test_a_resent_request_is_reported(encoding: Any) -> None:
+    s = sizer(encoding)
+    assert not s.measure(chat_req(conversation(2)), "t", 10_000).repeat
+    assert s.measure(chat_req(conversation(2)), "t", 10_000).repeat
+    assert not s.measure(chat_req(conversation(2) + tool_turn(2)), "t", 10_000).repeat
+    assert not s.measure(chat_req(conversation(2)), "other", 10_000).repeat
+
+
+def _adversarial() -> list[str]:
+    rng = random.Random(7)
+    return [
+        "漢字かな交じり文、中文标点。" * 200,
+        "🙂👍🏽🏳️‍🌈" * 300,
+        base64.b64encode(rng.randbytes(6_000)).decode(),
+        "".join(chr(rng.randrange(0x20, 0x2FFF)) for _ in range(5_000)),
+        "a" * 20_000,
+        " \n\t" * 3_000,
+        "e\u0301\u0302\u0303" * 2_000,  # combining marks: one letter, many code points
+        "",
+    ]
+
+
+@pytest.mark.parametrize("text", _adversarial(), ids=lambda t: repr(t[:8]))
+def test_an_estimate_never_leaves_its_bounds(encoding: Any, text: str) -> None:
+    s = sizer(encoding)
+    s.settle(s.measure(chat_req(conversation(1)), "t", 10_000))
+    req = chat_req(conversation(1) + tool_turn(1, result=text or " "))
+    size = s.measure(req, "t", 10_000)
+    true = exact(req, encoding)
+    assert size.low <= size.tokens <= size.high
+    assert size.low <= true <= size.high
+    assert s.settle(size) == true
+
+
+def anthropic_req(n: int) -> ClientRequest:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug"}]
+    for i in range(n):
+        messages.append({"role": "assistant", "content": [
+            {"type": "text", "text": "Reading."},
+            {"type": "tool_use", "id": f"tu{i}", "name": "Read", "input": {"path": f"f{i}.py"}},
+        ]})  # fmt: skip
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"tu{i}", "content": f"line {i}\n" * 50},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+        ]})  # fmt: skip
+    messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    body = {
+        "model": "auto", "max_tokens": 1000, "messages": messages,
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "Read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
+    }  # fmt: skip
+    return anthropic.parse(orjson.dumps(body))
+
+
+def test_anthropic_conversation_with_a_moving_cache_marker(encoding: Any) -> None:
+    s = sizer(encoding)
+    first = anthropic_req(3)
+    assert s.settle(s.measure(first, "t", 10_000)) == exact(first, encoding)
+    nxt = anthropic_req(4)
+    size = s.measure(nxt, "t", 10_000)
+    # The previously last message lost its marker: still known. System and tools are known.
+    assert sorted(u.slot for u in size.pending) == [len(nxt.messages) - 2, len(nxt.messages) - 1]
+    assert size.low <= exact(nxt, encoding) <= size.high
+    assert s.settle(size) == exact(nxt, encoding)
+
+
+def test_responses_instructions_and_string_input(encoding: Any) -> None:
+    s = sizer(encoding)
+    body = {"model": "auto", "instructions": "Be brief.", "input": "What is 2 + 2?", "tools": [
+        {"type": "function", "name": "calc", "parameters": {"type": "object"}}]}  # fmt: skip
+    req = responses.parse(orjson.dumps(body))
+    size = s.measure(req, "t", 1_000)
+    assert {u.slot for u in size.pending} == {0, -1, -2}  # the input item, instructions, tools
+    assert s.settle(size) == exact(req, encoding)
+    assert s.measure(responses.parse(orjson.dumps(body)), "t", 1_000).settled
+
+
+def test_the_chars_per_token_ratio_is_learned_from_exact_counts(encoding: Any) -> None:
+    s = sizer(encoding)
+    before = s.chars_per_token
+    cjk = "漢字かな交じり文、中文标点。" * 2_000  # about one character per token, far from the default
+    s.settle(s.measure(chat_req([{"role": "user", "content": cjk}]), "t", 10_000))
+    assert s.chars_per_token < before
