@@ -64,6 +64,16 @@ _TRIES: Final = 5
 _COUNT = re.compile(r"(\d+) ([a-z]+)")
 
 
+def _at_line_start(pattern: str) -> re.Pattern[str]:
+    """A pattern that must begin a line, compiled to begin with the newline before the line.
+
+    Searched in ``"\n" + text``, the engine skips from newline to newline (a literal first
+    character) instead of trying ``^`` at every position of the text, and a match's start is
+    the start of its line in ``text``.
+    """
+    return re.compile("\n" + pattern, re.M)
+
+
 def _tally(counts: str, words: Mapping[str, str | None]) -> dict[str, int] | None:
     """Counts by field from ``"3 failed, 10 passed"``; None if any word is not the runner's."""
     out = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
@@ -82,10 +92,9 @@ def _summary(runner: str, c: Mapping[str, int]) -> TestSummary:
 
 # -- pytest -----------------------------------------------------------------------------------
 
-_PYTEST = re.compile(
-    r"^(?=[=\dn])(?:=+ )?((?:\d+ [a-z]+, ){0,12}\d+ [a-z]+|no tests ran)"
-    r" in \d+(?:\.\d+)?(?:s| seconds)(?: \([\d:.]+\))?(?: =+)?[ \t]*$",
-    re.M,
+_PYTEST = _at_line_start(
+    r"(?=[=\dn])(?:=+ )?((?:\d+ [a-z]+, ){0,12}\d+ [a-z]+|no tests ran)"
+    r" in \d+(?:\.\d+)?(?:s| seconds)(?: \([\d:.]+\))?(?: =+)?[ \t]*$"
 )
 _PYTEST_WORDS: Final = MappingProxyType(
     {
@@ -99,7 +108,7 @@ _PYTEST_WORDS: Final = MappingProxyType(
 def _pytest(text: str) -> _Found | None:
     if " in " not in text:
         return None
-    for m in reversed(list(_PYTEST.finditer(text))[-_TRIES:]):
+    for m in reversed(list(_PYTEST.finditer("\n" + text))[-_TRIES:]):
         counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
         if m.group(1) != "no tests ran":
             tallied = _tally(m.group(1), _PYTEST_WORDS)
@@ -138,12 +147,12 @@ def _unittest(text: str) -> _Found | None:
 
 # -- go test ----------------------------------------------------------------------------------
 
-_GO_PKG = re.compile(
-    r"^(ok|FAIL)[ \t]+\S+[ \t]+(?:\d+(?:\.\d+)?s|\(cached\)|(\[(?:build|setup) failed\]))", re.M
+_GO_PKG = _at_line_start(
+    r"(ok|FAIL)[ \t]+\S+[ \t]+(?:\d+(?:\.\d+)?s|\(cached\)|(\[(?:build|setup) failed\]))"
 )
 # Top-level tests only: subtests are indented, and their parent reports their failure.
-_GO_TEST = re.compile(r"^--- (PASS|FAIL|SKIP): \S", re.M)
-_GO_BARE = re.compile(r"^(PASS|FAIL)[ \t]*$", re.M)
+_GO_TEST = _at_line_start(r"--- (PASS|FAIL|SKIP): \S")
+_GO_BARE = _at_line_start(r"(PASS|FAIL)[ \t]*$")
 
 
 def _starts_a_line(text: str, *words: str) -> bool:
@@ -153,9 +162,10 @@ def _starts_a_line(text: str, *words: str) -> bool:
 
 def _go(text: str) -> _Found | None:
     # Each pattern is tried only where its literal occurs ("ok" alone is in "token", "look"...).
-    pkgs = list(_GO_PKG.finditer(text)) if _starts_a_line(text, "ok", "FAIL") else []
-    tests = list(_GO_TEST.finditer(text)) if _starts_a_line(text, "--- ") else []
-    bare = list(_GO_BARE.finditer(text)) if _starts_a_line(text, "PASS", "FAIL") else []
+    lines = "\n" + text
+    pkgs = list(_GO_PKG.finditer(lines)) if _starts_a_line(text, "ok", "FAIL") else []
+    tests = list(_GO_TEST.finditer(lines)) if _starts_a_line(text, "--- ") else []
+    bare = list(_GO_BARE.finditer(lines)) if _starts_a_line(text, "PASS", "FAIL") else []
     if not (pkgs or tests or bare):
         return None
     pos = max(ms[-1].start() for ms in (pkgs, tests, bare) if ms)

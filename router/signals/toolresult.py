@@ -92,9 +92,12 @@ _RUNTIME: Final = (
 # start with the digit (the look-behinds then check what precedes it) so that the engine skips
 # to digits instead of trying the whole pattern at every position; it masks exactly what
 # ``(?<![\w.])\d+(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|\b0x[0-9a-fA-F]{1,16}\b`` does.
-_VOLATILE = re.compile(
+_VOLATILE_PATTERN = (
     r"\d(?:(?<![\w.]\d)\d*(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|(?<!\w\d)(?<=0)x[0-9a-fA-F]{1,16}\b)"
 )
+_VOLATILE = re.compile(_VOLATILE_PATTERN)
+# On ASCII text (most tool output) \d, \w and \b mean the same with re.ASCII, whose tests are cheaper.
+_VOLATILE_ASCII = re.compile(_VOLATILE_PATTERN, re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +196,8 @@ def _analyze(text: str, is_error: bool | None, max_chars: int | None) -> ToolOut
         code = _exit_code(head(text, HEAD_CHARS), tail[-TAIL_CHARS:])
     build = _last_kind(_BUILD, tail)
     runtime = _last_kind(_RUNTIME, tail)
-    end = _VOLATILE.sub("#", tail[-TAIL_CHARS:])
+    end = tail[-TAIL_CHARS:]
+    end = (_VOLATILE_ASCII if end.isascii() else _VOLATILE).sub("#", end)
     digest = hashlib.blake2b(end.encode("utf-8", "replace"), digest_size=12)
     return ToolOutcome(
         exit_code=code,

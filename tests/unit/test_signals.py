@@ -282,6 +282,38 @@ def test_result_digest_ignores_timings_only() -> None:
     assert a.digest == b.digest != c.digest
 
 
+def test_timing_masks_are_those_of_the_reference_pattern() -> None:
+    # The masking pattern is written for speed; it must mask exactly what this one does.
+    import re
+
+    from router.signals import toolresult
+
+    reference = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|\b0x[0-9a-fA-F]{1,16}\b")
+    rng = random.Random(3)
+    alphabet = "0123456789 .xXmsecondaf_\n-:é٣"
+    for _ in range(20_000):
+        t = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
+        assert toolresult._VOLATILE.sub("#", t) == reference.sub("#", t), t
+        if t.isascii():
+            assert toolresult._VOLATILE_ASCII.sub("#", t) == reference.sub("#", t), t
+
+
+@pytest.mark.parametrize(
+    ("text", "runner"),
+    [
+        ("5 passed in 0.12s\n", "pytest"),
+        ("output\r\n===== 1 failed, 2 passed in 3.1s =====\r\n", "pytest"),
+        ("ok  \texample.com/pkg\t0.01s\n", "go"),
+        ("--- FAIL: TestX (0.00s)\nFAIL\n", "go"),
+        ("PASS", "go"),
+        ("tokens look ok here\nFAILED to build\n", None),
+    ],
+)
+def test_line_anchored_summaries_on_first_and_last_lines(text: str, runner: str | None) -> None:
+    found = parse_test_summary(text)
+    assert (found.runner if found else None) == runner
+
+
 # -- conversations in three protocols --------------------------------------------------------
 
 
