@@ -100,14 +100,15 @@ class PromptSizer:
         )  # fmt: skip
         size = PromptSize(REPLY_PRIMING, REPLY_PRIMING, REPLY_PRIMING, REPLY_PRIMING, match.repeat, [], snap)
         ratio = self.chars_per_token
-        for i, m in enumerate(messages):
-            c = counts[i]
-            if c is None:
-                c = counts[i] = self.counter.peek_item(m)
-            if c is None:
-                self._estimate(size, i, m, ratio)
-            else:
-                size.exact += c
+        # Only the new tail is looked at one by one (and earlier messages still being counted).
+        n = len(messages)
+        todo = range(match.prefix, n) if None not in counts[: match.prefix] else range(n)
+        for i in todo:
+            if counts[i] is None:
+                counts[i] = self.counter.peek_item(messages[i])
+                if counts[i] is None:
+                    self._estimate(size, i, messages[i], ratio)
+        size.exact += sum(filter(None, counts))  # the known counts (a None is pending, a 0 adds nothing)
         if system is not None:
             if snap.system_tokens is None:
                 snap.system_tokens = self.counter.peek_item(system)
