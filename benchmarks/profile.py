@@ -1,7 +1,7 @@
 """``python -m benchmarks.profile``: where the router's CPU goes under load, sampled with py-spy.
 
 Starts the fake upstream and the router as the load benchmark does (pinned, demo policy, SQLite
-log), drives each mode at concurrency 16 and samples the router with ``py-spy record`` meanwhile
+log), drives each mode at concurrency 16 (``--concurrency``) and samples the router with ``py-spy record`` meanwhile
 (idle threads excluded, so shares are of busy CPU). Writes per mode the collapsed stacks
 (``profile-MODE.txt``: load into speedscope or any flamegraph tool) and, unless ``--no-svg``, a
 flamegraph from a second pass (``profile-MODE.svg``); prints the hottest functions by their own
@@ -103,10 +103,12 @@ def parse_collapsed(text: str) -> Profile:
     return Profile(total, idle, self_time, inclusive, packages)
 
 
-def render(mode: str, profile: Profile, result: CellResult, cpu_ms: float, top: int = 15) -> str:
+def render(
+    mode: str, profile: Profile, result: CellResult, cpu_ms: float, concurrency: int, top: int = 15
+) -> str:
     n = profile.samples or 1
     lines = [
-        f"== {mode}, concurrency 16: {result.rps:,.0f} req/s, {cpu_ms:.2f} ms CPU/req while sampled; "
+        f"== {mode}, concurrency {concurrency}: {result.rps:,.0f} req/s, {cpu_ms:.2f} ms CPU/req while sampled; "
         f"{profile.samples} busy samples ({profile.idle} idle pool-thread samples dropped)",
         "Own time (leaf frames):",
         *(f"  {c / n:6.1%}  {k}" for k, c in profile.self_time.most_common(top)),
@@ -156,29 +158,31 @@ async def profile_mode(
     rate: int,
     svg: bool,
     flags: Sequence[str],
+    concurrency: int,
 ) -> str:
     call = scenarios.call(scenarios.SCENARIOS[mode], ROUTER)
     counter = itertools.count()
     url, pid = router.url, router.pid
     probes = {"server": lambda: cpu_seconds(pid), "upstream": lambda: cpu_seconds(upstream.pid)}
     raw = out / f"profile-{mode}.txt"
-    load = asyncio.create_task(run_cell(url, call, 16, seconds + 0.5, 1.0, probes, counter))
+    load = asyncio.create_task(run_cell(url, call, concurrency, seconds + 0.5, 1.0, probes, counter))
     await asyncio.sleep(1.0)
     await _sample(pid, raw, "raw", seconds, rate, flags)
     result = await load
     if svg:
-        load = asyncio.create_task(run_cell(url, call, 16, seconds + 0.5, 0.5, {}, counter))
+        load = asyncio.create_task(run_cell(url, call, concurrency, seconds + 0.5, 0.5, {}, counter))
         await asyncio.sleep(0.5)
         await _sample(pid, out / f"profile-{mode}.svg", "flamegraph", seconds, rate, flags)
         await load
     cpu_ms = result.cpu_s["server"] * 1000 / result.requests if result.requests else float("nan")
-    return render(mode, parse_collapsed(raw.read_text()), result, cpu_ms)
+    return render(mode, parse_collapsed(raw.read_text()), result, cpu_ms, concurrency)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--seconds", type=float, default=8.0, help="sampling time per mode")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     p.add_argument("--rate", type=int, default=200, help="samples per second")
     p.add_argument("--modes", default=",".join(MODES), help=f"from: {', '.join(scenarios.SCENARIOS)}")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="where profiles go")
@@ -202,7 +206,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for mode in args.modes.split(","):
                 print(f"profiling {mode} for {args.seconds:g} s...", file=sys.stderr, flush=True)
                 job = profile_mode(
-                    router, upstream, mode, args.out, args.seconds, args.rate, not args.no_svg, flags
+                    router,
+                    upstream,
+                    mode,
+                    args.out,
+                    args.seconds,
+                    args.rate,
+                    not args.no_svg,
+                    flags,
+                    args.concurrency,
                 )
                 reports.append(_run(job))
     finally:

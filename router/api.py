@@ -28,10 +28,11 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status, media_type="application/json")
 
 
-def register(app: FastAPI, s: Services) -> None:
-    proxy = Proxy(s)
+def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
     started = int(time.time())
 
+    # router.asgi.RouterApp serves these three before FastAPI sees them; they are declared here for
+    # the OpenAPI document (and for the FastAPI app mounted on its own).
     @app.post("/v1/chat/completions", tags=["proxy"])
     async def chat_completions(request: Request) -> Response:
         return await proxy.handle(request, OPENAI_CHAT)

@@ -1,4 +1,4 @@
-"""The app factory: settings → services → FastAPI app. No module globals.
+"""The app factory: settings → services → ASGI app (FastAPI behind a direct proxy path). No module globals.
 
 Everything a request needs hangs off one ``Services`` object built here and kept on
 ``app.state.services``; the lifespan opens the store, the writer and the HTTP pool, and at
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
+from router.asgi import RouterApp
 from router.auth import Auth
 from router.background import BackgroundTasks
 from router.catalog import Catalog
@@ -104,7 +105,7 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, services: Services | None = None) -> RouterApp:
     s = services or build_services(settings or Settings())
 
     @asynccontextmanager
@@ -144,6 +145,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(title="router", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = s
     from router.api import register
+    from router.proxy import Proxy
 
-    register(app, s)
-    return app
+    proxy = Proxy(s)
+    register(app, s, proxy)
+    return RouterApp(app, proxy)

@@ -35,7 +35,7 @@ from router.protocols import WIRES, ClientRequest, StreamObserver
 from router.settings import Timeouts
 from router.state import Breakers
 from router.timing import Phases
-from router.upstream import Upstream
+from router.upstream import Reply, Upstream
 
 T = TypeVar("T")
 
@@ -120,8 +120,8 @@ class Executor:
 
     async def complete(
         self, req: ClientRequest, decision: Decision, headers: dict[str, str], phases: Phases, ex: Execution
-    ) -> dict[str, Any]:
-        async def call(backend: Backend, deadline: float) -> dict[str, Any]:
+    ) -> Reply:
+        async def call(backend: Backend, deadline: float) -> Reply:
             slot = self._slots.get(backend.id)
             async with asyncio.timeout_at(_loop_deadline(deadline)):
                 # Waiting for a concurrency slot is queue time: the upstream call starts after.
@@ -129,12 +129,12 @@ class Executor:
                     await slot.acquire()
                 try:
                     phases.start_upstream()
-                    obj = await self.upstream.complete(req, backend, headers)
+                    reply = await self.upstream.complete(req, backend, headers)
                 finally:
                     if slot is not None:
                         slot.release()
             phases.byte()
-            return obj
+            return reply
 
         return await self._run(decision, phases, ex, call)
 

@@ -8,8 +8,11 @@ signal skips the grace period.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
+import socket
+import sys
 import threading
 from types import FrameType
 
@@ -20,12 +23,25 @@ from router.settings import Settings
 
 log = logging.getLogger("router.serve")
 
+SWITCH_INTERVAL_S = 0.0005
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, services: Services, delay: float) -> None:
         super().__init__(config)
         self.services = services
         self.delay = delay
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # Everything loaded so far (litellm alone is ~400k objects) lives as long as the process:
+        # without this, each full collection walks it all, a pause of ~250 ms in the middle of
+        # whatever requests are in flight. Frozen, collections only look at what requests made.
+        gc.collect()
+        gc.freeze()
+        # The event loop shares the GIL with the log writer's and the token counter's threads; by
+        # default a thread that wants it back may wait 5 ms, the whole latency budget of a call.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Ctrl-C (SIGINT) means now; SIGTERM (an orchestrator) gets the grace period.

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from router import sse
 from router.catalog import Backend
@@ -62,10 +64,22 @@ def provider_body(req: ClientRequest, backend: Backend) -> dict[str, Any]:
     return body
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A whole reply in the client's protocol: parsed, and as received when it is relayed."""
+
+    obj: dict[str, Any]
+    raw: bytes | None = None
+
+    def body(self) -> bytes:
+        return self.raw if self.raw is not None else orjson.dumps(self.obj)
+
+
 class Upstream:
     def __init__(self, timeouts: Timeouts) -> None:
         self.timeouts = timeouts
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=60, ttl_dns_cache=300)
@@ -75,6 +89,9 @@ class Upstream:
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, json_serialize=lambda o: orjson.dumps(o).decode(),
             auto_decompress=True, skip_auto_headers=("User-Agent",),
+            # One session serves every client: a cookie a provider sets for one must not reach
+            # another's call (and the jar's bookkeeping is per-request work for nothing).
+            cookie_jar=aiohttp.DummyCookieJar(),
         )  # fmt: skip
 
     async def close(self) -> None:
@@ -100,12 +117,19 @@ class Upstream:
             headers["accept"] = "text/event-stream"
         return headers
 
+    def _url(self, url: str) -> URL:
+        # Parsing the same few backend URLs on every call showed in profiles; they are cached.
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = URL(url)
+        return parsed
+
     async def _post(
         self, url: str, body: dict[str, Any], headers: dict[str, str], backend: Backend
     ) -> aiohttp.ClientResponse:
         assert self._session is not None, "Upstream.start() was not called"
         try:
-            resp = await self._session.post(url, data=orjson.dumps(body), headers=headers)
+            resp = await self._session.post(self._url(url), data=orjson.dumps(body), headers=headers)
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamTimeout("connect", self.timeouts.connect) from None
         except aiohttp.ServerTimeoutError:
@@ -125,15 +149,14 @@ class Upstream:
             )  # fmt: skip
         return resp
 
-    async def complete(
-        self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]
-    ) -> dict[str, Any]:
+    async def complete(self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]) -> Reply:
         """A non-streamed reply, in the client's protocol."""
         base = relay_base(backend, req.protocol)
         if base is None:
             from router import translate
 
-            return await translate.complete(req.protocol, provider_body(req, backend), self._target(backend))
+            obj = await translate.complete(req.protocol, provider_body(req, backend), self._target(backend))
+            return Reply(obj)
         wire = WIRES[req.protocol]
         body = provider_body(req, backend)
         resp = await self._post(base + wire.path, body, self._headers(req, backend, client_headers), backend)
@@ -151,7 +174,7 @@ class Upstream:
             raise UpstreamError(f"backend {backend.id!r} sent a reply that is not JSON") from None
         if not isinstance(obj, dict):
             raise UpstreamError(f"backend {backend.id!r} sent a reply that is not a JSON object")
-        return obj
+        return Reply(obj, raw)
 
     async def open_stream(
         self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]
@@ -175,7 +198,7 @@ class Upstream:
             raise UpstreamError(
                 f"backend {backend.id!r} did not stream (content-type {ctype!r}): {_error_text(raw)}"
             )
-        return sse.events(_guard(_body_chunks(resp), backend, self.timeouts))
+        return sse.events(_guard(resp.content.iter_any(), backend, self.timeouts, resp))
 
     def _target(self, backend: Backend) -> Target:
         return Target(
@@ -186,16 +209,13 @@ class Upstream:
         )
 
 
-async def _body_chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in resp.content.iter_any():
-            yield chunk
-    finally:
-        resp.release()
-
-
-async def _guard(chunks: AsyncIterator[bytes], backend: Backend, timeouts: Timeouts) -> AsyncIterator[bytes]:
-    """Turn transport failures mid-stream into router errors that name what happened."""
+async def _guard(
+    chunks: AsyncIterator[bytes],
+    backend: Backend,
+    timeouts: Timeouts,
+    resp: aiohttp.ClientResponse | None = None,
+) -> AsyncIterator[bytes]:
+    """Turn transport failures mid-stream into router errors that name what happened; release ``resp``."""
     try:
         async for chunk in chunks:
             yield chunk
@@ -205,6 +225,9 @@ async def _guard(chunks: AsyncIterator[bytes], backend: Backend, timeouts: Timeo
         raise UpstreamTimeout("idle", timeouts.idle) from None
     except (aiohttp.ClientError, ValueError) as exc:
         raise UpstreamError(f"backend {backend.id!r} broke off the stream: {type(exc).__name__}") from None
+    finally:
+        if resp is not None:
+            resp.release()
 
 
 def _retry_after(value: str | None) -> float | None:

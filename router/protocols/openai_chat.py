@@ -149,7 +149,9 @@ class StreamObserver:
 
 def is_usage_only(data: bytes) -> bool:
     """The final usage chunk (``choices: []``), hidden from clients that did not ask for it."""
-    if b'"usage"' not in data:
+    # Streams that report usage send "usage":null on every other chunk (OpenAI writes compact
+    # JSON; a quote inside a string is escaped, so text cannot fake this): no need to parse those.
+    if b'"usage"' not in data or b'"usage":null' in data:
         return False
     try:
         chunk = orjson.loads(data)

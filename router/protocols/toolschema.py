@@ -10,7 +10,10 @@ the stack, and stops at ``MAX_DEPTH`` levels.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+import orjson
 
 from router.errors import BadRequest
 
@@ -48,6 +51,27 @@ def check_schema(schema: Any, where: str) -> None:
     """Raise ``BadRequest`` naming the first place where ``schema`` is not a JSON Schema."""
     if not isinstance(schema, dict):
         raise BadRequest(f"{where}: a tool's parameters must be a JSON Schema object, got {_kind(schema)}")
+    # Agents send the same tool definitions on every turn: serialising one is several times
+    # cheaper than walking it, so each distinct schema is walked once and then remembered.
+    try:
+        blob = orjson.dumps(schema)
+    except orjson.JSONEncodeError:
+        blob = None
+    if blob is not None and _accepted(blob):
+        return
+    _walk(schema, where)
+
+
+@functools.lru_cache(maxsize=1024)
+def _accepted(blob: bytes) -> bool:
+    try:
+        _walk(orjson.loads(blob), "")
+    except BadRequest:
+        return False
+    return True
+
+
+def _walk(schema: dict[str, Any], where: str) -> None:
     stack: list[tuple[Any, str, int]] = [(schema, where, 1)]
     while stack:
         node, path, depth = stack.pop()

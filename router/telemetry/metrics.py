@@ -12,6 +12,7 @@ error class name. Nothing a client chooses freely becomes a label value.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -99,6 +100,15 @@ class RequestMetrics:
             lambda: sum(1 for rec in list(inflight.values()) if rec.stream)
         )
         self._cache_tally: dict[str, tuple[int, int]] = {}  # backend → (input tokens, cached tokens)
+        # ``labels()`` validates and locks on every call; the label sets are few and bounded, so
+        # each child is looked up once.
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Counter | Gauge | Histogram, *values: str) -> Any:
+        child = self._children.get((metric, values))
+        if child is None:
+            child = self._children[(metric, values)] = metric.labels(*values)
+        return child
 
     def started(self, rec: RequestRecord) -> None:
         self._inflight[rec.request_id] = rec
@@ -106,46 +116,45 @@ class RequestMetrics:
     def finished(self, rec: RequestRecord, phases: Phases) -> None:
         self._inflight.pop(rec.request_id, None)
         backend = rec.chosen_model or "none"
-        self.requests.labels(backend, str(rec.status or "none")).inc()
+        self._child(self.requests, backend, str(rec.status or "none")).inc()
         if phases.decided is not None:
             self.routing.observe(phases.decided - phases.arrival)
-        _observe_ms(self.queue, backend, rec.queue_ms)
-        _observe_ms(self.ttft, backend, rec.ttft_ms)
-        _observe_ms(self.decode, backend, rec.decode_ms)
-        _observe_ms(self.gap, backend, rec.gap_mean_ms)
-        _observe_ms(self.delivery, backend, rec.delivery_ms)
+        self._observe_ms(self.queue, backend, rec.queue_ms)
+        self._observe_ms(self.ttft, backend, rec.ttft_ms)
+        self._observe_ms(self.decode, backend, rec.decode_ms)
+        self._observe_ms(self.gap, backend, rec.gap_mean_ms)
+        self._observe_ms(self.delivery, backend, rec.delivery_ms)
         if rec.total_ms is not None:
-            self.e2e.labels(backend, str(rec.status or "none")).observe(rec.total_ms / 1000)
+            self._child(self.e2e, backend, str(rec.status or "none")).observe(rec.total_ms / 1000)
         if rec.decode_ms and rec.output_tokens:
-            self.decode_rate.labels(backend).observe(rec.output_tokens / (rec.decode_ms / 1000))
+            self._child(self.decode_rate, backend).observe(rec.output_tokens / (rec.decode_ms / 1000))
         if rec.ttft_ms and rec.input_tokens:
-            self.prefill_rate.labels(backend).observe(rec.input_tokens / (rec.ttft_ms / 1000))
+            self._child(self.prefill_rate, backend).observe(rec.input_tokens / (rec.ttft_ms / 1000))
         self._count_tokens(rec, backend)
         if rec.cost_usd:
-            self.cost.labels(backend, self.route_of(rec.requested_model)).inc(rec.cost_usd)
+            self._child(self.cost, backend, self.route_of(rec.requested_model)).inc(rec.cost_usd)
         tries = rec.tries or []
         if len(tries) > 1:
-            self.fallbacks.labels(backend).inc()
+            self._child(self.fallbacks, backend).inc()
             for t in tries[:-1]:
                 reason = t.get("error_type") or str(t.get("status") or "unknown")
-                self.retries.labels(str(t.get("model") or "none"), reason).inc()
+                self._child(self.retries, str(t.get("model") or "none"), reason).inc()
 
     def _count_tokens(self, rec: RequestRecord, backend: str) -> None:
         values = (rec.input_tokens, rec.output_tokens, rec.cache_read_tokens, rec.cache_write_tokens,
                   rec.reasoning_tokens)  # fmt: skip
         for kind, n in zip(TOKEN_KINDS, values, strict=True):
             if n:
-                self.tokens.labels(backend, kind).inc(n)
+                self._child(self.tokens, backend, kind).inc(n)
         if rec.input_tokens:
             inputs, cached = self._cache_tally.get(backend, (0, 0))
             inputs, cached = inputs + rec.input_tokens, cached + (rec.cache_read_tokens or 0)
             self._cache_tally[backend] = (inputs, cached)
-            self.cache_hit.labels(backend).set(cached / inputs)
+            self._child(self.cache_hit, backend).set(cached / inputs)
+
+    def _observe_ms(self, h: Histogram, backend: str, ms: float | None) -> None:
+        if ms is not None:
+            self._child(h, backend).observe(ms / 1000)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def _observe_ms(h: Histogram, backend: str, ms: float | None) -> None:
-    if ms is not None:
-        h.labels(backend).observe(ms / 1000)

@@ -185,3 +185,19 @@ def test_connection_closed_mid_body(router_factory, upstream: FakeUpstream) -> N
             pass
     rec = last(r, 2)
     assert rec["error_type"] == "UpstreamError" and rec["status"] == 200 and rec["output_tokens"] >= 1
+
+
+def test_client_leaving_mid_stream_stops_the_relay(router_factory, upstream: FakeUpstream) -> None:  # type: ignore[no-untyped-def]
+    # 40 deltas 250 ms apart: the whole stream would take 10 s; the record must not wait for it.
+    slow = Timeouts(connect=1.0, first_token=5.0, idle=5.0, overall=60.0)
+    r = router_factory(faulty(upstream, "chunk_ms=250,chunks=40"), timeouts=slow)
+    with httpx.stream("POST", r.url + "/v1/chat/completions", json={"model": "solo", "messages": HI, "stream": True},
+                      timeout=20) as resp:  # fmt: skip
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+    left = time.monotonic()
+    rec = last(r)  # waits up to 5 s for the record
+    assert time.monotonic() - left < 5
+    assert rec["status"] == 200 and rec["error_type"] == "client_disconnected"
+    assert post(r, "auto").status_code == 200, "the router keeps serving"

@@ -31,3 +31,15 @@ async def test_events_of_one_read_are_marked_for_one_write() -> None:
 async def test_crlf_multiline_data_and_a_missing_final_blank_line() -> None:
     evs = await _collect(b"event: m\r\ndata: x\r\ndata: y\r\n\r\n", b"data: last")
     assert [(e.name, e.data) for e in evs] == [("m", b"x\ny"), (None, b"last")]
+
+
+def test_usage_only_chunks_are_told_apart_without_parsing_every_chunk() -> None:
+    from router.protocols.openai_chat import is_usage_only
+
+    usage = b'{"id":"c","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}'
+    assert is_usage_only(usage)
+    assert is_usage_only(b'{"choices": [], "usage": {"prompt_tokens": 3}}')  # spaced JSON is parsed
+    assert not is_usage_only(b'{"choices":[{"delta":{"content":"hi"}}],"usage":null}')
+    # Text that mentions usage inside a string is escaped and cannot pass for the field.
+    assert not is_usage_only(b'{"choices":[{"delta":{"content":"\\"usage\\":{}"}}],"usage":null}')
+    assert not is_usage_only(b'{"choices":[{"delta":{"content":"x"}}],"usage":{"prompt_tokens":3}}')
