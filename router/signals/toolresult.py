@@ -49,7 +49,14 @@ class _Probe:
     pattern: re.Pattern[str]
 
     def may_match(self, text: str) -> bool:
-        return all(any(n in text for n in group) for group in self.needles)
+        # Loops rather than all(any(...)): two generators per probe cost more than the scans.
+        for group in self.needles:
+            for needle in group:
+                if needle in text:
+                    break
+            else:
+                return False
+        return True
 
 
 def _probe(kind: str, needles: tuple[str, ...], pattern: str, *more: tuple[str, ...]) -> _Probe:
@@ -98,6 +105,38 @@ _VOLATILE_PATTERN = (
 _VOLATILE = re.compile(_VOLATILE_PATTERN)
 # On ASCII text (most tool output) \d, \w and \b mean the same with re.ASCII, whose tests are cheaper.
 _VOLATILE_ASCII = re.compile(_VOLATILE_PATTERN, re.ASCII)
+# Every match has a digit followed by "m", "s", " m", " s" or "x", and lies within one line: with
+# digits made zeros (a C table lookup per byte), substring searches find the only lines to mask.
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_MASK_HINTS = (b"0s", b"0 s", b"0m", b"0 m", b"0x")
+_MAX_MASKED_LINES = 32
+
+
+def _mask_volatile(text: str) -> str:
+    """``_VOLATILE.sub("#", text)``, computed on the lines where it can match."""
+    if not text.isascii():
+        return _VOLATILE.sub("#", text)
+    zeroed = text.encode().translate(_DIGITS_TO_ZERO)
+    starts: set[int] = set()
+    for hint in _MASK_HINTS:
+        i = zeroed.find(hint)
+        while i != -1 and len(starts) <= _MAX_MASKED_LINES:
+            starts.add(zeroed.rfind(b"\n", 0, i) + 1)
+            i = zeroed.find(hint, i + 1)
+    if not starts:
+        return text
+    if len(starts) > _MAX_MASKED_LINES:
+        return _VOLATILE_ASCII.sub("#", text)
+    # A line start is preceded by "\n", which the look-behinds treat as the start of the text.
+    out: list[str] = []
+    done = 0
+    for start in sorted(starts):
+        end = text.find("\n", start)
+        end = len(text) if end == -1 else end
+        out += (text[done:start], _VOLATILE_ASCII.sub("#", text[start:end]))
+        done = end
+    out.append(text[done:])
+    return "".join(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +235,7 @@ def _analyze(text: str, is_error: bool | None, max_chars: int | None) -> ToolOut
         code = _exit_code(head(text, HEAD_CHARS), tail[-TAIL_CHARS:])
     build = _last_kind(_BUILD, tail)
     runtime = _last_kind(_RUNTIME, tail)
-    end = tail[-TAIL_CHARS:]
-    end = (_VOLATILE_ASCII if end.isascii() else _VOLATILE).sub("#", end)
+    end = _mask_volatile(tail[-TAIL_CHARS:])
     digest = hashlib.blake2b(end.encode("utf-8", "replace"), digest_size=12)
     return ToolOutcome(
         exit_code=code,

@@ -294,8 +294,15 @@ def test_timing_masks_are_those_of_the_reference_pattern() -> None:
     for _ in range(20_000):
         t = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
         assert toolresult._VOLATILE.sub("#", t) == reference.sub("#", t), t
+        assert toolresult._mask_volatile(t) == reference.sub("#", t), t
         if t.isascii():
             assert toolresult._VOLATILE_ASCII.sub("#", t) == reference.sub("#", t), t
+    ascii_lines = "0123456789 .xXmsecondaf_-:\n\n"
+    for _ in range(2_000):  # longer ASCII text of many lines: the masking runs line by line
+        t = "".join(rng.choice(ascii_lines) for _ in range(rng.randint(50, 400)))
+        assert toolresult._mask_volatile(t) == reference.sub("#", t), t
+    many = "took 1s at 0x1f\n" * 40
+    assert toolresult._mask_volatile(many) == reference.sub("#", many) == "took # at #\n" * 40
 
 
 @pytest.mark.parametrize(
@@ -306,6 +313,9 @@ def test_timing_masks_are_those_of_the_reference_pattern() -> None:
         ("ok  \texample.com/pkg\t0.01s\n", "go"),
         ("--- FAIL: TestX (0.00s)\nFAIL\n", "go"),
         ("PASS", "go"),
+        ("building\nFAIL  \n", "go"),
+        ("building\nFAIL", "go"),
+        ("FAILED\nok  \texample.com/a\t(cached)\n", "go"),
         ("tokens look ok here\nFAILED to build\n", None),
     ],
 )
