@@ -196,6 +196,11 @@ def measure(
     size: int, pipe: Pipeline, budget_s: float, max_iterations: int = 2000, protocol: str = "openai_chat"
 ) -> list[Case]:
     """The first-turn and next-turn cases of one conversation size."""
+    from router import signals
+
+    # What earlier cases read (the same tool results, in another protocol's shape) is not known
+    # to a router seeing this conversation: only its own previous turn is (run below).
+    signals.clear_caches()
     messages, tools = conversation(size, pipe)
     base = _body(protocol, messages, tools)
     tokens = pipe.counter().count_openai_chat(messages, tools)

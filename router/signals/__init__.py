@@ -24,7 +24,15 @@ from router.signals.conversation import extract
 from router.signals.fingerprint import request_fingerprint, stable_hash
 from router.signals.label import summarize
 from router.signals.testrunners import TestSummary, parse_test_summary
-from router.signals.toolresult import ToolOutcome, analyze
+from router.signals.toolresult import ToolOutcome, analyze, forget_results
+from router.signals.transcript import forget_calls
+
+
+def clear_caches() -> None:
+    """Forget the tool results and call arguments read so far (for benchmarks of a cold process)."""
+    forget_results()
+    forget_calls()
+
 
 __all__ = [
     "BUILD_ERROR",
@@ -41,6 +49,7 @@ __all__ = [
     "WeakLabel",
     "Weights",
     "analyze",
+    "clear_caches",
     "extract",
     "parse_test_summary",
     "request_fingerprint",

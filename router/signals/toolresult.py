@@ -222,6 +222,10 @@ def analyze(
     return _analyze(text, is_error, max_chars)
 
 
+def forget_results() -> None:
+    _analyze.cache_clear()
+
+
 # Agents resend every earlier tool result on every turn: each is read once, then remembered
 # (bounded), so a growing conversation costs only its new tail — as token counting does.
 @functools.lru_cache(maxsize=4096)

@@ -65,6 +65,10 @@ def _text_args_hash(args: str) -> str:
     return _value_hash(args)
 
 
+def forget_calls() -> None:
+    _text_args_hash.cache_clear()
+
+
 def _value_hash(value: Any) -> str:
     """Key-order-insensitive: JSON with sorted keys, written in C; the Python walk for what orjson refuses."""
     try:
