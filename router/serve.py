@@ -12,7 +12,6 @@ import gc
 import logging
 import signal
 import socket
-import sys
 import threading
 from types import FrameType
 
@@ -22,8 +21,6 @@ from router.app import Services, create_app
 from router.settings import Settings
 
 log = logging.getLogger("router.serve")
-
-SWITCH_INTERVAL_S = 0.0005
 
 
 class DrainingServer(uvicorn.Server):
@@ -39,9 +36,6 @@ class DrainingServer(uvicorn.Server):
         # whatever requests are in flight. Frozen, collections only look at what requests made.
         gc.collect()
         gc.freeze()
-        # The event loop shares the GIL with the log writer's and the token counter's threads; by
-        # default a thread that wants it back may wait 5 ms, the whole latency budget of a call.
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Ctrl-C (SIGINT) means now; SIGTERM (an orchestrator) gets the grace period.
