@@ -116,7 +116,9 @@ class Pipeline:
         if first_turn:
             feats.task_vector = taskcontext.vector_for(req)
         t5 = clock()
-        found = signals.extract(req.protocol, req.messages, loop_threshold=self.loop_threshold)
+        found = signals.extract(
+            req.protocol, req.messages, loop_threshold=self.loop_threshold, seen=size.facts
+        )
         if size.repeat:
             found.append(signals.resent_signal(1))
         t6 = clock()

@@ -134,7 +134,7 @@ class Proxy:
         size = self.s.sizer.measure(req, rec.task_id, _body_length(request, req))
         feats = features.of(req, size.tokens, headers)
         state = await taskcontext.enter(
-            self.s, req, feats, rec, request.headers.get("x-router-attempt"), resent=size.repeat
+            self.s, req, feats, rec, request.headers.get("x-router-attempt"), size.repeat, size.facts
         )
         if not size.settled:
             if self.s.decider.size_matters(feats, size.low, size.high):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from router import signals
 from router.features import Features
@@ -59,8 +59,11 @@ async def enter(
     rec: RequestRecord,
     attempt_header: str | None,
     resent: bool = False,
+    seen: list[Any] | None = None,
 ) -> TaskState:
-    """``resent``: the request repeats one of the task's last requests (``router.transcripts``)."""
+    """``resent``: the request repeats one of the task's last requests; ``seen``: per-message
+    slots kept with the conversation, where the signals' reading of each message is remembered
+    (both from ``router.transcripts``)."""
     assert rec.task_id is not None
     policy = s.decider.policy
     state = s.tracker.begin(rec.task_id, req, attempt_header)
@@ -81,7 +84,9 @@ async def enter(
     found = (
         []
         if side
-        else signals.extract(req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold)
+        else signals.extract(
+            req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold, seen=seen
+        )
     )
     if resent and not side:
         found.append(signals.resent_signal(1))

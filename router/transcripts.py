@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Match", "Snapshot", "Transcripts", "same"]
@@ -42,6 +42,8 @@ class Snapshot:
     tools_tokens: int | None
     #: Bytes charged against the memory bound (about the request body's length).
     weight: int
+    #: Per message, what a reader made of it (the signals' reading), None until read.
+    facts: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

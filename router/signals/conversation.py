@@ -19,9 +19,11 @@ from router.signals.base import (
 )
 from router.signals.text import DEFAULT_MAX_CHARS
 from router.signals.toolresult import ToolOutcome, analyze
-from router.signals.transcript import ToolCall, ToolResult, tool_events
+from router.signals.transcript import Event, ToolCall, ToolResult, message_events
 
 _Analyzed = tuple[ToolResult, ToolOutcome, ToolCall | None]
+#: What one message says: its tool calls, and its tool results with what each reports.
+_Read = list[tuple[Event, ToolOutcome | None]]
 
 
 def _tests(results: Sequence[_Analyzed], w: Weights) -> Signal | None:
@@ -102,6 +104,13 @@ def _loop(calls: Sequence[ToolCall], results: Sequence[_Analyzed], w: Weights, n
     return Signal(TOOL_LOOP, float(count), False, w.tool_loop, {"kind": kind, "count": count, "tool": tool})
 
 
+def _read(message: Any, max_chars: int | None) -> _Read:
+    return [
+        (e, analyze(e.text, e.is_error, max_chars=max_chars) if isinstance(e, ToolResult) else None)
+        for e in message_events(message)
+    ]
+
+
 def extract(
     protocol: str,
     messages: Any,
@@ -111,24 +120,38 @@ def extract(
     failure_run: int = 3,
     max_chars: int | None = DEFAULT_MAX_CHARS,
     weights: Weights = DEFAULT_WEIGHTS,
+    seen: list[Any] | None = None,
 ) -> list[Signal]:
     """Signals from the last ``window`` messages (Responses: input items) of a request.
 
     ``protocol`` is "openai_chat", "anthropic" or "openai_responses"; the shapes of all three are
     recognised whatever it says. Each tool result is read up to its last ``max_chars``. Malformed
     input yields fewer signals, never an exception.
+
+    ``seen``, one slot per message (None: not read yet), is for a caller that keeps it between
+    the requests of a conversation (``router.transcripts``): what each message of the window says
+    is stored in its slot, and a filled slot is used instead of reading the message again. The
+    slots must come from calls with the same ``max_chars``.
     """
     del protocol  # the shapes identify themselves; kept for the caller's symmetry with fingerprints
     if not isinstance(messages, list | tuple) or window <= 0:
         return []
-    events = tool_events(list(messages[-window:]))
-    calls = [e for e in events if isinstance(e, ToolCall)]
+    start = max(0, len(messages) - window)
+    if seen is not None and len(seen) == len(messages):
+        reads = []
+        for i in range(start, len(messages)):
+            if seen[i] is None:
+                seen[i] = _read(messages[i], max_chars)
+            reads.append(seen[i])
+    else:
+        reads = [_read(m, max_chars) for m in messages[start:]]
+    pairs = [pair for read in reads for pair in read]
+    calls = [e for e, _ in pairs if isinstance(e, ToolCall)]
     by_id = {c.call_id: c for c in calls if c.call_id}
     results: list[_Analyzed] = []
-    for e in events:
-        if isinstance(e, ToolResult):
-            call = by_id.get(e.call_id) if e.call_id else None
-            results.append((e, analyze(e.text, e.is_error, max_chars=max_chars), call))
+    for e, outcome in pairs:
+        if isinstance(e, ToolResult) and outcome is not None:
+            results.append((e, outcome, by_id.get(e.call_id) if e.call_id else None))
     found = [
         _tests(results, weights),
         _exit_code(results, weights),

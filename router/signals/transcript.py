@@ -151,6 +151,11 @@ def _item(item: dict[str, Any]) -> list[Event]:
     return out + _blocks(item.get("content"))
 
 
+def message_events(item: Any) -> list[Event]:
+    """Tool calls and results of one message (or input item)."""
+    return _item(item) if isinstance(item, dict) else []
+
+
 def tool_events(items: Any) -> list[Event]:
     """Tool calls and results in conversation order."""
     out: list[Event] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import orjson
@@ -48,10 +48,11 @@ class Table:
     primary_key: tuple[str, ...]
     indexes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     since: int = 1  # schema version that created the table
+    #: Column names, in order (derived).
+    names: tuple[str, ...] = field(init=False)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(c.name for c in self.columns))
 
 
 def _kind(annotation: Any) -> Kind:
@@ -245,8 +246,18 @@ def _encode(col: Column, value: Any) -> Any:
 
 
 def _encode_values(table: Table, values: Sequence[Any], key: str) -> tuple[Any, ...]:
+    # Every request is encoded once, in bulk off the request path: most values are None, or
+    # already what the driver takes (a short ASCII str, an int, a float), so those skip _encode.
     out = []
     for col, value in zip(table.columns, values, strict=True):
+        kind = col.kind
+        if (
+            value is None
+            or (kind == "float" and type(value) is float)
+            or (kind == "text" and type(value) is str and value.isascii() and "\x00" not in value)
+        ):
+            out.append(value)
+            continue
         try:
             out.append(_encode(col, value))
         except (TypeError, ValueError, OverflowError) as exc:

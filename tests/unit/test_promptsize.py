@@ -180,3 +180,17 @@ def test_the_chars_per_token_ratio_is_learned_from_exact_counts(encoding: Any) -
     cjk = "漢字かな交じり文、中文标点。" * 2_000  # about one character per token, far from the default
     s.settle(s.measure(chat_req([{"role": "user", "content": cjk}]), "t", 10_000))
     assert s.chars_per_token < before
+
+
+def test_what_readers_made_of_a_message_is_kept_for_the_next_turn(encoding: Any) -> None:
+    s = sizer(encoding)
+    first = s.measure(chat_req(conversation(3)), "t", 10_000)
+    assert first.facts is not None and set(first.facts) == {None}
+    first.facts[3] = ["what the signals read"]
+    req = chat_req(conversation(3) + tool_turn(3))
+    nxt = s.measure(req, "t", 10_000)
+    assert nxt.facts is not None and len(nxt.facts) == len(req.messages)
+    assert nxt.facts[3] == ["what the signals read"] and nxt.facts[-2:] == [None, None]
+    edited = conversation(3)
+    edited[2]["content"] = "another task"
+    assert set(s.measure(chat_req(edited), "t", 10_000).facts or ()) == {None}

@@ -845,3 +845,36 @@ def test_long_conversation_reads_only_the_window() -> None:
     signals = extract("openai_chat", msgs)
     assert time.perf_counter() - start < 1.0
     assert by_name(signals)[TESTS].details["passed"] == 5
+
+
+# -- reading a conversation once: slots kept between its requests -----------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_slots_give_the_signals_a_fresh_read_gives(protocol: str) -> None:
+    steps = [Step("bash", {"command": "pytest -q"}, PYTEST_FAIL) for _ in range(3)]
+    steps += [Step("bash", {"command": "make"}, "make: *** [all] Error 2\nexit code 2", True)] * 3
+    msgs = conversation(protocol, steps)
+    seen: list[Any] = [None] * len(msgs)
+    first = extract(protocol, msgs, seen=seen)
+    assert first == extract(protocol, msgs)
+    start = max(0, len(msgs) - 20)
+    assert all(slot is not None for slot in seen[start:]) and all(slot is None for slot in seen[:start])
+    # The next turn keeps the slots of the messages it shares and reads only its new ones.
+    nxt = conversation(protocol, [*steps, Step("bash", {"command": "pytest -q"}, PYTEST_PASS)])
+    carried = seen + [None] * (len(nxt) - len(msgs))
+    assert extract(protocol, nxt, seen=carried) == extract(protocol, nxt)
+    assert carried[: len(msgs)] == seen and all(slot is not None for slot in carried[-2:])
+
+
+def test_a_filled_slot_is_used_instead_of_the_message() -> None:
+    from router.signals.conversation import _read
+
+    msgs = conversation("openai_chat", [Step("bash", {"command": "pytest -q"}, PYTEST_PASS)])
+    failing = conversation("openai_chat", [Step("bash", {"command": "pytest -q"}, PYTEST_FAIL)])
+    stale: list[Any] = [None] * (len(msgs) - 1) + [_read(failing[-1], 20_000)]
+    tests = by_name(extract("openai_chat", msgs, seen=stale))[TESTS]
+    assert tests.success is False  # read from the slot, not from the (passing) message
+    assert by_name(extract("openai_chat", msgs))[TESTS].success is True
+    # Slots that do not match the conversation's length are ignored.
+    assert extract("openai_chat", msgs, seen=[None]) == extract("openai_chat", msgs)
