@@ -25,6 +25,7 @@ from router.errors import PayloadTooLarge, RouterError, UpstreamError
 from router.execute import CommittedStream, Execution
 from router.ids import IdMaker
 from router.policy.decide import Decision
+from router.promptsize import INLINE_CHARS
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
 from router.protocols.openai_chat import is_usage_only
 from router.state import Reservation
@@ -137,7 +138,7 @@ class Proxy:
             self.s, req, feats, rec, request.headers.get("x-router-attempt"), size.repeat, size.facts
         )
         if not size.settled:
-            if self.s.decider.size_matters(feats, size.low, size.high):
+            if size.pending_chars <= INLINE_CHARS or self.s.decider.size_matters(feats, size.low, size.high):
                 feats.prompt_tokens = self.s.sizer.settle(size)  # a hard limit is never decided on a guess
             else:
                 self.s.tasks.spawn(asyncio.to_thread(self.s.sizer.settle, size), name="count-tokens")
