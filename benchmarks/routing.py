@@ -15,13 +15,15 @@ in µs, in the order and the way ``Proxy.decide`` and ``router.taskcontext`` run
 
 ``features`` is the prompt size from the memo, the counter's cache and an estimate of the rest;
 ``exact`` is the count made before deciding when the estimate's bounds straddle a rule or a
-context window. The exact count of what was estimated otherwise runs after the response has
+context window, or when the text to count is short (``INLINE_CHARS``: cheaper than a thread
+hop). The exact count of what was estimated otherwise runs after the response has
 started, on a worker thread: it is timed apart, as ``deferred`` (off the request path).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import random
 import sys
@@ -99,6 +101,7 @@ class Pipeline:
     ) -> Any:
         """One request through every stage, appending each stage's µs to ``out``; returns the request."""
         from router import features, signals, taskcontext, tasks
+        from router.promptsize import INLINE_CHARS
         from router.protocols import WIRES
 
         decider = self.runtime.decider
@@ -122,7 +125,9 @@ class Pipeline:
         if size.repeat:
             found.append(signals.resent_signal(1))
         t6 = clock()
-        if not size.settled and decider.size_matters(feats, size.low, size.high):
+        if not size.settled and (
+            size.pending_chars <= INLINE_CHARS or decider.size_matters(feats, size.low, size.high)
+        ):
             feats.prompt_tokens = sizer.settle(size)
         t7 = clock()
         decider.decide(feats)
@@ -314,8 +319,9 @@ def run(
     budget_s: float = 1.5,
     max_iterations: int = 2000,
     anthropic_sizes: Sequence[int] = (),
+    pipe: Pipeline | None = None,
 ) -> list[Case]:
-    pipe = Pipeline()
+    pipe = pipe or Pipeline()
     cases: list[Case] = []
     for size in sizes:
         cases.extend(measure(size, pipe, budget_s, max_iterations))
@@ -346,7 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     anthropic_sizes = [int(s) for s in args.anthropic_sizes.split(",") if s]
-    cases = run(sizes, 0.2 if args.quick else args.budget, anthropic_sizes=anthropic_sizes)
+    pipe = Pipeline()
+    # As `router serve` does once started: what was loaded so far is never collected, so
+    # collections walk only what requests made (router.serve.DrainingServer.startup).
+    gc.collect()
+    gc.freeze()
+    cases = run(sizes, 0.2 if args.quick else args.budget, anthropic_sizes=anthropic_sizes, pipe=pipe)
     print(render(cases))
     if args.json:
         args.json.write_bytes(orjson.dumps([c.as_dict() for c in cases], option=orjson.OPT_INDENT_2))
