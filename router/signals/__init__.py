@@ -2,8 +2,9 @@
 
 ``extract`` turns the recent messages of a request into ``Signal``s (test summaries, exit codes,
 build and runtime errors, tool-call loops, runs of failing tools); ``summarize`` turns those into
-one ``WeakLabel``. ``request_fingerprint`` lets the caller notice an identical request sent again
-(report it with ``resent_signal``). Everything here is pure and bounded in the text it reads.
+one ``WeakLabel``. An identical request sent again is reported with ``resent_signal`` (the proxy
+notices it in its conversation memo, ``router.transcripts``; ``request_fingerprint`` is the same
+question as a hash, for callers without one). Everything here is bounded in the text it reads.
 """
 
 from router.signals.base import (
