@@ -73,6 +73,19 @@ def _strip(value: Any, depth: int = 0) -> Any:
     return value
 
 
+def _marked(value: Any, depth: int = 0) -> bool:
+    """Whether a ``cache_control`` key occurs in ``value`` (a walk of its containers, no copying)."""
+    if depth > _MAX_STRIP_DEPTH:
+        return False
+    if type(value) is dict:
+        return _VOLATILE in value or any(
+            _marked(v, depth + 1) for v in value.values() if type(v) is dict or type(v) is list
+        )
+    if type(value) is list:
+        return any(_marked(v, depth + 1) for v in value if type(v) is dict or type(v) is list)
+    return False
+
+
 def same(a: Any, b: Any) -> bool:
     """Equal, or equal but for ``cache_control`` markers (only tried when they differ)."""
     if a is b or a == b:
@@ -80,6 +93,10 @@ def same(a: Any, b: Any) -> bool:
     if type(a) is not type(b) or type(a) not in (dict, list):
         return False
     try:
+        # Most messages that differ simply differ: copying them without markers is only worth it
+        # when there is a marker to drop.
+        if not (_marked(a) or _marked(b)):
+            return False
         return bool(_strip(a) == _strip(b))
     except RecursionError:
         return False
