@@ -16,8 +16,9 @@ in µs, in the order and the way ``Proxy.decide`` and ``router.taskcontext`` run
 ``features`` is the prompt size from the memo, the counter's cache and an estimate of the rest;
 ``exact`` is the count made before deciding when the estimate's bounds straddle a rule or a
 context window, or when the text to count is short (``INLINE_CHARS``: cheaper than a thread
-hop). The exact count of what was estimated otherwise runs after the response has
-started, on a worker thread: it is timed apart, as ``deferred`` (off the request path).
+hop). ``signals`` are those that may move the task off its model (loops, failure runs). The
+exact count of what was estimated otherwise (on a worker thread) and the weak outcome label
+(the results read in full) run after the decision: they are timed apart, as ``deferred``.
 """
 
 from __future__ import annotations
@@ -119,11 +120,7 @@ class Pipeline:
         if first_turn:
             feats.task_vector = taskcontext.vector_for(req)
         t5 = clock()
-        found = signals.extract(
-            req.protocol, req.messages, loop_threshold=self.loop_threshold, seen=size.facts
-        )
-        if size.repeat:
-            found.append(signals.resent_signal(1))
+        signals.switches(req.protocol, req.messages, loop_threshold=self.loop_threshold, seen=size.facts)
         t6 = clock()
         if not size.settled and (
             size.pending_chars <= INLINE_CHARS or decider.size_matters(feats, size.low, size.high)
@@ -134,6 +131,7 @@ class Pipeline:
         t8 = clock()
         if not size.settled:
             sizer.settle(size)
+        taskcontext.weak_label(req, self.loop_threshold, size.repeat, size.facts)
         t9 = clock()
         marks = (t0, t1, t2, t3, t4, t5, t6, t7, t8)
         for stage, a, b in zip(STAGES, marks, marks[1:], strict=False):

@@ -81,23 +81,15 @@ async def enter(
     if state.vector is None and not side:
         state.vector = vector_for(req, feats.headers.get("x-router-repo"))
         rec.task_features = taskfeatures.to_json(state.vector)
-    found = (
-        []
-        if side
-        else signals.extract(
-            req.protocol, req.messages, loop_threshold=policy.spec.tasks.loop_threshold, seen=seen
-        )
-    )
-    if resent and not side:
-        found.append(signals.resent_signal(1))
-    switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
-    label = signals.summarize(found) if found else None
-    if label is not None:
-        out = OutcomeRecord(
-            task_id=rec.task_id, attempt=state.attempt, success=label.success, score=label.score,
-            source=label.source, details=label.details, ts=time.time(), explicit=False,
-        )  # fmt: skip
-        s.tasks.spawn(_write_weak_label(s, out), name="weak-outcome")
+    switch = None
+    if not side:
+        threshold = policy.spec.tasks.loop_threshold
+        found = signals.switches(req.protocol, req.messages, loop_threshold=threshold, seen=seen)
+        switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
+        # The weak label reads the results in full (test summaries, build errors): the decision
+        # does not wait for it.
+        label = _write_weak_label(s, req, rec.task_id, state.attempt, resent, seen)
+        s.tasks.spawn(label, name="weak-outcome")
     budget = policy.spec.objective.max_cost_per_task
     if budget is not None and not side:
         # What is left of the task's budget steers the plan down to cheaper models as it runs out.
@@ -145,7 +137,26 @@ def vector_for(req: ClientRequest, repo: str | None = None) -> taskfeatures.Vect
     return taskfeatures.task_vector(req.first_user_text, _system_text(req.system), len(req.tools), repo)
 
 
-async def _write_weak_label(s: Services, out: OutcomeRecord) -> None:
+def weak_label(
+    req: ClientRequest, loop_threshold: int, resent: bool, seen: list[Any] | None = None
+) -> signals.WeakLabel | None:
+    """What the conversation says of how its task goes (``seen``: as for ``signals.extract``)."""
+    found = signals.extract(req.protocol, req.messages, loop_threshold=loop_threshold, seen=seen)
+    if resent:
+        found.append(signals.resent_signal(1))
+    return signals.summarize(found) if found else None
+
+
+async def _write_weak_label(
+    s: Services, req: ClientRequest, task_id: str, attempt: int, resent: bool, seen: list[Any] | None
+) -> None:
+    label = weak_label(req, s.decider.policy.spec.tasks.loop_threshold, resent, seen)
+    if label is None:
+        return
+    out = OutcomeRecord(
+        task_id=task_id, attempt=attempt, success=label.success, score=label.score,
+        source=label.source, details=label.details, ts=time.time(), explicit=False,
+    )  # fmt: skip
     # Best effort: the conversation repeats its signals on the next request, which writes again.
     try:
         await s.store.write_outcome(out)

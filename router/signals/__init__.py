@@ -21,11 +21,11 @@ from router.signals.base import (
     Weights,
     resent_signal,
 )
-from router.signals.conversation import extract
+from router.signals.conversation import extract, switches
 from router.signals.fingerprint import request_fingerprint, stable_hash
 from router.signals.label import summarize
 from router.signals.testrunners import TestSummary, parse_test_summary
-from router.signals.toolresult import ToolOutcome, analyze, forget_results
+from router.signals.toolresult import ToolOutcome, analyze, forget_results, glance
 from router.signals.transcript import forget_calls
 
 
@@ -52,9 +52,11 @@ __all__ = [
     "analyze",
     "clear_caches",
     "extract",
+    "glance",
     "parse_test_summary",
     "request_fingerprint",
     "resent_signal",
     "stable_hash",
     "summarize",
+    "switches",
 ]

@@ -18,11 +18,11 @@ from router.signals.base import (
     Weights,
 )
 from router.signals.text import DEFAULT_MAX_CHARS
-from router.signals.toolresult import ToolOutcome, analyze
+from router.signals.toolresult import ToolOutcome, analyze, glance
 from router.signals.transcript import Event, ToolCall, ToolResult, message_events
 
 _Analyzed = tuple[ToolResult, ToolOutcome, ToolCall | None]
-#: What one message says: its tool calls, and its tool results with what each reports.
+#: What one message says: its tool calls, and its tool results with a glance at each.
 _Read = list[tuple[Event, ToolOutcome | None]]
 
 
@@ -106,9 +106,34 @@ def _loop(calls: Sequence[ToolCall], results: Sequence[_Analyzed], w: Weights, n
 
 def _read(message: Any, max_chars: int | None) -> _Read:
     return [
-        (e, analyze(e.text, e.is_error, max_chars=max_chars) if isinstance(e, ToolResult) else None)
+        (e, glance(e.text, e.is_error, max_chars=max_chars) if isinstance(e, ToolResult) else None)
         for e in message_events(message)
     ]
+
+
+def _window(
+    messages: Any, window: int, max_chars: int | None, seen: list[Any] | None, full: bool
+) -> tuple[list[ToolCall], list[_Analyzed]]:
+    """The tool calls of the last ``window`` messages, and their results (fully analysed if ``full``)."""
+    start = max(0, len(messages) - window)
+    if seen is not None and len(seen) == len(messages):
+        reads = []
+        for i in range(start, len(messages)):
+            if seen[i] is None:
+                seen[i] = _read(messages[i], max_chars)
+            reads.append(seen[i])
+    else:
+        reads = [_read(m, max_chars) for m in messages[start:]]
+    pairs = [pair for read in reads for pair in read]
+    calls = [e for e, _ in pairs if isinstance(e, ToolCall)]
+    by_id = {c.call_id: c for c in calls if c.call_id}
+    results: list[_Analyzed] = []
+    for e, outcome in pairs:
+        if isinstance(e, ToolResult) and outcome is not None:
+            if full:
+                outcome = analyze(e.text, e.is_error, max_chars=max_chars)
+            results.append((e, outcome, by_id.get(e.call_id) if e.call_id else None))
+    return calls, results
 
 
 def extract(
@@ -136,22 +161,7 @@ def extract(
     del protocol  # the shapes identify themselves; kept for the caller's symmetry with fingerprints
     if not isinstance(messages, list | tuple) or window <= 0:
         return []
-    start = max(0, len(messages) - window)
-    if seen is not None and len(seen) == len(messages):
-        reads = []
-        for i in range(start, len(messages)):
-            if seen[i] is None:
-                seen[i] = _read(messages[i], max_chars)
-            reads.append(seen[i])
-    else:
-        reads = [_read(m, max_chars) for m in messages[start:]]
-    pairs = [pair for read in reads for pair in read]
-    calls = [e for e, _ in pairs if isinstance(e, ToolCall)]
-    by_id = {c.call_id: c for c in calls if c.call_id}
-    results: list[_Analyzed] = []
-    for e, outcome in pairs:
-        if isinstance(e, ToolResult) and outcome is not None:
-            results.append((e, outcome, by_id.get(e.call_id) if e.call_id else None))
+    calls, results = _window(messages, window, max_chars, seen, full=True)
     found = [
         _tests(results, weights),
         _exit_code(results, weights),
@@ -160,4 +170,26 @@ def extract(
         _failure_run(results, weights, failure_run),
         _loop(calls, results, weights, loop_threshold),
     ]
+    return [s for s in found if s is not None]
+
+
+def switches(
+    protocol: str,
+    messages: Any,
+    *,
+    window: int = 20,
+    loop_threshold: int = 3,
+    failure_run: int = 3,
+    max_chars: int | None = DEFAULT_MAX_CHARS,
+    weights: Weights = DEFAULT_WEIGHTS,
+    seen: list[Any] | None = None,
+) -> list[Signal]:
+    """The signals of ``extract`` that may move a task off its model: a tool loop, a run of failing
+    tools. They need only a glance at each result (exit code, digest), so this is what a routing
+    decision waits for; the rest can be read after. Arguments as for ``extract``."""
+    del protocol
+    if not isinstance(messages, list | tuple) or window <= 0:
+        return []
+    calls, results = _window(messages, window, max_chars, seen, full=False)
+    found = [_failure_run(results, weights, failure_run), _loop(calls, results, weights, loop_threshold)]
     return [s for s in found if s is not None]

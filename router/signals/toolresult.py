@@ -6,6 +6,7 @@ final errors are) of the text are scanned.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import re
@@ -222,30 +223,52 @@ def analyze(
     return _analyze(text, is_error, max_chars)
 
 
+def glance(
+    text: Any, is_error: bool | None = None, *, max_chars: int | None = DEFAULT_MAX_CHARS
+) -> ToolOutcome:
+    """The part of ``analyze`` a routing decision reads: exit code, error flag and digest.
+
+    Loops and runs of failures are told from these alone; build and runtime errors and test
+    summaries (left None here) only make the weak label, which can wait for ``analyze``.
+    """
+    if not isinstance(text, str):
+        text = ""
+    return _glance(text, is_error, max_chars)
+
+
 def forget_results() -> None:
     _analyze.cache_clear()
+    _glance.cache_clear()
+
+
+def _output(text: str, max_chars: int | None) -> tuple[str, str, int | None]:
+    """The text that was printed, its cleaned tail, and an exit code the harness reported apart."""
+    code: int | None = None
+    codex = _codex_json(text)
+    if codex is not None:
+        text, code = codex
+    return text, clean(text, max_chars), code
 
 
 # Agents resend every earlier tool result on every turn: each is read once, then remembered
 # (bounded), so a growing conversation costs only its new tail — as token counting does.
 @functools.lru_cache(maxsize=4096)
-def _analyze(text: str, is_error: bool | None, max_chars: int | None) -> ToolOutcome:
-    code: int | None = None
-    codex = _codex_json(text)
-    if codex is not None:
-        text, code = codex
-    tail = clean(text, max_chars)
+def _glance(text: str, is_error: bool | None, max_chars: int | None) -> ToolOutcome:
+    text, tail, code = _output(text, max_chars)
     if code is None:
         code = _exit_code(head(text, HEAD_CHARS), tail[-TAIL_CHARS:])
-    build = _last_kind(_BUILD, tail)
-    runtime = _last_kind(_RUNTIME, tail)
     end = _mask_volatile(tail[-TAIL_CHARS:])
     digest = hashlib.blake2b(end.encode("utf-8", "replace"), digest_size=12)
-    return ToolOutcome(
-        exit_code=code,
-        is_error=is_error,
-        build_error=build,
-        runtime_error=runtime,
+    return ToolOutcome(exit_code=code, is_error=is_error, digest=digest.hexdigest())
+
+
+@functools.lru_cache(maxsize=4096)
+def _analyze(text: str, is_error: bool | None, max_chars: int | None) -> ToolOutcome:
+    seen = _glance(text, is_error, max_chars)
+    _, tail, _ = _output(text, max_chars)
+    return dataclasses.replace(
+        seen,
+        build_error=_last_kind(_BUILD, tail),
+        runtime_error=_last_kind(_RUNTIME, tail),
         tests=last_summary(tail),
-        digest=digest.hexdigest(),
     )

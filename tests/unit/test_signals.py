@@ -878,3 +878,51 @@ def test_a_filled_slot_is_used_instead_of_the_message() -> None:
     assert by_name(extract("openai_chat", msgs))[TESTS].success is True
     # Slots that do not match the conversation's length are ignored.
     assert extract("openai_chat", msgs, seen=[None]) == extract("openai_chat", msgs)
+
+
+# -- what a routing decision waits for: the switch signals, from a glance ----------------------
+
+
+def _switch_cases() -> list[list[Step]]:
+    fail = Step("bash", {"command": "make"}, "make: *** [all] Error 2\nexit code 2", True)
+    return [
+        [Step("bash", {"command": "pytest -q"}, PYTEST_FAIL)] * 4,  # a loop on the same failing run
+        [fail, fail, fail],  # a failure run
+        [Step("read", {"path": f"f{i}.py"}, f"line {i}\nexit code 0") for i in range(5)],  # neither
+        [
+            Step("bash", {"command": "pytest -q"}, PYTEST_FAIL),
+            Step("bash", {"command": "pytest"}, PYTEST_PASS),
+        ],
+    ]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("steps", _switch_cases(), ids=("loop", "failures", "neither", "tests"))
+def test_switches_are_the_loop_and_failure_signals_of_extract(protocol: str, steps: list[Step]) -> None:
+    from router.signals import switches
+
+    msgs = conversation(protocol, steps)
+    full = [s for s in extract(protocol, msgs) if s.name in (TOOL_LOOP, TOOL_FAILURES)]
+    assert switches(protocol, msgs) == full
+    seen: list[Any] = [None] * len(msgs)
+    assert switches(protocol, msgs, seen=seen) == full
+    assert extract(protocol, msgs, seen=seen) == extract(protocol, msgs)  # slots filled by a glance
+
+
+def test_a_glance_is_the_analysis_without_errors_and_tests() -> None:
+    from router.signals import glance
+
+    for text in (
+        PYTEST_FAIL,
+        PYTEST_PASS,
+        "error[E0308]: mismatched types\nexit code 101",
+        "Traceback (most recent call last):\n",
+    ):
+        full, quick = analyze(text, True), glance(text, True)
+        assert (quick.exit_code, quick.is_error, quick.digest) == (full.exit_code, full.is_error, full.digest)
+        assert quick.failed == full.failed and (quick.build_error, quick.runtime_error, quick.tests) == (
+            None,
+            None,
+            None,
+        )
+    assert analyze(PYTEST_FAIL).tests is not None
