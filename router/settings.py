@@ -42,8 +42,9 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(default=1.0, gt=0)
     #: Requests with a larger body are refused with 413 before parsing.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
-    #: Memory for the conversations' last requests (counted as request body bytes), so the next
-    #: turn of a long conversation costs only its new messages. 0: every request counted anew.
+    #: Memory for the conversations' last requests, so the next turn of a long conversation costs
+    #: only its new messages. Counted as request-body bytes: the parsed messages held take a few
+    #: times that. 0: every request is sized anew.
     transcript_memory_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     #: Store prompt text in the log. Off unless the operator opts in.
     log_prompts: bool = False
