@@ -188,7 +188,25 @@ async def test_open_creates_file_and_records_version(tmp_path: Path) -> None:
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert versions == list(range(1, schema.SCHEMA_VERSION + 1))
     assert mode == "wal"
-    assert {"requests_task_id_idx", "requests_ts_idx", "requests_chosen_model_ts_idx"} <= indexes
+    assert {"requests_task_id_idx", "requests_ts_idx"} <= indexes
+    assert "requests_chosen_model_ts_idx" not in indexes  # dropped by version 4
+
+
+async def test_version_4_drops_the_unused_backend_index(tmp_path: Path) -> None:
+    path = tmp_path / "v3.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(schema.version_table_ddl("sqlite"))
+        for version, stmts in schema.migrations("sqlite")[:3]:
+            for stmt in stmts:
+                conn.execute(stmt)
+            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
+        conn.execute("CREATE INDEX requests_chosen_model_ts_idx ON requests (chosen_model, ts)")
+    s = SQLiteStore(str(path))
+    await s.open()
+    await s.close()
+    with sqlite3.connect(path) as conn:
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "requests_chosen_model_ts_idx" not in indexes and "requests_ts_idx" in indexes
 
 
 async def test_migrations_are_idempotent(tmp_path: Path) -> None:
