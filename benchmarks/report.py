@@ -9,7 +9,7 @@ from typing import Any
 
 from benchmarks.loadgen import CellResult
 
-UPSTREAM, ROUTER, LITELLM = "upstream", "router", "litellm"
+UPSTREAM, ROUTER, LITELLM, PASSTHROUGH = "upstream", "router", "litellm", "floor"
 #: Issue 8's targets for the router (one worker on one core).
 TARGET_ADDED_P50_MS, TARGET_ADDED_P99_MS = 1.0, 2.0
 TARGET_RPS = {"chat": 1000.0, "chat-stream": 700.0}
@@ -160,18 +160,20 @@ def summary(rows: Sequence[Row]) -> str:
     out = ["Max throughput (best over concurrency levels), req/s:"]
     scenarios = list(dict.fromkeys(r.scenario for r in rows))
     for sc in scenarios:
-        up, router, lite = (best_rps(rows, sc, t) for t in (UPSTREAM, ROUTER, LITELLM))
+        up, router, lite, floor = (best_rps(rows, sc, t) for t in (UPSTREAM, ROUTER, LITELLM, PASSTHROUGH))
         ratio = router[0] / lite[0] if lite[0] and not math.isnan(lite[0]) else math.nan
+        share = router[0] / floor[0] if floor[0] and not math.isnan(floor[0]) else math.nan
         out.append(
-            f"  {sc:<20} upstream {_num(up[0], 0):>7} (c={up[1]})   router {_num(router[0], 0):>7} (c={router[1]})"
-            f"   litellm {_num(lite[0], 0):>7} (c={lite[1]})   router/litellm {_num(ratio, 1)}×"
+            f"  {sc:<20} upstream {_num(up[0], 0):>7} (c={up[1]})   floor {_num(floor[0], 0):>7} (c={floor[1]})"
+            f"   router {_num(router[0], 0):>7} (c={router[1]})   litellm {_num(lite[0], 0):>7} (c={lite[1]})"
+            f"   router/litellm {_num(ratio, 1)}×   router/floor {_num(share * 100, 0)}%"
         )
     out.append("Added latency at concurrency 1 (vs the upstream directly), ms — p50 / p99:")
     for sc in scenarios:
         base = _find(rows, sc, 1, UPSTREAM)
         if base is None:
             continue
-        for target in (ROUTER, LITELLM):
+        for target in (PASSTHROUGH, ROUTER, LITELLM):
             row = _find(rows, sc, 1, target)
             if row is None:
                 continue

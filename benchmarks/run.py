@@ -1,10 +1,11 @@
 """``python -m benchmarks.run`` (``make bench``): the router under load, beside the upstream and LiteLLM.
 
-Starts the fake upstream, the router (``router serve`` on the demo policy, SQLite log in a temp
-dir, metrics on) and LiteLLM's proxy against the same upstream, all on 127.0.0.1; pins the server
-under test to one core and the load generator and upstream to the other; drives every scenario
-at each concurrency against the upstream directly (the baseline), the router and LiteLLM, one
-after the other; then measures the router's memory after 10,000 requests and runs the routing
+Starts the fake upstream, the floor (issue 8's 40-line FastAPI + uvicorn + aiohttp pass-through,
+``benchmarks/passthrough.py``), the router (``router serve`` on the demo policy, SQLite log in a
+temp dir, metrics on) and LiteLLM's proxy against the same upstream, all on 127.0.0.1; pins the
+server under test to one core and the load generator and upstream to the other; drives every
+scenario at each concurrency against the upstream directly (the baseline), the floor, the router
+and LiteLLM, one after the other; then measures the router's memory after 10,000 requests and runs the routing
 microbenchmark. Prints one table with the ratios, and stops everything it started, also on
 Ctrl-C and errors.
 """
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from benchmarks import litellm_proxy, routing, scenarios
+from benchmarks import litellm_proxy, passthrough, routing, scenarios
 from benchmarks.loadgen import CellResult, run_cell, run_count
 from benchmarks.procs import (
     Pinning,
@@ -42,7 +43,7 @@ from benchmarks.procs import (
     rss_bytes,
     runqueue_wait_seconds,
 )
-from benchmarks.report import LITELLM, ROUTER, UPSTREAM, Row, summary, table
+from benchmarks.report import LITELLM, PASSTHROUGH, ROUTER, UPSTREAM, Row, summary, table
 from benchmarks.scenarios import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +62,8 @@ event loop) was runnable but waiting for a CPU that another process held: high m
 disturbed by other work on the machine (in upstream rows the load generator shares the core by design).
 Driver core % is the load generator plus the upstream on the other core (near 100% means the driver,
 not the server, limits throughput: expected in upstream rows only). +p50 and +TTFT p50 are added to the
-upstream row of the same cell; ÷ LiteLLM is the router's req/s over LiteLLM's in that cell."""
+upstream row of the same cell; ÷ LiteLLM is the router's req/s over LiteLLM's in that cell. The floor
+rows are what the framework, the server and the HTTP client alone cost on this machine."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--memory-requests", type=int, help="router requests before the RSS reading (default 10000)"
     )
     p.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy (no install either)")
+    p.add_argument("--no-floor", action="store_true", help="skip the 40-line pass-through (the floor)")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     p.add_argument("--no-routing", action="store_true", help="skip the routing microbenchmark")
     p.add_argument("--json", type=Path, help="also write every number here")
@@ -122,8 +125,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )  # fmt: skip
 
 
-def start(svc: Services, pin: Pinning, workdir: Path, with_litellm: bool) -> dict[str, Service]:
-    """Upstream first (the others point at it), then the router and LiteLLM side by side."""
+def start(
+    svc: Services, pin: Pinning, workdir: Path, with_litellm: bool, with_floor: bool = False
+) -> dict[str, Service]:
+    """Upstream first (the others point at it), then the pass-through, the router and LiteLLM."""
     up_port = free_port()
     up_url = f"http://127.0.0.1:{up_port}"
     upstream = svc.launch(
@@ -134,6 +139,15 @@ def start(svc: Services, pin: Pinning, workdir: Path, with_litellm: bool) -> dic
     )  # fmt: skip
     svc.wait_ready(upstream, "/v1/models")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_", "OTEL_"))}
+    floor: Service | None = None
+    if with_floor:
+        port = free_port()
+        floor = svc.launch(
+            PASSTHROUGH,
+            [sys.executable, "-m", "uvicorn", "benchmarks.passthrough:app", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+            url=f"http://127.0.0.1:{port}", core=pin.server, env={**env, passthrough.UPSTREAM_ENV: up_url}, cwd=ROOT,
+        )  # fmt: skip
     env.update(ROUTER_LOCAL_UPSTREAM=up_url, ROUTER_DRAIN_DELAY="0", ROUTER_DRAIN_TIMEOUT="5")
     port = free_port()
     router = svc.launch(
@@ -142,7 +156,7 @@ def start(svc: Services, pin: Pinning, workdir: Path, with_litellm: bool) -> dic
          "--port", str(port), "--store", f"sqlite:///{workdir / 'router.db'}", "--log-level", "warning"],
         url=f"http://127.0.0.1:{port}", core=pin.server, env=env, cwd=ROOT,
     )  # fmt: skip
-    started = {UPSTREAM: upstream, ROUTER: router}
+    started = {UPSTREAM: upstream, **({PASSTHROUGH: floor} if floor else {}), ROUTER: router}
     if with_litellm:
         port = free_port()
         config = litellm_proxy.write_config(workdir / "litellm.yaml", up_url)
@@ -151,6 +165,8 @@ def start(svc: Services, pin: Pinning, workdir: Path, with_litellm: bool) -> dic
             env=litellm_proxy.environment(os.environ), cwd=workdir,
         )  # fmt: skip
     svc.wait_ready(router, "/readyz")
+    if floor is not None:
+        svc.wait_ready(floor, "/openapi.json")
     if with_litellm:
         svc.wait_ready(started[LITELLM], "/health/liveliness", timeout_s=180)
     return started
@@ -175,11 +191,14 @@ async def drive(plan: Plan, services: dict[str, Service], memory: dict[str, Any]
     # One short pass per scenario and target first: lazy imports and connection pools are paid here.
     for sc in plan.scenarios:
         for target, service in services.items():
-            await run_cell(service.url, scenarios.call(sc, target), 2, 0.2, 0.1, {}, counters[target])
+            if target in sc.models:
+                await run_cell(service.url, scenarios.call(sc, target), 2, 0.2, 0.1, {}, counters[target])
     rows: list[Row] = []
     for sc in plan.scenarios:
         for c in plan.levels(sc):
             for target, service in services.items():
+                if target not in sc.models:
+                    continue  # the pass-through cannot translate
                 result = await run_cell(
                     service.url, scenarios.call(sc, target), c, plan.duration_s, plan.warmup_s, probes(target),
                     counters[target],
@@ -244,6 +263,8 @@ def header(info: dict[str, str], pin: Pinning, plan: Plan, litellm_version: str 
         f"Pinning: {pin.describe()}",
         f"Note: {NOTE}",
         f"Upstream: router.fakeupstream (aiohttp + uvloop), {scenarios.CHUNKS} chunks per stream, no delays",
+        "Floor: benchmarks/passthrough.py, issue 8's 40-line FastAPI + uvicorn + aiohttp pass-through "
+        "(no parsing, routing, log or metrics; not for translated rows)",
         "Router: `router serve` on policies/examples/local.yaml, one process, SQLite request log (temp dir), "
         "metrics on, open mode",
         "LiteLLM: "
@@ -276,11 +297,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with Services(workdir) as svc:
             _progress(
-                "starting the upstream, the router"
+                "starting the upstream, the pass-through, the router"
                 + ("" if args.no_litellm else " and LiteLLM's proxy")
                 + "..."
             )
-            services = start(svc, pin, workdir, not args.no_litellm)
+            services = start(svc, pin, workdir, not args.no_litellm, not args.no_floor)
             memory["rss_start"] = rss_bytes(services[ROUTER].pid)
             rows = _run(drive(plan, services, memory))
         info_end = machine()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from benchmarks import bodies
 from benchmarks.loadgen import ANTHROPIC_CONTENT, OPENAI_CONTENT, Call
-from benchmarks.report import LITELLM, ROUTER, UPSTREAM
+from benchmarks.report import LITELLM, PASSTHROUGH, ROUTER, UPSTREAM
 
 CHUNKS = 20
 OPENAI_HEADERS = {"content-type": "application/json", "authorization": "Bearer bench"}
@@ -38,8 +38,15 @@ class Scenario:
     concurrency: tuple[int, ...] | None = None
 
 
-_SMALL = {UPSTREAM: "nano-model", ROUTER: "auto", LITELLM: "auto"}
-_CLAUDE = {UPSTREAM: "claude-local", ROUTER: "local-claude", LITELLM: "local-claude"}
+# The pass-through forwards bodies unchanged, so it asks for the upstream's own model names; it
+# cannot translate, so the cross-protocol scenario has no pass-through row.
+_SMALL = {UPSTREAM: "nano-model", PASSTHROUGH: "nano-model", ROUTER: "auto", LITELLM: "auto"}
+_CLAUDE = {
+    UPSTREAM: "claude-local",
+    PASSTHROUGH: "claude-local",
+    ROUTER: "local-claude",
+    LITELLM: "local-claude",
+}
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -49,7 +56,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("anthropic-stream", f"Anthropic Messages, streamed ({CHUNKS} chunks), relayed", True, True, _CLAUDE),
         Scenario(
             "agent-stream", "OpenAI Chat, streamed, 40 messages / ~200 KB (a coding agent's turn)",
-            False, True, {UPSTREAM: "mini-model", ROUTER: "auto", LITELLM: "auto"}, agent=True,
+            False, True, {UPSTREAM: "mini-model", PASSTHROUGH: "mini-model", ROUTER: "auto", LITELLM: "auto"}, agent=True,
             concurrency=(1, 16),
         ),
         Scenario(

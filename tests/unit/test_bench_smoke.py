@@ -29,7 +29,7 @@ def test_one_streamed_cell_runs_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = orjson.loads(out.read_bytes())
     rows = {r["target"]: r for r in doc["rows"]}
-    assert set(rows) == {"upstream", "router"}
+    assert set(rows) == {"upstream", "floor", "router"}
     for row in rows.values():
         assert row["requests"] > 0 and row["errors"] == 0, row
         assert row["ttft_p50_ms"] is not None
