@@ -146,6 +146,15 @@ class Transcripts:
         best: Snapshot | None = None
         prefix = 0
         for snap in snaps:  # most recent first
+            limit = min(len(messages), len(snap.messages))
+            if best is not None and (
+                limit <= prefix
+                or (limit == prefix + 1 and not same(messages[limit - 1], snap.messages[limit - 1]))
+            ):
+                # It cannot share more than the best so far, nor be this request again: agents'
+                # retries and sibling calls differ only in their last message, and comparing that
+                # one first spares a walk over everything before it.
+                continue
             n = common_prefix(messages, snap.messages)
             if n > prefix or best is None:
                 best, prefix = snap, n

@@ -116,6 +116,20 @@ def test_a_task_keeps_its_last_few_requests_and_the_longest_prefix_wins() -> Non
     assert len(memo) == 3
 
 
+def test_siblings_differing_in_their_last_message_still_find_an_older_repeat() -> None:
+    memo = Transcripts(100_000, per_key=4)
+    base = chat(9)
+    siblings = [[*base, {"role": "user", "content": f"retry {i}"}] for i in range(3)]
+    for messages in siblings:  # the newest is "retry 2"
+        memo.remember("t", snapshot(messages))
+    again = memo.match("t", fresh(siblings[0]), None, None)  # the oldest, sent again
+    assert again.repeat and again.prefix == 10 and again.snapshot is not None
+    assert again.snapshot.messages is siblings[0]
+    other = memo.match("t", [*fresh(base), {"role": "user", "content": "retry 3"}], None, None)
+    assert not other.repeat and other.prefix == 9 and other.snapshot is not None
+    assert other.snapshot.messages is siblings[2]  # ties go to the most recent
+
+
 def test_a_request_that_continues_another_replaces_it() -> None:
     memo = Transcripts(100_000)
     first = snapshot(chat(4), weight=40)
