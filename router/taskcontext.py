@@ -88,7 +88,7 @@ async def enter(
         switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
         # The weak label reads the results in full (test summaries, build errors): the decision
         # does not wait for it.
-        label = _write_weak_label(s, req, rec.task_id, state.attempt, resent, seen)
+        label = _write_weak_label(s, req, rec.task_id, state, resent, seen)
         s.tasks.spawn(label, name="weak-outcome")
     budget = policy.spec.objective.max_cost_per_task
     if budget is not None and not side:
@@ -148,11 +148,15 @@ def weak_label(
 
 
 async def _write_weak_label(
-    s: Services, req: ClientRequest, task_id: str, attempt: int, resent: bool, seen: list[Any] | None
+    s: Services, req: ClientRequest, task_id: str, state: TaskState, resent: bool, seen: list[Any] | None
 ) -> None:
+    attempt = state.attempt
     label = weak_label(req, s.decider.policy.spec.tasks.loop_threshold, resent, seen)
     if label is None:
         return
+    key = (attempt, label.success, label.score, label.source)
+    if key == state.last_label:
+        return  # stored already, and still the latest
     out = OutcomeRecord(
         task_id=task_id, attempt=attempt, success=label.success, score=label.score,
         source=label.source, details=label.details, ts=time.time(), explicit=False,
@@ -160,6 +164,7 @@ async def _write_weak_label(
     # Best effort: the conversation repeats its signals on the next request, which writes again.
     try:
         await s.store.write_outcome(out)
+        state.last_label = key
     except Exception as exc:
         log.warning(
             "weak outcome label not stored (%s); the next request of the task retries", type(exc).__name__

@@ -33,6 +33,9 @@ class TaskState:
     warm_model: str | None = None
     warm_tokens: int = 0
     warm_until: float = 0.0
+    #: The last weak label stored for the task (attempt, success, score, source): an unchanged
+    #: label is not written again on every turn.
+    last_label: tuple[int, bool, float, str] | None = None
     seen: float = field(default_factory=time.time)
 
 

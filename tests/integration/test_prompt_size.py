@@ -79,6 +79,25 @@ def test_an_identical_request_sent_again_is_a_weak_failure(router: RunningRouter
     assert "resent" in outcome_sources(router, "again")
 
 
+def test_an_unchanged_weak_label_is_stored_once(router: RunningRouter) -> None:
+    def stamp() -> float:
+        con = sqlite3.connect(router.db_path)
+        try:
+            row = con.execute("SELECT ts FROM outcomes WHERE task_id = 'once' AND source = 'resent'")
+            return float(row.fetchone()[0])
+        finally:
+            con.close()
+
+    post(router, body(3), "once")
+    post(router, body(3), "once")
+    assert "resent" in outcome_sources(router, "once")
+    first = stamp()
+    post(router, body(3), "once")  # the same label again: not written a second time
+    post(router, body(4), "once")  # a request after it, so the third one's label task has run
+    router.records(wait_for=4)
+    assert stamp() == first
+
+
 def test_the_next_request_is_sized_exactly_once_the_deferred_count_is_done(router: RunningRouter) -> None:
     first = body(4)
     post(router, first, "grow")
