@@ -374,8 +374,10 @@ def test_token_counts_are_sane(a: str, b: str) -> None:
     assert n_a >= 0 and (n_a == 0) == (a == "")
     # A token is at least one byte of text.
     assert n_a <= len(a.encode("utf-8", "surrogatepass"))
-    # Monotone-ish: joining two texts changes the count only where they meet.
-    assert (n_a + n_b) // 2 - 1 <= n_ab <= n_a + n_b + 1
+    # Joining two texts changes the count only where they meet: BPE re-segments the text around
+    # the seam ("quence" + "stop" is 1 + 1 tokens, "quencestop" 4), so the slack is that text's count.
+    seam = COUNTER.count_text(a[-32:] + b[:32])
+    assert (n_a + n_b) // 2 - 1 <= n_ab <= n_a + n_b + seam
 
 
 @settings(max_examples=25, deadline=None, database=None, derandomize=True)
