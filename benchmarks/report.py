@@ -192,20 +192,30 @@ def _targets(rows: Sequence[Row]) -> list[str]:
     def mark(ok: bool) -> str:
         return "met" if ok else "NOT met"
 
+    def added(sc: str, target: str) -> tuple[float, float] | None:
+        base, row = _find(rows, sc, 1, UPSTREAM), _find(rows, sc, 1, target)
+        if base is None or row is None:
+            return None
+        if sc != "chat":
+            return row.ttft50 - base.ttft50, row.ttft99 - base.ttft99
+        return row.p50 - base.p50, row.p99 - base.p99
+
     for sc in ("chat", "chat-stream"):
-        base, row = _find(rows, sc, 1, UPSTREAM), _find(rows, sc, 1, ROUTER)
-        if base is not None and row is not None:
-            stream = sc != "chat"
-            a50 = (row.ttft50 - base.ttft50) if stream else (row.p50 - base.p50)
-            a99 = (row.ttft99 - base.ttft99) if stream else (row.p99 - base.p99)
+        router, floor = added(sc, ROUTER), added(sc, PASSTHROUGH)
+        if router is not None:
+            a50, a99 = router
             out.append(
                 f"  {sc}: added p50 {_num(a50)} ms (≤ {TARGET_ADDED_P50_MS:g}: {mark(a50 <= TARGET_ADDED_P50_MS)}),"
                 f" p99 {_num(a99)} ms (≤ {TARGET_ADDED_P99_MS:g}: {mark(a99 <= TARGET_ADDED_P99_MS)})"
+                + (f"; the floor adds {_num(floor[0])} / {_num(floor[1])} ms here" if floor else "")
             )
         rps, _ = best_rps(rows, sc, ROUTER)
         lite, _ = best_rps(rows, sc, LITELLM)
+        floor_rps, _ = best_rps(rows, sc, PASSTHROUGH)
         if not math.isnan(rps):
             line = f"  {sc}: max {rps:,.0f} req/s (≥ {TARGET_RPS[sc]:,.0f}: {mark(rps >= TARGET_RPS[sc])})"
+            if not math.isnan(floor_rps):
+                line += f" (the floor: {floor_rps:,.0f})"
             if not math.isnan(lite) and lite > 0:
                 x = rps / lite
                 line += (
