@@ -8,6 +8,7 @@ Ctrl-C) stops everything it started.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -217,6 +218,19 @@ def runqueue_wait_seconds(pid: int) -> float:
         except (OSError, IndexError, ValueError):
             continue
     return total / 1e9
+
+
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to other guests while this VM's CPUs wanted it (all CPUs).
+
+    A virtual machine's processes never see it as their own: a cell measured while the host was
+    busy elsewhere shows high steal, and its CPU-per-request and latency are inflated.
+    """
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / _TICKS  # cpu user nice system idle iowait irq softirq steal
+    except (OSError, IndexError, ValueError):
+        return math.nan
 
 
 def rss_bytes(pid: int) -> int:

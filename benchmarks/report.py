@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.loadgen import CellResult
 
+_CPUS = os.cpu_count() or 1
 UPSTREAM, ROUTER, LITELLM, PASSTHROUGH = "upstream", "router", "litellm", "floor"
 #: Issue 8's targets for the router (one worker on one core).
 TARGET_ADDED_P50_MS, TARGET_ADDED_P99_MS = 1.0, 2.0
@@ -71,6 +73,12 @@ class Row:
         return self.result.cpu_s.get("server_wait", math.nan) / w if w else math.nan
 
     @property
+    def steal_share(self) -> float:
+        """Share of the machine's CPU time (all cores) the hypervisor gave elsewhere in the window."""
+        w = self.result.window_s
+        return self.result.cpu_s.get("steal", math.nan) / (w * _CPUS) if w else math.nan
+
+    @property
     def driver_share(self) -> float:
         """Busy share of the driver core: the load generator plus the upstream."""
         w, cpu = self.result.window_s, self.result.cpu_s
@@ -84,7 +92,8 @@ class Row:
             "latency_p50_ms": self.p50, "latency_p99_ms": self.p99,
             "ttft_p50_ms": self.ttft50, "ttft_p99_ms": self.ttft99,
             "cpu_ms_per_request": self.cpu_ms_per_request, "cpu_share": self.cpu_share,
-            "cpu_wait_share": self.wait_share, "driver_core_share": self.driver_share, "first_error": r.first_error,
+            "cpu_wait_share": self.wait_share, "steal_share": self.steal_share,
+            "driver_core_share": self.driver_share, "first_error": r.first_error,
         }  # fmt: skip
 
 
@@ -106,7 +115,7 @@ def table(rows: Sequence[Row]) -> str:
     """One Markdown table: every cell's rows side by side, with added latency and the router÷LiteLLM ratio."""
     header = [
         "scenario", "conc", "target", "req/s", "p50 ms", "p99 ms", "TTFT p50", "TTFT p99",
-        "CPU ms/req", "CPU %", "CPU wait %", "driver core %", "+p50 ms", "+TTFT p50", "÷ LiteLLM req/s", "errors",
+        "CPU ms/req", "CPU %", "CPU wait %", "steal %", "driver core %", "+p50 ms", "+TTFT p50", "÷ LiteLLM req/s", "errors",
     ]  # fmt: skip
     lines = [header]
     for row in rows:
@@ -121,7 +130,7 @@ def table(rows: Sequence[Row]) -> str:
                 row.scenario, str(row.concurrency), row.target, _num(row.result.rps, 0),
                 _num(row.p50), _num(row.p99), _num(row.ttft50), _num(row.ttft99),
                 _num(row.cpu_ms_per_request), _num(row.cpu_share * 100, 0), _num(row.wait_share * 100, 0),
-                _num(row.driver_share * 100, 0),
+                _num(row.steal_share * 100, 0), _num(row.driver_share * 100, 0),
                 _added(row.p50, base.p50) if added and base else "–",
                 _added(row.ttft50, base.ttft50) if added and base else "–",
                 ratio, str(row.result.errors),

@@ -42,6 +42,7 @@ from benchmarks.procs import (
     machine,
     rss_bytes,
     runqueue_wait_seconds,
+    steal_seconds,
 )
 from benchmarks.report import LITELLM, PASSTHROUGH, ROUTER, UPSTREAM, Row, summary, table
 from benchmarks.scenarios import Scenario
@@ -60,6 +61,8 @@ stream) as seen by the load generator. CPU ms/req and CPU % are the server's own
 rows, the upstream itself) over the measured window. CPU wait % is the time the server's main thread (its
 event loop) was runnable but waiting for a CPU that another process held: high means the cell was
 disturbed by other work on the machine (in upstream rows the load generator shares the core by design).
+Steal % is the machine's CPU time (both cores) that the hypervisor gave to other guests: high means the
+host was busy elsewhere and the cell's CPU times and latencies are inflated.
 Driver core % is the load generator plus the upstream on the other core (near 100% means the driver,
 not the server, limits throughput: expected in upstream rows only). +p50 and +TTFT p50 are added to the
 upstream row of the same cell; ÷ LiteLLM is the router's req/s over LiteLLM's in that cell. The floor
@@ -185,6 +188,7 @@ async def drive(plan: Plan, services: dict[str, Service], memory: dict[str, Any]
         return {
             "server": lambda: cpu_seconds(server.pid),
             "server_wait": lambda: runqueue_wait_seconds(server.pid),
+            "steal": steal_seconds,
             "upstream": lambda: cpu_seconds(up.pid),
         }
 
