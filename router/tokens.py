@@ -427,12 +427,10 @@ class TokenCounter:
         return self._lookup(_digest(person, blob), lambda: compute(value, blob))
 
     def _lookup(self, key: bytes | int, compute: Callable[[], int]) -> int:
+        cached = self._peek(key)
+        if cached is not None:
+            return cached
         with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return cached
             self.misses += 1
         # Counting runs outside the lock: it is the slow part, and a racing duplicate is harmless.
         count = compute()

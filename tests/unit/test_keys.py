@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import sqlite3
 from collections.abc import AsyncIterator
@@ -18,8 +19,9 @@ from router import keys
 from router.auth import MASTER, OPEN, Auth, Principal
 from router.cli import main
 from router.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
-from router.store import KeyRecord, Store, StoreDataError, schema
+from router.store import KeyRecord, Store, StoreDataError
 from router.store.sqlite import SQLiteStore
+from tests.unit.olddb import database_at
 
 
 def request(key: str | None = None, header: str = "authorization") -> Request:
@@ -137,12 +139,7 @@ async def test_keys_table(store: SQLiteStore) -> None:
 
 async def test_a_version_2_database_gains_the_keys_table(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute(schema.version_table_ddl("sqlite"))
-        for version, stmts in schema.migrations("sqlite")[:2]:
-            for stmt in stmts:
-                conn.execute(stmt)
-            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
+    with contextlib.closing(database_at(path, 2)) as conn, conn:
         conn.execute("INSERT INTO requests (request_id, ts) VALUES ('old', 1.0)")
     s = SQLiteStore(str(path))
     await s.open()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -17,6 +18,7 @@ from router.store import Store, StoreDataError, mask_url, open_store, redact, sc
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore
 from router.store.writer import LogWriter
+from tests.unit.olddb import database_at
 
 
 def full_record(request_id: str = "req-full") -> RequestRecord:
@@ -194,12 +196,7 @@ async def test_open_creates_file_and_records_version(tmp_path: Path) -> None:
 
 async def test_version_4_drops_the_unused_backend_index(tmp_path: Path) -> None:
     path = tmp_path / "v3.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute(schema.version_table_ddl("sqlite"))
-        for version, stmts in schema.migrations("sqlite")[:3]:
-            for stmt in stmts:
-                conn.execute(stmt)
-            conn.execute("INSERT INTO schema_version VALUES (?, 0)", (version,))
+    with contextlib.closing(database_at(path, 3)) as conn, conn:
         conn.execute("CREATE INDEX requests_chosen_model_ts_idx ON requests (chosen_model, ts)")
     s = SQLiteStore(str(path))
     await s.open()
