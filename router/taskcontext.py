@@ -87,9 +87,10 @@ async def enter(
         found = signals.switches(req.protocol, req.messages, loop_threshold=threshold, seen=seen)
         switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
         # The weak label reads the results in full (test summaries, build errors): the decision
-        # does not wait for it.
-        label = _write_weak_label(s, req, rec.task_id, state, resent, seen)
-        s.tasks.spawn(label, name="weak-outcome")
+        # does not wait for it. A conversation without tools (aider, a plain chat) has none to read.
+        if resent or not signals.without_tools(seen, len(req.messages)):
+            label = _write_weak_label(s, req, rec.task_id, state, resent, seen)
+            s.tasks.spawn(label, name="weak-outcome")
     budget = policy.spec.objective.max_cost_per_task
     if budget is not None and not side:
         # What is left of the task's budget steers the plan down to cheaper models as it runs out.

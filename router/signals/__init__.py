@@ -21,7 +21,7 @@ from router.signals.base import (
     Weights,
     resent_signal,
 )
-from router.signals.conversation import extract, switches
+from router.signals.conversation import extract, switches, without_tools
 from router.signals.fingerprint import request_fingerprint, stable_hash
 from router.signals.label import summarize
 from router.signals.testrunners import TestSummary, parse_test_summary
@@ -59,4 +59,5 @@ __all__ = [
     "stable_hash",
     "summarize",
     "switches",
+    "without_tools",
 ]

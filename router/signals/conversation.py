@@ -193,3 +193,12 @@ def switches(
     calls, results = _window(messages, window, max_chars, seen, full=False)
     found = [_failure_run(results, weights, failure_run), _loop(calls, results, weights, loop_threshold)]
     return [s for s in found if s is not None]
+
+
+def without_tools(seen: list[Any] | None, n_messages: int, window: int = 20) -> bool:
+    """Whether the last ``window`` messages hold no tool call or result, as ``switches`` read them
+    into ``seen``: then ``extract`` can find nothing. False when that is not known."""
+    if seen is None or len(seen) != n_messages:
+        return False
+    tail = seen[max(0, n_messages - window) :]
+    return all(read is not None and not read for read in tail)

@@ -30,6 +30,8 @@ from router.signals import (
     resent_signal,
     stable_hash,
     summarize,
+    switches,
+    without_tools,
 )
 from router.signals.text import clean, strip_ansi
 
@@ -865,6 +867,20 @@ def test_slots_give_the_signals_a_fresh_read_gives(protocol: str) -> None:
     carried = seen + [None] * (len(nxt) - len(msgs))
     assert extract(protocol, nxt, seen=carried) == extract(protocol, nxt)
     assert carried[: len(msgs)] == seen and all(slot is not None for slot in carried[-2:])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_without_tools_only_when_the_window_read_holds_no_tool_event(protocol: str) -> None:
+    plain = [{"role": "user", "content": "explain this"}, {"role": "assistant", "content": "sure"}] * 3
+    seen: list[Any] = [None] * len(plain)
+    assert not without_tools(seen, len(plain))  # not read yet: unknown
+    switches(protocol, plain, seen=seen)
+    assert without_tools(seen, len(plain)) and extract(protocol, plain) == []
+    assert not without_tools(None, len(plain))
+    msgs = conversation(protocol, [Step("bash", {"command": "pytest -q"}, PYTEST_FAIL)])
+    seen = [None] * len(msgs)
+    switches(protocol, msgs, seen=seen)
+    assert not without_tools(seen, len(msgs)) and extract(protocol, msgs) != []
 
 
 def test_a_filled_slot_is_used_instead_of_the_message() -> None:
