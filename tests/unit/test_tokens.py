@@ -16,15 +16,8 @@ from typing import Any
 import orjson
 import pytest
 
-from router.tokens import (
-    IMAGE_TOKENS,
-    MESSAGE_OVERHEAD,
-    REPLY_PRIMING,
-    TokenCounter,
-    TokenizerUnavailable,
-    build_encoding,
-    find_tokenizers_dir,
-)
+from router.bpe import TokenizerUnavailable, build_encoding, find_tokenizers_dir
+from router.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, REPLY_PRIMING, TokenCounter
 
 O200K_FILE = "fb374d419588a4632f3f557e76b4b70aebbca790"
 CL100K_FILE = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
