@@ -94,7 +94,7 @@ class Proxy:
             rec.requested_model = req.model
             principal.authorize_model(req.model)
             headers = rule_headers(request.headers)
-            decision, task.state = await self.decide(req, request, headers, rec)
+            decision, task.state = await self.decide(req, request, headers, rec, len(raw))
             task.held = await admission.admit(self.s, principal, rec, decision)
             phases.decide()
             ex = Execution()
@@ -119,11 +119,12 @@ class Proxy:
             return self._error(wire, RouterError("internal error in the router"), rec)
 
     async def decide(
-        self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord
-    ) -> tuple[Decision, TaskState]:
+        self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord,
+        body_bytes: int,
+    ) -> tuple[Decision, TaskState]:  # fmt: skip
+        """``body_bytes``: the raw body's size, the memory the conversation memo charges for it."""
         key_hash = tasks.client_key_hash(presented_key(request))
         rec.task_id = tasks.task_id(req, request.headers.get("x-router-task-id"), key_hash)
-        rec.requested_model = req.model
         rec.stream = req.stream
         rec.temperature, rec.top_p = req.temperature, req.top_p
         rec.max_tokens = req.max_output_tokens
@@ -132,7 +133,7 @@ class Proxy:
         rec.n_messages, rec.n_tools = len(req.messages), len(req.tools)
         if self.s.settings.log_prompts:
             rec.prompt = orjson.dumps({"system": req.system, "messages": req.messages}).decode()
-        size = self.s.sizer.measure(req, rec.task_id, _body_length(request, req))
+        size = self.s.sizer.measure(req, rec.task_id, body_bytes)
         feats = features.of(req, size.tokens, headers)
         state = await taskcontext.enter(
             self.s, req, feats, rec, request.headers.get("x-router-attempt"), size.repeat, size.facts
@@ -250,12 +251,6 @@ class Proxy:
             setattr(rec, name, value)
         self.s.writer.submit(rec)
         self.s.telemetry.finished(rec, phases)
-
-
-def _body_length(request: Request, req: ClientRequest) -> int:
-    """The body's size, the memory a remembered request is charged (a guess when not declared)."""
-    declared = request.headers.get("content-length")
-    return int(declared) if declared and declared.isdigit() else 4 * len(req.messages) * 1024
 
 
 @dataclass(slots=True)
