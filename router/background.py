@@ -1,10 +1,16 @@
-"""A tracked group of fire-and-forget tasks: strong references, logged failures, a bounded drain."""
+"""Work beside the requests: a tracked group of fire-and-forget tasks (strong references, logged
+failures, a bounded drain), and the worker threads that run blocking work for the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Coroutine
+import os
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -18,6 +24,7 @@ class BackgroundTasks:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._workers = worker_pool("router-worker")  # its threads start on first use
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -27,6 +34,13 @@ class BackgroundTasks:
         self._tasks.add(task)
         task.add_done_callback(self._finished)
         return task
+
+    def spawn_blocking(self, fn: Callable[..., T], *args: Any, name: str) -> asyncio.Task[T]:
+        """``fn(*args)`` on a worker thread (a lower-priority one: see ``worker_pool``), tracked."""
+        return self.spawn(self._in_thread(fn, args), name)
+
+    async def _in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -58,3 +72,27 @@ class BackgroundTasks:
             task.cancel()
         # A short grace lets their finally blocks run; a task that swallows cancellation is abandoned.
         await asyncio.wait(leftovers, timeout=1.0)
+
+
+#: How much nicer than the event loop worker threads run (Linux nice steps; 10 gives a thread
+#: about a tenth of a contended core, several times what the log writer needs at full load).
+WORKER_NICENESS = 10
+
+
+def worker_pool(name: str, max_workers: int | None = None) -> ThreadPoolExecutor:
+    """Threads for blocking work beside the event loop (the SQLite log, token counts).
+
+    They run at a lower OS priority than the loop, which answers the requests: on a busy core a
+    waking loop takes the CPU from them at once instead of waiting out their time slice. With
+    equal priorities the log writer's batches showed as milliseconds added to the requests that
+    arrived meanwhile (p99 of the wait for the backend's reply: 2.7-3.2 ms, against 1.6-2.0 ms).
+    """
+    return ThreadPoolExecutor(max_workers, thread_name_prefix=name, initializer=_lower_priority)
+
+
+def _lower_priority() -> None:
+    if sys.platform != "linux":  # elsewhere a thread's id does not name it for setpriority
+        return
+    with contextlib.suppress(OSError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WORKER_NICENESS))

@@ -27,8 +27,9 @@ __all__ = ["PromptSize", "PromptSizer"]
 
 #: Characters per token before any exact count has been seen (English prose and code: 3.5-4.5).
 DEFAULT_CHARS_PER_TOKEN: Final = 3.6
-#: Pending text up to this size is counted on the request path: tokenizing it (~10 µs per 200
-#: characters) costs less than handing it to a thread (~40 µs of the loop's time, and the GIL).
+#: Pending text up to this size is counted on the event loop once the reply is out: tokenizing it
+#: (~10 µs per 200 characters) costs less than handing it to a thread (~40 µs of the loop's time,
+#: and the GIL). Longer text is counted on a worker thread.
 INLINE_CHARS: Final = 512
 #: The learned ratio forgets past counts once it has read this many characters.
 _HORIZON_CHARS: Final = 4_000_000

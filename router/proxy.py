@@ -25,7 +25,7 @@ from router.errors import PayloadTooLarge, RouterError, UpstreamError
 from router.execute import CommittedStream, Execution
 from router.ids import IdMaker
 from router.policy.decide import Decision
-from router.promptsize import INLINE_CHARS
+from router.promptsize import INLINE_CHARS, PromptSize
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
 from router.protocols.openai_chat import is_usage_only
 from router.state import Reservation
@@ -94,7 +94,7 @@ class Proxy:
             rec.requested_model = req.model
             principal.authorize_model(req.model)
             headers = rule_headers(request.headers)
-            decision, task.state = await self.decide(req, request, headers, rec, len(raw))
+            decision, task.state = await self.decide(req, request, headers, rec, len(raw), task)
             task.held = await admission.admit(self.s, principal, rec, decision)
             phases.decide()
             ex = Execution()
@@ -120,7 +120,7 @@ class Proxy:
 
     async def decide(
         self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord,
-        body_bytes: int,
+        body_bytes: int, task: _Task,
     ) -> tuple[Decision, TaskState]:  # fmt: skip
         """``body_bytes``: the raw body's size, the memory the conversation memo charges for it."""
         key_hash = tasks.client_key_hash(presented_key(request))
@@ -139,10 +139,14 @@ class Proxy:
             self.s, req, feats, rec, request.headers.get("x-router-attempt"), size.repeat, size.facts
         )
         if not size.settled:
-            if size.pending_chars <= INLINE_CHARS or self.s.decider.size_matters(feats, size.low, size.high):
+            if self.s.decider.size_matters(feats, size.low, size.high):
                 feats.prompt_tokens = self.s.sizer.settle(size)  # a hard limit is never decided on a guess
+            elif size.pending_chars <= INLINE_CHARS:
+                task.unsettled = (
+                    size  # counted once the reply is out (``_close``), not while the client waits
+                )
             else:
-                self.s.tasks.spawn(asyncio.to_thread(self.s.sizer.settle, size), name="count-tokens")
+                self.s.tasks.spawn_blocking(self.s.sizer.settle, size, name="count-tokens")
         rec.prompt_tokens_est = feats.prompt_tokens
         decision = self.s.decider.decide(feats)
         rec.decision_id = decision.decision_id
@@ -243,6 +247,8 @@ class Proxy:
             return
         task.closed = True
         phases.finish()
+        if task.unsettled is not None:
+            self.s.sizer.settle(task.unsettled)
         if task.state is not None:
             taskcontext.served(self.s, task.state, rec)
         if task.held is not None:
@@ -259,6 +265,8 @@ class _Task:
 
     state: TaskState | None = None
     held: Reservation | None = None
+    #: A short prompt part left to count exactly (for the conversation's next turn) after the reply.
+    unsettled: PromptSize | None = None
     closed: bool = False
 
 

@@ -30,6 +30,8 @@ SWITCH_SIGNALS = frozenset({"tool_loop", "tool_failures"})
 
 def signed_history(req: ClientRequest) -> str | None:
     """Which protocol's provider-signed state the history carries, if any."""
+    if req.protocol not in (ANTHROPIC, OPENAI_RESPONSES):
+        return None  # Chat Completions carries none: no need to look at every message
     for m in req.messages:
         if not isinstance(m, dict):
             continue

@@ -191,6 +191,8 @@ def switches(
     if not isinstance(messages, list | tuple) or window <= 0:
         return []
     calls, results = _window(messages, window, max_chars, seen, full=False)
+    if not calls and not results:
+        return []
     found = [_failure_run(results, weights, failure_run), _loop(calls, results, weights, loop_threshold)]
     return [s for s in found if s is not None]
 

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from router.background import worker_pool
 from router.errors import ConfigError
 from router.store import schema
 from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
@@ -47,7 +48,7 @@ class SQLiteStore:
     async def open(self) -> None:
         if self._executor is not None:
             return
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-store")
+        executor = worker_pool("sqlite-store", max_workers=1)
         try:
             await asyncio.get_running_loop().run_in_executor(executor, self._open_sync)
         except BaseException:

@@ -111,3 +111,15 @@ def test_the_next_request_is_sized_exactly_once_the_deferred_count_is_done(route
             break
         time.sleep(0.05)
     assert rows[-1]["prompt_tokens_est"] == exact(nxt)
+
+
+def test_a_short_new_message_is_counted_once_the_reply_is_out(router: RunningRouter) -> None:
+    first = body(1)
+    post(router, first, "short")
+    # A short new turn of ~3 characters per token: the estimate (3.6 until counts say otherwise) misses.
+    nxt = {**first, "messages": [*first["messages"], {"role": "user", "content": "ok " * 100}]}
+    post(router, nxt, "short")  # its new message is estimated, then counted after the reply
+    post(router, nxt, "short")  # sent again: every part is now known exactly
+    rows = router.records(wait_for=3)
+    assert rows[-2]["prompt_tokens_est"] != exact(nxt)
+    assert rows[-1]["prompt_tokens_est"] == exact(nxt)
