@@ -1,7 +1,7 @@
 """``python -m benchmarks.profile``: where the router's CPU goes under load, sampled with py-spy.
 
-Starts the fake upstream and the router as the load benchmark does (pinned, demo policy, SQLite
-log), drives each mode at concurrency 16 (``--concurrency``) and samples the router with ``py-spy record`` meanwhile
+Starts the fake upstream and the router as the load benchmark does (pinned, demo policy with a
+learned artifact, SQLite log), drives each mode at concurrency 16 (``--concurrency``) and samples the router with ``py-spy record`` meanwhile
 (idle threads excluded, so shares are of busy CPU). Writes per mode the collapsed stacks
 (``profile-MODE.txt``: load into speedscope or any flamegraph tool) and, unless ``--no-svg``, a
 flamegraph from a second pass (``profile-MODE.svg``); prints the hottest functions by their own

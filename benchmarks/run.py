@@ -1,8 +1,8 @@
 """``python -m benchmarks.run`` (``make bench``): the router under load, beside the upstream and LiteLLM.
 
 Starts the fake upstream, the floor (issue 8's 40-line FastAPI + uvicorn + aiohttp pass-through,
-``benchmarks/passthrough.py``), the router (``router serve`` on the demo policy, SQLite log in a
-temp dir, metrics on) and LiteLLM's proxy against the same upstream, all on 127.0.0.1; pins the
+``benchmarks/passthrough.py``), the router (``router serve`` on the demo policy with a learned
+artifact (``benchmarks/learned.py``), SQLite log in a temp dir, metrics on) and LiteLLM's proxy against the same upstream, all on 127.0.0.1; pins the
 server under test to one core and the load generator and upstream to the other; drives every
 scenario at each concurrency against the upstream directly (the baseline), the floor, the router
 and LiteLLM, one after the other; then measures the router's memory after 10,000 requests and runs the routing
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from benchmarks import litellm_proxy, passthrough, routing, scenarios
+from benchmarks import learned, litellm_proxy, passthrough, routing, scenarios
 from benchmarks.loadgen import CellResult, run_cell, run_count
 from benchmarks.procs import (
     Pinning,
@@ -48,7 +48,6 @@ from benchmarks.report import LITELLM, PASSTHROUGH, ROUTER, UPSTREAM, Row, summa
 from benchmarks.scenarios import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICY = ROOT / "policies" / "examples" / "local.yaml"
 T = TypeVar("T")
 
 NOTE = (
@@ -152,10 +151,11 @@ def start(
             url=f"http://127.0.0.1:{port}", core=pin.server, env={**env, passthrough.UPSTREAM_ENV: up_url}, cwd=ROOT,
         )  # fmt: skip
     env.update(ROUTER_LOCAL_UPSTREAM=up_url, ROUTER_DRAIN_DELAY="0", ROUTER_DRAIN_TIMEOUT="5")
+    policy = learned.write(workdir / "policy")
     port = free_port()
     router = svc.launch(
         ROUTER,
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(POLICY), "--host", "127.0.0.1",
+        [sys.executable, "-m", "router.cli", "serve", "--config", str(policy), "--host", "127.0.0.1",
          "--port", str(port), "--store", f"sqlite:///{workdir / 'router.db'}", "--log-level", "warning"],
         url=f"http://127.0.0.1:{port}", core=pin.server, env=env, cwd=ROOT,
     )  # fmt: skip
@@ -269,8 +269,8 @@ def header(info: dict[str, str], pin: Pinning, plan: Plan, litellm_version: str 
         f"Upstream: router.fakeupstream (aiohttp + uvloop), {scenarios.CHUNKS} chunks per stream, no delays",
         "Floor: benchmarks/passthrough.py, issue 8's 40-line FastAPI + uvicorn + aiohttp pass-through "
         "(no parsing, routing, log or metrics; not for translated rows)",
-        "Router: `router serve` on policies/examples/local.yaml, one process, SQLite request log (temp dir), "
-        "metrics on, open mode",
+        "Router: `router serve` on policies/examples/local.yaml with a learned artifact (benchmarks/learned.py), "
+        "one process, SQLite request log (temp dir), metrics on, open mode",
         "LiteLLM: "
         + (
             f"litellm {litellm_version} proxy, --num_workers 1, no DB, no callbacks, no master key"

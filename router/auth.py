@@ -25,7 +25,7 @@ import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pydantic import SecretStr
@@ -78,10 +78,10 @@ _MISSING = "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-
 _INVALID = "invalid API key"
 
 
-def presented_key(request: Request) -> str:
-    key = request.headers.get("x-api-key") or ""
+def presented_key(headers: Mapping[str, str]) -> str:
+    key = headers.get("x-api-key") or ""
     if not key:
-        auth = request.headers.get("authorization") or ""
+        auth = headers.get("authorization") or ""
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
     return key
 
@@ -160,7 +160,7 @@ class Auth:
                 self._refreshing = asyncio.create_task(self._refresh_mode(), name="auth-mode")
                 self._refreshing.add_done_callback(self._refreshed)
             return OPEN
-        key = presented_key(request)
+        key = presented_key(request.headers)
         if not key:
             raise AuthenticationFailed(_MISSING)
         if len(key) > MAX_KEY_LENGTH:

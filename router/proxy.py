@@ -60,6 +60,11 @@ def rule_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k not in SECRET_HEADERS}
 
 
+def header_dict(request: Request) -> dict[str, str]:
+    """The request's headers, read once: Starlette's ``Headers`` scans the list per lookup."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
+
+
 class Proxy:
     def __init__(self, services: Services) -> None:
         self.s = services
@@ -70,10 +75,11 @@ class Proxy:
         rec = RequestRecord(request_id=self._new_id(), ts=time.time(), protocol=protocol)
         self.s.telemetry.started(rec)
         rec.endpoint = request.scope["path"]
-        rec.client = (request.headers.get("user-agent") or "")[:64] or None
+        all_headers = header_dict(request)
+        rec.client = (all_headers.get("user-agent") or "")[:64] or None
         task = _Task()
         try:
-            response = await self._respond(request, WIRES[protocol], phases, rec, task)
+            response = await self._respond(request, all_headers, WIRES[protocol], phases, rec, task)
         except BaseException:
             self._close(rec, phases, task)
             raise
@@ -83,8 +89,9 @@ class Proxy:
         return response
 
     async def _respond(
-        self, request: Request, wire: Wire, phases: Phases, rec: RequestRecord, task: _Task
-    ) -> Response:
+        self, request: Request, all_headers: dict[str, str], wire: Wire, phases: Phases, rec: RequestRecord,
+        task: _Task,
+    ) -> Response:  # fmt: skip
         """The reply: a stream (which accounts for itself when it ends) or a whole ``_Reply``."""
         try:
             principal = await self.s.auth.check(request)
@@ -93,8 +100,8 @@ class Proxy:
             req = wire.parse(raw)
             rec.requested_model = req.model
             principal.authorize_model(req.model)
-            headers = rule_headers(request.headers)
-            decision, task.state = await self.decide(req, request, headers, rec, len(raw), task)
+            headers = rule_headers(all_headers)
+            decision, task.state = await self.decide(req, all_headers, headers, rec, len(raw), task)
             task.held = await admission.admit(self.s, principal, rec, decision)
             phases.decide()
             ex = Execution()
@@ -119,12 +126,13 @@ class Proxy:
             return self._error(wire, RouterError("internal error in the router"), rec)
 
     async def decide(
-        self, req: ClientRequest, request: Request, headers: dict[str, str], rec: RequestRecord,
+        self, req: ClientRequest, all_headers: dict[str, str], headers: dict[str, str], rec: RequestRecord,
         body_bytes: int, task: _Task,
     ) -> tuple[Decision, TaskState]:  # fmt: skip
-        """``body_bytes``: the raw body's size, the memory the conversation memo charges for it."""
-        key_hash = tasks.client_key_hash(presented_key(request))
-        rec.task_id = tasks.task_id(req, request.headers.get("x-router-task-id"), key_hash)
+        """``all_headers``: the request's; ``headers``: those rules may read (no secrets); ``body_bytes``:
+        the raw body's size, the memory the conversation memo charges for it."""
+        key_hash = tasks.client_key_hash(presented_key(all_headers))
+        rec.task_id = tasks.task_id(req, all_headers.get("x-router-task-id"), key_hash)
         rec.stream = req.stream
         rec.temperature, rec.top_p = req.temperature, req.top_p
         rec.max_tokens = req.max_output_tokens
@@ -136,7 +144,7 @@ class Proxy:
         size = self.s.sizer.measure(req, rec.task_id, body_bytes)
         feats = features.of(req, size.tokens, headers)
         state = await taskcontext.enter(
-            self.s, req, feats, rec, request.headers.get("x-router-attempt"), size.repeat, size.facts
+            self.s, req, feats, rec, all_headers.get("x-router-attempt"), size.repeat, size.facts
         )
         if not size.settled:
             if self.s.decider.size_matters(feats, size.low, size.high):

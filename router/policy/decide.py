@@ -113,6 +113,8 @@ class Decider:
         self.epsilon = policy.objective.exploration.epsilon
         self._rng = rng or random.Random(policy.objective.exploration.seed)
         self._new_id = IdMaker()
+        # The rules a prompt's size can switch on or off: size_matters looks at no other.
+        self._sized_rules = tuple(r for r in policy.rules if "prompt_tokens" in r.condition.fields())
 
     def decide(self, features: Features) -> Decision:
         route = self.policy.route_for(features.requested_model)
@@ -193,11 +195,12 @@ class Decider:
         route = self.policy.route_for(features.requested_model)
         if route is None:
             return False  # decide refuses it whatever the size
-        facts = features.for_rules()
-        small, large = {**facts, "prompt_tokens": low}, {**facts, "prompt_tokens": high}
-        for rule in self.policy.rules:
-            if rule.condition.matches(small) != rule.condition.matches(large):
-                return True
+        if self._sized_rules:
+            facts = features.for_rules()
+            small, large = {**facts, "prompt_tokens": low}, {**facts, "prompt_tokens": high}
+            for rule in self._sized_rules:
+                if rule.condition.matches(small) != rule.condition.matches(large):
+                    return True
         reserve = self.policy.defaults.reserve_output_tokens
         names = [route.passthrough] if route.passthrough else list(route.candidates)
         for names_, reserve_ in ((names, reserve), (route.fallbacks, 0)):

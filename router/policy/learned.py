@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from router.policy.plan import Option, Plan, best_plan
 FORMAT = "router-learned/1"
 #: Calls in an agent attempt, assumed for a model the log has not seen yet.
 TYPICAL_CALLS = 20
+#: Plans remembered per scorer (one per task attempt in flight is enough; entries are small).
+PLAN_MEMORY = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +166,12 @@ class Objective:
 class LearnedScorer:
     """Orders candidates by the plan with the least expected cost per completed task."""
 
-    def __init__(self, artifact: Artifact, objective: Objective) -> None:
+    def __init__(self, artifact: Artifact, objective: Objective, memory: int = PLAN_MEMORY) -> None:
         self.artifact = artifact
         self.objective = objective
         self.name = f"learned:{artifact.sha256[:12]}"
+        self._memory = memory
+        self._plans: OrderedDict[Hashable, tuple[Plan, tuple[Option, ...]]] = OrderedDict()
 
     def expected_output(self, model: str, prompt_tokens: int) -> int | None:
         return self.artifact.expected_output(model, prompt_tokens)
@@ -196,7 +201,32 @@ class LearnedScorer:
         self, vec: Mapping[int, float], models: Sequence[str], *, attempt: int = 1,
         failed: Sequence[str] = (), per_call_cost: Mapping[str, float] | None = None,
         budget: float | None = None,
-    ) -> tuple[Plan, list[Option]]:  # fmt: skip
+    ) -> tuple[Plan, tuple[Option, ...]]:  # fmt: skip
+        """The best plan for this task and attempt, and the options it was chosen from.
+
+        Every call of an attempt asks the same question (the task's vector, the same candidates),
+        so answers are remembered (LRU): the plan search is then paid once per attempt, not per
+        agent call. Only what the answer depends on is in the key: a per-call cost matters only for
+        models the artifact does not know.
+        """
+        unknown = tuple(
+            sorted((m, c) for m, c in (per_call_cost or {}).items() if m not in self.artifact.models)
+        )
+        key = (tuple(vec.items()), tuple(models), attempt, tuple(failed), unknown, budget)
+        found = self._plans.get(key)
+        if found is not None:
+            self._plans.move_to_end(key)
+            return found
+        found = self._search(vec, models, attempt, failed, per_call_cost, budget)
+        self._plans[key] = found
+        if len(self._plans) > self._memory:
+            self._plans.popitem(last=False)
+        return found
+
+    def _search(
+        self, vec: Mapping[int, float], models: Sequence[str], attempt: int, failed: Sequence[str],
+        per_call_cost: Mapping[str, float] | None, budget: float | None,
+    ) -> tuple[Plan, tuple[Option, ...]]:  # fmt: skip
         opts = self.options(taskfeatures.with_attempt(vec, attempt), models, per_call_cost)
         obj = self.objective
         plan = best_plan(
@@ -207,7 +237,7 @@ class LearnedScorer:
             budget=budget if budget is not None else obj.max_cost_per_task,
             task_sd=self.artifact.task_sd,
         )
-        return plan, opts
+        return plan, tuple(opts)
 
     def rank(self, features: Features, estimates: list[Any]) -> tuple[list[Any], float, str]:
         from router.policy.decide import CheapestScorer

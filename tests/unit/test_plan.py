@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -9,9 +10,10 @@ import orjson
 import pytest
 
 from router.errors import ConfigError
+from router.policy import plan as plan_module
 from router.policy import taskfeatures
 from router.policy.learned import Artifact, LearnedScorer, Objective
-from router.policy.plan import Option, best_plan, evaluate
+from router.policy.plan import Option, Plan, best_plan, evaluate
 from router.training import dataset, offpolicy
 from router.training.fit import fit
 
@@ -48,6 +50,92 @@ def test_failed_models_count_less() -> None:
     fresh = best_plan([CHEAP, STRONG], attempts_left=1)
     after = best_plan([CHEAP, STRONG], attempts_left=1, already_failed=["cheap"])
     assert fresh.models == ("cheap",) and after.models == ("strong",)
+
+
+def _reference_correlated(
+    seq: tuple[Option, ...], options: list[Option], already_failed: list[str], task_sd: float
+) -> Plan:
+    """The task-effect arithmetic of the module docstring, node by node in plain Python: what the
+    failures so far say of the task's difficulty, then the plan's failure chances at each node."""
+    _, w = plan_module._quadrature(plan_module.NODES)
+    post = list(w)
+    for o in options:
+        if o.model in already_failed:
+            post = [
+                a * (1 - q)
+                for a, q in zip(post, plan_module.conditional_success(o.p_success, task_sd), strict=True)
+            ]
+    post = [a / sum(post) for a in post] if sum(post) > 0 else list(w)
+    tried, alive, cost = set(already_failed), post, 0.0
+    for o in seq:
+        cost += o.attempt_cost * sum(alive)
+        factor = plan_module.REPEAT_FACTOR if o.model in tried else 1.0
+        alive = [
+            a * (1 - q * factor)
+            for a, q in zip(alive, plan_module.conditional_success(o.p_success, task_sd), strict=True)
+        ]
+        tried.add(o.model)
+    return Plan(tuple(o.model for o in seq), cost, 1 - sum(alive))
+
+
+def _reference_best_plan(
+    options: list[Option], attempts_left: int, already_failed: list[str], min_success: float | None,
+    budget: float | None, allow_repeats: bool, task_sd: float = 0.0,
+) -> Plan:  # fmt: skip
+    """best_plan's rules, spelled out: every plan evaluated, then filtered and ranked."""
+    plans = [
+        evaluate(seq, already_failed)
+        if task_sd == 0
+        else _reference_correlated(seq, options, already_failed, task_sd)
+        for n in range(1, attempts_left + 1)
+        for seq in (
+            itertools.product(options, repeat=n) if allow_repeats else itertools.permutations(options, n)
+        )
+    ]
+    if budget is not None:
+        plans = [p for p in plans if p.expected_cost <= budget] or [min(plans, key=lambda p: p.expected_cost)]
+    if min_success is not None:
+        meeting = [p for p in plans if p.success >= min_success]
+        if not meeting:
+            return max(plans, key=lambda p: (round(p.success, 12), -p.expected_cost))
+        plans = meeting
+    return min(plans, key=lambda p: (p.cost_per_completed, p.expected_cost, len(p.models)))
+
+
+def test_best_plan_agrees_with_enumerating_every_plan() -> None:
+    rng = random.Random(3)
+    for _ in range(400):
+        k = rng.randint(1, 5)
+        # Rounded values make ties (equal costs, equal ratios) common: the tie-breaks must agree too.
+        options = [Option(f"m{i}", rng.choice([0.0, 0.2, 0.5, 0.9, 1.0]), rng.choice([0.5, 1.0, 2.0]))
+                   for i in range(k)]  # fmt: skip
+        kwargs = {
+            "attempts_left": rng.randint(1, 3),
+            "already_failed": rng.sample([o.model for o in options], rng.randint(0, k)),
+            "min_success": rng.choice([None, 0.5, 0.95]),
+            "budget": rng.choice([None, 0.7, 1.5, 3.0]),
+            "allow_repeats": rng.random() < 0.5,
+        }
+        assert best_plan(options, **kwargs) == _reference_best_plan(options, **kwargs), (options, kwargs)
+
+
+def test_best_plan_with_a_task_effect_agrees_with_the_arithmetic_node_by_node() -> None:
+    rng = random.Random(5)
+    for _ in range(150):
+        k = rng.randint(1, 4)
+        options = [Option(f"m{i}", rng.uniform(0.05, 0.95), rng.uniform(0.1, 3.0)) for i in range(k)]
+        kwargs = {
+            "attempts_left": rng.randint(1, 3),
+            "already_failed": rng.sample([o.model for o in options], rng.randint(0, k)),
+            "min_success": rng.choice([None, 0.6, 0.99]),
+            "budget": rng.choice([None, 0.5, 2.0]),
+            "allow_repeats": rng.random() < 0.5,
+            "task_sd": rng.uniform(0.5, 2.5),
+        }
+        got, want = best_plan(options, **kwargs), _reference_best_plan(options, **kwargs)
+        assert got.models == want.models, (options, kwargs)
+        assert got.expected_cost == pytest.approx(want.expected_cost, rel=1e-9)
+        assert got.success == pytest.approx(want.success, rel=1e-9)
 
 
 def test_shortlist_keeps_planning_bounded() -> None:
@@ -94,6 +182,23 @@ def test_fit_is_calibrated_and_separates_tasks() -> None:
     assert scorer.plan(easy, ["cheap", "strong"])[0].models == ("cheap",)
     cost = artifact.models["strong"].attempt_cost(easy)
     assert cost == pytest.approx(0.04, rel=0.2)
+
+
+def test_the_scorer_remembers_plans_per_attempt_within_a_bound() -> None:
+    artifact = Artifact.from_bytes(orjson.dumps(fit(rows_for(20))), source="t", expected_sha256=None)
+    scorer = LearnedScorer(artifact, Objective(max_attempts=2), memory=2)
+    hard = taskfeatures.task_vector("fix the race deadlock 1")
+    first = scorer.plan(hard, ["cheap", "strong"])
+    assert scorer.plan(dict(hard), ["cheap", "strong"]) is first  # the same question, answered from memory
+    # Anything the answer depends on asks anew: the attempt, the failures, the budget, a cost
+    # the artifact cannot know (a model it has not seen).
+    second = scorer.plan(hard, ["cheap", "strong"], attempt=2, failed=["strong"])
+    assert second is not first and second[0] != first[0]
+    assert scorer.plan(hard, ["cheap", "strong"], budget=0.0) is not first
+    new = scorer.plan(hard, ["cheap", "strong", "new"], per_call_cost={"new": 0.001})
+    assert scorer.plan(hard, ["cheap", "strong", "new"], per_call_cost={"new": 0.5}) is not new
+    assert len(scorer._plans) == 2  # the oldest answers were forgotten
+    assert scorer.plan(hard, ["cheap", "strong"]) is not first
 
 
 def test_artifact_refuses_wrong_hash_and_schema() -> None:
