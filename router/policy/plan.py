@@ -132,7 +132,10 @@ def _sequences(k: int, n: int, allow_repeats: bool) -> _Rows:
             itertools.product(idx, repeat=length) if allow_repeats else itertools.permutations(idx, length)
         )
     ]
-    return _rows(seqs, n)
+    rows = _rows(seqs, n)
+    for shared in (rows.index, rows.lengths, rows.repeat):
+        shared.flags.writeable = False  # one cached copy serves every decision
+    return rows
 
 
 def _score(
