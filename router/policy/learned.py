@@ -171,7 +171,11 @@ class LearnedScorer:
         self.objective = objective
         self.name = f"learned:{artifact.sha256[:12]}"
         self._memory = memory
-        self._plans: OrderedDict[Hashable, tuple[Plan, tuple[Option, ...]]] = OrderedDict()
+        # Keyed by the vector's identity (the task state holds one vector per task); each entry
+        # keeps its vector alive, so an id is never reused while its entry is remembered.
+        self._plans: OrderedDict[Hashable, tuple[Mapping[int, float], Plan, tuple[Option, ...]]] = (
+            OrderedDict()
+        )
 
     def expected_output(self, model: str, prompt_tokens: int) -> int | None:
         return self.artifact.expected_output(model, prompt_tokens)
@@ -207,21 +211,22 @@ class LearnedScorer:
         Every call of an attempt asks the same question (the task's vector, the same candidates),
         so answers are remembered (LRU): the plan search is then paid once per attempt, not per
         agent call. Only what the answer depends on is in the key: a per-call cost matters only for
-        models the artifact does not know.
+        models the artifact does not know. The vector must not be changed once passed here (the
+        router computes a task's vector once and never changes it).
         """
         unknown = tuple(
             sorted((m, c) for m, c in (per_call_cost or {}).items() if m not in self.artifact.models)
         )
-        key = (tuple(vec.items()), tuple(models), attempt, tuple(failed), unknown, budget)
+        key = (id(vec), tuple(models), attempt, tuple(failed), unknown, budget)
         found = self._plans.get(key)
-        if found is not None:
+        if found is not None and found[0] is vec:
             self._plans.move_to_end(key)
-            return found
-        found = self._search(vec, models, attempt, failed, per_call_cost, budget)
-        self._plans[key] = found
+            return found[1], found[2]
+        plan, opts = self._search(vec, models, attempt, failed, per_call_cost, budget)
+        self._plans[key] = (vec, plan, opts)
         if len(self._plans) > self._memory:
             self._plans.popitem(last=False)
-        return found
+        return plan, opts
 
     def _search(
         self, vec: Mapping[int, float], models: Sequence[str], attempt: int, failed: Sequence[str],

@@ -189,16 +189,18 @@ def test_the_scorer_remembers_plans_per_attempt_within_a_bound() -> None:
     scorer = LearnedScorer(artifact, Objective(max_attempts=2), memory=2)
     hard = taskfeatures.task_vector("fix the race deadlock 1")
     first = scorer.plan(hard, ["cheap", "strong"])
-    assert scorer.plan(dict(hard), ["cheap", "strong"]) is first  # the same question, answered from memory
+    again = scorer.plan(hard, ["cheap", "strong"])  # the same question, answered from memory
+    assert again[0] is first[0] and again[1] is first[1]
+    assert scorer.plan(dict(hard), ["cheap", "strong"])[0] is not first[0]  # another task's vector
     # Anything the answer depends on asks anew: the attempt, the failures, the budget, a cost
     # the artifact cannot know (a model it has not seen).
     second = scorer.plan(hard, ["cheap", "strong"], attempt=2, failed=["strong"])
-    assert second is not first and second[0] != first[0]
-    assert scorer.plan(hard, ["cheap", "strong"], budget=0.0) is not first
+    assert second[0] != first[0]
+    assert scorer.plan(hard, ["cheap", "strong"], budget=0.0)[0] is not first[0]
     new = scorer.plan(hard, ["cheap", "strong", "new"], per_call_cost={"new": 0.001})
-    assert scorer.plan(hard, ["cheap", "strong", "new"], per_call_cost={"new": 0.5}) is not new
+    assert scorer.plan(hard, ["cheap", "strong", "new"], per_call_cost={"new": 0.5})[0] is not new[0]
     assert len(scorer._plans) == 2  # the oldest answers were forgotten
-    assert scorer.plan(hard, ["cheap", "strong"]) is not first
+    assert scorer.plan(hard, ["cheap", "strong"])[0] is not first[0]
 
 
 def test_artifact_refuses_wrong_hash_and_schema() -> None:
