@@ -15,10 +15,10 @@ in µs, in the order and the way ``Proxy.decide`` and ``router.taskcontext`` run
 
 ``features`` is the prompt size from the memo, the counter's cache and an estimate of the rest;
 ``exact`` is the count made before deciding when the estimate's bounds straddle a rule or a
-context window, or when the text to count is short (``INLINE_CHARS``: cheaper than a thread
-hop). ``signals`` are those that may move the task off its model (loops, failure runs). The
-exact count of what was estimated otherwise (on a worker thread) and the weak outcome label
-(the results read in full) run after the decision: they are timed apart, as ``deferred``.
+context window. ``signals`` are those that may move the task off its model (loops, failure
+runs). The exact count of what was estimated otherwise (once the reply is out, or on a worker
+thread) and the weak outcome label (the results read in full) run after the decision: they are
+timed apart, as ``deferred``.
 """
 
 from __future__ import annotations
@@ -108,7 +108,6 @@ class Pipeline:
     ) -> Any:
         """One request through every stage, appending each stage's µs to ``out``; returns the request."""
         from router import features, signals, taskcontext, tasks
-        from router.promptsize import INLINE_CHARS
         from router.protocols import WIRES
 
         decider = self.runtime.decider
@@ -129,9 +128,7 @@ class Pipeline:
         t5 = clock()
         signals.switches(req.protocol, req.messages, loop_threshold=self.loop_threshold, seen=size.facts)
         t6 = clock()
-        if not size.settled and (
-            size.pending_chars <= INLINE_CHARS or decider.size_matters(feats, size.low, size.high)
-        ):
+        if not size.settled and decider.size_matters(feats, size.low, size.high):
             feats.prompt_tokens = sizer.settle(size)
         t7 = clock()
         decider.decide(feats)
