@@ -43,7 +43,11 @@ class Store(Protocol):
         """True when the database answers; never raises."""
 
     async def write_requests(self, records: Sequence[RequestRecord]) -> None:
-        """Insert in one transaction; a request_id already stored is skipped.
+        """Encode (``schema.encode_request``) and ``write_rows``."""
+
+    async def write_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert request rows (``schema.encode_request``) in one transaction; a request_id
+        already stored is skipped.
 
         Raises ``StoreDataError`` when the rows themselves are unacceptable; anything else
         means the store is unavailable and the same call may succeed later.

@@ -132,8 +132,11 @@ class PostgresStore:
             return False
 
     async def write_requests(self, records: Sequence[RequestRecord]) -> None:
-        if records:
-            await self._write(self._insert_requests, [schema.encode_request(r) for r in records])
+        await self.write_rows([schema.encode_request(r) for r in records])
+
+    async def write_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if rows:
+            await self._write(self._insert_requests, list(rows))
 
     async def write_outcome(self, rec: OutcomeRecord) -> None:
         await self._write(self._upsert_outcome, [schema.encode_outcome(rec)])

@@ -247,7 +247,7 @@ def _encode(col: Column, value: Any) -> Any:
 
 
 def _encode_values(table: Table, values: Sequence[Any], key: str) -> tuple[Any, ...]:
-    # Every request is encoded once, in bulk off the request path: most values are None, or
+    # Every request is encoded once, when it ends (after its reply): most values are None, or
     # already what the driver takes (a short ASCII str, an int, a float), so those skip _encode.
     out = []
     for col, value in zip(table.columns, values, strict=True):
@@ -267,7 +267,16 @@ def _encode_values(table: Table, values: Sequence[Any], key: str) -> tuple[Any, 
 
 
 def encode_request(rec: RequestRecord) -> tuple[Any, ...]:
+    """The request's row, as ``Store.write_rows`` takes it; ``StoreDataError`` if a value cannot be stored."""
     return _encode_values(REQUESTS, [getattr(rec, n) for n in REQUESTS.names], rec.request_id)
+
+
+_REQUEST_ID = REQUESTS.names.index("request_id")
+
+
+def request_id_of(row: Sequence[Any]) -> str:
+    """The request id of a row made by ``encode_request``."""
+    return str(row[_REQUEST_ID])
 
 
 def insert_key_sql(dialect: Dialect) -> str:

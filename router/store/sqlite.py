@@ -118,12 +118,11 @@ class SQLiteStore:
             return False
 
     async def write_requests(self, records: Sequence[RequestRecord]) -> None:
-        if records:
-            await self._run(self._write_requests_sync, list(records))
+        await self.write_rows([schema.encode_request(r) for r in records])
 
-    def _write_requests_sync(self, records: list[RequestRecord]) -> None:
-        rows = [schema.encode_request(r) for r in records]
-        self._write_sync(self._insert_requests, rows)
+    async def write_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if rows:
+            await self._run(self._write_sync, self._insert_requests, list(rows))
 
     async def write_outcome(self, rec: OutcomeRecord) -> None:
         row = schema.encode_outcome(rec)

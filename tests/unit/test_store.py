@@ -420,12 +420,16 @@ class FakeStore:
         return True
 
     async def write_requests(self, records: Sequence[RequestRecord]) -> None:
+        await self.write_rows([schema.encode_request(r) for r in records])
+
+    async def write_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
         self.calls += 1
         if self.calls <= self.fail_times:
             raise ConnectionError("database is down")
-        if any(r.request_id in self.poison for r in records):
+        ids = [schema.request_id_of(r) for r in rows]
+        if any(i in self.poison for i in ids):
             raise StoreDataError("bad row")
-        self.batches.append([r.request_id for r in records])
+        self.batches.append(ids)
 
     async def write_outcome(self, rec: OutcomeRecord) -> None:
         pass
@@ -569,6 +573,20 @@ async def test_writer_with_real_sqlite_rejects_only_the_bad_record(store: SQLite
     await w.flush()
     assert w.written == 3 and w.rejected == 1
     assert sorted(r["request_id"] for r in await store.recent_requests()) == ["r0", "r2", "r3"]
+
+
+async def test_a_record_that_cannot_be_encoded_is_rejected_at_submit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeStore()
+    w = LogWriter(fake, batch_size=10, flush_interval=60)
+    bad = RequestRecord(request_id="huge", ts=1.0, output_tokens=2**70)
+    w.submit(bad)  # never raises into the request that ended
+    w.submit(RequestRecord(request_id="fine", ts=2.0))
+    assert (w.rejected, w.buffered) == (1, 1)
+    assert "huge" in caplog.text and "output_tokens" in caplog.text
+    await w.flush()
+    assert fake.ids == ["fine"]
 
 
 def test_writer_validates_settings() -> None:
