@@ -126,19 +126,9 @@ class PromptSizer:
                     self._estimate(size, i, messages[i], ratio)
         size.exact += sum(filter(None, counts))  # the known counts (a None is pending, a 0 adds nothing)
         if system is not None:
-            if snap.system_tokens is None:
-                snap.system_tokens = self.counter.peek_item(system)
-            if snap.system_tokens is None:
-                self._estimate(size, _SYSTEM, system, ratio)
-            else:
-                size.exact += snap.system_tokens
+            snap.system_tokens = self._part(size, _SYSTEM, system, snap.system_tokens, ratio)
         if tools is not None:
-            if snap.tools_tokens is None:
-                snap.tools_tokens = self.counter.peek_tools(tools)
-            if snap.tools_tokens is None:
-                self._estimate(size, _TOOLS, tools, ratio)
-            else:
-                size.exact += snap.tools_tokens
+            snap.tools_tokens = self._part(size, _TOOLS, tools, snap.tools_tokens, ratio)
         size.tokens += size.exact - REPLY_PRIMING
         size.low += size.exact - REPLY_PRIMING
         size.high += size.exact - REPLY_PRIMING
@@ -146,6 +136,16 @@ class PromptSizer:
             extends = old is not None and match.prefix == len(old.messages)
             memo.remember(key, snap, replaces=old if extends else None)
         return size
+
+    def _part(self, size: PromptSize, slot: int, value: Any, known: int | None, ratio: float) -> int | None:
+        """The system prompt's or the tools' count: remembered, cached, or estimated (None)."""
+        if known is None:
+            known = self.counter.peek_tools(value) if slot == _TOOLS else self.counter.peek_item(value)
+        if known is None:
+            self._estimate(size, slot, value, ratio)
+        else:
+            size.exact += known
+        return known
 
     def _estimate(self, size: PromptSize, slot: int, value: Any, ratio: float) -> None:
         if slot == _TOOLS:

@@ -150,9 +150,8 @@ class Proxy:
             if self.s.decider.size_matters(feats, size.low, size.high):
                 feats.prompt_tokens = self.s.sizer.settle(size)  # a hard limit is never decided on a guess
             elif size.pending_chars <= INLINE_CHARS:
-                task.unsettled = (
-                    size  # counted once the reply is out (``_close``), not while the client waits
-                )
+                # Counted once the reply is out (``_close``), not while the client waits.
+                task.unsettled = size
             else:
                 self.s.tasks.spawn_blocking(self.s.sizer.settle, size, name="count-tokens")
         rec.prompt_tokens_est = feats.prompt_tokens

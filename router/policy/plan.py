@@ -57,8 +57,9 @@ def evaluate(options: Sequence[Option], already_failed: Sequence[str] = (), task
     """The expected cost and success of trying ``options`` in order."""
     if task_sd > 0:
         distinct = list({o.model: o for o in options}.values())
-        seq = tuple(next(i for i, d in enumerate(distinct) if d.model == o.model) for o in options)
-        failed_options = [o for o in distinct if o.model in set(already_failed)]
+        index = {d.model: i for i, d in enumerate(distinct)}
+        seq = tuple(index[o.model] for o in options)
+        failed_options = [o for o in distinct if o.model in already_failed]
         costs, successes = _score(distinct, _rows([seq], len(seq)), already_failed, task_sd, failed_options)
         return Plan(tuple(o.model for o in options), float(costs[0]), float(successes[0]))
     failed = set(already_failed)
@@ -90,7 +91,8 @@ def best_plan(
     """
     if not options:
         raise ValueError("no options to plan over")
-    failed_options = [o for o in options if o.model in set(already_failed)]
+    failed = set(already_failed)
+    failed_options = [o for o in options if o.model in failed]
     options = shortlist(options)
     rows = _sequences(len(options), max(1, attempts_left), allow_repeats)
     cost, success = _score(options, rows, already_failed, task_sd, failed_options)
