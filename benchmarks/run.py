@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -128,9 +128,15 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def start(
-    svc: Services, pin: Pinning, workdir: Path, with_litellm: bool, with_floor: bool = False
+    svc: Services,
+    pin: Pinning,
+    workdir: Path,
+    with_litellm: bool,
+    with_floor: bool = False,
+    router_env: Mapping[str, str] | None = None,
 ) -> dict[str, Service]:
-    """Upstream first (the others point at it), then the pass-through, the router and LiteLLM."""
+    """Upstream first (the others point at it), then the pass-through, the router and LiteLLM.
+    ``router_env``: settings for the router (``ROUTER_*``; the caller's own are not passed on)."""
     up_port = free_port()
     up_url = f"http://127.0.0.1:{up_port}"
     upstream = svc.launch(
@@ -150,7 +156,9 @@ def start(
              "--port", str(port), "--log-level", "warning", "--no-access-log"],
             url=f"http://127.0.0.1:{port}", core=pin.server, env={**env, passthrough.UPSTREAM_ENV: up_url}, cwd=ROOT,
         )  # fmt: skip
-    env.update(ROUTER_LOCAL_UPSTREAM=up_url, ROUTER_DRAIN_DELAY="0", ROUTER_DRAIN_TIMEOUT="5")
+    env.update(
+        ROUTER_LOCAL_UPSTREAM=up_url, ROUTER_DRAIN_DELAY="0", ROUTER_DRAIN_TIMEOUT="5", **(router_env or {})
+    )
     policy = learned.write(workdir / "policy")
     port = free_port()
     router = svc.launch(

@@ -102,6 +102,7 @@ def build_services(settings: Settings) -> Services:
         auth=Auth(settings.master_key, store),
         state=state,
         telemetry=build_telemetry(settings),
+        tracker=TaskTracker(settings.max_tasks),
     )
 
 

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     #: only its new messages. Counted as request-body bytes: the parsed messages held take a few
     #: times that. 0: every request is sized anew.
     transcript_memory_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: Tasks this process remembers (attempt, pin, failed models, task features: about 4 KB each
+    #: for a typical issue); past it the least recently seen task is forgotten (with Redis, its pin
+    #: is still shared).
+    max_tasks: int = Field(default=100_000, gt=0)
     #: Store prompt text in the log. Off unless the operator opts in.
     log_prompts: bool = False
     #: Master key for the management API and, when set, for the proxy (virtual keys come later).

@@ -81,7 +81,8 @@ async def enter(
             state.warm_tokens = feats.prompt_tokens
     rec.attempt, rec.side_call = state.attempt, side
     if state.vector is None and not side:
-        state.vector = vector_for(req, feats.headers.get("x-router-repo"))
+        # Packed: the tracker keeps it for as long as it remembers the task.
+        state.vector = taskfeatures.Packed(vector_for(req, feats.headers.get("x-router-repo")))
         rec.task_features = taskfeatures.to_json(state.vector)
     switch = None
     if not side:

@@ -143,8 +143,7 @@ class _Arrays:
 
     def score(self, vec: Mapping[int, float]) -> tuple[np.ndarray, np.ndarray]:
         """(P(success), attempt cost) of every model, as ``ModelParams`` computes them one by one."""
-        idx = np.fromiter(vec.keys(), dtype=np.int64, count=len(vec))
-        vals = np.fromiter(vec.values(), dtype=np.float64, count=len(vec))
+        idx, vals = taskfeatures.arrays(vec)
         z = self.weights[:, idx] @ vals if len(idx) else np.zeros(len(self.names))
         t = self.platt[:, 0] * z + self.platt[:, 1]
         e = np.exp(-np.abs(t))  # the stable sigmoid, as _sigmoid

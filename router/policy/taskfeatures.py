@@ -15,8 +15,10 @@ import itertools
 import math
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 #: Width of the hashed text space. Part of the artifact's feature schema.
 HASH_DIM = 2048
@@ -92,8 +94,57 @@ def task_vector(
     return vec
 
 
+class Packed(Mapping[int, float]):
+    """A task vector kept for as long as its task is remembered: two arrays, 12 bytes a feature.
+
+    As a dict of Python numbers a feature takes about 100 bytes, and a real issue hashes to ~200
+    features (SWE-bench Verified: median 203, up to 774): with the tracker remembering up to 100k
+    tasks, that was gigabytes. The scorer reads the arrays directly (``arrays``).
+    """
+
+    __slots__ = ("index_array", "value_array")
+
+    def __init__(self, vec: Mapping[int, float]) -> None:
+        order = sorted(vec)
+        self.index_array = np.array(order, dtype=np.int32)
+        self.value_array = np.array([vec[i] for i in order], dtype=np.float64)
+        self.index_array.flags.writeable = self.value_array.flags.writeable = False
+
+    def __getitem__(self, i: int) -> float:
+        j = int(np.searchsorted(self.index_array, i))
+        if j < len(self.index_array) and self.index_array[j] == i:
+            return float(self.value_array[j])
+        raise KeyError(i)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.index_array.tolist())
+
+    def __len__(self) -> int:
+        return len(self.index_array)
+
+    def items(self) -> _PackedItems:
+        return _PackedItems(self)
+
+
+class _PackedItems(ItemsView[int, float]):
+    _mapping: Packed
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        return zip(self._mapping.index_array.tolist(), self._mapping.value_array.tolist(), strict=True)
+
+
+def arrays(vec: Mapping[int, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, values) of a vector, without copying a packed one."""
+    if isinstance(vec, Packed):
+        return vec.index_array, vec.value_array
+    return (
+        np.fromiter(vec.keys(), dtype=np.int64, count=len(vec)),
+        np.fromiter(vec.values(), dtype=np.float64, count=len(vec)),
+    )
+
+
 def with_attempt(vec: Mapping[int, float], attempt: int) -> Vector:
-    out = dict(vec)
+    out = dict(vec.items())
     out[NUMERIC.index("attempt")] = min(max(attempt - 1, 0), 5) / 5
     return out
 
