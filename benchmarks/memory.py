@@ -57,7 +57,7 @@ async def drive(url: str, pid: int, rounds: int, per_round: int) -> list[tuple[i
     sent = 0
     for _ in range(rounds):
         started = time.perf_counter()
-        share = per_round // len(calls)
+        share = max(1, per_round // len(calls))
         failed = sum(await asyncio.gather(*(run_count(url, c, 1, share, counter) for c in calls)))
         if failed:
             raise SystemExit(f"{failed} requests failed")

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks import bodies, routing
+from benchmarks import bodies, memory, routing
 from benchmarks.loadgen import CellResult
 from benchmarks.profile import parse_collapsed
 from benchmarks.report import Row, percentile, table
@@ -35,6 +35,26 @@ def test_one_streamed_cell_runs_end_to_end(tmp_path: Path) -> None:
         assert row["ttft_p50_ms"] is not None
     assert doc["memory"]["rss_after"] > 0
     assert "| chat-stream" in proc.stdout
+
+
+@pytest.mark.integration
+def test_the_memory_benchmark_runs_end_to_end() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.memory", "--rounds", "2", "--per-round", "64", "--max-tasks", "50"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "MiB" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["0", "64", "128"]
+
+
+def test_the_memory_benchmark_starts_a_new_task_with_a_real_issue_each_request() -> None:
+    first, second = memory.issue_calls(2)
+    a, b = orjson.loads(first.body.render(7, 7)), orjson.loads(first.body.render(8, 8))
+    assert a["messages"][1] != b["messages"][1]  # another task
+    assert a["messages"][1]["content"].startswith("Task 7:\n") and len(a["messages"][1]["content"]) > 200
+    assert orjson.loads(second.body.render(9, 9))["messages"][1] != a["messages"][1]
+    assert first.tasks > 10**12  # the request number is the task number: never reused
 
 
 def test_templates_make_each_request_distinct_and_valid() -> None:
