@@ -108,6 +108,7 @@ class Pipeline:
     ) -> Any:
         """One request through every stage, appending each stage's µs to ``out``; returns the request."""
         from router import features, signals, taskcontext, tasks
+        from router.policy import taskfeatures
         from router.protocols import WIRES
 
         decider = self.runtime.decider
@@ -123,7 +124,7 @@ class Pipeline:
         feats = features.of(req, size.tokens, {})
         t4 = clock()
         if first_turn:
-            self.vectors[task] = taskcontext.vector_for(req)
+            self.vectors[task] = taskfeatures.Packed(taskcontext.vector_for(req))  # as the tracker keeps it
         feats.task_vector = self.vectors.get(task)
         t5 = clock()
         signals.switches(req.protocol, req.messages, loop_threshold=self.loop_threshold, seen=size.facts)
