@@ -82,10 +82,12 @@ WORKER_NICENESS = 10
 def worker_pool(name: str, max_workers: int | None = None) -> ThreadPoolExecutor:
     """Threads for blocking work beside the event loop (the SQLite log, token counts).
 
-    They run at a lower OS priority than the loop, which answers the requests: on a busy core a
-    waking loop takes the CPU from them at once instead of waiting out their time slice. With
-    equal priorities the log writer's batches showed as milliseconds added to the requests that
-    arrived meanwhile (p99 of the wait for the backend's reply: 2.7-3.2 ms, against 1.6-2.0 ms).
+    They run at a lower OS priority than the loop, which answers the requests, so a shared core
+    gives the loop most of its time. With equal priorities the log writer's batches showed as
+    milliseconds added to the requests that arrived meanwhile (p99 of the wait for the backend's
+    reply: 2.7-3.2 ms, against 1.6-2.0 ms). Niceness is a weight, not preemption: under Linux's
+    EEVDF scheduler a waking loop can still wait out part of a worker's slice (in the agent-sized
+    benchmark cells the loop waits 18-31 % of the time while a new tool output's tokens are counted).
     """
     return ThreadPoolExecutor(max_workers, thread_name_prefix=name, initializer=_lower_priority)
 
