@@ -28,7 +28,7 @@ from benchmarks import bodies, scenarios
 from benchmarks.loadgen import Call, run_count
 from benchmarks.procs import Services, choose_pinning, rss_bytes
 from benchmarks.report import ROUTER
-from benchmarks.run import ROOT, _run, handle_interrupts, start
+from benchmarks.run import ROOT, _run, entry, handle_interrupts, start
 
 ISSUES = ROOT / "evals" / "data" / "swebench-verified" / "tasks.jsonl"
 #: Distinct issue texts the tasks cycle through (each task is still new: its number differs).
@@ -105,8 +105,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    entry(main)

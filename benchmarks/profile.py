@@ -29,7 +29,7 @@ from benchmarks import scenarios
 from benchmarks.loadgen import CellResult, run_cell
 from benchmarks.procs import Service, Services, choose_pinning, cpu_seconds
 from benchmarks.report import ROUTER, UPSTREAM
-from benchmarks.run import ROOT, _run, handle_interrupts, start
+from benchmarks.run import ROOT, _run, entry, handle_interrupts, start
 
 MODES = ("chat", "chat-stream")
 #: Leaf frames of threads blocked in C waiting for work: py-spy cannot tell those from busy ones.
@@ -225,8 +225,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    entry(main)

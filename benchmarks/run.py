@@ -22,11 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import orjson
 
@@ -261,6 +261,16 @@ def handle_interrupts() -> None:
         signal.signal(sig, _interrupt)
 
 
+def entry(main: Callable[[], int]) -> NoReturn:
+    """A benchmark's ``__main__``: exit with ``main()``'s code, or 130 once Ctrl-C (or SIGTERM,
+    see ``handle_interrupts``) has unwound it and stopped what it started."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: everything started was stopped", file=sys.stderr)
+        sys.exit(130)
+
+
 def _commit() -> str:
     out = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
@@ -348,8 +358,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    entry(main)
