@@ -1,7 +1,7 @@
 """The demo policy with a learned artifact, so the benchmarks measure the router as issue 8 asks:
 with the learned policy scoring every request (plan search over calibrated success and cost).
 
-The artifact is fitted by the router's own training code (``router.training.fit``) on synthetic
+The artifact is fitted by the router's own training code (``router.learning.training.fit``) on synthetic
 attempts of the demo's four backends — easy tasks succeed anywhere, hard ones mostly on the large
 models, as in ``tests/integration/test_learning.py``, and each task has its own unseen difficulty
 (as on SWE-bench, where training finds a task effect of ~2 on the logit scale, so the planner
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import orjson
 
-from router.policy import taskfeatures
-from router.training.commands import promote
-from router.training.dataset import AttemptRow
-from router.training.fit import fit
+from router.features.task import vector as taskfeatures
+from router.learning.training.commands import promote
+from router.learning.training.dataset import AttemptRow
+from router.learning.training.fit import fit
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_POLICY = ROOT / "policies" / "examples" / "local.yaml"

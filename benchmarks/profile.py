@@ -42,7 +42,7 @@ IDLE_LEAVES = frozenset(
     }
 )
 #: Frames every sample of the serving thread passes through: not worth listing.
-_ENTRY_FILES = ("(router/cli.py)", "(router/serve.py)")
+_ENTRY_FILES = ("(router/app/cli.py)", "(router/app/serve.py)")
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -145,7 +145,7 @@ async def _sample(pid: int, out: Path, fmt: str, seconds: float, rate: int, flag
         raise SystemExit(
             f"py-spy could not sample pid {pid} (exit {proc.returncode}): {text.decode(errors='replace')[-500:]}\n"
             "If ptrace is not permitted here, profile in-process instead: "
-            "python -m cProfile -o router.prof -m router.cli serve ..."
+            "python -m cProfile -o router.prof -m router.app.cli serve ..."
         )
 
 

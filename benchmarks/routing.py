@@ -5,7 +5,7 @@
 For coding-agent conversations of 1k to 200k tokens (OpenAI Chat with tools, and Anthropic
 Messages shaped as Claude Code sends them: content blocks, the cache marker on the last
 message), each stage the proxy runs between reading the body and calling the backend is timed
-in µs, in the order and the way ``Proxy.decide`` and ``router.taskcontext`` run it:
+in µs, in the order and the way ``Proxy.decide`` and ``router.features.task.context`` run it:
 
 * **first turn** — a conversation the router has never seen: a new one each iteration, with a
   fresh ``TokenCounter`` and conversation memo (cold caches);
@@ -76,9 +76,9 @@ class Pipeline:
     """The router's pre-call stages, built from the demo policy with a learned artifact."""
 
     def __init__(self, policy: Path | None = None) -> None:
-        from router import tasks
+        from router.features.task import identity as tasks
+        from router.features.tokens import TokenCounter
         from router.policy.runtime import load_runtime
-        from router.tokens import TokenCounter
 
         if policy is None:
             with tempfile.TemporaryDirectory(prefix="router-routing-") as tmp:
@@ -92,14 +92,14 @@ class Pipeline:
         self.loop_threshold = self.runtime.policy.spec.tasks.loop_threshold
 
     def counter(self) -> Any:
-        from router.tokens import TokenCounter
+        from router.features.tokens import TokenCounter
 
         return TokenCounter(encoding=self.encoding)
 
     def sizer(self) -> Any:
         """A fresh counter and conversation memo, as the app builds them."""
-        from router.promptsize import PromptSizer
-        from router.transcripts import Transcripts
+        from router.features.memo import Transcripts
+        from router.features.promptsize import PromptSizer
 
         return PromptSizer(self.counter(), Transcripts(_MEMORY))
 
@@ -107,8 +107,11 @@ class Pipeline:
         self, raw: bytes, protocol: str, sizer: Any, first_turn: bool, out: dict[str, list[float]]
     ) -> Any:
         """One request through every stage, appending each stage's µs to ``out``; returns the request."""
-        from router import features, signals, taskcontext, tasks
-        from router.policy import taskfeatures
+        from router.features import request as features
+        from router.features.task import context as taskcontext
+        from router.features.task import identity as tasks
+        from router.features.task import vector as taskfeatures
+        from router.learning import signals
         from router.protocols import WIRES
 
         decider = self.runtime.decider
@@ -206,7 +209,7 @@ def measure(
     size: int, pipe: Pipeline, budget_s: float, max_iterations: int = 2000, protocol: str = "openai_chat"
 ) -> list[Case]:
     """The first-turn and next-turn cases of one conversation size."""
-    from router import signals
+    from router.learning import signals
 
     # What earlier cases read (the same tool results, in another protocol's shape) is not known
     # to a router seeing this conversation: only its own previous turn is (run below).
@@ -250,7 +253,7 @@ def measure(
 
 
 def _task(pipe: Pipeline, req: Any) -> str:
-    from router import tasks
+    from router.features.task import identity as tasks
 
     return tasks.task_id(req, None, pipe.key_hash)
 
@@ -357,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     anthropic_sizes = [int(s) for s in args.anthropic_sizes.split(",") if s]
     pipe = Pipeline()
     # As `router serve` does once started: what was loaded so far is never collected, so
-    # collections walk only what requests made (router.serve.DrainingServer.startup).
+    # collections walk only what requests made (router.app.serve.DrainingServer.startup).
     gc.collect()
     gc.freeze()
     cases = run(sizes, 0.2 if args.quick else args.budget, anthropic_sizes=anthropic_sizes, pipe=pipe)

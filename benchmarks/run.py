@@ -163,7 +163,7 @@ def start(
     port = free_port()
     router = svc.launch(
         ROUTER,
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(policy), "--host", "127.0.0.1",
+        [sys.executable, "-m", "router.app.cli", "serve", "--config", str(policy), "--host", "127.0.0.1",
          "--port", str(port), "--store", f"sqlite:///{workdir / 'router.db'}", "--log-level", "warning"],
         url=f"http://127.0.0.1:{port}", core=pin.server, env=env, cwd=ROOT,
     )  # fmt: skip

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from router.catalog import Backend, Catalog
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
-from router.features import Features
+from router.features.request import Features
 from router.ids import IdMaker
+from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
 
 

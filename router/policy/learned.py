@@ -22,8 +22,8 @@ import numpy as np
 import orjson
 
 from router.errors import ConfigError
-from router.features import Features
-from router.policy import taskfeatures
+from router.features.request import Features
+from router.features.task import vector as taskfeatures
 from router.policy.plan import Option, Plan, best_plan
 
 FORMAT = "router-learned/1"
@@ -66,7 +66,7 @@ class Artifact:
         params = (self.meta.get("output_tokens") or {}).get(model)
         if not params:
             return None
-        # log1p(output) = a + b·log1p(prompt), the median fitted by router.training.outputs.
+        # log1p(output) = a + b·log1p(prompt), the median fitted by router.learning.training.outputs.
         a, b = params["q50"]
         return max(1, round(math.expm1(a + b * math.log1p(prompt_tokens))))
 

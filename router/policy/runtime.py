@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from router.catalog import Catalog, PriceLookup, build_catalog
 from router.errors import ConfigError
+from router.policy.catalog import Catalog, PriceLookup, build_catalog
 from router.policy.config import Policy, load_policy
 from router.policy.decide import Decider, Scorer
 from router.policy.learned import Artifact, LearnedScorer, Objective

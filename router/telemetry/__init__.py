@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 from router.store.records import RequestRecord
 from router.telemetry.metrics import RequestMetrics
-from router.timing import Phases
+from router.telemetry.phases import Phases
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
+    from router.app.settings import Settings
     from router.policy.config import Policy
-    from router.settings import Settings
     from router.telemetry.tracing import RequestTracer
 
 log = logging.getLogger("router.telemetry")

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from router.app import Services
+    from router.app.factory import Services
 
 
 class HealthCollector(Collector):

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from router.store.records import RequestRecord
-from router.timing import Phases
+from router.telemetry.phases import Phases
 
 __all__ = ["CONTENT_TYPE_LATEST", "RequestMetrics"]
 

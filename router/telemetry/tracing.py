@@ -47,7 +47,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from router.store.records import RequestRecord
-from router.timing import Phases
+from router.telemetry.phases import Phases
 
 log = logging.getLogger("router.telemetry.tracing")
 

@@ -16,9 +16,9 @@ import pytest
 import uvicorn
 import yaml
 
-from router.app import Services, build_services, create_app
+from router.app.factory import Services, build_services, create_app
+from router.app.settings import Settings
 from router.fakeupstream import FakeUpstream
-from router.settings import Settings
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.app import Services
-from router.cli import main
+from router.app.cli import main
+from router.app.factory import Services
 from router.fakeupstream import FakeUpstream
 from router.store import open_store
 from router.telemetry import build_telemetry

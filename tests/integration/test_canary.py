@@ -24,9 +24,9 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from router import keys
-from router.app import Services
+from router.app.factory import Services
 from router.fakeupstream import FakeUpstream
+from router.http import keys
 from router.store.sqlite import SQLiteStore
 from router.telemetry import build_telemetry
 from tests.integration.conftest import RunningRouter

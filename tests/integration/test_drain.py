@@ -30,7 +30,7 @@ def test_sigterm_drains_in_flight_stream(tmp_path: Path, upstream: FakeUpstream)
     port, db = free_port(), tmp_path / "drain.db"
     env = {**os.environ, "ROUTER_STORE": f"sqlite:///{db}", "ROUTER_DRAIN_DELAY": "1.0"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(config), "--port", str(port)],
+        [sys.executable, "-m", "router.app.cli", "serve", "--config", str(config), "--port", str(port)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from router.fakeupstream import FakeUpstream
-from router.settings import Timeouts
+from router.forward.timeouts import Timeouts
 from tests.integration.conftest import RunningRouter
 
 pytestmark = pytest.mark.integration

@@ -543,10 +543,10 @@ BAD_POLICIES = {
 
 @pytest.mark.parametrize("case", list(BAD_POLICIES))
 def test_bad_policy_files_are_refused_at_startup(tmp_path: Path, case: str) -> None:
-    from router.app import build_services
+    from router.app.factory import build_services
+    from router.app.settings import Settings
     from router.errors import ConfigError
     from router.policy.config import load_policy
-    from router.settings import Settings
 
     text, expected = BAD_POLICIES[case]
     path = write_policy(tmp_path, text)
@@ -570,7 +570,7 @@ TAGS = [
 def test_python_tags_in_a_policy_never_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], tag: str
 ) -> None:
-    from router.cli import main
+    from router.app.cli import main
 
     marker = tmp_path / "pwned"
     for where in ("name: {tag}\n", "models:\n  - id: {tag}\n"):
@@ -587,7 +587,7 @@ def test_python_tags_in_a_policy_never_run(
 
 
 def artifact_bytes() -> bytes:
-    from router.policy import taskfeatures
+    from router.features.task import vector as taskfeatures
     from router.policy.learned import FORMAT
 
     width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM

@@ -11,10 +11,10 @@ import httpx
 import orjson
 import pytest
 
-from router.app import Services
-from router.auth import Auth
-from router.cli import main
+from router.app.cli import main
+from router.app.factory import Services
 from router.fakeupstream import FakeUpstream
+from router.http.auth import Auth
 from router.store.postgres import PostgresStore
 from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.test_store_postgres import pg_url  # noqa: F401 - the fixture
@@ -118,7 +118,7 @@ def test_management_endpoints_need_the_master_key(
 def test_startup_names_the_mode(
     router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="router.auth")
+    caplog.set_level(logging.INFO, logger="router.http.auth")
     router_factory(local_policy(upstream.url))
     router_factory(local_policy(upstream.url), master_key=MASTER)
     text = caplog.text

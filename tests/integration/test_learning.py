@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from router.fakeupstream import FakeUpstream
-from router.training.commands import promote, train
+from router.learning.training.commands import promote, train
 from tests.integration.conftest import RunningRouter
 
 pytestmark = pytest.mark.integration

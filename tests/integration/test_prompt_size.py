@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from router import features
 from router.fakeupstream import FakeUpstream
+from router.features import request as features
+from router.features.tokens import TokenCounter
 from router.protocols import openai_chat
-from router.tokens import TokenCounter
 from tests.integration.conftest import RunningRouter, local_policy
 
 pytestmark = pytest.mark.integration

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from router.fakeupstream import FakeUpstream
-from router.training import dataset
-from router.training.commands import promote
-from router.training.fit import fit
+from router.learning.training import dataset
+from router.learning.training.commands import promote
+from router.learning.training.fit import fit
 from tests.integration.conftest import local_policy
 from tests.integration.tcpproxy import TcpProxy
 
@@ -128,7 +128,7 @@ def test_200_concurrent_requests_never_overspend_a_task_budget(pair, upstream, p
 
 def synthetic_artifact(path: Path) -> None:
     """A tiny trained artifact: 'large' succeeds, 'local-nano' does not."""
-    from router.policy import taskfeatures
+    from router.features.task import vector as taskfeatures
 
     vec = taskfeatures.task_vector("fix the race condition")
     rows = [

@@ -48,7 +48,7 @@ def test_router_serve_process(tmp_path: Path, upstream: FakeUpstream) -> None:
     db = tmp_path / "serve.db"
     env = {**os.environ, "ROUTER_CONFIG": str(config), "ROUTER_STORE": f"sqlite:///{db}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "router.app.cli", "serve", "--port", str(port), "--log-level", "warning"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -83,7 +83,7 @@ def test_bad_config_fails_at_startup_with_the_field_path(tmp_path: Path) -> None
         "models:\n  - id: a\n    litellm_model: openai/a\n    protocol: openai\n    colour: red\nroutes: []\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "router.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "router.app.cli", "serve", "--config", str(config)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -17,7 +17,7 @@ import pytest
 
 from router.errors import RateLimited, RouterError, UpstreamError, UpstreamTimeout
 from router.fakeupstream import FakeUpstream
-from router.translate import Target, complete, open_stream
+from router.forward.translate import Target, complete, open_stream
 
 pytestmark = pytest.mark.integration
 
@@ -591,8 +591,8 @@ async def test_closing_a_stream_early_is_clean(up: FakeUpstream) -> None:
 
 
 def test_error_mapping_of_litellm_exceptions() -> None:
-    from router.translate.litellm_setup import get_litellm
-    from router.translate.upstream_errors import to_router_error
+    from router.forward.translate.litellm_setup import get_litellm
+    from router.forward.translate.upstream_errors import to_router_error
 
     litellm = get_litellm()
     target = Target("openai/m", None, KEY, 7)

@@ -85,15 +85,15 @@ def test_routing_microbenchmark_times_every_stage() -> None:
 def test_collapsed_stacks_drop_idle_pool_threads() -> None:
     raw = "\n".join(
         [
-            "main (router/cli.py:1);handle (router/proxy.py:10);loads (json/decoder.py:5) 6",
-            "main (router/cli.py:1);handle (router/proxy.py:10) 2",
+            "main (router/app/cli.py:1);handle (router/http/proxy.py:10);loads (json/decoder.py:5) 6",
+            "main (router/app/cli.py:1);handle (router/http/proxy.py:10) 2",
             "_bootstrap (threading.py:1);_worker (concurrent/futures/thread.py:80) 50",
         ]
     )
     p = parse_collapsed(raw)
     assert (p.samples, p.idle) == (8, 50)
     assert p.self_time["loads (json/decoder.py)"] == 6
-    assert p.inclusive["handle (router/proxy.py)"] == 8
+    assert p.inclusive["handle (router/http/proxy.py)"] == 8
     assert p.packages["json"] == 6 and p.packages["router"] == 2
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from router.catalog import build_catalog
 from router.errors import ConfigError, MissingCredentials
+from router.policy.catalog import build_catalog
 from router.policy.config import load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]

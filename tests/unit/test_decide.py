@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.catalog import build_catalog
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
-from router.features import Features
+from router.features.request import Features
+from router.policy.catalog import build_catalog
 from router.policy.config import parse_policy
 from router.policy.decide import Decider
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from router.cli import main
-from router.evals import baselines as bl
-from router.evals import deploy, loader, runner
-from router.evals.loader import DataError, Dataset
-from router.evals.metrics import combine, summarize
-from router.evals.simulate import replay
+from router.app.cli import main
+from router.learning.evals import baselines as bl
+from router.learning.evals import deploy, loader, runner
+from router.learning.evals.loader import DataError, Dataset
+from router.learning.evals.metrics import combine, summarize
+from router.learning.evals.simulate import replay
+from router.learning.training import dataset, taskeffect
 from router.policy.plan import Option, best_plan, evaluate
-from router.training import dataset, taskeffect
 
 SHIPPED = Path(__file__).resolve().parents[2] / "evals" / "data" / "swebench-verified"
 

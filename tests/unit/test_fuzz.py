@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from router import features
 from router.errors import ConfigError, RouterError
+from router.features import request as features
+from router.features.tokens import TokenCounter
 from router.policy.config import RULE_FIELDS
 from router.policy.rules import compile_condition
 from router.protocols import WIRES, ClientRequest
 from router.protocols import anthropic as anthropic_protocol
-from router.tokens import TokenCounter
 
 FUZZ = settings(
     max_examples=60,

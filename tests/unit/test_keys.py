@@ -15,10 +15,10 @@ import pytest
 from pydantic import SecretStr
 from starlette.requests import Request
 
-from router import keys
-from router.auth import MASTER, OPEN, Auth, Principal
-from router.cli import main
+from router.app.cli import main
 from router.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
+from router.http import keys
+from router.http.auth import MASTER, OPEN, Auth, Principal
 from router.store import KeyRecord, Store, StoreDataError
 from router.store.sqlite import SQLiteStore
 from tests.unit.olddb import database_at

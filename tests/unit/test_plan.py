@@ -10,12 +10,12 @@ import orjson
 import pytest
 
 from router.errors import ConfigError
+from router.features.task import vector as taskfeatures
+from router.learning.training import dataset, offpolicy
+from router.learning.training.fit import fit
 from router.policy import plan as plan_module
-from router.policy import taskfeatures
 from router.policy.learned import Artifact, LearnedScorer, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
-from router.training import dataset, offpolicy
-from router.training.fit import fit
 
 CHEAP = Option("cheap", 0.5, 1.0)
 STRONG = Option("strong", 0.9, 4.0)
@@ -253,7 +253,7 @@ def test_offpolicy_estimates_recover_a_known_policy() -> None:
 
 
 def test_output_tokens_are_learned_per_model_and_used_by_the_decision() -> None:
-    from router.training.outputs import fit_output_tokens
+    from router.learning.training.outputs import fit_output_tokens
 
     rng = random.Random(3)
     reqs = []

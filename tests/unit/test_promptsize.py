@@ -9,12 +9,12 @@ from typing import Any
 import orjson
 import pytest
 
-from router import features
-from router.promptsize import PromptSizer
+from router.features import request as features
+from router.features.memo import Transcripts
+from router.features.promptsize import PromptSizer
+from router.features.tokens import TokenCounter
 from router.protocols import anthropic, openai_chat, responses
 from router.protocols.common import ClientRequest
-from router.tokens import TokenCounter
-from router.transcripts import Transcripts
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from router.cli import main
+from router.app.cli import main
 from router.errors import ConfigError
-from router.ledger import final_outcome, load_task
-from router.report import quantile
 from router.store import open_store
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.window import parse_duration
+from router.telemetry.ledger import final_outcome, load_task
+from router.telemetry.report import quantile
 
 NOW = time.time()
 BASE = NOW - 600

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from router import sse
+from router.protocols import sse
 
 
 async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:

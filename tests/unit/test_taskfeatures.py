@@ -11,11 +11,11 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from router.policy import taskfeatures
+from router.app.settings import Settings
+from router.features.task import vector as taskfeatures
+from router.features.task.tracker import TaskTracker
+from router.learning.training.fit import fit
 from router.policy.learned import Artifact, LearnedScorer, Objective
-from router.settings import Settings
-from router.tasktracker import TaskTracker
-from router.training.fit import fit
 from tests.unit.test_plan import rows_for
 
 TASKS = Path(__file__).resolve().parents[2] / "evals" / "data" / "swebench-verified" / "tasks.jsonl"

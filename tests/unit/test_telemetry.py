@@ -11,13 +11,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.app.settings import Settings
 from router.policy.config import load_policy
-from router.settings import Settings
 from router.store.records import RequestRecord
 from router.telemetry import RouterTelemetry, Telemetry, build_telemetry
 from router.telemetry.metrics import RequestMetrics
+from router.telemetry.phases import Phases
 from router.telemetry.tracing import build_tracer, otlp_configured, task_trace_id
-from router.timing import Phases
 
 TS = 1_700_000_000.0
 MS = 1_000_000  # ns

@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 import pytest
 
-from router.bpe import TokenizerUnavailable, build_encoding, find_tokenizers_dir
-from router.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, REPLY_PRIMING, TokenCounter
+from router.features.bpe import TokenizerUnavailable, build_encoding, find_tokenizers_dir
+from router.features.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, REPLY_PRIMING, TokenCounter
 
 O200K_FILE = "fb374d419588a4632f3f557e76b4b70aebbca790"
 CL100K_FILE = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
@@ -116,7 +116,7 @@ def test_loading_does_not_import_litellm_or_write_a_cache(tmp_path: Path) -> Non
     cache.mkdir()
     code = (
         "import sys\n"
-        "from router.tokens import TokenCounter\n"
+        "from router.features.tokens import TokenCounter\n"
         "assert TokenCounter().count_text('hello world') == 2\n"
         "assert 'litellm' not in sys.modules, 'litellm was imported'\n"
     )

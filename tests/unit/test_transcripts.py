@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from router.transcripts import Snapshot, Transcripts, common_prefix, same
+from router.features.memo import Snapshot, Transcripts, common_prefix, same
 
 
 def chat(n: int, seed: str = "") -> list[dict[str, Any]]:

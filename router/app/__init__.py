@@ -1,0 +1,1 @@
+"""Assembly and process: settings, the factory that builds every collaborator, lifespan, ASGI entry, serve, CLI, demo."""

@@ -1,0 +1,168 @@
+"""`router demo`: the local fake provider, the router on the demo policy, and requests through it.
+
+Everything runs in this process on 127.0.0.1: the demo shows what the router decides for a few
+typical agent requests, in both protocols, and prints the log records they left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import uvicorn
+from rich.console import Console
+from rich.table import Table
+
+POLICY = Path(__file__).resolve().parents[2] / "policies" / "examples" / "local.yaml"
+
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+
+
+def _free_port(preferred: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", preferred))
+    except OSError:
+        sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def _requests(big_prompt: str) -> list[tuple[str, str, dict[str, Any], dict[str, str]]]:
+    anth = {"anthropic-version": "2023-06-01"}
+    return [
+        ("OpenAI, short question", "/v1/chat/completions",
+         {"model": "auto", "messages": [{"role": "user", "content": "Say hello."}]}, {}),
+        ("OpenAI, streamed, tool", "/v1/chat/completions",
+         {"model": "auto", "stream": True, "tools": [BASH_TOOL],
+          "messages": [{"role": "user", "content": "List the files."}]}, {}),
+        ("OpenAI, 40k-token prompt", "/v1/chat/completions",
+         {"model": "auto", "messages": [{"role": "user", "content": big_prompt}]}, {}),
+        ("OpenAI, premium header", "/v1/chat/completions",
+         {"model": "auto", "messages": [{"role": "user", "content": "Hard question."}]},
+         {"x-router-tier": "premium"}),
+        ("Anthropic, streamed, thinking", "/v1/messages",
+         {"model": "claude-sonnet-4-6", "max_tokens": 2048, "stream": True,
+          "thinking": {"type": "enabled", "budget_tokens": 1024},
+          "messages": [{"role": "user", "content": "Plan the fix."}]}, anth),
+        ("Anthropic, tools, no thinking", "/v1/messages",
+         {"model": "claude-haiku-4-5", "max_tokens": 1024,
+          "tools": [{"name": "bash", "input_schema": BASH_TOOL["function"]["parameters"]}],  # type: ignore[index]
+          "messages": [{"role": "user", "content": "Run the tests."}]}, anth),
+        ("Unknown model (error)", "/v1/chat/completions",
+         {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}, {}),
+    ]  # fmt: skip
+
+
+def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> int:
+    from router.app.factory import create_app
+    from router.app.settings import Settings
+    from router.fakeupstream import FakeUpstream
+
+    console = Console(width=max(Console().width, 112))  # the tables need the room; narrow terminals wrap
+    up_sock = _free_port(9100)
+    up_port = up_sock.getsockname()[1]
+    up_sock.close()
+    with FakeUpstream(port=up_port) as upstream:
+        os.environ["ROUTER_LOCAL_UPSTREAM"] = upstream.url
+        settings = Settings(config=POLICY, store=store)
+        app = create_app(settings)
+        sock = _free_port(8080)
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.02)
+        base = f"http://127.0.0.1:{port}"
+        console.print(
+            f"[bold]router[/] on {base}  ·  local upstream on {upstream.url}  ·  policy {POLICY.name}"
+        )
+        table = Table(title="Routed requests")
+        for col in ("request", "status", "routed to", "in/out tokens", "ms"):
+            table.add_column(col, no_wrap=col != "request")
+        big = "def f(x):\n    return x * 2\n" * 6000
+        with httpx.Client(base_url=base, timeout=30) as client:
+            for label, path, body, headers in _requests(big):
+                t0 = time.perf_counter()
+                r = client.post(
+                    path, content=orjson.dumps(body), headers={"content-type": "application/json", **headers}
+                )
+                ms = (time.perf_counter() - t0) * 1000
+                usage = _usage(r)
+                table.add_row(
+                    label, str(r.status_code), r.headers.get("x-router-model", "-"), usage, f"{ms:.0f}"
+                )
+            preview = client.post(
+                "/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": big}]}
+            )
+        console.print(table)
+        p = preview.json()
+        console.print(f"POST /v1/route for the 40k-token prompt: chose [bold]{p['chosen']}[/] "
+                      f"({p['reason']}); excluded: "
+                      + ", ".join(f"{c['model']} ({c['excluded']})" for c in p["candidates"] if c.get("excluded")))  # fmt: skip
+        if keep_serving:
+            console.print(f"\nServing until Ctrl-C. Point agents at it:\n"
+                          f"  ANTHROPIC_BASE_URL={base} claude ...\n  OPENAI_BASE_URL={base}/v1 ...")  # fmt: skip
+            with contextlib.suppress(KeyboardInterrupt):
+                thread.join()
+        server.should_exit = True
+        thread.join(timeout=30)
+        _print_log(console, store)
+    return 0
+
+
+def _usage(r: httpx.Response) -> str:
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        return "(streamed)"
+    try:
+        u = r.json().get("usage") or {}
+    except ValueError:
+        return "-"
+    i = u.get("prompt_tokens", u.get("input_tokens"))
+    o = u.get("completion_tokens", u.get("output_tokens"))
+    return f"{i}/{o}" if i is not None else "-"
+
+
+def _print_log(console: Console, store: str) -> None:
+    if not store.startswith("sqlite:///"):
+        return
+    import sqlite3
+
+    path = store.removeprefix("sqlite:///")
+    con = sqlite3.connect(path)
+    rows = con.execute(
+        "SELECT requested_model, chosen_model, status, input_tokens, output_tokens, cache_read_tokens, "
+        "cost_usd, ttft_ms, total_ms FROM requests ORDER BY ts DESC LIMIT 7"
+    ).fetchall()
+    con.close()
+    table = Table(title=f"Last log records ({path})")
+    for col in ("asked", "chosen", "status", "in", "out", "cached", "cost $", "ttft ms", "total ms"):
+        table.add_column(col, no_wrap=True)
+    for row in reversed(rows):
+        *head, cost, ttft, total = ["-" if v is None else v for v in row]
+        table.add_row(*map(str, head), _num(cost, "{:.6f}"), _num(ttft, "{:.1f}"), _num(total, "{:.1f}"))
+    console.print(table)
+
+
+def _num(v: object, fmt: str) -> str:
+    return fmt.format(v) if isinstance(v, int | float) else str(v)

@@ -1,0 +1,153 @@
+"""The app factory: settings → services → ASGI app (FastAPI behind a direct proxy path). No module globals.
+
+Everything a request needs hangs off one ``Services`` object built here and kept on
+``app.state.services``; the lifespan opens the store, the writer and the HTTP pool, and at
+shutdown drains in-flight work and flushes the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI
+
+from router.app.asgi import RouterApp
+from router.app.settings import Settings
+from router.background import BackgroundTasks
+from router.features.memo import Transcripts
+from router.features.promptsize import PromptSizer
+from router.features.task.tracker import TaskTracker
+from router.features.tokens import TokenCounter
+from router.forward.execute import Executor
+from router.forward.translate import warm_up
+from router.forward.translate.litellm_setup import get_litellm
+from router.forward.upstream import Upstream
+from router.http.auth import Auth
+from router.policy.catalog import Catalog
+from router.policy.config import Policy
+from router.policy.decide import Decider
+from router.policy.runtime import PolicyWatcher, Runtime, load_runtime
+from router.state import SharedState, StateConfig, open_state
+from router.store import Store, open_store
+from router.store.writer import LogWriter
+from router.telemetry import Telemetry, build_telemetry
+
+log = logging.getLogger("router.app.factory")
+
+
+@dataclass
+class Services:
+    settings: Settings
+    runtime: Runtime
+    counter: TokenCounter
+    sizer: PromptSizer
+    upstream: Upstream
+    executor: Executor
+    store: Store
+    writer: LogWriter
+    auth: Auth
+    state: SharedState
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
+    tracker: TaskTracker = field(default_factory=TaskTracker)
+    draining: bool = False
+
+    # Each request reads these once; a policy reload swaps the whole runtime in one assignment.
+    @property
+    def policy(self) -> Policy:
+        return self.runtime.policy
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.runtime.catalog
+
+    @property
+    def decider(self) -> Decider:
+        return self.runtime.decider
+
+    def install(self, runtime: Runtime) -> None:
+        self.executor.use(runtime.catalog)
+        self.runtime = runtime
+
+
+def build_services(settings: Settings) -> Services:
+    """Validate everything that can be validated before the server starts listening."""
+    runtime = load_runtime(settings.config)
+    # Cross-protocol calls go through litellm, whose import takes seconds: pay it before
+    # listening rather than on some agent's first translated request.
+    get_litellm()
+    counter = TokenCounter()
+    counter.count_text("load the encoding now, not on the first request")
+    upstream = Upstream(settings.timeouts)
+    store = open_store(settings.store)
+    t = settings.redis_timeout_s
+    state_config = StateConfig(
+        prefix=settings.redis_prefix, op_timeout_s=t, socket_timeout_s=t / 2, connect_timeout_s=t / 2,
+        pool_size=64, pool_timeout_s=t / 2,
+    )  # fmt: skip
+    state = open_state(settings.redis_url, state_config)
+    return Services(
+        settings=settings,
+        runtime=runtime,
+        counter=counter,
+        sizer=PromptSizer(counter, Transcripts(settings.transcript_memory_bytes)),
+        upstream=upstream,
+        executor=Executor(upstream, runtime.catalog, settings.timeouts, breakers=state.breakers),
+        store=store,
+        writer=LogWriter(store),
+        auth=Auth(settings.master_key, store),
+        state=state,
+        telemetry=build_telemetry(settings),
+        tracker=TaskTracker(settings.max_tasks),
+    )
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> RouterApp:
+    s = services or build_services(settings or Settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await s.store.open()
+        await s.auth.start()
+        await s.upstream.start()
+        await warm_up()
+        s.writer.start(s.tasks)
+        watcher = PolicyWatcher(s.settings.config, s.install, s.runtime)
+
+        async def promoted(version: str) -> None:
+            # A promotion published by another replica: reload now rather than at the next poll.
+            await asyncio.to_thread(watcher.check, s.runtime)
+
+        watching = [
+            s.tasks.spawn(watcher.run(lambda: s.runtime), name="policy-watcher"),
+            s.tasks.spawn(s.state.policy.watch(promoted), name="policy-version"),
+        ]
+        if not await s.state.ping():
+            log.warning("shared state unreachable at startup: running degraded (see /readyz)")
+        log.info("router ready: policy %s (%d models), store %s", s.policy.source, len(s.catalog.backends),
+                 s.settings.store.split("://", 1)[0])  # fmt: skip
+        try:
+            yield
+        finally:
+            s.draining = True
+            for task in watching:
+                task.cancel()
+            await s.writer.close(s.settings.drain_timeout)
+            await s.tasks.drain(s.settings.drain_timeout)
+            await s.upstream.close()
+            await s.store.close()
+            await s.state.aclose()
+            s.telemetry.close()
+
+    app = FastAPI(title="router", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.services = s
+    from router.http.api import register
+    from router.http.proxy import Proxy
+
+    proxy = Proxy(s)
+    register(app, s, proxy)
+    return RouterApp(app, proxy)

@@ -1,0 +1,61 @@
+"""Running the app under uvicorn, with a drain that load balancers can see.
+
+On SIGTERM the router first reports not-ready (``/readyz`` 503) for ``drain_delay`` seconds, so
+a load balancer stops sending new work; then uvicorn stops listening, lets in-flight requests
+and streams finish (up to ``drain_timeout``), and the app's lifespan flushes the log. A second
+signal skips the grace period.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import signal
+import socket
+import threading
+from types import FrameType
+
+import uvicorn
+
+from router.app.factory import Services, create_app
+from router.app.settings import Settings
+
+log = logging.getLogger("router.app.serve")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, services: Services, delay: float) -> None:
+        super().__init__(config)
+        self.services = services
+        self.delay = delay
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # Everything loaded so far (litellm alone is ~400k objects) lives as long as the process:
+        # without this, each full collection walks it all, a pause of ~250 ms in the middle of
+        # whatever requests are in flight. Frozen, collections only look at what requests made.
+        gc.collect()
+        gc.freeze()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Ctrl-C (SIGINT) means now; SIGTERM (an orchestrator) gets the grace period.
+        if self.services.draining or self.delay <= 0 or sig != signal.SIGTERM:
+            self.services.draining = True
+            super().handle_exit(sig, frame)
+            return
+        self.services.draining = True
+        log.info("draining: /readyz now 503; closing the listener in %.1fs", self.delay)
+        threading.Timer(self.delay, super().handle_exit, (sig, frame)).start()
+
+
+def serve(settings: Settings, log_level: str = "info") -> None:
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.drain_timeout) or None,
+    )
+    DrainingServer(config, app.state.services, settings.drain_delay).run()

@@ -1,0 +1,53 @@
+"""Process settings: from CLI flags, else ``ROUTER_*`` environment variables, else defaults.
+
+Everything the app is built from is here, validated once; the app factory takes a ``Settings``
+and nothing else reads the environment for configuration (backend keys are read by name, from
+the catalog, when a call is made).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from router.forward.timeouts import Timeouts
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROUTER_", extra="forbid", env_nested_delimiter="__")
+
+    config: Path = DEFAULT_CONFIG
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    store: str = "sqlite:///router.db"
+    #: Shared state for several replicas (pins, budgets, rate limits, breakers, policy version).
+    #: Unset: everything lives in this process (the embedded default).
+    redis_url: str | None = None
+    redis_prefix: str = "router:"
+    #: Cap on one shared-state call (pool wait + round trip); past it Redis counts as down.
+    redis_timeout_s: float = Field(default=1.0, gt=0)
+    #: Requests with a larger body are refused with 413 before parsing.
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    #: Memory for the conversations' last requests, so the next turn of a long conversation costs
+    #: only its new messages. Counted as request-body bytes: the parsed messages held take a few
+    #: times that. 0: every request is sized anew.
+    transcript_memory_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    #: Tasks this process remembers (attempt, pin, failed models, task features: about 4 KB each
+    #: for a typical issue); past it the least recently seen task is forgotten (with Redis, its pin
+    #: is still shared).
+    max_tasks: int = Field(default=100_000, gt=0)
+    #: Store prompt text in the log. Off unless the operator opts in.
+    log_prompts: bool = False
+    #: Master key for the management API and, when set, for the proxy (virtual keys come later).
+    master_key: SecretStr | None = None
+    timeouts: Timeouts = Timeouts()
+    #: Seconds to wait for in-flight requests and the log at shutdown.
+    drain_timeout: float = Field(default=30.0, ge=0)
+    #: Seconds between SIGTERM and closing the listener, with /readyz at 503 meanwhile.
+    drain_delay: float = Field(default=2.0, ge=0)
+    #: Put prompt text on trace spans. Needs ``log_prompts`` too (only then is the prompt captured).
+    trace_prompts: bool = False

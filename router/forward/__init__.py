@@ -1,0 +1,1 @@
+"""Decision -> reply: the one retry loop, the one place that calls providers, translation, accounting, timeouts."""

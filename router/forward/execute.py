@@ -1,0 +1,261 @@
+"""The one place that retries and falls back.
+
+Backends are tried in the decision's order, within one overall deadline:
+
+* a failure moves on to the next backend only when another backend may not share it (connect
+  errors, timeouts, 429, 5xx, a missing key); a request the backend rejected (400/401/403/404/
+  422) is returned as it is, not retried;
+* a context-length error moves on only to backends with a larger window;
+* a backend is retried (once, after a jittered pause or its ``Retry-After`` if that fits in the
+  deadline) only when no other backend is left — moving on is faster for the agent — and only
+  while the retry budget allows: retries are capped as a share of traffic, so an outage is not
+  multiplied by the router;
+* a breaker per backend (shared across replicas through ``router.state``) skips backends that
+  keep failing, with a half-open probe to notice their return;
+* for streams, all of this happens only before the first content event — the commit point.
+  Everything read before it is held back until then.
+
+Every timeout error names the timeout that fired (connect, first_token, idle, overall).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from router.errors import RouterError, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from router.forward.timeouts import Timeouts
+from router.forward.upstream import Reply, Upstream
+from router.policy.catalog import Backend, Catalog
+from router.policy.decide import Decision
+from router.protocols import WIRES, ClientRequest, StreamObserver, sse
+from router.state import Breakers
+from router.telemetry.phases import Phases
+
+T = TypeVar("T")
+
+_FAILURE_EVENTS = frozenset({"error", "response.failed"})
+
+
+@dataclass(slots=True)
+class Attempt:
+    model: str
+    ms: float
+    status: int | None = None
+    error_type: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "ms": round(self.ms, 3),
+            "status": self.status,
+            "error_type": self.error_type,
+        }
+
+
+@dataclass(slots=True)
+class CommittedStream:
+    """A stream that has produced content: the client may now be answered."""
+
+    backend: Backend
+    observer: StreamObserver
+    held: list[sse.Event]
+    rest: AsyncIterator[sse.Event]
+    #: Frees the backend's concurrency slot; called once the stream has ended.
+    release: Callable[[], None] = lambda: None
+
+
+@dataclass(slots=True)
+class Execution:
+    tries: list[Attempt] = field(default_factory=list)
+    backend: Backend | None = None
+    retries: int = 0
+
+
+class RetryBudget:
+    """Retries allowed as a share of requests: each request earns ``ratio`` of a retry, up to a cap."""
+
+    def __init__(self, ratio: float = 0.2, cap: float = 20.0) -> None:
+        self.ratio, self.cap = ratio, cap
+        self._balance = cap
+
+    def earn(self) -> None:
+        self._balance = min(self.cap, self._balance + self.ratio)
+
+    def spend(self) -> bool:
+        if self._balance >= 1.0:
+            self._balance -= 1.0
+            return True
+        return False
+
+
+class Executor:
+    def __init__(
+        self,
+        upstream: Upstream,
+        catalog: Catalog,
+        timeouts: Timeouts,
+        breakers: Breakers | None = None,
+        retry_budget: RetryBudget | None = None,
+        backoff_s: float = 0.25,
+    ) -> None:
+        from router.state.memory import MemoryState
+
+        self.upstream = upstream
+        self.timeouts = timeouts
+        self.breakers: Breakers = breakers or MemoryState().breakers
+        self.retry_budget = retry_budget or RetryBudget()
+        self.backoff_s = backoff_s
+        self.use(catalog)
+
+    def use(self, catalog: Catalog) -> None:
+        """Switch to a reloaded catalog; in-flight calls keep the slots they hold."""
+        self.catalog = catalog
+        self._slots = {b.id: asyncio.Semaphore(b.max_concurrency) for b in catalog if b.max_concurrency}
+
+    async def complete(
+        self, req: ClientRequest, decision: Decision, headers: dict[str, str], phases: Phases, ex: Execution
+    ) -> Reply:
+        async def call(backend: Backend, deadline: float) -> Reply:
+            slot = self._slots.get(backend.id)
+            async with asyncio.timeout_at(_loop_deadline(deadline)):
+                # Waiting for a concurrency slot is queue time: the upstream call starts after.
+                if slot is not None:
+                    await slot.acquire()
+                try:
+                    phases.start_upstream()
+                    reply = await self.upstream.complete(req, backend, headers)
+                finally:
+                    if slot is not None:
+                        slot.release()
+            phases.byte()
+            return reply
+
+        return await self._run(decision, phases, ex, call)
+
+    async def open_stream(
+        self, req: ClientRequest, decision: Decision, headers: dict[str, str], phases: Phases, ex: Execution
+    ) -> CommittedStream:
+        wire = WIRES[req.protocol]
+
+        async def call(backend: Backend, deadline: float) -> CommittedStream:
+            slot = self._slots.get(backend.id)
+            if slot is not None:
+                async with asyncio.timeout_at(_loop_deadline(deadline)):
+                    await slot.acquire()
+            phases.start_upstream()
+            first_token_by = min(deadline, time.monotonic() + self.timeouts.first_token)
+            try:
+                async with asyncio.timeout_at(_loop_deadline(first_token_by)):
+                    events = await self.upstream.open_stream(req, backend, headers)
+                    committed = await _until_content(events, wire.observer(), phases, backend)
+            except BaseException as exc:
+                if slot is not None:
+                    slot.release()
+                if isinstance(exc, TimeoutError) and first_token_by < deadline:
+                    raise UpstreamTimeout("first_token", self.timeouts.first_token) from None
+                raise
+            if slot is not None:
+                committed.release = slot.release
+            return committed
+
+        return await self._run(decision, phases, ex, call)
+
+    async def _run(
+        self,
+        decision: Decision,
+        phases: Phases,
+        ex: Execution,
+        call: Callable[[Backend, float], Awaitable[T]],
+    ) -> T:
+        self.retry_budget.earn()
+        deadline = time.monotonic() + self.timeouts.overall
+        order = list(decision.order)
+        last: RouterError | None = None
+        skipped: list[str] = []
+        i = 0
+        while i < len(order):
+            backend = ex.backend = self.catalog[order[i]]
+            i += 1
+            if not await self.breakers.before_call(backend.id):
+                skipped.append(backend.id)
+                ex.tries.append(Attempt(backend.id, 0.0, None, "BreakerOpen"))
+                continue
+            for retry in (False, True):
+                started = time.perf_counter()
+                try:
+                    result = await call(backend, deadline)
+                except TimeoutError:
+                    last = UpstreamTimeout("overall", self.timeouts.overall)
+                except RouterError as exc:
+                    last = exc
+                else:
+                    await self.breakers.record_success(backend.id)
+                    ex.tries.append(Attempt(backend.id, _ms(started), 200))
+                    return result
+                ex.tries.append(Attempt(backend.id, _ms(started), last.status, last.kind))
+                await self.breakers.record_failure(backend.id, last.retryable)
+                remaining = deadline - time.monotonic()
+                if retry or not last.retryable or i < len(order) or remaining <= 0:
+                    break
+                # The last backend standing: one retry, if the budget and the deadline allow.
+                pause = _pause(last, self.backoff_s)
+                if pause is None or pause >= remaining or not self.retry_budget.spend():
+                    break
+                ex.retries += 1
+                await asyncio.sleep(pause)
+            assert last is not None
+            if last.code == "context_length_exceeded":
+                # Only a larger window can help; the decision's estimate was too low for this one.
+                window = backend.context_window
+                order = order[:i] + [m for m in order[i:] if self.catalog[m].context_window > window]
+                continue
+            if not last.next_candidate or time.monotonic() >= deadline:
+                break
+        if last is None:
+            raise ServiceUnavailable(
+                f"every candidate backend is failing and paused by its breaker: {', '.join(skipped)}"
+            )
+        raise last
+
+
+def _pause(err: RouterError, base: float) -> float | None:
+    """Seconds to wait before retrying: the provider's Retry-After, else jittered backoff."""
+    retry_after = getattr(err, "retry_after", None)
+    if retry_after is not None:
+        return float(retry_after)
+    return base * (0.5 + random.random())
+
+
+async def _until_content(
+    events: AsyncIterator[sse.Event], observer: StreamObserver, phases: Phases, backend: Backend
+) -> CommittedStream:
+    held: list[sse.Event] = []
+    try:
+        async for ev in events:
+            phases.byte()
+            if ev.name in _FAILURE_EVENTS or ev.data.startswith(b'{"error"'):
+                raise UpstreamError(f"backend {backend.id!r} failed before its first token")
+            held.append(ev)
+            if observer.observe(ev.name, ev.data):
+                phases.token()
+                break
+    except BaseException:
+        # Timeouts and failures before the commit point must not leave the connection open.
+        await events.aclose()  # type: ignore[attr-defined]
+        raise
+    return CommittedStream(backend, observer, held, events)
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+
+def _loop_deadline(monotonic_deadline: float) -> float:
+    """asyncio deadlines are on the loop's clock; convert from time.monotonic()."""
+    loop = asyncio.get_running_loop()
+    return loop.time() + (monotonic_deadline - time.monotonic())

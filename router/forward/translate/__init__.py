@@ -1,0 +1,74 @@
+"""Cross-protocol calls through litellm, for backends that do not speak the client's protocol.
+
+Same-protocol traffic never comes here: it is relayed byte for byte (``router.forward.upstream``). Each
+client protocol has one small module that turns the client's body into a litellm call and the
+reply (or stream) back into the client's wire format:
+
+* ``chat_client``      OpenAI Chat Completions client -> Anthropic (or any litellm chat) backend
+* ``anthropic_client`` Anthropic Messages client -> OpenAI-protocol backend
+* ``responses_client`` OpenAI Responses client -> Chat Completions or Anthropic backend
+
+Every failure surfaces as a ``router.errors`` type (see ``upstream_errors``): from ``complete``;
+from ``open_stream`` until the upstream has answered; from the frame iterator after that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from types import ModuleType
+from typing import Any
+
+from router.errors import BadRequest
+from router.forward.translate import anthropic_client, chat_client, responses_client
+from router.forward.translate.target import Target
+from router.forward.translate.upstream_errors import to_router_error
+
+__all__ = ["Target", "complete", "open_stream"]
+
+_CLIENTS: dict[str, ModuleType] = {
+    "openai_chat": chat_client,
+    "anthropic": anthropic_client,
+    "openai_responses": responses_client,
+}
+
+
+def _client(client_protocol: str) -> ModuleType:
+    try:
+        return _CLIENTS[client_protocol]
+    except KeyError:
+        raise BadRequest(f"no translation for client protocol {client_protocol!r}") from None
+
+
+async def complete(client_protocol: str, body: dict[str, Any], target: Target) -> dict[str, Any]:
+    """One non-streamed call; the reply is in the client's protocol, usage included."""
+    client = _client(client_protocol)
+    try:
+        result: dict[str, Any] = await client.complete(body, target)
+    except Exception as exc:  # a translation bug here must still reach the caller as a RouterError
+        raise to_router_error(exc, target) from None
+    return result
+
+
+async def open_stream(client_protocol: str, body: dict[str, Any], target: Target) -> AsyncIterator[bytes]:
+    """Start a streamed call; returns once the upstream has answered, yielding whole SSE frames."""
+    client = _client(client_protocol)
+    try:
+        frames: AsyncIterator[bytes] = await client.open_stream(body, target)
+    except Exception as exc:
+        raise to_router_error(exc, target) from None
+    return frames
+
+
+async def warm_up() -> None:
+    """Run litellm's call path once without a network call (``mock_response``).
+
+    Its first call in a process imports and builds a good deal lazily (a quarter of a second
+    here); paying that at startup keeps it off some agent's first cross-protocol request.
+    """
+    from router.forward.translate.litellm_setup import get_litellm
+
+    with contextlib.suppress(Exception):  # a warm-up must never stop the router from starting
+        await get_litellm().acompletion(
+            model="openai/warm-up", messages=[{"role": "user", "content": "."}], mock_response="."
+        )

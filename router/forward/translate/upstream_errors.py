@@ -1,0 +1,210 @@
+"""Map whatever litellm raises onto the router's error tree.
+
+litellm wraps failures several layers deep and its outer status is not always the provider's
+(an Anthropic 529 surfaces as a 500, a refused connection as a 500 too), so the exception chain is
+read: transport failures and timeouts by their type, HTTP failures by the innermost status.
+Messages name the provider, the status and the provider's own short error text; they never carry
+the API key, litellm's request dump or the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import re
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upstream_status
+from router.forward.translate.target import Target
+
+_PREFIX = re.compile(r"^(?:litellm\.)?\w+(?:Error|Exception)\s*(?::|-)\s*", re.ASCII)
+_HANDLE_WITH = re.compile(r"\.?\s*Handle with `[^`]*`\.?\s*$")
+_MAX_TEXT = 300
+_DECODER = json.JSONDecoder()
+
+
+def to_router_error(exc: BaseException, target: Target) -> RouterError:
+    """The router error for one failed litellm call (or for a translation that failed here)."""
+    if isinstance(exc, RouterError):
+        return exc
+    provider = target.litellm_model.split("/", 1)[0] if "/" in target.litellm_model else "litellm"
+    chain = list(_chain(exc))
+    timeout = next((e for e in chain if _is_timeout(e)), None)
+    if timeout is not None:
+        return UpstreamTimeout("connect" if _is_connect_timeout(timeout) else "overall", target.timeout)
+    status = _status(chain)
+    transport = next((e for e in chain if _is_transport(e)), None)
+    if transport is not None and (status is None or status == 500):
+        # litellm reports a refused connection or a cut stream as a 500; it is neither.
+        root = next((e for e in reversed(chain) if _is_transport(e)), transport)
+        what = "unreachable" if _is_connect(chain) else "broke off its reply"
+        return UpstreamError(f"{provider} backend {what} ({type(root).__name__})")
+    if status is not None:
+        text = _redact(_provider_text(chain), target.api_key)
+        message = (
+            f"{provider} backend answered {status}: {text}"
+            if text
+            else f"{provider} backend answered {status}"
+        )
+        err = from_upstream_status(status, message, _retry_after_of(chain))
+        if any(type(e).__name__ == "ContextWindowExceededError" for e in chain):
+            # Lets the executor fall over to a larger window instead of failing the request.
+            err.code = "context_length_exceeded"
+        return err
+    # The translation failed here or inside litellm: this backend cannot take the request as it
+    # is, another backend may; trying this one again would fail the same way.
+    err = UpstreamError(f"translation for the {provider} backend failed ({type(exc).__name__})")
+    err.retryable = False
+    err.next_candidate = True
+    return err
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 16:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _names(exc: BaseException) -> set[str]:
+    return {f"{cls.__module__.split('.')[0]}.{cls.__name__}" for cls in type(exc).__mro__}
+
+
+_TIMEOUTS = {
+    "httpx.TimeoutException",
+    "openai.APITimeoutError",
+    "litellm.Timeout",
+    "aiohttp.ServerTimeoutError",
+}
+_CONNECT_TIMEOUTS = {"httpx.ConnectTimeout", "aiohttp.ConnectionTimeoutError"}
+_TRANSPORT = {
+    "httpx.TransportError",
+    "openai.APIConnectionError",
+    "aiohttp.ClientConnectionError",
+    "aiohttp.ClientPayloadError",
+    "builtins.ConnectionError",
+}
+_CONNECT = {"httpx.ConnectError", "aiohttp.ClientConnectorError", "builtins.ConnectionRefusedError"}
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError | asyncio.TimeoutError) or bool(_names(exc) & _TIMEOUTS)
+
+
+def _is_connect_timeout(exc: BaseException) -> bool:
+    return bool(_names(exc) & _CONNECT_TIMEOUTS)
+
+
+def _is_transport(exc: BaseException) -> bool:
+    return bool(_names(exc) & _TRANSPORT)
+
+
+def _is_connect(chain: list[BaseException]) -> bool:
+    return any(_names(e) & _CONNECT for e in chain)
+
+
+def _status(chain: list[BaseException]) -> int | None:
+    """The provider's HTTP status: the innermost one recorded, not litellm's outer wrapper's."""
+    found: int | None = None
+    for exc in chain:
+        for attr in ("provider_status_code", "status_code"):
+            value = getattr(exc, attr, None)
+            if isinstance(value, int) and 400 <= value < 600:
+                found = value
+                break
+    return found
+
+
+def _provider_text(chain: list[BaseException]) -> str | None:
+    """The provider's own error message, from a parsed body or the JSON inside litellm's text."""
+    for exc in chain:
+        text = _message_of(getattr(exc, "body", None))
+        if text:
+            return _short(text)
+    raw = getattr(chain[0], "message", None)
+    raw = raw if isinstance(raw, str) else str(chain[0])
+    start = raw.find("{")
+    if start >= 0:
+        try:
+            text = _message_of(_DECODER.raw_decode(raw, start)[0])
+        except ValueError:
+            text = None
+        if text:
+            return _short(text)
+    cleaned = raw.strip()
+    for _ in range(4):  # litellm stacks its prefixes: "litellm.X: XError: OpenAIException - ..."
+        cleaned = _PREFIX.sub("", cleaned, count=1)
+    cleaned = _HANDLE_WITH.sub("", cleaned)
+    return _short(cleaned) if cleaned and "{" not in cleaned else None
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text[:_MAX_TEXT] + ("..." if len(text) > _MAX_TEXT else "")
+
+
+def _message_of(body: Any) -> str | None:
+    if isinstance(body, Mapping):
+        err = body.get("error")
+        if isinstance(err, Mapping) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    return None
+
+
+def _redact(text: str | None, api_key: str | None) -> str | None:
+    if text and api_key and len(api_key) >= 4:
+        text = text.replace(api_key, "[redacted]")
+    return text
+
+
+def _retry_after_of(chain: list[BaseException]) -> float | None:
+    for exc in chain:
+        seconds = retry_after(exc)
+        if seconds is not None:
+            return seconds
+    return None
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds to wait from the provider's retry-after-ms or Retry-After header, if it sent one."""
+    response = getattr(exc, "response", None)
+    for headers in (getattr(exc, "litellm_response_headers", None), getattr(response, "headers", None)):
+        if headers is None:
+            continue
+        try:
+            ms = headers.get("retry-after-ms")
+            value = headers.get("retry-after")
+        except (AttributeError, TypeError):
+            continue
+        try:
+            if ms is not None:
+                return max(0.0, float(ms) / 1000)
+        except (TypeError, ValueError):
+            pass
+        seconds = _parse_retry_after(value)
+        if seconds is not None:
+            return seconds
+    return None
+
+
+def _parse_retry_after(value: Any) -> float | None:
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

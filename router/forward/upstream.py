@@ -1,0 +1,252 @@
+"""The only module that calls model providers.
+
+Two paths, chosen per backend:
+
+* **relay** — the backend speaks the client's protocol and has a known base URL: the request is
+  sent with aiohttp over pooled keep-alive connections and the reply's bytes are passed on as
+  they come (the router only watches the events go by);
+* **translate** — anything else goes through litellm (``router.forward.translate``), which converts the
+  request and the reply (streamed or not) between protocols and reaches providers we do not
+  speak natively.
+
+The provider request is built here from the allow-listed body, the catalog entry and the key
+from the environment: the client chooses none of the URL, the key or the headers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from yarl import URL
+
+from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upstream_status
+from router.forward.timeouts import Timeouts
+from router.forward.translate.target import Target
+from router.policy.catalog import Backend
+from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, WIRES, ClientRequest, sse
+from router.protocols.common import FAMILY
+
+DEFAULT_BASES = {
+    ("openai", "openai"): "https://api.openai.com/v1",
+    ("openai", "openai_responses"): "https://api.openai.com/v1",
+    ("anthropic", "anthropic"): "https://api.anthropic.com",
+}
+_BETA = re.compile(r"^[a-z0-9.,_ -]{1,512}$")
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def relay_base(backend: Backend, client_protocol: str) -> str | None:
+    """The base URL to relay to, or None when litellm must translate."""
+    if FAMILY[client_protocol] != backend.protocol:
+        return None
+    return backend.api_base or DEFAULT_BASES.get((backend.provider, backend.protocol))
+
+
+def provider_body(req: ClientRequest, backend: Backend) -> dict[str, Any]:
+    """The client's allow-listed body, fitted to this backend."""
+    body = dict(req.body)
+    body["model"] = backend.wire_model
+    limit = backend.max_output_tokens
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        if isinstance(body.get(key), int) and body[key] > limit:
+            body[key] = limit
+    if req.protocol == OPENAI_CHAT and req.stream:
+        # Usage is needed for accounting; the usage chunk is hidden from clients that did not ask.
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    if req.protocol == ANTHROPIC and "thinking" in body and not backend.thinking:
+        body.pop("thinking")
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A whole reply in the client's protocol: parsed, and as received when it is relayed."""
+
+    obj: dict[str, Any]
+    raw: bytes | None = None
+
+    def body(self) -> bytes:
+        return self.raw if self.raw is not None else orjson.dumps(self.obj)
+
+
+class Upstream:
+    def __init__(self, timeouts: Timeouts) -> None:
+        self.timeouts = timeouts
+        self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=60, ttl_dns_cache=300)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeouts.connect, sock_read=self.timeouts.idle
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, json_serialize=lambda o: orjson.dumps(o).decode(),
+            auto_decompress=True, skip_auto_headers=("User-Agent",),
+            # One session serves every client: a cookie a provider sets for one must not reach
+            # another's call (and the jar's bookkeeping is per-request work for nothing).
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _headers(
+        self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]
+    ) -> dict[str, str]:
+        key = backend.api_key()
+        headers = {"content-type": "application/json", "user-agent": "router/0.1"}
+        if backend.protocol == "anthropic":
+            if key:
+                headers["x-api-key"] = key
+            version = client_headers.get("anthropic-version", ANTHROPIC_VERSION)
+            headers["anthropic-version"] = version if _BETA.match(version) else ANTHROPIC_VERSION
+            beta = client_headers.get("anthropic-beta")
+            if beta and _BETA.match(beta):
+                headers["anthropic-beta"] = beta
+        elif key:
+            headers["authorization"] = f"Bearer {key}"
+        if req.stream:
+            headers["accept"] = "text/event-stream"
+        return headers
+
+    def _url(self, url: str) -> URL:
+        # Parsing the same few backend URLs on every call showed in profiles; they are cached.
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = URL(url)
+        return parsed
+
+    async def _post(
+        self, url: str, body: dict[str, Any], headers: dict[str, str], backend: Backend
+    ) -> aiohttp.ClientResponse:
+        assert self._session is not None, "Upstream.start() was not called"
+        try:
+            resp = await self._session.post(self._url(url), data=orjson.dumps(body), headers=headers)
+        except aiohttp.ConnectionTimeoutError:
+            raise UpstreamTimeout("connect", self.timeouts.connect) from None
+        except aiohttp.ServerTimeoutError:
+            raise UpstreamTimeout("idle", self.timeouts.idle) from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"backend {backend.id!r} unreachable: {type(exc).__name__}") from None
+        if resp.status >= 400:
+            raw = await resp.read()
+            resp.release()
+            text = _error_text(raw)
+            key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
+            if key and key in text:
+                text = text.replace(key, "[redacted]")  # some providers echo the key they refused
+            raise from_upstream_status(
+                resp.status, f"backend {backend.id!r} answered {resp.status}: {text}",
+                _retry_after(resp.headers.get("retry-after")),
+            )  # fmt: skip
+        return resp
+
+    async def complete(self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]) -> Reply:
+        """A non-streamed reply, in the client's protocol."""
+        base = relay_base(backend, req.protocol)
+        if base is None:
+            from router.forward import translate
+
+            obj = await translate.complete(req.protocol, provider_body(req, backend), self._target(backend))
+            return Reply(obj)
+        wire = WIRES[req.protocol]
+        body = provider_body(req, backend)
+        resp = await self._post(base + wire.path, body, self._headers(req, backend, client_headers), backend)
+        try:
+            raw = await resp.read()
+        except aiohttp.ServerTimeoutError:
+            raise UpstreamTimeout("idle", self.timeouts.idle) from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"backend {backend.id!r} broke off its reply: {type(exc).__name__}") from None
+        finally:
+            resp.release()
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(f"backend {backend.id!r} sent a reply that is not JSON") from None
+        if not isinstance(obj, dict):
+            raise UpstreamError(f"backend {backend.id!r} sent a reply that is not a JSON object")
+        return Reply(obj, raw)
+
+    async def open_stream(
+        self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]
+    ) -> AsyncIterator[sse.Event]:
+        """Start a streamed call; errors before the reply starts raise here, later ones from the iterator."""
+        base = relay_base(backend, req.protocol)
+        if base is None:
+            from router.forward import translate
+
+            frames = await translate.open_stream(
+                req.protocol, provider_body(req, backend), self._target(backend)
+            )
+            return sse.events(_guard(frames, backend, self.timeouts))
+        wire = WIRES[req.protocol]
+        body = provider_body(req, backend)
+        resp = await self._post(base + wire.path, body, self._headers(req, backend, client_headers), backend)
+        ctype = resp.headers.get("content-type", "")
+        if "text/event-stream" not in ctype:
+            raw = await resp.read()
+            resp.release()
+            raise UpstreamError(
+                f"backend {backend.id!r} did not stream (content-type {ctype!r}): {_error_text(raw)}"
+            )
+        return sse.events(_guard(resp.content.iter_any(), backend, self.timeouts, resp))
+
+    def _target(self, backend: Backend) -> Target:
+        return Target(
+            litellm_model=backend.litellm_model,
+            api_base=backend.api_base,
+            api_key=backend.api_key(),
+            timeout=self.timeouts.overall,
+        )
+
+
+async def _guard(
+    chunks: AsyncIterator[bytes],
+    backend: Backend,
+    timeouts: Timeouts,
+    resp: aiohttp.ClientResponse | None = None,
+) -> AsyncIterator[bytes]:
+    """Turn transport failures mid-stream into router errors that name what happened; release ``resp``."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except RouterError:
+        raise
+    except (TimeoutError, aiohttp.ServerTimeoutError):
+        raise UpstreamTimeout("idle", timeouts.idle) from None
+    except (aiohttp.ClientError, ValueError) as exc:
+        raise UpstreamError(f"backend {backend.id!r} broke off the stream: {type(exc).__name__}") from None
+    finally:
+        if resp is not None:
+            resp.release()
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def _error_text(raw: bytes, limit: int = 300) -> str:
+    """The provider's own error message, short; falls back to a byte count, never to the body."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return f"{len(raw)} bytes, not JSON"
+    err = obj.get("error") if isinstance(obj, dict) else None
+    msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
+    return str(msg)[:limit] if msg else "no message"
+
+
+__all__ = ["OPENAI_RESPONSES", "Upstream", "provider_body", "relay_base"]

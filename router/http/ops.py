@@ -1,0 +1,58 @@
+"""Operations endpoints: ``GET /metrics`` (Prometheus) and ``GET /v1/tasks/{task_id}`` (the task ledger).
+
+``/metrics`` is open, like the health endpoints: it holds counts, timings and dollars per backend,
+never prompts or keys, and scrapers rarely carry credentials. The ledger names tasks and their
+spend, so it takes the master key when one is set.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from router.errors import BadRequest, RouterError
+from router.telemetry.health import HealthCollector
+from router.telemetry.ledger import load_task
+from router.telemetry.metrics import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from router.app.factory import Services
+
+
+class TaskNotFound(BadRequest):
+    status = 404
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"no request of task {task_id!r} is in the log", code="task_not_found", param="task_id"
+        )
+
+
+def register_ops(app: FastAPI, s: Services) -> None:
+    # Routes are labelled by the policy in force, which a reload may replace.
+    s.telemetry.use_policy(lambda: s.policy)
+    registry = getattr(getattr(s.telemetry, "metrics", None), "registry", None)
+    if registry is not None:
+        registry.register(HealthCollector(s))
+
+    @app.get("/metrics", tags=["ops"])
+    async def metrics() -> Response:
+        body = s.telemetry.exposition()
+        if body is None:
+            return Response(b"metrics are not enabled\n", 404, media_type="text/plain")
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/tasks/{task_id:path}", tags=["ops"])
+    async def task(task_id: str, request: Request) -> Response:
+        try:
+            await s.auth.check(request, master_only=True)
+            ledger = await load_task(s.store, task_id)
+            if ledger is None:
+                raise TaskNotFound(task_id)
+        except RouterError as err:
+            return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
+        return Response(orjson.dumps(ledger), media_type="application/json")

@@ -1,0 +1,75 @@
+"""Task outcomes: explicit verdicts from clients, and weak labels read from conversations.
+
+``POST /v1/outcomes`` records a verdict on one attempt of a task. It is idempotent per
+(task, attempt): sending the same verdict twice stores one row, and a later verdict replaces an
+earlier one. Signals the router reads from the conversation (test summaries, exit codes,
+loops) are stored beside it with their own source; at training time an explicit outcome
+overrides every weak label.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from router.errors import BadRequest, RouterError
+from router.protocols.common import load_json, validation_message
+from router.store.records import OutcomeRecord
+
+if TYPE_CHECKING:
+    from router.app.factory import Services
+
+EXPLICIT = "explicit"
+
+
+class OutcomeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task_id: Annotated[str, Field(min_length=1, max_length=200)]
+    success: bool
+    score: Annotated[float, Field(ge=0, le=1)] | None = None
+    source: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    attempt: Annotated[int, Field(ge=1, le=1000)] | None = None
+    details: dict[str, Any] | None = None
+
+
+class Unprocessable(BadRequest):
+    status = 422
+
+
+class TaskNotFound(RouterError):
+    status = 404
+    openai_type = "invalid_request_error"
+    anthropic_type = "not_found_error"
+
+
+async def post_outcome(request: Request, s: Services) -> Response:
+    try:
+        await s.auth.check(request)
+        body = load_json(await request.body())
+        try:
+            out = OutcomeIn.model_validate(body)
+        except ValidationError as exc:
+            raise Unprocessable(validation_message(exc)) from None
+        state = s.tracker.peek(out.task_id)
+        rows = [] if state is not None else await s.store.requests_for_task(out.task_id)
+        if state is None and not rows:
+            raise TaskNotFound(f"unknown task {out.task_id!r}: no request of this task has been logged")
+        attempt = out.attempt or (state.attempt if state else max(r.get("attempt") or 1 for r in rows))
+        details = dict(out.details or {})
+        if out.source:
+            details["client_source"] = out.source
+        rec = OutcomeRecord(
+            task_id=out.task_id, attempt=attempt, success=out.success, score=out.score,
+            source=EXPLICIT, details=details or None, ts=time.time(), explicit=True,
+        )  # fmt: skip
+        await s.store.write_outcome(rec)
+        s.tracker.outcome(out.task_id, attempt, out.success)
+    except RouterError as err:
+        return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
+    result = {"task_id": out.task_id, "attempt": attempt, "success": out.success, "recorded": True}
+    return Response(orjson.dumps(result), 200, media_type="application/json")

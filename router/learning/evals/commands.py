@@ -1,0 +1,107 @@
+"""`router eval`: offline evaluation of the learned policy on recorded agent outcomes.
+
+Only the argument definitions load with the CLI; the evaluation's imports (scikit-learn,
+matplotlib) wait until the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from router.errors import ConfigError
+
+if TYPE_CHECKING:
+    from router.learning.evals.runner import Settings
+
+#: The data shipped with the repository (relative to the checkout).
+DEFAULT_DATA = Path("evals") / "data" / "swebench-verified"
+
+
+def default_data_dir() -> Path:
+    """The shipped data: beside the package in a checkout, else relative to the working directory."""
+    beside = Path(__file__).resolve().parents[3] / DEFAULT_DATA
+    return beside if beside.is_dir() else DEFAULT_DATA
+
+
+def _relative(path: Path) -> Path:
+    # Reports name the shipped data as a checkout would, not by this machine's absolute path.
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train", type=Path, default=None, help=f"data directory (default {DEFAULT_DATA})")
+    p.add_argument("--test", type=Path, help="held-out data directory; without it, N-fold cross-validation")
+    p.add_argument("--retries", type=int, default=None, help="retries after a failed attempt (default 0)")
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="fold shuffle and random baseline (default 0)")
+    p.add_argument("--min-success", type=float, help="success floor the policy enforces from its predictions")
+    p.add_argument("--max-cost-per-task", type=float, help="per-task budget in USD the policy plans within")
+    p.add_argument("--config", help="take the objective (max_attempts, min_success, max_cost_per_task) from this policy file; flags override")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--out", type=Path, help="write report.md, report.json and PNG plots here")
+    p.add_argument("--workers", type=int, default=None, help="processes for the folds (default: up to 2)")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    from router.learning.evals import runner
+
+    retries, min_success, budget = args.retries, args.min_success, args.max_cost_per_task
+    if args.config:
+        from router.policy.config import load_policy
+
+        o = load_policy(args.config).spec.objective
+        retries = o.max_attempts - 1 if retries is None else retries
+        min_success = o.min_success if min_success is None else min_success
+        budget = o.max_cost_per_task if budget is None else budget
+    retries = 0 if retries is None else retries
+    if not 0 <= retries <= 9:
+        raise ConfigError(f"--retries: expected 0-9, got {retries}")
+    if args.folds < 2:
+        raise ConfigError(f"--folds: expected at least 2, got {args.folds}")
+    if min_success is not None and not 0 <= min_success <= 1:
+        raise ConfigError(f"--min-success: expected a share in [0, 1], got {min_success}")
+    if budget is not None and budget <= 0:
+        raise ConfigError(f"--max-cost-per-task: expected dollars > 0, got {budget}")
+    extra: dict[str, Any] = {} if args.workers is None else {"workers": max(1, args.workers)}
+    return runner.Settings(retries=retries, folds=args.folds, seed=args.seed, min_success=min_success,
+                           max_cost_per_task=budget, **extra)  # fmt: skip
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import orjson
+    from rich.console import Console
+
+    from router.learning.evals import loader, report, runner
+
+    settings = settings_from(args)
+    started = time.monotonic()
+    train = loader.load(args.train or _relative(default_data_dir()))
+    if args.test is not None:
+        result = runner.train_test(train, loader.load(args.test), settings)
+    else:
+        if settings.folds > len(train.tasks):
+            raise ConfigError(f"--folds {settings.folds}: {train.source} has only {len(train.tasks)} tasks")
+        result = runner.cross_validate(train, settings)
+    result["policy"]["setup"]["seconds"] = round(time.monotonic() - started, 1)
+    clean = report.jsonable(result)
+    if args.out is not None:
+        out: Path = args.out
+        images = report.plots(result, out)
+        (out / "report.md").write_text(report.markdown(result, images), encoding="utf-8")
+        (out / "report.json").write_bytes(orjson.dumps(clean, option=orjson.OPT_INDENT_2))
+    if args.json:
+        sys.stdout.write(orjson.dumps(clean).decode() + "\n")
+    else:
+        # A pipe gets the full table too, not 80 columns of wrapped cells.
+        console = Console() if sys.stdout.isatty() else Console(width=170)
+        report.print_table(result, console)
+        if args.out is not None:
+            console.print(f"wrote {args.out}/report.md, report.json, cost_success.png, share_of_calls.png")
+    return 0

@@ -1,0 +1,172 @@
+"""The router as it would be deployed on one fold: log → `router train` path → policy → decider.
+
+The training tasks become log records (one logged attempt per task × model, with an explicit
+outcome and the run's real cost), which go through ``dataset.build`` and ``fit`` exactly as
+``router train`` reads a log. The artifact is written, pinned by sha256 in a policy built from
+``models.csv``, and loaded by ``runtime.scorer_for`` — the loader the proxy uses — so every
+choice in the replay is ``Decider.decide`` on the features of the task's first request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from router.features.task import vector as taskfeatures
+from router.learning.evals.arrival import REQUESTED_MODEL, Arrival
+from router.learning.evals.loader import Dataset, Model
+from router.learning.training import dataset
+from router.learning.training.fit import fit
+from router.policy.catalog import Catalog, build_catalog
+from router.policy.config import Policy, PolicyFile
+from router.policy.decide import Decider, Scorer
+from router.policy.runtime import scorer_for
+from router.store.records import OutcomeRecord, RequestRecord
+
+#: Windows large enough that no SWE-bench opening request is excluded on size.
+CONTEXT_WINDOW = 1_000_000
+MAX_OUTPUT = 64_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Knobs:
+    """The objective block of the policy file."""
+
+    max_attempts: int = 1
+    min_success: float | None = None
+    max_cost_per_task: float | None = None
+
+
+def policy_for(
+    models: Sequence[Model], knobs: Knobs, *, artifact: Path | None = None, sha256: str | None = None,
+    source: str = "(router eval)",
+) -> Policy:  # fmt: skip
+    """A policy with one route (``auto``) whose candidates are all the models, validated as a file is."""
+    raw: dict[str, Any] = {
+        "name": "eval",
+        "models": [
+            {
+                "id": m.id,
+                "litellm_model": f"openai/{m.id}",
+                "protocol": "openai",
+                "context_window": CONTEXT_WINDOW,
+                "max_output_tokens": MAX_OUTPUT,
+                "prices": {
+                    "input": m.usd_per_m_input,
+                    "output": m.usd_per_m_output,
+                    "cache_read": m.usd_per_m_cached_input
+                    if m.usd_per_m_cached_input is not None
+                    else m.usd_per_m_input,
+                },
+            }
+            for m in models
+        ],
+        "routes": [{"match": REQUESTED_MODEL, "candidates": [m.id for m in models]}],
+        "objective": {
+            "max_attempts": knobs.max_attempts,
+            "min_success": knobs.min_success,
+            "max_cost_per_task": knobs.max_cost_per_task,
+        },
+    }
+    if artifact is not None and sha256 is not None:
+        raw["learned"] = {"artifact": str(artifact), "sha256": sha256}
+    return Policy(PolicyFile.model_validate(raw), source)
+
+
+def catalog_for(policy: Policy) -> Catalog:
+    # Every price and window is given, so litellm's price map is never consulted.
+    return build_catalog(policy, lookup=lambda _model: None)
+
+
+def log_records(
+    data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The training tasks as the log would hold them under a uniform logging policy.
+
+    The data has one independent run per task × model, so each run is logged as the first
+    attempt of its own task session, chosen with propensity 1/len(models).
+    """
+    models = data.model_ids
+    candidates = [{"model": m} for m in models]
+    requests: list[dict[str, Any]] = []
+    outcomes: list[dict[str, Any]] = []
+    ts = 1_700_000_000.0
+    for tid in task_ids:
+        vec = taskfeatures.to_json(arrivals[tid].vector)
+        for m in models:
+            o = data.outcome(tid, m)
+            ts += 1.0
+            session = f"{tid}#{m}"
+            rec = RequestRecord(
+                request_id=f"{session}#1", ts=ts, task_id=session, attempt=1, protocol="openai_chat",
+                requested_model=REQUESTED_MODEL, chosen_model=m, status=200, cost_usd=o.cost,
+                propensity=1.0 / len(models), candidates=candidates, task_features=vec,
+            )  # fmt: skip
+            requests.append(_row(rec, RequestRecord.columns()))
+            out = OutcomeRecord(task_id=session, attempt=1, success=o.resolved, score=None,
+                                source="explicit", details=None, ts=ts + 0.5, explicit=True)  # fmt: skip
+            outcomes.append(_row(out, OutcomeRecord.columns()))
+    return requests, outcomes
+
+
+def _row(record: object, columns: tuple[str, ...]) -> dict[str, Any]:
+    # A shallow dict, as the store returns rows (``asdict`` would deep-copy every shared list).
+    return {c: getattr(record, c) for c in columns}
+
+
+def train(data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival]) -> bytes:
+    """The artifact ``router train`` would write from these tasks' log."""
+    requests, outcomes = log_records(data, task_ids, arrivals)
+    rows = dataset.build(requests, outcomes, now=float("inf"))
+    return orjson.dumps(fit(rows), option=orjson.OPT_INDENT_2)
+
+
+class Deployment:
+    """One trained artifact on disk, and deciders built from it for any objective knobs."""
+
+    def __init__(self, data: Dataset, artifact: bytes, workdir: Path) -> None:
+        self.models = data.models
+        self.path = workdir / "learned.json"
+        self.path.write_bytes(artifact)
+        self.sha256 = hashlib.sha256(artifact).hexdigest()
+        self.workdir = workdir
+
+    def decider(self, knobs: Knobs) -> Decider:
+        policy = policy_for(self.models, knobs, artifact=self.path, sha256=self.sha256,
+                            source=str(self.workdir / "policy.yaml"))  # fmt: skip
+        scorer: Scorer | None = scorer_for(policy)
+        if scorer is None:  # pragma: no cover - the policy always pins the artifact
+            raise RuntimeError("the evaluation policy lost its learned block")
+        return Decider(policy, catalog_for(policy), scorer)
+
+
+def price_decider(models: Sequence[Model]) -> Decider:
+    """The router without a learned artifact: cheapest expected call cost first."""
+    policy = policy_for(models, Knobs())
+    return Decider(policy, catalog_for(policy))
+
+
+class Router:
+    """Chooses the model of each attempt with ``Decider.decide``, as the proxy does at an attempt's start."""
+
+    def __init__(self, decider: Decider, arrivals: Mapping[str, Arrival], budget: float | None) -> None:
+        self.decider = decider
+        self.arrivals = arrivals
+        self.budget = budget
+
+    def __call__(self, task_id: str, attempt: int, failed: tuple[str, ...], spent: float) -> str:
+        base = self.arrivals[task_id].features
+        features = dataclasses.replace(
+            base,
+            task_vector=self.arrivals[task_id].vector,
+            attempt=attempt,
+            failed_models=failed,
+            pinned=None,
+            task_budget_left=None if self.budget is None else max(self.budget - spent, 0.0),
+        )
+        return self.decider.decide(features).chosen

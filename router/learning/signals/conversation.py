@@ -1,0 +1,206 @@
+"""Signals read from the recent part of a conversation: tests, exits, errors, loops, failure runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from router.learning.signals.base import (
+    BUILD_ERROR,
+    DEFAULT_WEIGHTS,
+    EXIT_CODE,
+    RUNTIME_ERROR,
+    TESTS,
+    TOOL_FAILURES,
+    TOOL_LOOP,
+    Signal,
+    Weights,
+)
+from router.learning.signals.text import DEFAULT_MAX_CHARS
+from router.learning.signals.toolresult import ToolOutcome, analyze, glance
+from router.learning.signals.transcript import Event, ToolCall, ToolResult, message_events
+
+_Analyzed = tuple[ToolResult, ToolOutcome, ToolCall | None]
+#: What one message says: its tool calls, and its tool results with a glance at each.
+_Read = list[tuple[Event, ToolOutcome | None]]
+
+
+def _tests(results: Sequence[_Analyzed], w: Weights) -> Signal | None:
+    for age, (_, out, call) in enumerate(reversed(results)):
+        t = out.tests
+        if t is not None:
+            details = t.as_dict() | {"age": age, "tool": call.name if call else None}
+            return Signal(TESTS, t.pass_fraction, t.ok, w.aged(w.tests, age), details)
+    return None
+
+
+def _exit_code(results: Sequence[_Analyzed], w: Weights) -> Signal | None:
+    for age, (_, out, call) in enumerate(reversed(results)):
+        if out.exit_code is not None:
+            # A non-zero exit is weak evidence (grep finding nothing exits 1); zero says nothing.
+            success = False if out.exit_code != 0 else None
+            details = {"code": out.exit_code, "age": age, "tool": call.name if call else None}
+            return Signal(EXIT_CODE, float(out.exit_code), success, w.aged(w.exit_code, age), details)
+    return None
+
+
+def _error(results: Sequence[_Analyzed], w: Weights, name: str, base: float) -> Signal | None:
+    """The latest build or runtime error, unless a later result shows things working again."""
+    for age, (_, out, call) in enumerate(reversed(results)):
+        kind = out.build_error if name == BUILD_ERROR else out.runtime_error
+        if kind is not None:
+            return Signal(
+                name,
+                None,
+                False,
+                w.aged(base, age),
+                {"kind": kind, "age": age, "tool": call.name if call else None},
+            )
+        if out.clean:
+            return None
+    return None
+
+
+def _failure_run(results: Sequence[_Analyzed], w: Weights, k: int) -> Signal | None:
+    run = 0
+    for _, out, _ in reversed(results):
+        if not out.failed:
+            break
+        run += 1
+    if run < k or run == 0:
+        return None
+    tools = [call.name if call else None for _, _, call in results[-run:]]
+    return Signal(TOOL_FAILURES, float(run), False, w.tool_failures, {"run": run, "tools": tools})
+
+
+def _loop(calls: Sequence[ToolCall], results: Sequence[_Analyzed], w: Weights, n: int) -> Signal | None:
+    """The strongest of three loop shapes, if any reaches ``n`` repeats.
+
+    Repeating a call is normal (edit, test, edit, test), so a call counts as looping only when it
+    repeats back to back or keeps returning the same output; a failure that keeps coming back
+    unchanged, whatever the call, is the agent stuck.
+    """
+    found: list[tuple[int, str, str | None]] = []
+    run, best_run, best_call = 0, 0, None
+    for i, c in enumerate(calls):
+        run = run + 1 if i and c.key == calls[i - 1].key else 1
+        if run > best_run:
+            best_run, best_call = run, c
+    if best_call is not None:
+        found.append((best_run, "consecutive_call", best_call.name))
+    same = Counter((call.key, out.digest) for _, out, call in results if call is not None)
+    if same:
+        (key, _), count = same.most_common(1)[0]
+        found.append((count, "same_call_same_result", key[0]))
+    failing = Counter(out.digest for _, out, _ in results if out.failed)
+    if failing:
+        digest, count = failing.most_common(1)[0]
+        name = next((c.name for _, o, c in reversed(results) if o.digest == digest and c), None)
+        found.append((count, "same_failing_result", name))
+    count, kind, tool = max(found, default=(0, "", None), key=lambda f: f[0])
+    if count < max(n, 2):  # one call is not a loop, whatever the caller asks
+        return None
+    return Signal(TOOL_LOOP, float(count), False, w.tool_loop, {"kind": kind, "count": count, "tool": tool})
+
+
+def _read(message: Any, max_chars: int | None) -> _Read:
+    return [
+        (e, glance(e.text, e.is_error, max_chars=max_chars) if isinstance(e, ToolResult) else None)
+        for e in message_events(message)
+    ]
+
+
+def _window(
+    messages: Any, window: int, max_chars: int | None, seen: list[Any] | None, full: bool
+) -> tuple[list[ToolCall], list[_Analyzed]]:
+    """The tool calls of the last ``window`` messages, and their results (fully analysed if ``full``)."""
+    start = max(0, len(messages) - window)
+    if seen is not None and len(seen) == len(messages):
+        reads = []
+        for i in range(start, len(messages)):
+            if seen[i] is None:
+                seen[i] = _read(messages[i], max_chars)
+            reads.append(seen[i])
+    else:
+        reads = [_read(m, max_chars) for m in messages[start:]]
+    pairs = [pair for read in reads for pair in read]
+    calls = [e for e, _ in pairs if isinstance(e, ToolCall)]
+    by_id = {c.call_id: c for c in calls if c.call_id}
+    results: list[_Analyzed] = []
+    for e, outcome in pairs:
+        if isinstance(e, ToolResult) and outcome is not None:
+            if full:
+                outcome = analyze(e.text, e.is_error, max_chars=max_chars)
+            results.append((e, outcome, by_id.get(e.call_id) if e.call_id else None))
+    return calls, results
+
+
+def extract(
+    protocol: str,
+    messages: Any,
+    *,
+    window: int = 20,
+    loop_threshold: int = 3,
+    failure_run: int = 3,
+    max_chars: int | None = DEFAULT_MAX_CHARS,
+    weights: Weights = DEFAULT_WEIGHTS,
+    seen: list[Any] | None = None,
+) -> list[Signal]:
+    """Signals from the last ``window`` messages (Responses: input items) of a request.
+
+    ``protocol`` is "openai_chat", "anthropic" or "openai_responses"; the shapes of all three are
+    recognised whatever it says. Each tool result is read up to its last ``max_chars``. Malformed
+    input yields fewer signals, never an exception.
+
+    ``seen``, one slot per message (None: not read yet), is for a caller that keeps it between
+    the requests of a conversation (``router.features.memo``): what each message of the window says
+    is stored in its slot, and a filled slot is used instead of reading the message again. The
+    slots must come from calls with the same ``max_chars``.
+    """
+    del protocol  # the shapes identify themselves; kept for the caller's symmetry with fingerprints
+    if not isinstance(messages, list | tuple) or window <= 0:
+        return []
+    calls, results = _window(messages, window, max_chars, seen, full=True)
+    found = [
+        _tests(results, weights),
+        _exit_code(results, weights),
+        _error(results, weights, BUILD_ERROR, weights.build_error),
+        _error(results, weights, RUNTIME_ERROR, weights.runtime_error),
+        _failure_run(results, weights, failure_run),
+        _loop(calls, results, weights, loop_threshold),
+    ]
+    return [s for s in found if s is not None]
+
+
+def switches(
+    protocol: str,
+    messages: Any,
+    *,
+    window: int = 20,
+    loop_threshold: int = 3,
+    failure_run: int = 3,
+    max_chars: int | None = DEFAULT_MAX_CHARS,
+    weights: Weights = DEFAULT_WEIGHTS,
+    seen: list[Any] | None = None,
+) -> list[Signal]:
+    """The signals of ``extract`` that may move a task off its model: a tool loop, a run of failing
+    tools. They need only a glance at each result (exit code, digest), so this is what a routing
+    decision waits for; the rest can be read after. Arguments as for ``extract``."""
+    del protocol
+    if not isinstance(messages, list | tuple) or window <= 0:
+        return []
+    calls, results = _window(messages, window, max_chars, seen, full=False)
+    if not calls and not results:
+        return []
+    found = [_failure_run(results, weights, failure_run), _loop(calls, results, weights, loop_threshold)]
+    return [s for s in found if s is not None]
+
+
+def without_tools(seen: list[Any] | None, n_messages: int, window: int = 20) -> bool:
+    """Whether the last ``window`` messages hold no tool call or result, as ``switches`` read them
+    into ``seen``: then ``extract`` can find nothing. False when that is not known."""
+    if seen is None or len(seen) != n_messages:
+        return False
+    tail = seen[max(0, n_messages - window) :]
+    return all(read is not None and not read for read in tail)

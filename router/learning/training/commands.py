@@ -1,0 +1,168 @@
+"""`router train` and `router promote`."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from router.errors import ConfigError
+from router.learning.training import dataset, offpolicy
+from router.learning.training.fit import fit
+from router.learning.training.outputs import fit_output_tokens
+from router.policy.config import Policy, load_policy
+from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.state import StateConfig, open_state
+from router.store import open_store
+
+
+async def read_log(store_url: str, since: float = 0.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    store = open_store(store_url)
+    await store.open()
+    try:
+        return await store.requests_since(since), await store.outcomes_since(0.0)
+    finally:
+        await store.close()
+
+
+def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
+    """The new artifact as the router would run it, without exploration."""
+    artifact = Artifact.from_bytes(raw, source="(new artifact)", expected_sha256=None)
+    o = policy.spec.objective
+    return LearnedScorer(artifact, Objective(o.max_attempts, o.min_success, o.max_cost_per_task))
+
+
+def train(
+    store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None
+) -> dict[str, Any]:
+    console = console or Console()
+    policy = load_policy(config)
+    requests, outcomes = asyncio.run(read_log(store_url, since))
+    rows = dataset.build(requests, outcomes, abandon_after_s=policy.spec.tasks.abandon_after_s)
+    artifact = fit(rows)
+    artifact["output_tokens"] = fit_output_tokens(requests)
+    raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
+    scorer = scorer_for_evaluation(raw, policy)
+
+    def choose(r: dataset.AttemptRow) -> str:
+        plan, _ = scorer.plan(r.vector, r.actions, attempt=r.attempt, failed=r.failed_before)
+        return plan.models[0]
+
+    new = offpolicy.evaluate(rows, choose)
+    old = offpolicy.logged(rows)
+    ips = offpolicy.evaluate(rows, choose, snips=False)
+    artifact["offpolicy"] = {
+        "logged": _est(old),
+        "new_snips": _est(new),
+        "new_ips": _est(ips),
+    }
+    raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
+    sha = hashlib.sha256(raw).hexdigest()
+    _print(console, artifact, path, sha)
+    return {"path": str(path), "sha256": sha, **artifact}
+
+
+def _est(e: offpolicy.Estimate) -> dict[str, Any]:
+    def r(x: float) -> float | None:
+        return None if math.isnan(x) or math.isinf(x) else round(x, 6)
+
+    return {
+        "success": r(e.success), "cost_per_attempt": r(e.cost_per_attempt),
+        "cost_per_completed": r(e.cost_per_completed),
+        "ci_success": [r(x) for x in e.ci_success],
+        "ci_cost_per_completed": [r(x) for x in e.ci_cost_per_completed], "matched": e.matched,
+    }  # fmt: skip
+
+
+def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
+    d, m = a["data"], a["metrics"]
+    console.print(f"[bold]data[/]: {d['attempts']} attempts of {d['tasks']} tasks, "
+                  f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d['from_ts']))} → "
+                  f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d['to_ts']))}; labels {d['labels']}")  # fmt: skip
+    console.print(f"[bold]calibration[/]: Brier {m['brier']} (base rate alone: {m['brier_base_rate']})")
+    rel = Table("bin", "n", "predicted", "observed", title="reliability (out-of-fold)")
+    for b in m["reliability"]:
+        rel.add_row(b["bin"], str(b["n"]), f"{b['predicted']:.2f}", f"{b['observed']:.2f}")
+    console.print(rel)
+    models = Table("model", "attempts", "success", "mean $/attempt", title="per model")
+    for mid, p in a["models"].items():
+        models.add_row(mid, str(p["n"]), f"{p['success_rate']:.0%}", f"{p['mean_cost']:.5f}")
+    console.print(models)
+    t = Table("policy", "success", "95% CI", "$ per completed task", "95% CI", "attempts used",
+              title="off-policy estimate")  # fmt: skip
+    o = a["offpolicy"]
+    for name, e in (("logged (produced the log)", o["logged"]), ("new, SNIPS", o["new_snips"]),
+                    ("new, IPS", o["new_ips"])):  # fmt: skip
+        t.add_row(name, _fmt(e["success"], "{:.1%}"), _ci(e["ci_success"], "{:.1%}"),
+                  _fmt(e["cost_per_completed"], "${:.5f}"), _ci(e["ci_cost_per_completed"], "${:.5f}"),
+                  str(e["matched"]))  # fmt: skip
+    console.print(t)
+    console.print(
+        f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>"
+    )
+
+
+def _fmt(x: float | None, f: str) -> str:
+    return "n/a" if x is None else f.format(x)
+
+
+def _ci(ci: list[float | None], f: str) -> str:
+    return "n/a" if None in ci else f"{f.format(ci[0])}-{f.format(ci[1])}"
+
+
+_LEARNED_BLOCK = re.compile(r"^learned:\n(?:[ \t]+.*\n?)*", re.MULTILINE)
+
+
+def promote(artifact: str, config: str, redis_url: str | None = None, redis_prefix: str = "router:") -> str:
+    """Pin ``artifact`` in the policy file (path and sha256); running routers pick it up."""
+    art = Path(artifact).resolve()
+    raw = art.read_bytes()
+    Artifact.from_bytes(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now
+    sha = hashlib.sha256(raw).hexdigest()
+    cfg = Path(config)
+    text = cfg.read_text(encoding="utf-8")
+    try:
+        rel = art.relative_to(cfg.resolve().parent)
+    except ValueError:
+        rel = art
+    block = f"learned:\n  artifact: {rel}\n  sha256: {sha}\n"
+    new = (
+        _LEARNED_BLOCK.sub(block, text, count=1)
+        if _LEARNED_BLOCK.search(text)
+        else text.rstrip("\n") + "\n\n" + block
+    )
+    # Validate before writing: a promotion never leaves a policy file the router would refuse.
+    tmp = cfg.with_suffix(cfg.suffix + ".promote")
+    tmp.write_text(new, encoding="utf-8")
+    try:
+        policy = load_policy(tmp)
+        if policy.learned_path is None:
+            raise ConfigError(f"{config}: the learned block did not parse")
+        # An atomic swap: a watching router reads the old file or the new one, never half of one.
+        os.replace(tmp, cfg)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if redis_url:
+        asyncio.run(_publish(redis_url, redis_prefix, hashlib.sha256(new.encode()).hexdigest()))
+    return sha
+
+
+async def _publish(redis_url: str, prefix: str, version: str) -> None:
+    """Tell every replica to reload now (each also polls its files, for when Redis is away)."""
+    state = open_state(redis_url, StateConfig(prefix=prefix))
+    try:
+        await state.policy.publish_version(version)
+    finally:
+        await state.aclose()

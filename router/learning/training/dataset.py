@@ -1,0 +1,108 @@
+"""The log as a training set: one row per task attempt, with its model, outcome and cost.
+
+An attempt's label is its explicit outcome when the client sent one; else the weak label read
+from the conversation (the latest test run first); else, for an attempt with no request for
+``abandon_after_s``, a failure marked "abandoned"; attempts still in progress are left out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.features.task import vector as taskfeatures
+from router.features.task.vector import Vector
+
+
+@dataclass(slots=True)
+class AttemptRow:
+    task_id: str
+    attempt: int
+    model: str
+    vector: Vector
+    success: bool
+    label_source: str
+    cost: float
+    n_calls: int
+    #: Probability the logging policy gave to ``model`` for this attempt's first main-loop call.
+    propensity: float
+    #: The models the logging policy could have chosen (eligible candidates of that call).
+    actions: list[str]
+    failed_before: list[str] = field(default_factory=list)
+    ts: float = 0.0
+
+
+def _label(outcomes: list[Mapping[str, Any]]) -> tuple[bool, str] | None:
+    explicit = [o for o in outcomes if o.get("explicit")]
+    if explicit:
+        o = max(explicit, key=lambda o: o.get("ts") or 0)
+        return bool(o["success"]), "explicit"
+    if not outcomes:
+        return None
+    tests = [o for o in outcomes if o.get("source") == "tests"]
+    o = max(tests or outcomes, key=lambda o: o.get("ts") or 0)
+    return bool(o["success"]), str(o.get("source"))
+
+
+def build(
+    requests: Iterable[Mapping[str, Any]],
+    outcomes: Iterable[Mapping[str, Any]],
+    *,
+    abandon_after_s: float = 1800,
+    now: float | None = None,
+) -> list[AttemptRow]:
+    now = time.time() if now is None else now
+    by_attempt: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    vectors: dict[str, Vector] = {}
+    for r in requests:
+        task = r.get("task_id")
+        if not task:
+            continue
+        if r.get("task_features") and task not in vectors:
+            vectors[task] = taskfeatures.from_json(r["task_features"])
+        by_attempt[(task, int(r.get("attempt") or 1))].append(r)
+    labels: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for o in outcomes:
+        labels[(o["task_id"], int(o.get("attempt") or 0))].append(o)
+
+    rows: list[AttemptRow] = []
+    for (task, attempt), reqs in sorted(by_attempt.items(), key=lambda kv: kv[1][0]["ts"]):
+        if task not in vectors:
+            continue
+        main = [
+            r for r in reqs if not r.get("side_call") and r.get("status") == 200 and r.get("chosen_model")
+        ]
+        if not main:
+            continue
+        label = _label(labels.get((task, attempt), []) or labels.get((task, 0), []))
+        if label is None:
+            if now - max(r["ts"] for r in reqs) < abandon_after_s:
+                continue  # still in progress
+            label = (False, "abandoned")
+        model = Counter(r["chosen_model"] for r in main).most_common(1)[0][0]
+        first = main[0]
+        actions = [c["model"] for c in (first.get("candidates") or []) if not c.get("excluded")] or [model]
+        rows.append(
+            AttemptRow(
+                task_id=task,
+                attempt=attempt,
+                model=model,
+                vector=taskfeatures.with_attempt(vectors[task], attempt),
+                success=label[0],
+                label_source=label[1],
+                cost=sum(r.get("cost_usd") or 0.0 for r in reqs),
+                n_calls=len(main),
+                propensity=float(first.get("propensity") or 1.0),
+                actions=actions,
+                ts=float(first["ts"]),
+            )
+        )
+    failed: dict[str, list[str]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: (r.task_id, r.attempt)):
+        row.failed_before = list(failed[row.task_id])
+        if not row.success:
+            failed[row.task_id].append(row.model)
+    return rows

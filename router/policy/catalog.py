@@ -1,0 +1,150 @@
+"""The model catalog as the router uses it: prices, windows and credentials resolved.
+
+Prices and limits a policy file leaves out come from litellm's price map (bundled with the
+package, read offline). A backend's key is read from its environment variable when a call is
+made, so a key rotated in the environment needs no reload, and a missing key is an error that
+names the variable rather than a failure at startup for a backend that may never be chosen.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from router.errors import ConfigError, MissingCredentials
+from router.policy.config import ModelSpec, Policy
+
+PriceLookup = Callable[[str], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per token (not per million) so cost is a plain dot product."""
+
+    input: float
+    output: float
+    cache_read: float
+    cache_write: float
+
+    def cost(self, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0) -> float:
+        """``input_tokens`` excludes cached reads and writes, which are priced on their own."""
+        return (
+            input_tokens * self.input
+            + output_tokens * self.output
+            + cache_read * self.cache_read
+            + cache_write * self.cache_write
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    id: str
+    litellm_model: str
+    protocol: str
+    api_base: str | None
+    api_key_env: str | None
+    price: Price
+    context_window: int
+    max_output_tokens: int
+    tools: bool
+    vision: bool
+    thinking: bool
+    cache_ttl_s: float
+    max_concurrency: int | None = None
+
+    @property
+    def provider(self) -> str:
+        return self.litellm_model.split("/", 1)[0] if "/" in self.litellm_model else "openai"
+
+    @property
+    def wire_model(self) -> str:
+        """The model name the provider's own API expects (litellm's provider prefix removed)."""
+        return self.litellm_model.split("/", 1)[1] if "/" in self.litellm_model else self.litellm_model
+
+    def api_key(self, env: Mapping[str, str] | None = None) -> str | None:
+        if self.api_key_env is None:
+            return None
+        value = (os.environ if env is None else env).get(self.api_key_env)
+        if not value:
+            raise MissingCredentials(
+                f"backend {self.id!r} cannot be called: environment variable {self.api_key_env} is not set"
+            )
+        return value
+
+
+class Catalog:
+    def __init__(self, backends: Mapping[str, Backend]) -> None:
+        self.backends = dict(backends)
+
+    def __getitem__(self, model_id: str) -> Backend:
+        return self.backends[model_id]
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(self.backends.values())
+
+
+def build_catalog(policy: Policy, lookup: PriceLookup | None = None) -> Catalog:
+    lookup = lookup or litellm_price_lookup
+    backends = {}
+    for i, spec in enumerate(policy.spec.models):
+        backends[spec.id] = _backend(spec, lookup, f"{policy.source}: models[{i}]")
+    return Catalog(backends)
+
+
+def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
+    p = spec.prices
+    known = None
+    if None in (p.input, p.output, spec.context_window, spec.max_output_tokens):
+        known = lookup(spec.litellm_model) or {}
+
+    def per_token(given: float | None, key: str, field: str, default: float | None = None) -> float:
+        if given is not None:
+            return given / 1e6
+        value = known.get(key) if known else None
+        if value is None:
+            if default is not None:
+                return default
+            raise ConfigError(
+                f"{where}.prices.{field}: not given, and litellm's price map has no price for "
+                f"{spec.litellm_model!r}"
+            )
+        return float(value)
+
+    input_price = per_token(p.input, "input_cost_per_token", "input")
+    price = Price(
+        input=input_price,
+        output=per_token(p.output, "output_cost_per_token", "output"),
+        cache_read=per_token(p.cache_read, "cache_read_input_token_cost", "cache_read", input_price),
+        cache_write=per_token(p.cache_write, "cache_creation_input_token_cost", "cache_write", input_price),
+    )
+    window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")
+    if not window:
+        raise ConfigError(
+            f"{where}.context_window: not given, and litellm does not know {spec.litellm_model!r}"
+        )
+    max_out = spec.max_output_tokens or (known or {}).get("max_output_tokens") or 4096
+    return Backend(
+        id=spec.id,
+        litellm_model=spec.litellm_model,
+        protocol=spec.protocol,
+        api_base=spec.api_base.rstrip("/") if spec.api_base else None,
+        api_key_env=spec.api_key_env,
+        price=price,
+        context_window=int(window),
+        max_output_tokens=int(max_out),
+        tools=spec.capabilities.tools,
+        vision=spec.capabilities.vision,
+        thinking=spec.capabilities.thinking,
+        cache_ttl_s=spec.cache_ttl_s,
+        max_concurrency=spec.max_concurrency,
+    )
+
+
+def litellm_price_lookup(litellm_model: str) -> Mapping[str, Any] | None:
+    from router.forward.translate.litellm_setup import get_litellm
+
+    cost_map: Mapping[str, Any] = get_litellm().model_cost
+    bare = litellm_model.split("/", 1)[1] if "/" in litellm_model else litellm_model
+    return cost_map.get(litellm_model) or cost_map.get(bare)
