@@ -25,6 +25,7 @@ import aiohttp
 
 from benchmarks.bodies import Template
 from benchmarks.procs import own_cpu_seconds
+from benchmarks.replay import Replay
 
 #: The first text delta of an OpenAI chat stream (the role-only first chunk has ``"content":""``).
 OPENAI_CONTENT = re.compile(rb'"content":\s?"[^"]')
@@ -40,7 +41,7 @@ class Call:
 
     path: str
     headers: Mapping[str, str]
-    body: Template
+    body: Template | Replay
     stream: bool
     #: Found in the first content chunk of a stream.
     content: re.Pattern[bytes] | None = None
@@ -48,6 +49,11 @@ class Call:
     end: bytes = b""
     #: Distinct tasks the requests are spread over (each task's conversation repeats, its last turn differs).
     tasks: int = 64
+
+    def next_body(self, worker: int, n: int) -> bytes:
+        if isinstance(self.body, Replay):  # real conversations, each worker replaying its own
+            return self.body.next(worker, n)
+        return self.body.render(n % self.tasks, n)
 
 
 @dataclass
@@ -96,10 +102,10 @@ async def run_cell(
         connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
     ) as session:
 
-        async def worker() -> None:
+        async def worker(w: int) -> None:
             while not window.closed:
                 n = next(counter)
-                body = call.body.render(n % call.tasks, n)
+                body = call.next_body(w, n)
                 started = time.perf_counter()
                 ok, ttft, error = await _one(session, url, call, body, started)
                 ended = time.perf_counter()
@@ -116,7 +122,7 @@ async def run_cell(
                 if ttft is not None:
                     result.ttfts_ms.append(ttft * 1000)
 
-        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        workers = [asyncio.create_task(worker(w)) for w in range(concurrency)]
         try:
             await asyncio.sleep(warmup_s)
             cpu0 = _read(probes)
@@ -180,15 +186,14 @@ async def run_count(
         auto_decompress=False,
     ) as session:
 
-        async def worker() -> None:
+        async def worker(w: int) -> None:
             nonlocal left, errors
             while left > 0:
                 left -= 1
-                i = next(counter)
                 ok, _, _ = await _one(
-                    session, url, call, call.body.render(i % call.tasks, i), time.perf_counter()
+                    session, url, call, call.next_body(w, next(counter)), time.perf_counter()
                 )
                 errors += not ok
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
     return errors

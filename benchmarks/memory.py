@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks import bodies, scenarios
+from benchmarks import bodies, replay, scenarios
 from benchmarks.loadgen import Call, run_count
 from benchmarks.procs import Services, choose_pinning, rss_bytes
 from benchmarks.report import ROUTER
@@ -49,16 +49,24 @@ def issue_calls(n: int) -> list[Call]:
     return calls
 
 
-async def drive(url: str, pid: int, rounds: int, per_round: int) -> list[tuple[int, float, float]]:
-    """(requests so far, RSS MiB, seconds) after each round."""
-    calls = issue_calls(N_ISSUES)
+def conversation_calls(n: int) -> list[Call]:
+    """``n`` real agent runs in flight at once, interleaved turn by turn (``benchmarks.replay``)."""
+    base = scenarios.call(scenarios.SCENARIOS["replay"], ROUTER)
+    assert isinstance(base.body, replay.Replay)
+    return [dataclasses.replace(base, body=dataclasses.replace(base.body, slots=n))]
+
+
+async def drive(
+    url: str, pid: int, rounds: int, per_round: int, calls: list[Call], concurrency: int = 1
+) -> list[tuple[int, float, float]]:
+    """(requests so far, RSS MiB, seconds) after each round; each call is sent by its own workers."""
     counter = itertools.count()  # request numbers, and so task numbers: never repeated
     out = [(0, rss_bytes(pid) / 2**20, 0.0)]
     sent = 0
     for _ in range(rounds):
         started = time.perf_counter()
         share = max(1, per_round // len(calls))
-        failed = sum(await asyncio.gather(*(run_count(url, c, 1, share, counter) for c in calls)))
+        failed = sum(await asyncio.gather(*(run_count(url, c, concurrency, share, counter) for c in calls)))
         if failed:
             raise SystemExit(f"{failed} requests failed")
         sent += share * len(calls)
@@ -67,16 +75,16 @@ async def drive(url: str, pid: int, rounds: int, per_round: int) -> list[tuple[i
     return out
 
 
-def render(points: list[tuple[int, float, float]], max_tasks: int) -> str:
+def render(points: list[tuple[int, float, float]], title: str) -> str:
     lines = [
-        f"Router RSS while every request starts a new task (real issue texts; ROUTER_MAX_TASKS={max_tasks:,}):",
-        "| requests (= tasks) | RSS MiB | change MiB | round s |",
-        "|-------------------:|--------:|-----------:|--------:|",
+        title,
+        "| requests | RSS MiB | change MiB | round s |",
+        "|---------:|--------:|-----------:|--------:|",
     ]
     prev = None
     for sent, mib, secs in points:
         change = "–" if prev is None else f"{mib - prev:+,.0f}"
-        lines.append(f"| {sent:>18,} | {mib:>7,.0f} | {change:>10} | {secs:>7.1f} |")
+        lines.append(f"| {sent:>8,} | {mib:>7,.0f} | {change:>10} | {secs:>7.1f} |")
         prev = mib
     return "\n".join(lines)
 
@@ -87,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=8, help="rounds of requests (default 8)")
     p.add_argument("--per-round", type=int, default=25_600, help="new tasks per round (default 25,600)")
     p.add_argument("--max-tasks", type=int, default=100_000, help="the router's ROUTER_MAX_TASKS")
+    p.add_argument(
+        "--conversations", type=int,
+        help="instead of a new task per request: this many real agent runs in flight at once, replayed "
+        "turn by turn (16 workers); shows what the conversation memo's bound holds",
+    )  # fmt: skip
     args = p.parse_args(argv)
     handle_interrupts()
     pin = choose_pinning(True)
@@ -97,10 +110,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Services(workdir) as svc:
             settings = {"ROUTER_MAX_TASKS": str(args.max_tasks)}
             router = start(svc, pin, workdir, with_litellm=False, router_env=settings)[ROUTER]
-            points = _run(drive(router.url, router.pid, args.rounds, args.per_round))
+            if args.conversations:
+                calls, workers = conversation_calls(args.conversations), CONCURRENCY
+                title = (f"Router RSS with {args.conversations:,} real agent conversations in flight "
+                         f"(ROUTER_TRANSCRIPT_MEMORY_BYTES default, ROUTER_MAX_TASKS={args.max_tasks:,}):")  # fmt: skip
+            else:
+                calls, workers = issue_calls(N_ISSUES), 1
+                title = ("Router RSS while every request starts a new task (real issue texts; "
+                         f"ROUTER_MAX_TASKS={args.max_tasks:,}):")  # fmt: skip
+            points = _run(drive(router.url, router.pid, args.rounds, args.per_round, calls, workers))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(render(points, args.max_tasks))
+    print(render(points, title))
     return 0
 
 

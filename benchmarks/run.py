@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import itertools
 import os
 import shutil
@@ -23,14 +24,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
+import aiohttp
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks import learned, litellm_proxy, passthrough, routing, scenarios
+from benchmarks import learned, litellm_proxy, passthrough, replay, routing, scenarios
 from benchmarks.loadgen import CellResult, run_cell, run_count
 from benchmarks.procs import (
     Pinning,
@@ -44,6 +47,7 @@ from benchmarks.procs import (
     runqueue_wait_seconds,
     steal_seconds,
 )
+from benchmarks.replay import Replay
 from benchmarks.report import LITELLM, PASSTHROUGH, ROUTER, UPSTREAM, Row, summary, table
 from benchmarks.scenarios import Scenario
 
@@ -113,11 +117,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     concurrency = tuple(int(c) for c in levels.split(",") if c)
     if args.quick and args.concurrency is None:
         # Agent-sized and translated rows once each: they are the slow ones.
-        chosen = tuple(
-            Scenario(s.name, s.description, s.anthropic, s.stream, s.models, s.agent, (1,))
-            if s.concurrency else s
-            for s in chosen
-        )  # fmt: skip
+        chosen = tuple(dataclasses.replace(s, concurrency=(1,)) if s.concurrency else s for s in chosen)
     return Plan(
         scenarios=chosen,
         concurrency=concurrency,
@@ -187,7 +187,48 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-async def drive(plan: Plan, services: dict[str, Service], memory: dict[str, Any]) -> list[Row]:
+async def prompt_counts(url: str) -> dict[str, float]:
+    """The router's prompt-sizing counters: memo hits and misses, exact counts before deciding."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    out = {"hit": 0.0, "miss": 0.0, "counted": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "router_prompt_memo_total":
+                out[sample.labels["result"]] = sample.value
+            elif sample.name == "router_prompt_counted_before_decision_total":
+                out["counted"] = sample.value
+    return out
+
+
+@dataclass
+class ReplayStats:
+    """What the replay scenarios sent, and what the router's conversation memo made of it."""
+
+    replays: dict[str, list[Replay]] = field(default_factory=dict)
+    prompt: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, scenario: str, before: dict[str, float], after: dict[str, float]) -> None:
+        total = self.prompt.setdefault(scenario, {"hit": 0.0, "miss": 0.0, "counted": 0.0})
+        for k in total:
+            total[k] += after[k] - before[k]
+
+    def render(self) -> str:
+        lines = ["Replay scenarios (real agent runs, turn by turn):"]
+        for name, played in self.replays.items():
+            lines.append(f"  {name}: {replay.describe(played)}")
+            p = self.prompt.get(name)
+            if p and (n := p["hit"] + p["miss"]):
+                lines.append(
+                    f"    router: conversation memo hit rate {p['hit'] / n:.1%} of {n:,.0f} requests; "
+                    f"exact token count needed before deciding on {p['counted'] / n:.1%}"
+                )
+        return "\n".join(lines)
+
+
+async def drive(
+    plan: Plan, services: dict[str, Service], memory: dict[str, Any], played: ReplayStats
+) -> list[Row]:
     counters = {name: itertools.count() for name in services}
     up = services[UPSTREAM]
 
@@ -211,10 +252,16 @@ async def drive(plan: Plan, services: dict[str, Service], memory: dict[str, Any]
             for target, service in services.items():
                 if target not in sc.models:
                     continue  # the pass-through cannot translate
+                call = scenarios.call(sc, target)
+                counted = sc.replay and target == ROUTER
+                before = await prompt_counts(service.url) if counted else {}
                 result = await run_cell(
-                    service.url, scenarios.call(sc, target), c, plan.duration_s, plan.warmup_s, probes(target),
-                    counters[target],
+                    service.url, call, c, plan.duration_s, plan.warmup_s, probes(target), counters[target],
                 )  # fmt: skip
+                if counted:
+                    played.add(sc.name, before, await prompt_counts(service.url))
+                if isinstance(call.body, Replay):
+                    played.replays.setdefault(sc.name, []).append(call.body)
                 rows.append(Row(sc.name, c, target, result))
                 _progress(_cell_line(sc.name, c, target, result))
     router = services[ROUTER]
@@ -316,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.sched_setaffinity(0, {pin.driver})
     workdir = Path(tempfile.mkdtemp(prefix="router-bench-"))
     memory: dict[str, Any] = {}
+    played = ReplayStats()
     try:
         with Services(workdir) as svc:
             _progress(
@@ -325,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             services = start(svc, pin, workdir, not args.no_litellm, not args.no_floor)
             memory["rss_start"] = rss_bytes(services[ROUTER].pid)
-            rows = _run(drive(plan, services, memory))
+            rows = _run(drive(plan, services, memory, played))
         info_end = machine()
         cases = [] if args.no_routing else routing.run(budget_s=0.2 if args.quick else 1.5)
     finally:
@@ -341,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         summary(rows),
         "",
+        *([played.render(), ""] if played.replays else []),
         f"Memory (router RSS): {memory['rss_start'] / 2**20:.0f} MiB at start (ready, before any request) → "
         f"{memory['rss_after'] / 2**20:.0f} MiB after {memory['requests']:,} requests",
         f"Load average at end: {info_end['loadavg']}",

@@ -58,6 +58,8 @@ class PromptSize:
     high: int
     #: The request repeats one of its conversation's last requests.
     repeat: bool = False
+    #: Leading messages shared with a remembered request of the conversation (0: a memo miss).
+    remembered: int = 0
     pending: list[_Unknown] = field(default_factory=list)
     snapshot: Snapshot | None = None
 
@@ -114,7 +116,9 @@ class PromptSizer:
             messages, counts, system, old.system_tokens if old and match.same_system else None,
             tools, old.tools_tokens if old and match.same_tools else None, weight, facts,
         )  # fmt: skip
-        size = PromptSize(REPLY_PRIMING, REPLY_PRIMING, REPLY_PRIMING, REPLY_PRIMING, match.repeat, [], snap)
+        size = PromptSize(
+            REPLY_PRIMING, REPLY_PRIMING, REPLY_PRIMING, REPLY_PRIMING, match.repeat, match.prefix, [], snap
+        )
         ratio = self.chars_per_token
         # Only the new tail is looked at one by one (and earlier messages still being counted).
         n = len(messages)

@@ -150,8 +150,10 @@ class Proxy:
         state = await taskcontext.enter(
             self.s, req, feats, rec, all_headers.get("x-router-attempt"), size.repeat, size.facts
         )
+        counted = not size.settled and self.s.decider.size_matters(feats, size.low, size.high)
+        self.s.telemetry.prompt_sized(size.remembered > 0, counted)
         if not size.settled:
-            if self.s.decider.size_matters(feats, size.low, size.high):
+            if counted:
                 feats.prompt_tokens = self.s.sizer.settle(size)  # a hard limit is never decided on a guess
             elif size.pending_chars <= INLINE_CHARS:
                 # Counted once the reply is out (``_close``), not while the client waits.

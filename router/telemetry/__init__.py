@@ -45,6 +45,9 @@ class Telemetry:
     def use_policy(self, current: Callable[[], Policy]) -> None:
         """Where to find the policy in force (it may be reloaded), for naming routes."""
 
+    def prompt_sized(self, remembered: bool, counted: bool) -> None:
+        """A prompt was sized: from the conversation memo or not; counted exactly before deciding or not."""
+
 
 class RouterTelemetry(Telemetry):
     """Metrics always (in-process counters, cheap); spans only when a tracer is configured.
@@ -76,6 +79,9 @@ class RouterTelemetry(Telemetry):
 
     def use_policy(self, current: Callable[[], Policy]) -> None:
         self.metrics.route_of = _route_namer(current)
+
+    def prompt_sized(self, remembered: bool, counted: bool) -> None:
+        self._guard(self.metrics.prompt_sized, remembered, counted)
 
     def _guard(self, fn: Callable[..., None], *args: object) -> None:
         try:

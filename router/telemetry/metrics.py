@@ -86,6 +86,11 @@ class RequestMetrics:
                                  "failed first; backend is the last one tried.", ("backend",), registry=r)  # fmt: skip
         self.retries = Counter("router_retries", "Failed upstream tries that were followed by another try, "
                                "by the backend that failed and why.", ("backend", "reason"), registry=r)  # fmt: skip
+        self.memo = Counter("router_prompt_memo", "Requests by whether the conversation memo knew their "
+                            "leading messages (hit) or not (miss).", ("result",), registry=r)  # fmt: skip
+        self.counted = Counter("router_prompt_counted_before_decision", "Requests whose prompt had to be "
+                               "counted exactly before deciding (the estimate's bounds mattered).",
+                               registry=r)  # fmt: skip
         self.cache_hit = Gauge("router_prompt_cache_hit_ratio", "Cached share of input tokens since start "
                                "(for a window use rate of router_tokens_total cache_read over input).",
                                ("backend",), registry=r)  # fmt: skip
@@ -139,6 +144,11 @@ class RequestMetrics:
             for t in tries[:-1]:
                 reason = t.get("error_type") or str(t.get("status") or "unknown")
                 self._child(self.retries, str(t.get("model") or "none"), reason).inc()
+
+    def prompt_sized(self, remembered: bool, counted: bool) -> None:
+        self._child(self.memo, "hit" if remembered else "miss").inc()
+        if counted:
+            self.counted.inc()
 
     def _count_tokens(self, rec: RequestRecord, backend: str) -> None:
         values = (rec.input_tokens, rec.output_tokens, rec.cache_read_tokens, rec.cache_write_tokens,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks import bodies, memory, routing
+from benchmarks import bodies, memory, replay, routing
 from benchmarks.loadgen import CellResult
 from benchmarks.profile import parse_collapsed
 from benchmarks.report import Row, percentile, table
@@ -106,3 +107,63 @@ def test_table_shows_added_latency_and_the_litellm_ratio() -> None:
     router_line = next(line for line in text.splitlines() if "| router" in line)
     assert "+1.00" in router_line and "4.0×" in router_line
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+
+
+@pytest.mark.parametrize("protocol", ["openai_chat", "anthropic"])
+def test_a_replay_sends_each_real_run_turn_by_turn_as_a_tool_calling_agent(protocol: str) -> None:
+    from router.protocols import WIRES
+
+    runs = replay.load()[:3]
+    played = replay.Replay(runs, "m", stream=True, anthropic=protocol == "anthropic")
+    for run in runs:
+        previous: list[object] = []
+        for turn in range(len(run.steps)):
+            req = WIRES[protocol].parse(played.next(0, len(played.sizes)))
+            assert [t["name"] for t in _tool_names(req.tools)] == ["bash"]
+            opening = 1 if protocol == "anthropic" else 2  # the task (after the system message in Chat)
+            assert len(req.messages) == (len(previous) + 2 if turn else opening)
+            assert req.messages[: len(previous)] == previous  # the conversation only grows
+            previous = req.messages
+        assert played.turns[-1] == len(run.steps)
+    calls = [c for m in previous if isinstance(m, dict) for c in _commands(m)]
+    assert calls and all(isinstance(c, str) and c for c in calls)
+
+
+def _tool_names(tools: list[dict]) -> list[dict]:
+    return [t.get("function", t) for t in tools]
+
+
+def _commands(message: dict) -> list[str]:
+    if "tool_calls" in message:
+        return [orjson.loads(c["function"]["arguments"])["command"] for c in message["tool_calls"]]
+    content = message.get("content")
+    if isinstance(content, list):
+        return [b["input"]["command"] for b in content if b.get("type") == "tool_use"]
+    return []
+
+
+def test_every_replay_is_its_own_task_and_slots_interleave_conversations() -> None:
+    run = replay.load()[:1]
+    played = replay.Replay(run, "m", stream=False, anthropic=False)
+    first = orjson.loads(played.next(0, 100))["messages"][1]["content"]
+    other = orjson.loads(played.next(1, 101))["messages"][1]["content"]
+    assert first != other and first.startswith("[replay 100] ") and other.startswith("[replay 101] ")
+    interleaved = replay.Replay(run, "m", stream=False, anthropic=False, slots=3)
+    sizes = [len(orjson.loads(interleaved.next(0, n))["messages"]) for n in range(6)]
+    assert sizes == [2, 2, 2, 4, 4, 4]  # three conversations, each advanced once per round
+
+
+@pytest.mark.integration
+def test_a_replay_cell_reports_bytes_turns_and_the_routers_conversation_memo(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--no-litellm", "--no-pin", "--no-routing", "--no-floor",
+         "--scenarios", "replay", "--concurrency", "1", "--duration", "0.5", "--warmup", "0.1",
+         "--memory-requests", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| replay" in proc.stdout
+    memo = re.search(r"conversation memo hit rate ([\d.]+)% of (\d+) requests", proc.stdout)
+    assert memo is not None, proc.stdout
+    assert float(memo.group(1)) > 50 and int(memo.group(2)) > 0  # later turns extend earlier ones
+    assert re.search(r"replay: [\d,]+ requests; body KB p10/p50/p90/max", proc.stdout)
