@@ -128,6 +128,10 @@ class FakeUpstream:
     def clear(self) -> None:
         self._call(self._server.recorder.clear)
 
+    def open_streams(self) -> int:
+        """Streamed replies still being written (one whose client left ends at its next write)."""
+        return self._call(lambda: self._server.open_streams)
+
     def set_behaviour(self, model: str, **fields: Any) -> None:
         """Set ``model``'s behaviour (no fields clears it); raises ``BehaviourError`` for bad fields."""
         overrides = bh.validate(fields)

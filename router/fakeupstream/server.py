@@ -110,6 +110,8 @@ class FakeServer:
         self._messages = AnthropicMessages()
         self._counting = AnthropicMessages(require_max_tokens=False)
         self._responses = Responses()
+        #: Streams being written now: a test can see whether a client's leaving closed them.
+        self.open_streams = 0
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -219,7 +221,11 @@ class FakeServer:
             return _error(dialect, error, status, behaviour.retry_after)
         reply = self.planner.plan(prompt, behaviour)
         if body.get("stream"):
-            return await _stream(request, dialect, dialect.frames(reply, body, self.ids), behaviour)
+            self.open_streams += 1
+            try:
+                return await _stream(request, dialect, dialect.frames(reply, body, self.ids), behaviour)
+            finally:
+                self.open_streams -= 1
         if behaviour.ttft_ms:
             await asyncio.sleep(behaviour.ttft_ms / 1000)
         if behaviour.break_after is not None:

@@ -205,6 +205,8 @@ class Upstream:
             api_base=backend.api_base,
             api_key=backend.api_key(),
             timeout=self.timeouts.overall,
+            connect=self.timeouts.connect,
+            idle=self.timeouts.idle,
         )
 
 
@@ -225,6 +227,7 @@ async def _guard(
     except (aiohttp.ClientError, ValueError) as exc:
         raise UpstreamError(f"backend {backend.id!r} broke off the stream: {type(exc).__name__}") from None
     finally:
+        await sse.close_quietly(chunks)
         if resp is not None:
             resp.release()
 

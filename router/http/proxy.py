@@ -31,7 +31,7 @@ from router.http import admission
 from router.http.auth import presented_key
 from router.ids import IdMaker
 from router.policy.decide import Decision
-from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire
+from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
 from router.protocols.openai_chat import is_usage_only
 from router.state import Reservation
 from router.store.records import RequestRecord
@@ -110,8 +110,10 @@ class Proxy:
             phases.decide()
             ex = Execution()
             if req.stream:
-                committed = await self.s.executor.open_stream(req, decision, headers, phases, ex)
-                _record_tries(rec, ex)
+                try:
+                    committed = await self.s.executor.open_stream(req, decision, headers, phases, ex)
+                finally:
+                    _record_tries(rec, ex)
                 return self._stream(wire, req, committed, phases, rec, task)
             try:
                 reply = await self.s.executor.complete(req, decision, headers, phases, ex)
@@ -193,7 +195,7 @@ class Proxy:
         async def abandoned() -> None:
             # The client left before the body began: close the upstream and account anyway.
             if not started:
-                rec.error_type = "client_disconnected"
+                rec.status, rec.error_type = 499, "client_disconnected"
                 await c.rest.aclose()  # type: ignore[attr-defined]
             finalize()
 
@@ -224,9 +226,12 @@ class Proxy:
                 rec.error_type, rec.error_message = err.kind, err.message
                 yield b"".join(pending) + wire.error_frame(err)
             except BaseException:
-                rec.error_type = rec.error_type or "client_disconnected"
+                # One rule, streamed or not: a client that left is a 499 (nginx's "client closed").
+                if rec.error_type is None:
+                    rec.status, rec.error_type = 499, "client_disconnected"
                 raise
             finally:
+                await sse.close_quietly(c.rest)  # the upstream stops now, not when collected
                 finalize()
 
         return _Stream(body(), abandoned, media_type="text/event-stream", headers=_route_headers(rec))

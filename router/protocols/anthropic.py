@@ -16,6 +16,7 @@ from router.protocols.common import (
     Usage,
     allow,
     check_messages,
+    event_json,
     has_image,
     load_json,
     text_of,
@@ -141,20 +142,27 @@ class StreamObserver:
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event == "content_block_delta":
+            event_json(data)
             return True
         if event == "message_stop":
             self.done = True
             return False
         if event == "message_start":
             try:
-                msg = orjson.loads(data).get("message") or {}
-            except (orjson.JSONDecodeError, AttributeError):
+                msg = event_json(data).get("message") or {}
+            except AttributeError:
                 return False
             self.usage = usage_from(msg)
+            # Provisional until message_delta: message_start carries an output count of 1 or so,
+            # and a translated stream (litellm) reports 0 input tokens here. A stream cut before
+            # message_delta is then estimated rather than billed at these placeholders.
+            self.usage.output_tokens = None
+            if not self.usage.input_tokens:
+                self.usage.input_tokens = None
         elif event == "message_delta":
             try:
-                u = orjson.loads(data).get("usage") or {}
-            except (orjson.JSONDecodeError, AttributeError):
+                u = event_json(data).get("usage") or {}
+            except AttributeError:
                 return False
             if u.get("output_tokens") is not None:
                 self.usage.output_tokens = u["output_tokens"]

@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 import orjson
 from pydantic import BaseModel, Field, ValidationError
 
-from router.errors import BadRequest
+from router.errors import BadRequest, UpstreamError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -177,3 +177,15 @@ def check_messages(
                 f"invalid request: {field}.{i}.content: must be a string or a list of content blocks",
                 param=field,
             )
+
+
+def event_json(data: bytes) -> Any:
+    """A stream event's JSON payload; a payload that is not JSON is the backend's failure.
+
+    Relayed as it was, it would reach the client as a success it cannot parse; raised, it is
+    fallen back from before the commit point and ends the stream with an error event after it.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise UpstreamError(f"the backend sent a stream event that is not JSON ({len(data)} bytes)") from None

@@ -16,6 +16,7 @@ from router.protocols.common import (
     Usage,
     allow,
     check_messages,
+    event_json,
     has_image,
     load_json,
     text_of,
@@ -128,10 +129,9 @@ class StreamObserver:
         if data == b"[DONE]":
             self.done = True
             return False
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return False
+        if not data:
+            return False  # a comment or keep-alive
+        chunk = event_json(data)
         if not isinstance(chunk, dict):
             return False
         if self.usage.provider_model is None and chunk.get("model"):

@@ -19,6 +19,7 @@ from router.protocols.common import (
     MaxTokens,
     Usage,
     allow,
+    event_json,
     has_image,
     load_json,
     text_of,
@@ -115,13 +116,14 @@ class StreamObserver:
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event in _CONTENT_EVENTS:
+            event_json(data)
             return True
         if event in ("response.completed", "response.incomplete", "response.failed"):
             self.done = True
         if event in ("response.completed", "response.incomplete", "response.created"):
             try:
-                resp = orjson.loads(data).get("response") or {}
-            except (orjson.JSONDecodeError, AttributeError):
+                resp = event_json(data).get("response") or {}
+            except AttributeError:
                 return False
             if event == "response.created":
                 self.usage.provider_model = resp.get("model")

@@ -6,6 +6,7 @@ payload are picked out so the router can time tokens and read usage as they pass
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -31,28 +32,46 @@ def parse_block(block: bytes) -> Event:
     return Event(name, b"\n".join(data_lines), block + b"\n\n")
 
 
+async def close_quietly(source: object) -> None:
+    """Close an async iterator now if it can be closed.
+
+    A generator left to the garbage collector keeps its upstream connection open until it is
+    collected, which under load (reference cycles, a frozen heap) may be never: whoever stops
+    reading a stream closes it at once, and each wrapper closes what it wraps.
+    """
+    aclose = getattr(source, "aclose", None)
+    if aclose is None:
+        return
+    # The stream is over either way; a failing close must not mask the real outcome.
+    with contextlib.suppress(Exception):
+        await aclose()
+
+
 async def events(
     chunks: AsyncIterator[bytes], max_event_bytes: int = 16 * 1024 * 1024
 ) -> AsyncIterator[Event]:
-    """Yield events as soon as their terminating blank line arrives."""
+    """Yield events as soon as their terminating blank line arrives; closing this closes ``chunks``."""
     buf = b""
-    async for chunk in chunks:
-        if not buf and chunk.endswith(b"\n\n") and b"\r" not in chunk and chunk.count(b"\n\n") == 1:
-            # The common case: one whole event per network read.
-            yield parse_block(chunk[:-2])
-            continue
-        buf += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
-        while True:
-            end = buf.find(b"\n\n")
-            if end < 0:
-                break
-            block, buf = buf[:end], buf[end + 2 :]
-            if block.strip():
-                ev = parse_block(block)
-                ev.more = b"\n\n" in buf
-                yield ev
-        if len(buf) > max_event_bytes:
-            raise ValueError("an SSE event exceeded the size limit")
+    try:
+        async for chunk in chunks:
+            if not buf and chunk.endswith(b"\n\n") and b"\r" not in chunk and chunk.count(b"\n\n") == 1:
+                # The common case: one whole event per network read.
+                yield parse_block(chunk[:-2])
+                continue
+            buf += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+            while True:
+                end = buf.find(b"\n\n")
+                if end < 0:
+                    break
+                block, buf = buf[:end], buf[end + 2 :]
+                if block.strip():
+                    ev = parse_block(block)
+                    ev.more = b"\n\n" in buf
+                    yield ev
+            if len(buf) > max_event_bytes:
+                raise ValueError("an SSE event exceeded the size limit")
+    finally:
+        await close_quietly(chunks)
     if buf.strip():
         # A stream that ends without the final blank line still delivered this event.
         yield parse_block(buf.rstrip(b"\n"))

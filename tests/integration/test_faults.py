@@ -199,5 +199,5 @@ def test_client_leaving_mid_stream_stops_the_relay(router_factory, upstream: Fak
     left = time.monotonic()
     rec = last(r)  # waits up to 5 s for the record
     assert time.monotonic() - left < 5
-    assert rec["status"] == 200 and rec["error_type"] == "client_disconnected"
+    assert rec["status"] == 499 and rec["error_type"] == "client_disconnected"
     assert post(r, "auto").status_code == 200, "the router keeps serving"

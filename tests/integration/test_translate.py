@@ -595,7 +595,7 @@ def test_error_mapping_of_litellm_exceptions() -> None:
     from router.forward.translate.upstream_errors import to_router_error
 
     litellm = get_litellm()
-    target = Target("openai/m", None, KEY, 7)
+    target = Target("openai/m", None, KEY, 7, connect=2, idle=3)
     too_long = litellm.ContextWindowExceededError(
         message=f"litellm.ContextWindowExceededError: maximum context length exceeded (key {KEY})",
         model="m",
@@ -605,6 +605,9 @@ def test_error_mapping_of_litellm_exceptions() -> None:
     assert err.status == 400 and err.code == "context_length_exceeded" and not err.retryable
     assert KEY not in err.message and "maximum context length" in err.message
     timeout = to_router_error(litellm.Timeout(message="slow", model="m", llm_provider="openai"), target)
-    assert isinstance(timeout, UpstreamTimeout) and timeout.which == "overall" and "7s" in timeout.message
+    # The HTTP client's own timeout is the idle (read) one; the overall deadline is asyncio's.
+    assert isinstance(timeout, UpstreamTimeout) and timeout.which == "idle" and "3s" in timeout.message
+    overall = to_router_error(TimeoutError(), target)
+    assert isinstance(overall, UpstreamTimeout) and overall.which == "overall" and "7s" in overall.message
     broken = to_router_error(ValueError(f"cannot translate {SECRET_PROMPT}"), target)
     assert not broken.retryable and broken.next_candidate and SECRET_PROMPT not in broken.message

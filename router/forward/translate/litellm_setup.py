@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 if TYPE_CHECKING:
     from router.forward.translate.target import Target
 
@@ -88,7 +90,11 @@ def call_kwargs(target: Target) -> dict[str, Any]:
     return {
         "api_base": target.api_base,
         "api_key": api_key,
-        "timeout": target.timeout,
+        # Per phase, as on the relay path: a hung or stalled backend fails after ``idle`` and is
+        # fallen back from, instead of holding the request until the overall deadline.
+        "timeout": httpx.Timeout(
+            target.timeout, connect=target.connect or target.timeout, read=target.idle or target.timeout
+        ),
         "num_retries": 0,
         "max_retries": 0,
         # Parameters the backend cannot take are dropped rather than failing the request.

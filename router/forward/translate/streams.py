@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -11,6 +10,7 @@ import orjson
 
 from router.forward.translate.target import Target
 from router.forward.translate.upstream_errors import to_router_error
+from router.protocols.sse import close_quietly
 
 T = TypeVar("T")
 
@@ -59,15 +59,6 @@ async def frames(
         raise to_router_error(exc, target) from None
     finally:
         await close_quietly(source)
-
-
-async def close_quietly(source: object) -> None:
-    aclose = getattr(source, "aclose", None)
-    if aclose is None:
-        return
-    # The stream is over either way; a failing close must not mask the real outcome.
-    with contextlib.suppress(Exception):
-        await aclose()
 
 
 def dumps(obj: Any) -> bytes:

@@ -14,3 +14,7 @@ class Target:
     api_key: str | None = field(repr=False)
     #: Seconds, for the whole call (a stream included).
     timeout: float
+    #: Seconds to connect, and the longest silence while reading (between stream chunks, or
+    #: before a whole reply): the relay path's ``connect`` and ``idle``. None: ``timeout``.
+    connect: float | None = None
+    idle: float | None = None

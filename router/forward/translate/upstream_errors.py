@@ -32,9 +32,15 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
         return exc
     provider = target.litellm_model.split("/", 1)[0] if "/" in target.litellm_model else "litellm"
     chain = list(_chain(exc))
-    timeout = next((e for e in chain if _is_timeout(e)), None)
-    if timeout is not None:
-        return UpstreamTimeout("connect" if _is_connect_timeout(timeout) else "overall", target.timeout)
+    if any(_is_connect_timeout(e) for e in chain):
+        return UpstreamTimeout("connect", target.connect or target.timeout)
+    if any(_is_read_timeout(e) for e in chain):
+        return UpstreamTimeout("idle", target.idle or target.timeout)
+    if any(_is_timeout(e) for e in chain):
+        return UpstreamTimeout("overall", target.timeout)
+    if any(isinstance(e, json.JSONDecodeError) for e in chain):
+        # The backend's reply or stream event did not parse: litellm calls that a 500; it is not.
+        return UpstreamError(f"{provider} backend sent a reply or stream event that is not JSON")
     status = _status(chain)
     transport = next((e for e in chain if _is_transport(e)), None)
     if transport is not None and (status is None or status == 500):
@@ -94,6 +100,12 @@ _CONNECT = {"httpx.ConnectError", "aiohttp.ClientConnectorError", "builtins.Conn
 
 def _is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError | asyncio.TimeoutError) or bool(_names(exc) & _TIMEOUTS)
+
+
+def _is_read_timeout(exc: BaseException) -> bool:
+    """A timeout of the HTTP client's own (it is given the idle limit as its read timeout);
+    the overall deadline is an asyncio ``TimeoutError``."""
+    return bool(_names(exc) & _TIMEOUTS) and not _is_connect_timeout(exc)
 
 
 def _is_connect_timeout(exc: BaseException) -> bool:

@@ -1,0 +1,155 @@
+"""Defects found by hostile probing (issue 18), each through a real router and the fake upstream.
+
+Money and data first: what a stream that ends early is billed, that the upstream is closed when
+the client leaves, that failures are logged and reported truthfully, that budgets hold.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from router.fakeupstream import FakeUpstream
+from router.forward.timeouts import Timeouts
+from tests.integration.conftest import RunningRouter
+from tests.integration.test_faults import HI, faulty, last
+
+pytestmark = pytest.mark.integration
+
+Factory = Callable[..., RunningRouter]
+SLOW = Timeouts(connect=1.0, first_token=5.0, idle=5.0, overall=60.0)
+FAST = Timeouts(connect=1.0, first_token=0.5, idle=0.5, overall=8.0)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def leave_after(r: RunningRouter, path: str, body: dict[str, Any], content_events: int) -> None:
+    """Stream ``body`` and hang up after ``content_events`` content events."""
+    seen = 0
+    with httpx.stream("POST", r.url + path, json={**body, "stream": True}, timeout=20) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and ('"delta"' in line or "output_text.delta" in line):
+                seen += 1
+                if seen >= content_events:
+                    return
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"model": "solo", "max_tokens": 100, "messages": HI}),
+        ("/v1/responses", {"model": "solo", "input": "hi"}),
+    ],
+    ids=["anthropic", "responses"],
+)
+def test_translated_stream_is_closed_and_billed_when_the_client_leaves(
+    router_factory: Factory, upstream: FakeUpstream, path: str, body: dict[str, Any]
+) -> None:
+    # An OpenAI backend serving an Anthropic / Responses client goes through litellm.
+    r = router_factory(faulty(upstream, "chunk_ms=250,chunks=40"), timeouts=SLOW)
+    with ThreadPoolExecutor(20) as pool:
+        list(pool.map(lambda _: leave_after(r, path, body, 3), range(20)))
+    assert wait_for(lambda: upstream.open_streams() == 0, 1.0), "the upstream stream was left running"
+    rec = last(r, 20)
+    # Streamed or not, a client that left is logged 499 (item 13).
+    assert rec["status"] == 499 and rec["error_type"] == "client_disconnected"
+    assert rec["usage_estimated"] == 1
+    assert rec["input_tokens"] > 0 and rec["output_tokens"] >= 3 and rec["cost_usd"] > 0
+
+
+def test_anthropic_stream_cut_short_estimates_output(router_factory: Factory, upstream: FakeUpstream) -> None:
+    # message_start says output_tokens=1; only message_delta has the real count.
+    r = router_factory(faulty(upstream, "break_after=20,chunks=40", protocol="anthropic"), timeouts=FAST)
+    with httpx.stream("POST", r.url + "/v1/messages", timeout=20,
+                      json={"model": "solo", "max_tokens": 100, "messages": HI, "stream": True}) as resp:  # fmt: skip
+        text = "".join(resp.iter_lines())
+    assert "event: error" in text or '"type":"error"' in text.replace(" ", "")
+    rec = last(r)
+    assert rec["error_type"] == "UpstreamError"
+    assert rec["usage_estimated"] == 1 and rec["output_tokens"] >= 20
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/messages", {"model": "auto", "max_tokens": 100, "messages": HI}),
+        ("/v1/responses", {"model": "auto", "input": "hi"}),
+    ],
+    ids=["anthropic", "responses"],
+)
+def test_translated_call_to_a_hung_backend_falls_back(
+    router_factory: Factory, upstream: FakeUpstream, path: str, body: dict[str, Any]
+) -> None:
+    # The backend answers after 3 s; the idle timeout is 0.5 s: the healthy backend must answer,
+    # well before the hung one would have (the relay path does the same).
+    r = router_factory(faulty(upstream, "ttft_ms=3000"), timeouts=FAST)
+    started = time.monotonic()
+    resp = httpx.post(r.url + path, json=body, timeout=20)
+    assert resp.status_code == 200 and resp.headers["x-router-model"] == "good"
+    assert time.monotonic() - started < 2.5
+    tries = last(r)["tries"]
+    assert tries[0]["model"] == "faulty" and tries[0]["error_type"] == "UpstreamTimeout"
+
+
+def test_translated_stream_stalling_mid_way_names_the_idle_timeout(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    r = router_factory(faulty(upstream, "stall_after=2,stall_ms=4000,chunks=6"), timeouts=FAST)
+    started = time.monotonic()
+    with httpx.stream("POST", r.url + "/v1/messages", timeout=20,
+                      json={"model": "solo", "max_tokens": 100, "messages": HI, "stream": True}) as resp:  # fmt: skip
+        assert resp.status_code == 200
+        text = "\n".join(resp.iter_lines())
+    assert time.monotonic() - started < 3.0
+    assert "event: error" in text and "idle timeout" in text
+    assert last(r)["error_type"] == "UpstreamTimeout"
+
+
+def test_a_stream_that_fails_before_its_first_token_logs_its_tries(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    r = router_factory(faulty(upstream, "status=500"), timeouts=FAST)
+    resp = httpx.post(r.url + "/v1/chat/completions", json={"model": "solo", "messages": HI, "stream": True},
+                      timeout=20)  # fmt: skip
+    assert resp.status_code == 502
+    rec = last(r)
+    assert rec["chosen_model"] == "faulty"
+    assert [(t["model"], t["status"]) for t in rec["tries"]] == [("faulty", 502), ("faulty", 502)]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "protocol"),
+    [
+        ("/v1/chat/completions", {"messages": HI}, "openai"),
+        ("/v1/messages", {"max_tokens": 100, "messages": HI}, "anthropic"),
+        ("/v1/messages", {"max_tokens": 100, "messages": HI}, "openai"),  # translated
+    ],
+    ids=["chat-relay", "anthropic-relay", "anthropic-translated"],
+)
+def test_malformed_sse_is_an_error_and_falls_back(
+    router_factory: Factory, upstream: FakeUpstream, path: str, body: dict[str, Any], protocol: str
+) -> None:
+    # The backend's first content event is not JSON: nothing has reached the client yet.
+    r = router_factory(faulty(upstream, "malformed=1", protocol=protocol), timeouts=SLOW)
+    resp = httpx.post(r.url + path, json={**body, "model": "auto", "stream": True}, timeout=20)
+    assert resp.status_code == 200 and resp.headers["x-router-model"] == "good"
+    assert last(r)["tries"][0]["error_type"] == "UpstreamError"
+    resp = httpx.post(r.url + path, json={**body, "model": "solo", "stream": True}, timeout=20)
+    assert resp.status_code == 502
+    message = resp.json()["error"]["message"]
+    assert "not JSON" in message and "answered 500" not in message
+    rec = last(r, 2)
+    assert rec["status"] == 502 and rec["error_type"] == "UpstreamError"
