@@ -30,7 +30,8 @@ from router.http.auth import Auth
 from router.policy.catalog import Catalog
 from router.policy.config import Policy
 from router.policy.decide import Decider
-from router.policy.runtime import PolicyWatcher, Runtime, load_runtime
+from router.policy.revisions import Archive
+from router.policy.runtime import PolicyHistory, PolicyWatcher, Runtime, load_runtime
 from router.state import SharedState, StateConfig, open_state
 from router.store import Store, open_store
 from router.store.writer import LogWriter
@@ -51,6 +52,7 @@ class Services:
     writer: LogWriter
     auth: Auth
     state: SharedState
+    history: PolicyHistory
     telemetry: Telemetry = field(default_factory=Telemetry)
     tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
     tracker: TaskTracker = field(default_factory=TaskTracker)
@@ -77,6 +79,8 @@ class Services:
 def build_services(settings: Settings) -> Services:
     """Validate everything that can be validated before the server starts listening."""
     runtime = load_runtime(settings.config)
+    history = PolicyHistory(Archive(settings.config))
+    history.applied(runtime)
     # Cross-protocol calls go through litellm, whose import takes seconds: pay it before
     # listening rather than on some agent's first translated request.
     get_litellm()
@@ -101,6 +105,7 @@ def build_services(settings: Settings) -> Services:
         writer=LogWriter(store),
         auth=Auth(settings.master_key, store),
         state=state,
+        history=history,
         telemetry=build_telemetry(settings),
         tracker=TaskTracker(settings.max_tasks),
     )
@@ -116,7 +121,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         await s.upstream.start()
         await warm_up()
         s.writer.start(s.tasks)
-        watcher = PolicyWatcher(s.settings.config, s.install, s.runtime)
+        watcher = PolicyWatcher(s.settings.config, s.install, s.runtime, s.history)
 
         async def promoted(version: str) -> None:
             # A promotion published by another replica: reload now rather than at the next poll.

@@ -130,8 +130,9 @@ def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
         except TimeoutError:
             store_ok = False
         state_ok = await s.state.ping()
+        rejected = s.history.last_rejected
         body = {
-            "status": "ok" if store_ok and state_ok else "degraded",
+            "status": "ok" if store_ok and state_ok and rejected is None else "degraded",
             "store": store_ok,
             "shared_state": state_ok,
             "log_buffered": s.writer.buffered,
@@ -139,6 +140,9 @@ def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
             "state_error": None if state_ok else s.state.last_error,
             "policy": s.policy.name,
             "scorer": s.decider.scorer.name,
+            "policy_revision": s.runtime.revision,
+            # The file on disk was refused: the router serves the previous revision meanwhile.
+            "policy_rejected": rejected.as_dict() if rejected else None,
         }
         return _json(body)
 

@@ -1,8 +1,9 @@
-"""Operations endpoints: ``GET /metrics`` (Prometheus) and ``GET /v1/tasks/{task_id}`` (the task ledger).
+"""Operations endpoints: ``GET /metrics`` (Prometheus), ``GET /v1/tasks/{task_id}`` (the task ledger)
+and ``GET /v1/policy`` (the policy's revisions).
 
 ``/metrics`` is open, like the health endpoints: it holds counts, timings and dollars per backend,
 never prompts or keys, and scrapers rarely carry credentials. The ledger names tasks and their
-spend, so it takes the master key when one is set.
+spend, and the policy names files and models, so they take the master key when one is set.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from router.errors import BadRequest, RouterError
 from router.telemetry.health import HealthCollector
 from router.telemetry.ledger import load_task
 from router.telemetry.metrics import CONTENT_TYPE_LATEST
+from router.telemetry.policy import PolicyCollector
 
 if TYPE_CHECKING:
     from router.app.factory import Services
@@ -38,6 +40,7 @@ def register_ops(app: FastAPI, s: Services) -> None:
     registry = getattr(getattr(s.telemetry, "metrics", None), "registry", None)
     if registry is not None:
         registry.register(HealthCollector(s))
+        registry.register(PolicyCollector(lambda: s.runtime, s.history))
 
     @app.get("/metrics", tags=["ops"])
     async def metrics() -> Response:
@@ -56,3 +59,12 @@ def register_ops(app: FastAPI, s: Services) -> None:
         except RouterError as err:
             return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
         return Response(orjson.dumps(ledger), media_type="application/json")
+
+    @app.get("/v1/policy", tags=["ops"])
+    async def policy(request: Request) -> Response:
+        """The revision in force, the ones before it, and the last refused reload."""
+        try:
+            await s.auth.check(request, master_only=True)
+        except RouterError as err:
+            return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
+        return Response(orjson.dumps(s.history.describe(s.runtime)), media_type="application/json")

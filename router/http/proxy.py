@@ -163,7 +163,9 @@ class Proxy:
             else:
                 self.s.tasks.spawn_blocking(self.s.sizer.settle, size, name="count-tokens")
         rec.prompt_tokens_est = feats.prompt_tokens
-        decision = self.s.decider.decide(feats)
+        runtime = self.s.runtime
+        decision = runtime.decider.decide(feats)
+        rec.policy_revision = runtime.revision
         rec.decision_id = decision.decision_id
         rec.policy = decision.policy
         rec.decision_reason = decision.reason

@@ -1,22 +1,27 @@
 """Loading a policy into a decider, and picking up a changed policy without a restart.
 
 A policy file and the learned artifact it pins are loaded and checked together; a reload that
-fails validation is logged and the running policy stays, so a bad edit never drops traffic.
+fails validation is logged, remembered (``PolicyHistory.last_rejected``, shown by ``/readyz`` and
+``GET /v1/policy``) and the running policy stays, so a bad edit never drops traffic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from router.errors import ConfigError
 from router.policy.catalog import Catalog, PriceLookup, build_catalog
-from router.policy.config import Policy, load_policy
+from router.policy.config import Policy, parse_policy
 from router.policy.decide import Decider, Scorer
 from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.policy.revisions import PREVIOUS_SHOWN, Archive, PolicyFiles, Rejected
 
 log = logging.getLogger("router.policy")
 
@@ -26,13 +31,29 @@ class Runtime:
     policy: Policy
     catalog: Catalog
     decider: Decider
+    #: The bytes this runtime was built from (None for one built in code, as tests do).
+    files: PolicyFiles | None = None
+    applied_at: float = field(default_factory=time.time)
+
+    @property
+    def revision(self) -> str | None:
+        return self.files.revision if self.files is not None else None
 
 
-def scorer_for(policy: Policy) -> Scorer | None:
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
+
+
+def scorer_for(policy: Policy, raw: bytes | None = None) -> Scorer | None:
+    """The learned scorer the policy pins (``raw``: the artifact's bytes, if already read)."""
     spec = policy.spec
     if spec.learned is None or policy.learned_path is None:
         return None
-    artifact = Artifact.load(policy.learned_path, spec.learned.sha256)
+    raw = _read(policy.learned_path, "learned artifact") if raw is None else raw
+    artifact = Artifact.from_bytes(raw, source=str(policy.learned_path), expected_sha256=spec.learned.sha256)
     unknown = sorted(set(artifact.models) - set(policy.models))
     if unknown:
         log.warning("learned artifact knows models not in the catalog (ignored): %s", ", ".join(unknown))
@@ -46,17 +67,70 @@ def scorer_for(policy: Policy) -> Scorer | None:
 
 
 def load_runtime(path: str | Path, lookup: PriceLookup | None = None) -> Runtime:
-    policy = load_policy(path)
+    """Each file is read once: what is validated is what the revision hashes and the archive keeps."""
+    path = Path(path)
+    text = _read(path, "policy file")
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from None
+    policy = parse_policy(decoded, source=str(path), env=os.environ)
+    artifact = _read(policy.learned_path, "learned artifact") if policy.learned_path is not None else None
     catalog = build_catalog(policy, lookup)
-    return Runtime(policy, catalog, Decider(policy, catalog, scorer_for(policy)))
+    files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact)
+    return Runtime(policy, catalog, Decider(policy, catalog, scorer_for(policy, artifact)), files)
+
+
+class PolicyHistory:
+    """What this router applied and refused: for ``GET /v1/policy``, ``/readyz`` and ``/metrics``."""
+
+    def __init__(self, archive: Archive) -> None:
+        self.archive = archive
+        #: Set while the file on disk is one that failed to load; cleared by the next good load.
+        self.last_rejected: Rejected | None = None
+        self.rejected_reloads = 0
+        self.rollbacks = 0
+        self.last_rollback: dict[str, Any] | None = None
+
+    def applied(self, rt: Runtime) -> None:
+        self.last_rejected = None
+        if rt.files is not None:
+            self.archive.keep(rt.files, rt.policy.name, rt.applied_at)
+
+    def rejected(self, error: str) -> None:
+        self.rejected_reloads += 1
+        self.last_rejected = Rejected(time.time(), error)
+
+    def describe(self, rt: Runtime) -> dict[str, Any]:
+        """The answer of ``GET /v1/policy``."""
+        previous = self.archive.previous(rt.revision or "")[:PREVIOUS_SHOWN]
+        return {
+            "revision": rt.revision,
+            "name": rt.policy.name,
+            "source": rt.policy.source,
+            "scorer": rt.decider.scorer.name,
+            "artifact": str(rt.policy.learned_path) if rt.policy.learned_path else None,
+            "applied_at": rt.applied_at,
+            "previous": [
+                {k: m.get(k) for k in ("revision", "name", "applied_at", "artifact", "rolled_back")}
+                for m in previous
+            ],
+            "last_rejected": self.last_rejected.as_dict() if self.last_rejected else None,
+            "rollbacks": self.rollbacks,
+            "last_rollback": self.last_rollback,
+        }
 
 
 class PolicyWatcher:
     """Polls the policy file and its artifact; on a change, loads and installs the new runtime."""
 
-    def __init__(self, path: Path, install: Callable[[Runtime], None], current: Runtime) -> None:
+    def __init__(
+        self, path: Path, install: Callable[[Runtime], None], current: Runtime,
+        history: PolicyHistory | None = None,
+    ) -> None:  # fmt: skip
         self.path = path
         self.install = install
+        self.history = history or PolicyHistory(Archive(path))
         self._stamp = self._read_stamp(current)
 
     def _read_stamp(self, rt: Runtime) -> tuple[float, ...]:
@@ -73,10 +147,14 @@ class PolicyWatcher:
             rt = load_runtime(self.path)
         except ConfigError as exc:
             log.error("policy change not applied, the running policy stays:\n%s", exc)
+            self.history.rejected(str(exc))
             return False
         self._stamp = self._read_stamp(rt)
+        self.history.applied(rt)
+        if rt.revision is not None and rt.revision == current.revision:
+            return False  # touched, not changed: the running revision stays, with its time
         self.install(rt)
-        log.info("policy reloaded: %s (%s)", rt.policy.name, rt.decider.scorer.name)
+        log.info("policy reloaded: %s revision %s (%s)", rt.policy.name, rt.revision, rt.decider.scorer.name)
         return True
 
     async def run(self, current: Callable[[], Runtime], interval: float = 1.0) -> None:

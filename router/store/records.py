@@ -87,6 +87,10 @@ class RequestRecord:
     task_features: dict[str, float] | None = field(default=None, metadata={"since": 2})
     #: The virtual key that made the request (its id, never the key); None in open mode or for the master key.
     key_id: str | None = field(default=None, metadata={"since": 3})
+    #: The policy revision in force when the request was decided (``router.policy.revisions``).
+    policy_revision: str | None = field(default=None, metadata={"since": 5})
+    #: "control" when the task was assigned to the policy's control arm, else "treated".
+    arm: str | None = field(default=None, metadata={"since": 5})
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

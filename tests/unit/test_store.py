@@ -161,6 +161,8 @@ def test_columns_follow_the_records() -> None:
             "prompt",
             "task_features",
             "key_id",
+            "policy_revision",
+            "arm",
         ]
     )
 

@@ -1,0 +1,154 @@
+"""Policy revisions: what is applied, what was before it, what was refused, and going back.
+
+A revision is a short content hash of the policy file's bytes (which pin the learned artifact by
+its SHA-256, so the artifact is part of it) and of the control arm's policy file, if any. Every
+revision that a router applies is archived next to the policy file, in
+``.revisions/<policy stem>/<revision>/`` (the YAML, the artifact, the control policy, and a
+``meta.json``), so that ``router rollback`` and the guard can put an earlier one back. Replicas
+sharing the policy file share the archive, and so the history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from router.errors import ConfigError
+
+log = logging.getLogger("router.policy")
+
+#: How many earlier revisions ``GET /v1/policy`` lists.
+PREVIOUS_SHOWN = 10
+
+
+def revision_of(parts: Sequence[bytes]) -> str:
+    """12 hex digits of SHA-256 over the files that make a policy (policy file first)."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(len(p).to_bytes(8, "big"))  # framed: no two splits of the same bytes collide
+        h.update(p)
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyFiles:
+    """The bytes a revision is made of, and where each file lives (absolute paths)."""
+
+    policy_path: Path
+    policy: bytes
+    artifact_path: Path | None = None
+    artifact: bytes | None = None
+    control_path: Path | None = None
+    control: bytes | None = None
+
+    @property
+    def revision(self) -> str:
+        return revision_of([self.policy, self.control or b""])
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    at: float
+    error: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "error": self.error}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # A watching router reads the old file or the new one, never half of one.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class Archive:
+    """Revisions kept on disk: ``<dir>/<revision>/{policy.yaml, artifact, control.yaml, meta.json}``."""
+
+    def __init__(self, policy_path: Path, directory: Path | None = None) -> None:
+        self.policy_path = policy_path.resolve()
+        self.dir = directory or self.policy_path.parent / ".revisions" / self.policy_path.stem
+
+    def _meta_path(self, revision: str) -> Path:
+        return self.dir / revision / "meta.json"
+
+    def meta(self, revision: str) -> dict[str, Any] | None:
+        try:
+            data = orjson.loads(self._meta_path(revision).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _write_meta(self, revision: str, meta: dict[str, Any]) -> None:
+        _atomic_write(self._meta_path(revision), orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+
+    def keep(self, files: PolicyFiles, name: str, applied_at: float) -> None:
+        """Archive the files of a revision now applied (once), and note when it was applied."""
+        rev = files.revision
+        where = self.dir / rev
+        meta = self.meta(rev)
+        try:
+            if meta is None:
+                _atomic_write(where / "policy.yaml", files.policy)
+                if files.artifact is not None:
+                    _atomic_write(where / "artifact", files.artifact)
+                if files.control is not None:
+                    _atomic_write(where / "control.yaml", files.control)
+                meta = {
+                    "revision": rev,
+                    "name": name,
+                    "artifact": str(files.artifact_path) if files.artifact_path else None,
+                    "control": str(files.control_path) if files.control_path else None,
+                }
+            # A revision applied again (after a rollback) is applied anew, and no longer rolled back.
+            meta.update(applied_at=applied_at, rolled_back=None)
+            self._write_meta(rev, meta)
+        except OSError as exc:
+            log.warning(
+                "policy revision %s not archived (a rollback to it will not be possible): %s", rev, exc
+            )
+
+    def mark_rolled_back(self, revision: str, at: float, reason: str) -> None:
+        meta = self.meta(revision)
+        if meta is not None:
+            meta["rolled_back"] = {"at": at, "reason": reason}
+            self._write_meta(revision, meta)
+
+    def history(self) -> list[dict[str, Any]]:
+        """Every archived revision's meta, most recently applied first."""
+        if not self.dir.is_dir():
+            return []
+        metas = [m for d in self.dir.iterdir() if d.is_dir() and (m := self.meta(d.name)) is not None]
+        return sorted(metas, key=lambda m: -float(m.get("applied_at") or 0))
+
+    def previous(self, current: str, *, skip_rolled_back: bool = False) -> list[dict[str, Any]]:
+        return [
+            m for m in self.history()
+            if m["revision"] != current and not (skip_rolled_back and m.get("rolled_back"))
+        ]  # fmt: skip
+
+    def restore(self, revision: str) -> None:
+        """Put an archived revision's files back where they were; the policy file goes last, so a
+        watching router never sees a policy that pins an artifact not yet written."""
+        meta = self.meta(revision)
+        where = self.dir / revision
+        if meta is None or not (where / "policy.yaml").is_file():
+            known = ", ".join(m["revision"] for m in self.history()) or "none"
+            raise ConfigError(
+                f"{self.policy_path}: no archived policy revision {revision!r} (known: {known})"
+            )
+        for key, name in (("artifact", "artifact"), ("control", "control.yaml")):
+            target = meta.get(key)
+            if target and (where / name).is_file():
+                data = (where / name).read_bytes()
+                if not Path(target).is_file() or Path(target).read_bytes() != data:
+                    _atomic_write(Path(target), data)
+        _atomic_write(self.policy_path, (where / "policy.yaml").read_bytes())

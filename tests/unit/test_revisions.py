@@ -1,0 +1,99 @@
+"""Policy revisions: the id, the archive, refused reloads, and putting an earlier revision back."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from router.errors import ConfigError
+from router.policy.revisions import Archive, revision_of
+from router.policy.runtime import PolicyHistory, PolicyWatcher, load_runtime
+
+MODEL = {"id": "m", "litellm_model": "openai/m", "protocol": "openai", "prices": {"input": 1, "output": 2},
+         "context_window": 1000, "max_output_tokens": 100}  # fmt: skip
+
+
+def write(path: Path, name: str, candidates: list[str] | None = None) -> Path:
+    models = [MODEL, {**MODEL, "id": "n", "litellm_model": "openai/n"}]
+    path.write_text(yaml.safe_dump({"version": 1, "name": name, "models": models,
+                                    "routes": [{"match": "auto", "candidates": candidates or ["m", "n"]}]}))  # fmt: skip
+    return path
+
+
+def bump(path: Path) -> None:
+    # The watcher compares mtimes: a rewrite within one clock tick must still look changed.
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+def test_revision_is_a_framed_content_hash() -> None:
+    assert revision_of([b"ab", b"c"]) != revision_of([b"a", b"bc"])
+    assert revision_of([b"x", b""]) == revision_of([b"x", b""])
+    assert len(revision_of([b"x"])) == 12
+
+
+def test_the_revision_follows_the_bytes_not_the_file(tmp_path: Path) -> None:
+    a = load_runtime(write(tmp_path / "p.yaml", "one"))
+    b = load_runtime(write(tmp_path / "q.yaml", "one"))
+    c = load_runtime(write(tmp_path / "p.yaml", "two"))
+    assert a.revision == b.revision != c.revision
+
+
+def test_a_refused_reload_is_remembered_until_a_good_one(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.yaml", "one")
+    first = load_runtime(path)
+    history = PolicyHistory(Archive(path))
+    history.applied(first)
+    installed = []
+    watcher = PolicyWatcher(path, installed.append, first, history)
+
+    path.write_text("version: 1\nmodels: []\nroutes: [{match: auto}]\n")
+    bump(path)
+    assert watcher.check(first) is False and installed == []
+    assert history.rejected_reloads == 1
+    assert history.last_rejected is not None and "routes[0]" in history.last_rejected.error
+    assert history.describe(first)["last_rejected"]["error"] == history.last_rejected.error
+
+    write(path, "two")
+    bump(path)
+    assert watcher.check(first) is True
+    second = installed[-1]
+    assert second.revision != first.revision and history.last_rejected is None
+    described = history.describe(second)
+    assert described["revision"] == second.revision and described["name"] == "two"
+    assert [p["revision"] for p in described["previous"]] == [first.revision]
+
+
+def test_a_touched_file_keeps_its_revision(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.yaml", "one")
+    rt = load_runtime(path)
+    installed = []
+    watcher = PolicyWatcher(path, installed.append, rt)
+    bump(path)
+    assert watcher.check(rt) is False and installed == []
+
+
+def test_restore_puts_the_policy_and_its_artifact_back(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.yaml", "one")
+    artifact = tmp_path / "art.json"
+    artifact.write_bytes(b"old artifact")
+    archive = Archive(path)
+    from router.policy.revisions import PolicyFiles
+
+    old = PolicyFiles(path.resolve(), path.read_bytes(), artifact, artifact.read_bytes())
+    archive.keep(old, "one", 1.0)
+    write(path, "two")
+    artifact.write_bytes(b"new artifact")
+    new = PolicyFiles(path.resolve(), path.read_bytes(), artifact, artifact.read_bytes())
+    archive.keep(new, "two", 2.0)
+
+    assert [m["revision"] for m in archive.previous(new.revision)] == [old.revision]
+    archive.restore(old.revision)
+    assert path.read_bytes() == old.policy and artifact.read_bytes() == b"old artifact"
+    archive.mark_rolled_back(old.revision, 3.0, "test")
+    assert archive.previous(new.revision, skip_rolled_back=True) == []
+    with pytest.raises(ConfigError, match="no archived policy revision 'nope'"):
+        archive.restore("nope")
