@@ -86,6 +86,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return run_report(args)
 
 
+def cmd_preview(args: argparse.Namespace) -> int:
+    from router.learning.preview import run_preview
+
+    return run_preview(args)
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     from router.telemetry.ledger import run_tasks
 
@@ -176,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--by", choices=["backend", "route", "task", "policy"], default="backend")
     report.add_argument("--plot", metavar="FILE.png", help="also write stacked phases and distributions")
     report.set_defaults(func=cmd_report)
+
+    pv = sub.add_parser("preview", help="decide the logged requests again under a new policy: moves, cost, "
+                        "success, risks")  # fmt: skip
+    window(pv)
+    pv.set_defaults(since="7d")
+    pv.add_argument("--config", required=True, help="the new policy YAML")
+    pv.set_defaults(func=cmd_preview)
 
     tasks = sub.add_parser("tasks", help="the task ledger: requests, tokens, cost and outcome per task")
     window(tasks)

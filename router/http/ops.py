@@ -1,5 +1,6 @@
 """Operations endpoints: ``GET /metrics`` (Prometheus), ``GET /v1/tasks/{task_id}`` (the task ledger)
-and ``GET /v1/policy`` (the policy's revisions).
+``GET /v1/policy`` (the policy's revisions) and ``POST /v1/policy/preview`` (a policy edit tried on
+the logged traffic, ``router.learning.preview``).
 
 ``/metrics`` is open, like the health endpoints: it holds counts, timings and dollars per backend,
 never prompts or keys, and scrapers rarely carry credentials. The ledger names tasks and their
@@ -15,7 +16,10 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, RouterError
+from router.errors import BadRequest, ConfigError, RouterError
+from router.http.proxy import read_body
+from router.learning.preview import preview_posted
+from router.store.window import parse_duration
 from router.telemetry.health import HealthCollector
 from router.telemetry.ledger import load_task
 from router.telemetry.metrics import CONTENT_TYPE_LATEST
@@ -68,3 +72,18 @@ def register_ops(app: FastAPI, s: Services) -> None:
         except RouterError as err:
             return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
         return Response(orjson.dumps(s.history.describe(s.runtime)), media_type="application/json")
+
+    @app.post("/v1/policy/preview", tags=["ops"])
+    async def policy_preview(request: Request) -> Response:
+        """``router preview`` for a policy YAML posted as the body (``?since=7d``)."""
+        try:
+            await s.auth.check(request, master_only=True)
+            text = await read_body(request, s.settings.max_body_bytes)
+            try:
+                seconds = parse_duration(request.query_params.get("since", "7d"))
+                report = await preview_posted(s.store, text, s.settings.config, seconds)
+            except ConfigError as exc:
+                raise BadRequest(str(exc), code="invalid_policy") from None
+        except RouterError as err:
+            return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
+        return Response(orjson.dumps(report), media_type="application/json")

@@ -166,6 +166,10 @@ class Proxy:
         runtime = self.s.runtime
         decision = runtime.decider.decide(feats)
         rec.policy_revision = runtime.revision
+        if runtime.decider.rule_headers:
+            rec.rule_headers = {
+                h: v for h in runtime.decider.rule_headers if (v := headers.get(h)) is not None
+            }
         rec.decision_id = decision.decision_id
         rec.policy = decision.policy
         rec.decision_reason = decision.reason

@@ -115,6 +115,9 @@ class Decider:
         self._new_id = IdMaker()
         # The rules a prompt's size can switch on or off: size_matters looks at no other.
         self._sized_rules = tuple(r for r in policy.rules if "prompt_tokens" in r.condition.fields())
+        #: The request headers the rules read (logged with the request, for previews).
+        self.rule_headers = tuple(sorted({f[8:] for r in policy.rules for f in r.condition.fields()
+                                          if f.startswith("headers.")}))  # fmt: skip
 
     def decide(self, features: Features) -> Decision:
         route = self.policy.route_for(features.requested_model)

@@ -69,12 +69,21 @@ def scorer_for(policy: Policy, raw: bytes | None = None) -> Scorer | None:
 def load_runtime(path: str | Path, lookup: PriceLookup | None = None) -> Runtime:
     """Each file is read once: what is validated is what the revision hashes and the archive keeps."""
     path = Path(path)
-    text = _read(path, "policy file")
+    return build_runtime(_read(path, "policy file"), path, str(path), lookup)
+
+
+def build_runtime(
+    text: bytes, path: Path, source: str, lookup: PriceLookup | None = None
+) -> Runtime:  # fmt: skip
+    """A runtime from a policy's bytes; ``path`` places it (its artifact is relative to it),
+    ``source`` names it in errors."""
     try:
         decoded = text.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from None
-    policy = parse_policy(decoded, source=str(path), env=os.environ)
+        raise ConfigError(f"{source}: not UTF-8 text: {exc}") from None
+    policy = parse_policy(decoded, source=source, env=os.environ)
+    if policy.learned_path is not None and policy.spec.learned is not None:
+        policy.learned_path = (path.parent / policy.spec.learned.artifact).resolve()
     artifact = _read(policy.learned_path, "learned artifact") if policy.learned_path is not None else None
     catalog = build_catalog(policy, lookup)
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact)

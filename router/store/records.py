@@ -91,6 +91,8 @@ class RequestRecord:
     policy_revision: str | None = field(default=None, metadata={"since": 5})
     #: "control" when the task was assigned to the policy's control arm, else "treated".
     arm: str | None = field(default=None, metadata={"since": 5})
+    #: The request headers the policy's rules read (``headers.<name>``), so a preview can replay them.
+    rule_headers: dict[str, str] | None = field(default=None, metadata={"since": 5})
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

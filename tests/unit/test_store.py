@@ -163,6 +163,7 @@ def test_columns_follow_the_records() -> None:
             "key_id",
             "policy_revision",
             "arm",
+            "rule_headers",
         ]
     )
 

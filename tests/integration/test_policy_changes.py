@@ -6,9 +6,11 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 import yaml
 
+from router.app.cli import main
 from router.fakeupstream import FakeUpstream
 from tests.integration.conftest import local_policy
 
@@ -55,3 +57,40 @@ def test_revisions_rejections_and_the_log(router_factory, upstream: FakeUpstream
         assert [p["revision"] for p in now["previous"]] == [first["revision"]]  # type: ignore[index]
         assert c.get("/readyz").json()["status"] == "ok"
         assert "router_policy_rejected 0.0" in c.get("/metrics").text
+
+
+def test_preview_posted_yaml_against_the_servers_log(
+    router_factory, upstream: FakeUpstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    policy = local_policy(upstream.url)
+    r = router_factory(policy, master_key="mk-preview")
+    auth = {"authorization": "Bearer mk-preview"}
+    with httpx.Client(base_url=r.url, timeout=30) as c:
+        for i in range(3):
+            ok = c.post("/v1/chat/completions", headers={**auth, "x-router-task-id": f"t{i}"},
+                        json={"model": "auto", "messages": [{"role": "user", "content": f"hi {i}"}]})  # fmt: skip
+            assert ok.status_code == 200 and ok.headers["x-router-model"] == "local-nano"
+        r.records(3)
+        routes = [{**route, "candidates": ["local-mini", "local-large"]} if route["match"] == "auto" else route
+                  for route in policy["routes"]]  # fmt: skip
+        edited = yaml.safe_dump({**policy, "routes": routes})
+        assert c.post("/v1/policy/preview", content=edited).status_code == 401
+        got = c.post("/v1/policy/preview", content=edited, headers=auth)
+        assert got.status_code == 200, got.text
+        p = got.json()
+        assert (p["requests"], p["tasks"], p["moved"]) == (3, 3, 3)
+        assert p["moves"] == {"local-nano -> local-mini": 3}
+        assert p["cost_usd_after"] > p["cost_usd_before"] > 0
+        bad = c.post(
+            "/v1/policy/preview", content="version: 1\nmodels: []\nroutes: [{match: x}]\n", headers=auth
+        )
+        assert bad.status_code == 400 and "routes[0]" in bad.json()["error"]["message"]
+
+    # The command says the same, from the log file.
+    new = tmp_path / "new.yaml"
+    new.write_text(edited)
+    assert main(["preview", "--config", str(new), "--store", f"sqlite:///{r.db_path}", "--json"]) == 0
+    printed = orjson.loads(capsys.readouterr().out)
+    assert {k: printed[k] for k in ("requests", "moved", "moves")} == {
+        k: p[k] for k in ("requests", "moved", "moves")
+    }

@@ -1,0 +1,361 @@
+"""Preview a policy edit against the log: every logged decision made again under the new policy.
+
+What a request looked like is rebuilt from what the log kept: the requested model, the prompt's
+size, the client's output limit, tools, thinking, streaming, side call, attempt, the headers the
+running policy's rules read, and the task's hashed feature vector (logged on the task's first
+request). Tasks are replayed in order, so
+within an attempt a task stays pinned where the *new* policy started it, and a model's prefix
+is warm only where the replay's previous request of the task went (within that model's cache
+lifetime). Not in the log, so not replayed: headers no rule of the logging policy read, image
+inputs, the loop and tool-failure signals that leave a pinned model, budgets.
+
+Cost after is each request's logged tokens at the new route's prices: the same cache reads
+where the model does not change, and where a move leaves the warm model, the whole prompt
+fresh (written to the cache where the provider charges for that); ``cache_switch_usd`` is that
+difference. Success after is projected two ways when the data allow: by the learned model's
+P(success) of the new and the logged model per attempt (a bootstrap interval over attempts:
+the sampling error of the traffic, not the model's own error), and off-policy (SNIPS over
+logged attempts with outcomes, by their propensities; ``router.learning.training.offpolicy``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from router.errors import RouterError
+from router.features.request import Features
+from router.features.task import vector as taskfeatures
+from router.forward.accounting import cost_split
+from router.learning.training import dataset, offpolicy
+from router.policy.catalog import Backend
+from router.policy.decide import Decider, estimate
+from router.policy.learned import LearnedScorer
+from router.policy.runtime import Runtime, build_runtime
+from router.protocols.common import Usage
+from router.store import Store
+
+Row = Mapping[str, Any]
+RISK_EXAMPLES = 5
+
+
+def features_of(r: Row, vector: Mapping[int, float] | None) -> Features:
+    """The decision's inputs as the log kept them."""
+    attempt = int(r.get("attempt") or 1)
+    return Features(
+        protocol=str(r.get("protocol") or ""),
+        requested_model=str(r.get("requested_model") or ""),
+        prompt_tokens=int(r.get("prompt_tokens_est") or r.get("input_tokens") or 0),
+        max_output_tokens=r.get("max_tokens"),
+        tools=bool(r.get("n_tools")),
+        n_tools=int(r.get("n_tools") or 0),
+        thinking=r.get("thinking_budget") is not None or r.get("reasoning_effort") not in (None, "none"),
+        vision=False,
+        stream=bool(r.get("stream")),
+        n_messages=int(r.get("n_messages") or 0),
+        side_call=bool(r.get("side_call")),
+        headers=r.get("rule_headers") or {},
+        task_vector=taskfeatures.with_attempt(vector, attempt) if vector is not None else None,
+        attempt=attempt,
+    )
+
+
+def first_choice(r: Row) -> str:
+    """The model the logged decision put first (what served may be a fallback)."""
+    tries = r.get("tries") or []
+    return str(tries[0].get("model") if tries and tries[0].get("model") else r["chosen_model"])
+
+
+def logged_usage(r: Row) -> Usage:
+    return Usage(
+        input_tokens=int(r.get("input_tokens") or r.get("prompt_tokens_est") or 0),
+        output_tokens=int(r.get("output_tokens") or 0),
+        cache_read_tokens=r.get("cache_read_tokens"),
+        cache_write_tokens=r.get("cache_write_tokens"),
+    )
+
+
+def risks_of(backend: Backend, f: Features, r: Row) -> list[str]:
+    """What of the logged request the model would not take."""
+    out = []
+    wanted = f.max_output_tokens or int(r.get("output_tokens") or 0)
+    if f.prompt_tokens + min(wanted, backend.max_output_tokens) > backend.context_window:
+        out.append("context_window")
+    if f.tools and not backend.tools:
+        out.append("tools")
+    if f.thinking and not backend.thinking:
+        out.append("thinking")
+    if int(r.get("output_tokens") or 0) > backend.max_output_tokens:
+        out.append("max_output_tokens")
+    return out
+
+
+@dataclass
+class _TaskReplay:
+    vector: Mapping[int, float] | None = None
+    #: attempt → the model the new policy started it on
+    pinned: dict[int, str] = field(default_factory=dict)
+    warm: tuple[str, int, float] | None = None  # model, tokens, until
+
+
+@dataclass
+class _Tally:
+    requests: int = 0
+    skipped: int = 0
+    tasks: set[str] = field(default_factory=set)
+    moves: Counter[str] = field(default_factory=Counter)
+    unroutable: Counter[str] = field(default_factory=Counter)
+    risks: Counter[str] = field(default_factory=Counter)
+    risk_examples: list[dict[str, Any]] = field(default_factory=list)
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    cache_switch: float = 0.0
+    #: (task, attempt) → (logged model, new model): the first main-loop request of each attempt
+    attempts: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
+
+
+def _mean_ci(values: Sequence[float], rng: random.Random, resamples: int) -> dict[str, Any]:
+    n = len(values)
+    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(resamples))
+    return {"mean": round(sum(values) / n, 4),
+            "ci95": [round(means[int(0.025 * (resamples - 1))], 4), round(means[int(0.975 * (resamples - 1))], 4)]}  # fmt: skip
+
+
+def _learned_success(
+    scorer: LearnedScorer, tally: _Tally, vectors: Mapping[str, Mapping[int, float] | None], resamples: int
+) -> dict[str, Any] | None:
+    before, after, diff = [], [], []
+    for (task, attempt), (old, new) in tally.attempts.items():
+        vec = vectors.get(task)
+        if vec is None:
+            continue
+        p = {
+            o.model: o.p_success for o in scorer.options(taskfeatures.with_attempt(vec, attempt), [old, new])
+        }
+        before.append(p[old])
+        after.append(p[new])
+        diff.append(p[new] - p[old])
+    if not before:
+        return None
+    rng = random.Random(0)
+    return {
+        "method": f"learned model {scorer.name}: mean P(success) per attempt, logged vs new model; "
+        "95% bootstrap interval over attempts",
+        "attempts": len(before),
+        "before": _mean_ci(before, rng, resamples),
+        "after": _mean_ci(after, rng, resamples),
+        "difference": _mean_ci(diff, rng, resamples),
+    }
+
+
+def _offpolicy_success(
+    requests: Sequence[Row], outcomes: Sequence[Row], tally: _Tally, abandon_after_s: float
+) -> dict[str, Any] | None:
+    rows = dataset.build(requests, outcomes, abandon_after_s=abandon_after_s)
+    rows = [r for r in rows if (r.task_id, r.attempt) in tally.attempts]
+    if not rows:
+        return None
+
+    def choose(r: dataset.AttemptRow) -> str:
+        return tally.attempts[(r.task_id, r.attempt)][1]
+
+    def est(e: offpolicy.Estimate) -> dict[str, Any]:
+        ok = e.success == e.success  # not NaN
+        return {"success": round(e.success, 4) if ok else None,
+                "ci95": [round(x, 4) for x in e.ci_success] if e.ci_success[0] == e.ci_success[0] else None}  # fmt: skip
+
+    new = offpolicy.evaluate(rows, choose)
+    return {
+        "method": "off-policy SNIPS over logged attempts with an outcome (explicit first, then labels), "
+        "weighted by 1/propensity; 95% bootstrap interval",
+        "attempts": len(rows),
+        "matched": new.matched,
+        "before": est(offpolicy.logged(rows)),
+        "after": est(new) if new.matched else None,
+    }
+
+
+def preview(
+    requests: Sequence[Row], outcomes: Sequence[Row], runtime: Runtime, *, resamples: int = 200
+) -> dict[str, Any]:
+    """The report (``--json`` prints exactly this). ``requests`` oldest first."""
+    policy, catalog = runtime.policy, runtime.catalog
+    # The deterministic choice: exploration would make a preview a lottery.
+    decider = Decider(policy, catalog, runtime.decider.scorer)
+    decider.epsilon = 0.0
+    tally = _Tally()
+    tasks: dict[str, _TaskReplay] = defaultdict(_TaskReplay)
+    for r in requests:
+        task_id = r.get("task_id")
+        if not r.get("decision_id") or not r.get("chosen_model") or not task_id:
+            tally.skipped += 1  # refused before a decision: nothing to decide again
+            continue
+        t = tasks[task_id]
+        if t.vector is None and r.get("task_features"):
+            t.vector = taskfeatures.from_json(r["task_features"])
+        tally.requests += 1
+        tally.tasks.add(task_id)
+        tally.cost_before += float(r.get("cost_usd") or 0.0)
+        f = features_of(r, t.vector)
+        side = f.side_call
+        if not side:
+            f.pinned = t.pinned.get(f.attempt)
+            # A task starts a new attempt when the last one failed: its models count as failed.
+            f.failed_models = tuple(dict.fromkeys(m for a, m in sorted(t.pinned.items()) if a < f.attempt))
+            if t.warm is not None and t.warm[2] >= float(r["ts"]):
+                f.warm_model, f.warm_tokens = t.warm[0], t.warm[1]
+        try:
+            new = decider.decide(f).chosen
+        except RouterError as err:
+            tally.unroutable[type(err).__name__] += 1
+            continue
+        old = first_choice(r)
+        if new != old:
+            tally.moves[f"{old} -> {new}"] += 1
+        backend = catalog[new]
+        usage = logged_usage(r)
+        same_cost = cost_split(backend.price, usage).total
+        if new == r["chosen_model"]:
+            cost = same_cost
+        else:
+            for kind in risks_of(backend, f, r):
+                tally.risks[kind] += 1
+                if len(tally.risk_examples) < RISK_EXAMPLES:
+                    tally.risk_examples.append(
+                        {"request_id": r["request_id"], "move": f"{old} -> {new}", "risk": kind}
+                    )
+            sized = replace(f, prompt_tokens=usage.input_tokens or 0, max_output_tokens=None)
+            cost = estimate(backend, sized, usage.output_tokens or 0).cost_usd
+            tally.cache_switch += cost - same_cost
+        tally.cost_after += cost
+        if not side:
+            if f.attempt not in t.pinned:
+                t.pinned[f.attempt] = new
+                tally.attempts[(task_id, f.attempt)] = (str(r["chosen_model"]), new)
+            t.warm = (new, usage.input_tokens or 0, float(r["ts"]) + backend.cache_ttl_s)
+    scorer = runtime.decider.scorer
+    learned = (
+        _learned_success(scorer, tally, {k: v.vector for k, v in tasks.items()}, resamples)
+        if isinstance(scorer, LearnedScorer)
+        else None
+    )
+    return {
+        "policy": {
+            "name": policy.name,
+            "revision": runtime.revision,
+            "source": policy.source,
+            "scorer": scorer.name,
+        },
+        "requests": tally.requests,
+        "tasks": len(tally.tasks),
+        "attempts": len(tally.attempts),
+        "skipped": tally.skipped,
+        "moved": sum(tally.moves.values()),
+        "moves": dict(tally.moves.most_common()),
+        "unroutable": dict(tally.unroutable),
+        "cost_usd_before": round(tally.cost_before, 6),
+        "cost_usd_after": round(tally.cost_after, 6),
+        "cache_switch_usd": round(tally.cache_switch, 6),
+        "success": {
+            "learned_model": learned,
+            "offpolicy": _offpolicy_success(requests, outcomes, tally, policy.spec.tasks.abandon_after_s),
+        },
+        "risks": {"counts": dict(tally.risks), "examples": tally.risk_examples},
+        "not_replayed": [
+            "headers that no rule of the logging policy read",
+            "image inputs",
+            "loop and tool-failure signals that leave a pinned model",
+            "budgets",
+        ],
+    }
+
+
+# ---- the command
+
+
+def render(p: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(soft_wrap=True)
+    pol = p["policy"]
+    console.print(f"[bold]preview of {pol['source']}[/] (revision {pol['revision']}, {pol['scorer']}): "
+                  f"{p['requests']} requests of {p['tasks']} tasks ({p['attempts']} attempts) decided again; "
+                  f"{p['skipped']} refused before any decision left out")  # fmt: skip
+    moved = p["moved"]
+    share = f" ({moved / p['requests']:.1%})" if p["requests"] else ""
+    console.print(f"[bold]moved[/]: {moved} requests{share}")
+    if p["moves"]:
+        t = Table("from -> to", "requests", title_justify="left")
+        for move, n in p["moves"].items():
+            t.add_row(move, str(n))
+        console.print(t)
+    if p["unroutable"]:
+        console.print(f"[red]unroutable under the new policy[/]: {p['unroutable']}")
+    before, after = p["cost_usd_before"], p["cost_usd_after"]
+    change = f" ({(after - before) / before:+.1%})" if before else ""
+    console.print(f"[bold]cost[/]: ${before:.6f} logged → ${after:.6f} projected{change}; "
+                  f"of which ${p['cache_switch_usd']:.6f} for prompts no longer cached after a move")  # fmt: skip
+    for name, s in p["success"].items():
+        if s is None:
+            console.print(f"[bold]success ({name})[/]: n/a (no data for it in the window)")
+            continue
+        console.print(f"[bold]success ({name})[/]: {s['method']}; {s['attempts']} attempts")
+        for side in ("before", "after", "difference"):
+            v = s.get(side)
+            if v is None:
+                if side in s:
+                    console.print(f"  {side}: n/a (no logged attempt chose what the new policy would)")
+                continue
+            point = v.get("mean", v.get("success"))
+            ci = v.get("ci95")
+            ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+            console.print(f"  {side}: {'n/a' if point is None else f'{point:.3f}'}{ci_text}")
+    risks = p["risks"]
+    if risks["counts"]:
+        console.print(
+            f"[yellow]risks[/] (moves to a model the logged request would not fit): {risks['counts']}"
+        )
+        for ex in risks["examples"]:
+            console.print(f"  {ex['request_id']}: {ex['move']} ({ex['risk']})")
+    else:
+        console.print("risks: none (no move goes to a model the logged request would not fit)")
+    console.print(f"not in the log, so not replayed: {'; '.join(p['not_replayed'])}")
+
+
+async def preview_posted(store: Store, text: bytes, config: Path, seconds: float) -> dict[str, Any]:
+    """``POST /v1/policy/preview``: ``text`` is a policy YAML placed beside the running one (its
+    artifact path is relative to that directory); the window is the last ``seconds``."""
+    import asyncio
+
+    runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)")
+    until = time.time()
+    requests = await store.requests_since(until - seconds)
+    outcomes = await store.outcomes_since(until - seconds)
+    report = await asyncio.to_thread(preview, requests, outcomes, runtime)
+    report["window"] = {"since": until - seconds, "until": until}
+    return report
+
+
+def run_preview(args: Any) -> int:
+    import asyncio
+
+    import orjson
+
+    from router.policy.runtime import load_runtime
+    from router.store.window import parse_duration, read_window
+
+    runtime = load_runtime(args.config)
+    window = asyncio.run(read_window(args.store, parse_duration(args.since)))
+    report = preview(window.requests, window.outcomes, runtime)
+    report["window"] = {"since": window.since, "until": window.until}
+    if args.json:
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        render(report)
+    return 0

@@ -1,0 +1,106 @@
+"""Preview arithmetic: logged requests decided again under a new policy, costs at its prices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from router.learning.preview import preview
+from router.policy.runtime import load_runtime
+
+# Prices per 1M tokens; the catalog keeps them per token.
+A = {"id": "a", "litellm_model": "openai/a", "protocol": "openai", "context_window": 10_000,
+     "max_output_tokens": 1000, "prices": {"input": 1.0, "output": 4.0, "cache_read": 0.1}}  # fmt: skip
+B = {"id": "b", "litellm_model": "anthropic/b", "protocol": "anthropic", "context_window": 100_000,
+     "max_output_tokens": 8000, "prices": {"input": 3.0, "output": 15.0, "cache_read": 0.3, "cache_write": 3.75},
+     "capabilities": {"thinking": True}}  # fmt: skip
+M = 1e-6
+
+
+def runtime(tmp_path: Path, candidates: list[str], name: str = "p", **extra: Any):  # type: ignore[no-untyped-def]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "name": name, "models": [A, B],
+                                    "routes": [{"match": "auto", "candidates": candidates}], **extra}))  # fmt: skip
+    return load_runtime(path)
+
+
+def row(i: int, model: str, *, task: str = "t1", attempt: int = 1, inp: int = 1000, out: int = 100,
+        read: int = 0, write: int = 0, cost: float = 0.0, **kw: Any) -> dict[str, Any]:  # fmt: skip
+    return {"request_id": f"r{i}", "ts": 1000.0 + i, "decision_id": f"d{i}", "task_id": task, "attempt": attempt,
+            "protocol": "openai_chat", "requested_model": "auto", "chosen_model": model,
+            "tries": [{"model": model}], "prompt_tokens_est": inp, "input_tokens": inp, "output_tokens": out,
+            "cache_read_tokens": read, "cache_write_tokens": write, "cost_usd": cost, "n_messages": 2,
+            "status": 200, **kw}  # fmt: skip
+
+
+def test_the_logging_policy_moves_nothing_and_costs_the_same(tmp_path: Path) -> None:
+    rt = runtime(tmp_path, ["a", "b"])
+    cost = (1000 * 1.0 + 100 * 4.0) * M
+    rows = [row(1, "a", cost=cost), row(2, "a", task="t2", cost=cost)]
+    p = preview(rows, [], rt)
+    assert (p["requests"], p["tasks"], p["moved"], p["moves"]) == (2, 2, 0, {})
+    assert p["cost_usd_before"] == p["cost_usd_after"] == pytest.approx(2 * cost)
+
+
+def test_a_move_pays_the_new_prices_and_the_lost_cache(tmp_path: Path) -> None:
+    # Logged: two calls of one attempt on a (openai), the second with 800 tokens read from cache.
+    rows = [row(1, "a", inp=1000, cost=1.4e-3), row(2, "a", inp=1200, read=800, cost=1.0e-3)]
+    p = preview(rows, [], runtime(tmp_path, ["b"]))
+    assert p["moves"] == {"a -> b": 2}
+    # On b (anthropic) the first call writes its whole prompt to the cache; the second reads what
+    # the replay's first call left warm on b (1000 tokens) and writes the new 200.
+    first = (1000 * 3.75 + 100 * 15.0) * M
+    second = (1000 * 0.3 + 200 * 3.75 + 100 * 15.0) * M
+    assert p["cost_usd_after"] == pytest.approx(first + second, abs=1e-9)
+    # At b's prices with the logged cache reads (as if the cache had moved along):
+    carried = (1000 * 3.0 + 100 * 15.0) * M + (400 * 3.0 + 800 * 0.3 + 100 * 15.0) * M
+    assert p["cache_switch_usd"] == pytest.approx(first + second - carried, abs=1e-9)
+    assert p["cost_usd_before"] == pytest.approx(2.4e-3)
+
+
+def test_within_an_attempt_the_task_stays_where_the_new_policy_started_it(tmp_path: Path) -> None:
+    # The new policy would pick a for the small first call, and b only for the one a cannot hold.
+    rows = [row(1, "b", inp=500), row(2, "b", inp=9_500, out=900), row(3, "b", attempt=2, inp=9_800, out=900)]
+    p = preview(rows, [], runtime(tmp_path, ["a", "b"]))
+    # Call 2 no longer fits a (9500 + 1000 reserved > 10000): the pin cannot hold it; attempt 2
+    # starts after a "failed" and goes to b, where it was.
+    assert p["moves"] == {"b -> a": 1}
+    assert p["attempts"] == 2
+
+
+def test_risks_name_what_the_logged_request_needed(tmp_path: Path) -> None:
+    rows = [row(1, "b", thinking_budget=2048, out=3000)]
+    p = preview(rows, [], runtime(tmp_path, ["a"]))
+    assert p["moves"] == {"b -> a": 1}
+    assert p["risks"]["counts"] == {"thinking": 1, "max_output_tokens": 1}
+
+
+def test_requests_the_new_policy_cannot_route_are_counted(tmp_path: Path) -> None:
+    rows = [row(1, "a", requested_model="gone"), {"request_id": "x", "ts": 1.0, "status": 401}]
+    p = preview(rows, [], runtime(tmp_path, ["a"]))
+    assert p["unroutable"] == {"UnknownModel": 1} and p["skipped"] == 1
+
+
+def test_a_rule_on_a_logged_header_is_replayed(tmp_path: Path) -> None:
+    rule = {"name": "premium", "when": {"headers.x-tier": "premium"}, "only": ["b"]}
+    rt = runtime(tmp_path, ["a", "b"], rules=[rule])
+    rows = [row(1, "b", rule_headers={"x-tier": "premium"}), row(2, "a", task="t2")]
+    assert preview(rows, [], rt)["moved"] == 0
+    assert rt.decider.rule_headers == ("x-tier",)
+
+
+def test_offpolicy_success_uses_the_outcomes(tmp_path: Path) -> None:
+    vec = {"0": 1.0}
+    rows = [
+        row(i, "a" if i % 2 else "b", task=f"t{i}", task_features=vec, propensity=0.5) for i in range(1, 21)
+    ]
+    outcomes = [{"task_id": f"t{i}", "attempt": 1, "success": i % 2 == 0, "explicit": True, "ts": 2000.0,
+                 "source": "explicit"} for i in range(1, 21)]  # fmt: skip
+    p = preview(rows, outcomes, runtime(tmp_path, ["b"]))
+    off = p["success"]["offpolicy"]
+    assert off["attempts"] == 20 and off["matched"] == 10
+    assert off["before"]["success"] == 0.5 and off["after"]["success"] == 1.0
+    assert p["success"]["learned_model"] is None  # no learned artifact in this policy
