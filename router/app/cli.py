@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from router.errors import ConfigError
@@ -69,6 +71,21 @@ def cmd_promote(args: argparse.Namespace) -> int:
     print(
         f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second"
     )
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from router.learning.training.commands import _publish
+    from router.policy.revisions import Archive, rollback
+    from router.policy.runtime import load_runtime
+
+    config = args.config or os.environ.get("ROUTER_CONFIG", "policies/default.yaml")
+    old, new = rollback(Archive(Path(config)), args.to, "router rollback", time.time())
+    load_runtime(config)  # the restored files load as they did when that revision was applied
+    redis = args.redis or os.environ.get("ROUTER_REDIS_URL")
+    if redis:
+        asyncio.run(_publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))
+    print(f"{config}: rolled back from revision {old} to {new}; running routers reload it within a second")
     return 0
 
 
@@ -165,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--config", required=True)
     pr.add_argument("--redis", help="also tell every replica sharing this Redis (env ROUTER_REDIS_URL)")
     pr.set_defaults(func=cmd_promote)
+
+    rb = sub.add_parser("rollback", help="put an earlier policy revision back (routers reload it)")
+    rb.add_argument("--config", help="policy YAML (env ROUTER_CONFIG; default policies/default.yaml)")
+    rb.add_argument("--to", metavar="REVISION", help="the revision (default: the one applied before)")
+    rb.add_argument("--redis", help="also tell every replica sharing this Redis (env ROUTER_REDIS_URL)")
+    rb.set_defaults(func=cmd_rollback)
 
     demo = sub.add_parser("demo", help="local upstream + router + example requests, end to end")
     demo.add_argument("--store", default="sqlite:///router.db")

@@ -116,11 +116,22 @@ class Archive:
                 "policy revision %s not archived (a rollback to it will not be possible): %s", rev, exc
             )
 
-    def mark_rolled_back(self, revision: str, at: float, reason: str) -> None:
+    def mark_applied(self, revision: str, at: float) -> None:
         meta = self.meta(revision)
         if meta is not None:
-            meta["rolled_back"] = {"at": at, "reason": reason}
+            meta.update(applied_at=at, rolled_back=None)
             self._write_meta(revision, meta)
+
+    def mark_rolled_back(self, revision: str, at: float, reason: str, to: str | None = None) -> None:
+        meta = self.meta(revision)
+        if meta is not None:
+            meta["rolled_back"] = {"at": at, "reason": reason, "to": to}
+            self._write_meta(revision, meta)
+
+    def last_rollback(self) -> dict[str, Any] | None:
+        """The latest rollback any router sharing this archive made: {at, from, to, reason}."""
+        marks = [{"from": m["revision"], **m["rolled_back"]} for m in self.history() if m.get("rolled_back")]
+        return max(marks, key=lambda m: float(m.get("at") or 0), default=None)
 
     def history(self) -> list[dict[str, Any]]:
         """Every archived revision's meta, most recently applied first."""
@@ -152,3 +163,28 @@ class Archive:
                 if not Path(target).is_file() or Path(target).read_bytes() != data:
                     _atomic_write(Path(target), data)
         _atomic_write(self.policy_path, (where / "policy.yaml").read_bytes())
+
+
+def rollback(archive: Archive, to: str | None, reason: str, at: float) -> tuple[str, str]:
+    """Put back revision ``to`` (default: the latest applied before the one in force that was not
+    itself rolled back); the one in force is marked rolled back. Returns (from, to).
+
+    The revision in force is the one most recently applied by any router sharing the archive:
+    a policy file that was refused never became one."""
+    history = archive.history()
+    if not history:
+        raise ConfigError(
+            f"{archive.policy_path}: no policy revision has been applied yet (archive {archive.dir})"
+        )
+    current = history[0]["revision"]
+    if to is None:
+        earlier = archive.previous(current, skip_rolled_back=True)
+        if not earlier:
+            raise ConfigError(f"{archive.policy_path}: no earlier revision to roll back to")
+        to = str(earlier[0]["revision"])
+    if to == current:
+        raise ConfigError(f"{archive.policy_path}: revision {to} is already in force")
+    archive.restore(to)
+    archive.mark_rolled_back(current, at, reason, to)
+    archive.mark_applied(to, at)
+    return current, to

@@ -98,8 +98,8 @@ class PolicyHistory:
         #: Set while the file on disk is one that failed to load; cleared by the next good load.
         self.last_rejected: Rejected | None = None
         self.rejected_reloads = 0
+        #: Rollbacks this router's guard made (the archive knows every router's).
         self.rollbacks = 0
-        self.last_rollback: dict[str, Any] | None = None
 
     def applied(self, rt: Runtime) -> None:
         self.last_rejected = None
@@ -125,8 +125,7 @@ class PolicyHistory:
                 for m in previous
             ],
             "last_rejected": self.last_rejected.as_dict() if self.last_rejected else None,
-            "rollbacks": self.rollbacks,
-            "last_rollback": self.last_rollback,
+            "last_rollback": self.archive.last_rollback(),
         }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,36 @@ def test_restore_puts_the_policy_and_its_artifact_back(tmp_path: Path) -> None:
     assert archive.previous(new.revision, skip_rolled_back=True) == []
     with pytest.raises(ConfigError, match="no archived policy revision 'nope'"):
         archive.restore("nope")
+
+
+def test_rollback_goes_to_the_revision_before_and_not_back_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from router.app.cli import main
+    from router.policy.revisions import rollback
+
+    path = write(tmp_path / "p.yaml", "one")
+    history = PolicyHistory(Archive(path))
+    first = load_runtime(path)
+    history.applied(first)
+    write(path, "two", ["n"])
+    second = load_runtime(path)
+    history.applied(second)
+
+    at = time.time() + 1
+    assert rollback(history.archive, None, "worse", at) == (second.revision, first.revision)
+    assert load_runtime(path).revision == first.revision
+    assert history.describe(load_runtime(path))["last_rollback"] == {
+        "from": second.revision,
+        "to": first.revision,
+        "at": at,
+        "reason": "worse",
+    }
+    # The revision rolled back from is not a target for the next automatic rollback ...
+    with pytest.raises(ConfigError, match="no earlier revision"):
+        rollback(history.archive, None, "again", at + 1)
+    # ... but an operator may name it.
+    assert main(["rollback", "--config", str(path), "--to", second.revision]) == 0
+    assert f"rolled back from revision {first.revision} to {second.revision}" in capsys.readouterr().out
+    assert load_runtime(path).revision == second.revision
+    assert main(["rollback", "--config", str(path), "--to", "feedfeedfeed"]) == 2
