@@ -26,6 +26,7 @@ from router.forward.execute import Executor
 from router.forward.translate import warm_up
 from router.forward.translate.litellm_setup import get_litellm
 from router.forward.upstream import Upstream
+from router.http import admission
 from router.http.auth import Auth
 from router.policy.catalog import Catalog
 from router.policy.config import Policy
@@ -117,6 +118,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await s.store.open()
+        task_budgets = s.policy.spec.objective.max_cost_per_task is not None
+        await admission.restore_spend(s.state, s.store, task_budgets)
         await s.auth.start()
         await s.upstream.start()
         await warm_up()

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from router.errors import RateLimited
 from router.http.auth import Principal
 from router.policy.decide import Decision
-from router.state import Reservation, StateUnavailable
+from router.state import BudgetExceeded, MemoryState, Reservation, SharedState, StateUnavailable
+from router.store import Store
 from router.store.records import RequestRecord
 
 if TYPE_CHECKING:
@@ -52,7 +53,44 @@ async def admit(
     if not limits:
         return None
     amount = rec.cost_est_usd or 0.0
-    return await s.state.budgets.reserve(list(limits), amount, limits)
+    try:
+        return await s.state.budgets.reserve(list(limits), amount, limits)
+    except BudgetExceeded as exc:
+        raise refusal(exc) from None
+
+
+#: What a client refused for money held by requests in flight is told to wait: they settle in
+#: seconds, usually for less than they held.
+HELD_RETRY_AFTER_S = 1.0
+
+
+def refusal(exc: BudgetExceeded) -> RateLimited | BudgetExceeded:
+    """A 403 only when the spend itself leaves no room for this request: when it is the holds of
+    requests in flight that do, the money may come back, so it is a 429 with Retry-After."""
+    if exc.spent_usd + exc.amount_usd <= exc.limit_usd:
+        err = RateLimited(
+            f"budget for {exc.scope} is held by requests in flight (limit ${exc.limit_usd:.4f}, "
+            f"spent ${exc.spent_usd:.4f}, held ${exc.reserved_usd:.4f}); retry shortly",
+            retry_after=HELD_RETRY_AFTER_S,
+        )
+        err.code = "budget_held"
+        return err
+    return exc
+
+
+async def restore_spend(state: SharedState, store: Store, task_budgets: bool) -> int:
+    """In-process budgets start from the spend in the log, so a restart does not reset them.
+
+    Redis keeps its own counts across restarts; this is for the embedded state only. Returns
+    the number of scopes restored.
+    """
+    if not isinstance(state, MemoryState):
+        return 0
+    spent = {f"key:{k}": usd for k, usd in (await store.spend_by("key_id")).items()}
+    if task_budgets:
+        spent.update({f"task:{t}": usd for t, usd in (await store.spend_by("task_id")).items()})
+    state.budgets.restore(spent)
+    return len(spent)
 
 
 async def settle(s: Services, reservation: Reservation, actual_usd: float | None) -> None:

@@ -172,6 +172,11 @@ class MemoryBudgets:
         for name in reservation.scopes:
             self._scope(name).holds.pop(reservation.id, None)
 
+    def restore(self, spent_usd: Mapping[str, float]) -> None:
+        """Start scopes from spend recorded elsewhere (the log, after a restart)."""
+        for name, usd in spent_usd.items():
+            self._scope(name).spent += to_nano(max(0.0, usd))
+
     async def spent(self, scope: str) -> Usage:
         entry = self._scopes.get(scope)
         if entry is None:

@@ -72,6 +72,9 @@ class Store(Protocol):
     async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
         """Every outcome recorded from ``ts`` on."""
 
+    async def spend_by(self, column: str) -> dict[str, float]:
+        """Total ``cost_usd`` logged per ``key_id`` or per ``task_id`` (budgets seed from it)."""
+
     async def create_key(self, rec: KeyRecord) -> None:
         """Insert a virtual key; raises ``StoreDataError`` if its id or hash is already stored."""
 

@@ -179,6 +179,11 @@ class PostgresStore:
         sql = schema.select_sql(schema.OUTCOMES, "postgres", where="ts", op=">=", order="ts")
         return await self._query(schema.OUTCOMES, sql, (ts,))
 
+    async def spend_by(self, column: str) -> dict[str, float]:
+        async with self._db().connection() as conn:
+            cur = await conn.execute(schema.spend_sql(column))
+            return {str(k): float(v) for k, v in await cur.fetchall()}
+
     async def create_key(self, rec: KeyRecord) -> None:
         await self._write(schema.insert_key_sql("postgres"), [schema.encode_key(rec)])
 

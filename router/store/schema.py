@@ -327,3 +327,13 @@ def decode_row(table: Table, row: Sequence[Any]) -> dict[str, Any]:
                 value = float(value)
         out[col.name] = value
     return out
+
+
+def spend_sql(column: str) -> str:
+    """Total cost per value of ``key_id`` or ``task_id``: what in-process budgets restart from."""
+    if column not in ("key_id", "task_id"):
+        raise ValueError(f"no spend by {column!r}")
+    return (
+        f"SELECT {column}, SUM(cost_usd) FROM requests "
+        f"WHERE {column} IS NOT NULL AND cost_usd > 0 GROUP BY {column}"
+    )

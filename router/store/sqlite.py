@@ -169,6 +169,11 @@ class SQLiteStore:
         sql = schema.select_sql(schema.OUTCOMES, "sqlite", where="ts", op=">=", order="ts")
         return await self._run(self._query, schema.OUTCOMES, sql, (ts,))
 
+    async def spend_by(self, column: str) -> dict[str, float]:
+        sql = schema.spend_sql(column)
+        rows = await self._run(lambda: self._db().execute(sql).fetchall())
+        return {str(k): float(v) for k, v in rows}
+
     async def create_key(self, rec: KeyRecord) -> None:
         await self._run(self._write_sync, schema.insert_key_sql("sqlite"), [schema.encode_key(rec)])
 

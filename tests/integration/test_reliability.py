@@ -153,3 +153,60 @@ def test_malformed_sse_is_an_error_and_falls_back(
     assert "not JSON" in message and "answered 500" not in message
     rec = last(r, 2)
     assert rec["status"] == 502 and rec["error_type"] == "UpstreamError"
+
+
+def task_budget_policy(upstream: FakeUpstream, behaviour: str, budget: float) -> dict[str, Any]:
+    policy = faulty(upstream, behaviour)
+    policy["objective"] = {"max_cost_per_task": budget}
+    return policy
+
+
+def estimate(router_factory: Factory, upstream: FakeUpstream) -> float:
+    r = router_factory(faulty(upstream, ""), timeouts=SLOW)
+    assert (
+        httpx.post(r.url + "/v1/chat/completions", json={"model": "solo", "messages": HI}).status_code == 200
+    )
+    est: float = last(r)["cost_est_usd"]
+    assert est > 0
+    return est
+
+
+def test_money_held_in_flight_is_a_429_with_retry_after(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    est = estimate(router_factory, upstream)
+    # Room for four estimates: while four slow requests hold them, the rest must wait, not be
+    # told the budget is spent (nothing has been spent yet).
+    r = router_factory(task_budget_policy(upstream, "ttft_ms=1000", 4.5 * est), timeouts=SLOW)
+    task = {"x-router-task-id": "held"}
+
+    def call(_: int) -> httpx.Response:
+        return httpx.post(r.url + "/v1/chat/completions", json={"model": "solo", "messages": HI},
+                          headers=task, timeout=20)  # fmt: skip
+
+    with ThreadPoolExecutor(12) as pool:
+        replies = list(pool.map(call, range(12)))
+    statuses = sorted(resp.status_code for resp in replies)
+    assert statuses.count(200) >= 1 and 403 not in statuses, statuses
+    held = [resp for resp in replies if resp.status_code == 429]
+    assert held and all(resp.headers["retry-after"] == "1" for resp in held)
+    assert held[0].json()["error"]["code"] == "budget_held"
+
+
+def test_in_process_budgets_survive_a_restart(router_factory: Factory, upstream: FakeUpstream) -> None:
+    est = estimate(router_factory, upstream)
+    policy = task_budget_policy(upstream, "", 2 * est)
+    task = {"x-router-task-id": "restart"}
+    r = router_factory(policy, timeouts=SLOW)
+
+    def call(router: RunningRouter) -> int:
+        return httpx.post(router.url + "/v1/chat/completions", json={"model": "solo", "messages": HI},
+                          headers=task, timeout=20).status_code  # fmt: skip
+
+    statuses = []
+    while 403 not in statuses:
+        statuses.append(call(r))
+        assert len(statuses) < 100
+    r.stop()
+    again = router_factory(policy, timeouts=SLOW, store=f"sqlite:///{r.db_path}")
+    assert call(again) == 403, "the restarted router forgot what the task had spent"

@@ -112,7 +112,8 @@ def test_200_concurrent_requests_never_overspend_a_task_budget(pair, upstream, p
 
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         statuses = list(pool.map(call, range(200)))
-    assert set(statuses) <= {200, 403}
+    # 429: refused while requests in flight held the rest; 403: the spend itself left no room.
+    assert set(statuses) <= {200, 403, 429}
     assert statuses.count(403) > 0 and statuses.count(200) > 0
     deadline = time.monotonic() + 15
     while len(pg_rows(pg_schema, "SELECT 1 FROM requests")) < 200 and time.monotonic() < deadline:
@@ -122,8 +123,8 @@ def test_200_concurrent_requests_never_overspend_a_task_budget(pair, upstream, p
         f"SELECT SUM(cost_usd) FROM requests WHERE status = 200 AND task_id = '{task['x-router-task-id']}'",
     )
     assert spent[0][0] <= budget, spent
-    refused = pg_rows(pg_schema, "SELECT error_type FROM requests WHERE status = 403")
-    assert {r[0] for r in refused} == {"BudgetExceeded"}
+    refused = pg_rows(pg_schema, "SELECT status, error_type FROM requests WHERE status IN (403, 429)")
+    assert {tuple(r) for r in refused} <= {(403, "BudgetExceeded"), (429, "RateLimited")}
 
 
 def synthetic_artifact(path: Path) -> None:

@@ -255,9 +255,10 @@ async def test_round_trip(store: SQLiteStore) -> None:
 
 async def check_batch_and_queries(store: Store) -> None:
     recs = [
-        RequestRecord(request_id=f"r{i:03d}", ts=1000.0 + i, task_id="t-even" if i % 2 == 0 else "t-odd")
+        RequestRecord(request_id=f"r{i:03d}", ts=1000.0 + i, task_id="t-even" if i % 2 == 0 else "t-odd",
+                      key_id="k1" if i < 4 else None, cost_usd=0.5 if i < 4 else None)
         for i in range(300)
-    ]
+    ]  # fmt: skip
     await store.write_requests(recs)
     await store.write_requests(recs[:10])  # a retried batch: already-stored ids are skipped
     recent = await store.recent_requests(limit=5)
@@ -265,6 +266,9 @@ async def check_batch_and_queries(store: Store) -> None:
     assert len(await store.recent_requests(limit=1000)) == 300
     even = await store.requests_for_task("t-even")
     assert [r["request_id"] for r in even] == [f"r{i:03d}" for i in range(0, 300, 2)]
+    # What in-process budgets restart from: the retried batch is not counted twice.
+    assert await store.spend_by("key_id") == {"k1": 2.0}
+    assert await store.spend_by("task_id") == {"t-even": 1.0, "t-odd": 1.0}
 
 
 async def test_batch_write_and_queries(store: SQLiteStore) -> None:
