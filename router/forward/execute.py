@@ -43,15 +43,22 @@ _FAILURE_EVENTS = frozenset({"error", "response.failed"})
 
 @dataclass(slots=True)
 class Attempt:
+    """One try, for the log's ``tries`` (``router.telemetry.tries`` reads them)."""
+
     model: str
-    ms: float
+    #: perf_counter readings: the upstream call's start (None: the try never reached the backend)
+    #: and the try's end (its failure; for the try that served, the reply or a stream's commit).
+    start: float | None
+    end: float
     status: int | None = None
     error_type: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, arrival: float) -> dict[str, Any]:
+        """``arrival``: the request's arrival on the same clock; ``start_ms`` counts from it."""
         return {
             "model": self.model,
-            "ms": round(self.ms, 3),
+            "start_ms": None if self.start is None else round((self.start - arrival) * 1000, 3),
+            "ms": None if self.start is None else round((self.end - self.start) * 1000, 3),
             "status": self.status,
             "error_type": self.error_type,
         }
@@ -183,10 +190,10 @@ class Executor:
             i += 1
             if not await self.breakers.before_call(backend.id):
                 skipped.append(backend.id)
-                ex.tries.append(Attempt(backend.id, 0.0, None, "BreakerOpen"))
+                ex.tries.append(Attempt(backend.id, None, time.perf_counter(), None, "BreakerOpen"))
                 continue
             for retry in (False, True):
-                started = time.perf_counter()
+                began = time.perf_counter()
                 try:
                     result = await call(backend, deadline)
                 except TimeoutError:
@@ -194,10 +201,10 @@ class Executor:
                 except RouterError as exc:
                     last = exc
                 else:
+                    ex.tries.append(_attempt(backend, phases, began, 200))
                     await self.breakers.record_success(backend.id)
-                    ex.tries.append(Attempt(backend.id, _ms(started), 200))
                     return result
-                ex.tries.append(Attempt(backend.id, _ms(started), last.status, last.kind))
+                ex.tries.append(_attempt(backend, phases, began, last.status, last.kind))
                 await self.breakers.record_failure(backend.id, last.retryable)
                 remaining = deadline - time.monotonic()
                 if retry or not last.retryable or i < len(order) or remaining <= 0:
@@ -251,8 +258,13 @@ async def _until_content(
     return CommittedStream(backend, observer, held, events)
 
 
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1000
+def _attempt(
+    backend: Backend, phases: Phases, began: float, status: int | None, kind: str | None = None
+) -> Attempt:
+    """The try that began at ``began``: its upstream call started then if ``phases`` saw a start since."""
+    started = phases.upstream_start
+    reached = started is not None and started >= began
+    return Attempt(backend.id, started if reached else None, time.perf_counter(), status, kind)
 
 
 def _loop_deadline(monotonic_deadline: float) -> float:

@@ -109,16 +109,15 @@ class Proxy:
             task.held = await admission.admit(self.s, principal, rec, decision)
             phases.decide()
             ex = Execution()
-            if req.stream:
-                try:
-                    committed = await self.s.executor.open_stream(req, decision, headers, phases, ex)
-                finally:
-                    _record_tries(rec, ex)
-                return self._stream(wire, req, committed, phases, rec, task)
             try:
-                reply = await self.s.executor.complete(req, decision, headers, phases, ex)
+                if req.stream:
+                    committed = await self.s.executor.open_stream(req, decision, headers, phases, ex)
+                else:
+                    reply = await self.s.executor.complete(req, decision, headers, phases, ex)
             finally:
-                _record_tries(rec, ex)
+                _record_tries(rec, ex, phases)  # failed streams too: their tries and backend are logged
+            if req.stream:
+                return self._stream(wire, req, committed, phases, rec, task)
             self._account(rec, wire.usage_from(reply.obj), 0)
             rec.status = 200
             return _Reply(reply.body(), media_type="application/json", headers=_route_headers(rec))
@@ -249,6 +248,7 @@ class Proxy:
         rec.backend_model = backend.litellm_model
         rec.usage_estimated = accounting.fill_missing(usage, rec.prompt_tokens_est or 0, content_events)
         rec.provider_model = usage.provider_model
+        rec.response_id, rec.finish_reasons = usage.response_id, usage.finish_reasons or None
         rec.input_tokens, rec.output_tokens = usage.input_tokens, usage.output_tokens
         rec.cache_read_tokens, rec.cache_write_tokens = usage.cache_read_tokens, usage.cache_write_tokens
         rec.reasoning_tokens = usage.reasoning_tokens
@@ -307,10 +307,11 @@ class _Reply(Response):
                 self.then()
 
 
-def _record_tries(rec: RequestRecord, ex: Execution) -> None:
-    rec.tries = [t.as_dict() for t in ex.tries]
+def _record_tries(rec: RequestRecord, ex: Execution, phases: Phases) -> None:
+    rec.tries = [t.as_dict(phases.arrival) for t in ex.tries]
     if ex.backend is not None:
-        rec.chosen_model = ex.backend.id
+        # Known before the call: a request that failed keeps the backend it failed on.
+        rec.chosen_model, rec.backend_model = ex.backend.id, ex.backend.litellm_model
 
 
 def _route_headers(rec: RequestRecord) -> dict[str, str]:

@@ -130,6 +130,8 @@ def usage_from(obj: dict[str, Any]) -> Usage:
         cache_read_tokens=read,
         cache_write_tokens=write,
         provider_model=obj.get("model"),
+        response_id=obj.get("id"),
+        finish_reasons=[obj["stop_reason"]] if obj.get("stop_reason") else [],
     )
 
 
@@ -161,9 +163,13 @@ class StreamObserver:
                 self.usage.input_tokens = None
         elif event == "message_delta":
             try:
-                u = event_json(data).get("usage") or {}
+                delta = event_json(data)
+                u = delta.get("usage") or {}
+                stop = (delta.get("delta") or {}).get("stop_reason")
             except AttributeError:
                 return False
+            if stop:
+                self.usage.finish_reasons.append(stop)
             if u.get("output_tokens") is not None:
                 self.usage.output_tokens = u["output_tokens"]
             # Some backends only know input counts at the end of the stream.

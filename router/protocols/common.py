@@ -67,7 +67,7 @@ class ClientRequest:
 
 @dataclass(slots=True)
 class Usage:
-    """Token counts as the provider reported them.
+    """Token counts as the provider reported them, and what it said about its reply.
 
     ``input_tokens`` counts every prompt token, cached ones included (OpenAI's convention);
     Anthropic's split counts are added up into it so that every protocol logs alike.
@@ -79,6 +79,10 @@ class Usage:
     cache_write_tokens: int | None = None
     reasoning_tokens: int | None = None
     provider_model: str | None = None
+    #: The provider's id of its reply.
+    response_id: str | None = None
+    #: Why the reply ended, in the protocol's words (``stop``, ``length``, ``end_turn``, ``completed``, ...).
+    finish_reasons: list[str] = field(default_factory=list)
 
     @property
     def known(self) -> bool:

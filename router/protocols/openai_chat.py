@@ -113,6 +113,8 @@ def usage_from(obj: dict[str, Any]) -> Usage:
         cache_write_tokens=u.get("cache_creation_input_tokens") or details.get("cache_creation_tokens"),
         reasoning_tokens=out_details.get("reasoning_tokens"),
         provider_model=obj.get("model"),
+        response_id=obj.get("id"),
+        finish_reasons=[c["finish_reason"] for c in obj.get("choices") or () if c.get("finish_reason")],
     )
 
 
@@ -134,17 +136,23 @@ class StreamObserver:
         chunk = event_json(data)
         if not isinstance(chunk, dict):
             return False
-        if self.usage.provider_model is None and chunk.get("model"):
-            self.usage.provider_model = chunk["model"]
+        u = self.usage
+        if u.provider_model is None and chunk.get("model"):
+            u.provider_model = chunk["model"]
+        if u.response_id is None and chunk.get("id"):
+            u.response_id = chunk["id"]
         if chunk.get("usage"):
-            u = usage_from(chunk)
-            u.provider_model = self.usage.provider_model
-            self.usage = u
+            self.usage = usage_from(chunk)
+            self.usage.provider_model, self.usage.response_id = u.provider_model, u.response_id
+            self.usage.finish_reasons = u.finish_reasons
+        content = False
         for choice in chunk.get("choices") or ():
+            if choice.get("finish_reason"):
+                self.usage.finish_reasons.append(choice["finish_reason"])
             delta = choice.get("delta") or {}
             if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
-                return True
-        return False
+                content = True
+        return content
 
 
 def is_usage_only(data: bytes) -> bool:

@@ -95,7 +95,16 @@ def usage_from(response: dict[str, Any]) -> Usage:
         cache_read_tokens=(u.get("input_tokens_details") or {}).get("cached_tokens"),
         reasoning_tokens=(u.get("output_tokens_details") or {}).get("reasoning_tokens"),
         provider_model=response.get("model"),
+        response_id=response.get("id"),
+        # The Responses API has a status, not a finish reason; an incomplete one says why.
+        finish_reasons=[str(ended)] if (ended := _ended_because(response)) else [],
     )
+
+
+def _ended_because(response: dict[str, Any]) -> Any:
+    if response.get("status") == "incomplete":
+        return (response.get("incomplete_details") or {}).get("reason") or "incomplete"
+    return response.get("status") if response.get("status") != "in_progress" else None
 
 
 _CONTENT_EVENTS = frozenset(
@@ -126,7 +135,7 @@ class StreamObserver:
             except AttributeError:
                 return False
             if event == "response.created":
-                self.usage.provider_model = resp.get("model")
+                self.usage.provider_model, self.usage.response_id = resp.get("model"), resp.get("id")
             else:
                 self.usage = usage_from(resp)
         return False

@@ -79,6 +79,10 @@ class RouterTelemetry(Telemetry):
 
     def use_policy(self, current: Callable[[], Policy]) -> None:
         self.metrics.route_of = _route_namer(current)
+        if self.tracer is not None:
+            from router.telemetry.tracing import backend_info_from
+
+            self.tracer.backend_info = lambda backend_id: backend_info_from(current().models)(backend_id)
 
     def prompt_sized(self, remembered: bool, counted: bool) -> None:
         self._guard(self.metrics.prompt_sized, remembered, counted)

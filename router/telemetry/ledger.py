@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from router.store import Store
+from router.telemetry import tries
 
 TOKEN_COLUMNS = {
     "input": "input_tokens",
@@ -93,7 +94,8 @@ def task_ledger(task_id: str, requests: Sequence[Row], outcomes: Sequence[Row]) 
         "duration_s": round(max(map(_end, requests)) - requests[0]["ts"], 3) if requests else None,
         "requests": len(requests),
         "errors": sum(1 for r in requests if (r.get("status") or 0) >= 400 or r.get("error_type")),
-        "fallbacks": sum(1 for r in requests if len(r.get("tries") or []) > 1),
+        "fallbacks": sum(1 for r in requests if tries.fallen_back_from(r.get("tries"))),
+        "retries": sum(len(tries.retried(r.get("tries"))) for r in requests),
         "side_calls": {"requests": len(side), "cost_usd": _usd(sum(r.get("cost_usd") or 0.0 for r in side))},
         "attempts": [
             {

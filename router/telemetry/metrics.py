@@ -11,26 +11,50 @@ error class name. Nothing a client chooses freely becomes a label value.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
+import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from router.store.records import RequestRecord
+from router.telemetry import tries as tries_
 from router.telemetry.phases import Phases
 
 __all__ = ["CONTENT_TYPE_LATEST", "RequestMetrics"]
 
-# LLM latencies span five orders of magnitude: a cached short prompt answers in tens of ms, a
-# long reasoning call takes minutes.
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
-# Waiting for a slot or a connection: usually under a millisecond, minutes when overloaded.
-QUEUE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+def series(low: float, high: float) -> tuple[float, ...]:
+    """Bucket bounds from ``low`` to ``high``, ten a decade (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8).
+
+    ``histogram_quantile`` interpolates linearly inside a bucket, so a quantile read from
+    Prometheus is off by at most the bucket's width; adjacent bounds here differ by at most a
+    third (a cluster of requests inside one bucket reads up to a sixth off, a spread a few %).
+    Coarser buckets (0.1 → 0.25 → 0.5 s) put a 152 ms median at 175 ms.
+    """
+    out: list[float] = []
+    exponent = math.floor(math.log10(low))
+    while not out or out[-1] < high:
+        for mantissa in (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8):
+            bound = round(mantissa * 10.0**exponent, 9)
+            if low <= bound <= high:
+                out.append(bound)
+        exponent += 1
+    return tuple(out)
+
+
+# Agents live between tens of ms (a cached short prompt) and tens of seconds (a long reasoning
+# call); beyond a minute, a few coarse buckets still show the tail.
+LATENCY_BUCKETS = (*series(0.01, 60), 120, 300, 600)
+# Waiting for a slot: usually under a millisecond (coarse there), then as fine as the latencies.
+QUEUE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, *LATENCY_BUCKETS[:-2])
 # Parsing, features and the decision: sub-millisecond normally; a learned scorer may take longer.
 ROUTING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
-# Between two streamed tokens: a few ms at fast providers, seconds when a provider stalls.
-GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 10)
+# Between two streamed tokens: a few ms at fast providers; the worst gap of a request reaches
+# seconds when a provider stalls.
+GAP_BUCKETS = (*series(0.001, 10), 30, 60, 120)
 DECODE_RATE_BUCKETS = (1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2500)
 PREFILL_RATE_BUCKETS = (100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000)
 
@@ -45,6 +69,8 @@ class RequestMetrics:
         *,
         process: bool = True,
     ) -> None:
+        # A ``_created`` series per child would double the series count for a value nobody graphs.
+        prometheus_client.disable_created_metrics()
         r = self.registry = registry if registry is not None else CollectorRegistry()
         #: requested model → route label; "none" until the app names its policy (``use_policy``).
         self.route_of: Callable[[str | None], str] = route_of or (lambda _requested: "none")
@@ -56,14 +82,21 @@ class RequestMetrics:
 
         self.ttft = hist("router_ttft_seconds", "Upstream call to first content token (streamed requests).",
                          ("backend",), LATENCY_BUCKETS)  # fmt: skip
-        self.gap = hist("router_inter_token_gap_seconds",
-                        "Mean gap between content tokens, one observation per streamed request.",
-                        ("backend",), GAP_BUCKETS)  # fmt: skip
+        self.gap_mean = hist("router_inter_token_gap_mean_seconds",
+                             "Mean gap between content tokens of a streamed request (one per request).",
+                             ("backend",), GAP_BUCKETS)  # fmt: skip
+        self.gap_max = hist("router_inter_token_gap_max_seconds",
+                            "Longest gap between content tokens of a streamed request (one per request): "
+                            "stalls.", ("backend",), GAP_BUCKETS)  # fmt: skip
         self.decode = hist("router_decode_seconds", "First to last content token (streamed requests).",
                            ("backend",), LATENCY_BUCKETS)  # fmt: skip
         self.queue = hist("router_queue_seconds",
-                          "Arrival to the upstream call: intake, routing, concurrency and connection waits.",
+                          "Arrival to the first try's upstream call: intake, routing, concurrency waits.",
                           ("backend",), QUEUE_BUCKETS)  # fmt: skip
+        self.retry = hist("router_retry_seconds",
+                          "First try's upstream call to the last try's: failed tries and back-off "
+                          "(requests that retried or fell back; backend is the last one tried).",
+                          ("backend",), LATENCY_BUCKETS)  # fmt: skip
         self.routing = hist("router_routing_seconds", "Arrival to the policy's decision (read, parse, decide).",
                             (), ROUTING_BUCKETS)  # fmt: skip
         self.delivery = hist("router_delivery_seconds", "Last upstream byte to the response's end.",
@@ -83,9 +116,9 @@ class RequestMetrics:
         self.cost = Counter("router_cost_usd", "Cost at catalog prices, by backend and route.",
                             ("backend", "route"), registry=r)  # fmt: skip
         self.fallbacks = Counter("router_fallbacks", "Requests served (or failed) after another backend "
-                                 "failed first; backend is the last one tried.", ("backend",), registry=r)  # fmt: skip
-        self.retries = Counter("router_retries", "Failed upstream tries that were followed by another try, "
-                               "by the backend that failed and why.", ("backend", "reason"), registry=r)  # fmt: skip
+                                 "was tried first; backend is the last one tried.", ("backend",), registry=r)  # fmt: skip
+        self.retries = Counter("router_retries", "Failed upstream tries retried on the same backend, by "
+                               "the backend and why the try failed.", ("backend", "reason"), registry=r)  # fmt: skip
         self.memo = Counter("router_prompt_memo", "Requests by whether the conversation memo knew their "
                             "leading messages (hit) or not (miss).", ("result",), registry=r)  # fmt: skip
         self.counted = Counter("router_prompt_counted_before_decision", "Requests whose prompt had to be "
@@ -125,9 +158,11 @@ class RequestMetrics:
         if phases.decided is not None:
             self.routing.observe(phases.decided - phases.arrival)
         self._observe_ms(self.queue, backend, rec.queue_ms)
+        self._observe_ms(self.retry, backend, rec.retry_ms)
         self._observe_ms(self.ttft, backend, rec.ttft_ms)
         self._observe_ms(self.decode, backend, rec.decode_ms)
-        self._observe_ms(self.gap, backend, rec.gap_mean_ms)
+        self._observe_ms(self.gap_mean, backend, rec.gap_mean_ms)
+        self._observe_ms(self.gap_max, backend, rec.gap_max_ms)
         self._observe_ms(self.delivery, backend, rec.delivery_ms)
         if rec.total_ms is not None:
             self._child(self.e2e, backend, str(rec.status or "none")).observe(rec.total_ms / 1000)
@@ -138,12 +173,10 @@ class RequestMetrics:
         self._count_tokens(rec, backend)
         if rec.cost_usd:
             self._child(self.cost, backend, self.route_of(rec.requested_model)).inc(rec.cost_usd)
-        tries = rec.tries or []
-        if len(tries) > 1:
+        if tries_.fallen_back_from(rec.tries):
             self._child(self.fallbacks, backend).inc()
-            for t in tries[:-1]:
-                reason = t.get("error_type") or str(t.get("status") or "unknown")
-                self._child(self.retries, str(t.get("model") or "none"), reason).inc()
+        for t in tries_.retried(rec.tries):
+            self._child(self.retries, str(t.get("model") or "none"), tries_.reason(t)).inc()
 
     def prompt_sized(self, remembered: bool, counted: bool) -> None:
         self._child(self.memo, "hit" if remembered else "miss").inc()

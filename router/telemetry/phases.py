@@ -1,7 +1,13 @@
-"""Phase timing of one request: queue, time to first token, decode, gaps, delivery.
+"""Phase timing of one request: queue, retry, time to first token, decode, gaps, delivery.
 
 Clock readings are ``time.perf_counter()`` seconds; summaries are milliseconds. A phase that
-cannot be observed (TTFT and decode of a non-streamed reply) is ``None``, never a guess.
+cannot be observed (TTFT and decode of a non-streamed reply) or did not happen (retry, when the
+first try served) is ``None``, never a guess.
+
+The phases are contiguous, so they add up: queue (arrival → the first try's upstream call:
+reading, routing, waiting for a concurrency slot), retry (the first try's call → the last try's
+call: tries that failed, the back-off after them and any slot wait before the next try), then the
+last try's TTFT and decode, and delivery (last upstream byte → the response's end).
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ class Phases:
     arrival: float = field(default_factory=perf_counter)
     #: When the policy's decision was made: arrival → decided is intake and routing.
     decided: float | None = None
+    #: The first try's upstream call: queue ends and, if that try fails, retry begins.
+    first_upstream_start: float | None = None
+    #: The last try's upstream call (the one that served, or failed last).
     upstream_start: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -25,11 +34,14 @@ class Phases:
     def decide(self) -> None:
         self.decided = perf_counter()
 
-    def start_upstream(self) -> None:
-        """Called at the start of each try; the try that serves keeps its own start."""
-        self.upstream_start = perf_counter()
+    def start_upstream(self) -> float:
+        """Called at the start of each try's upstream call; the try that serves keeps its own start."""
+        now = self.upstream_start = perf_counter()
+        if self.first_upstream_start is None:
+            self.first_upstream_start = now
         self.first_token = self.last_token = self.last_byte = None
         self.gaps.clear()
+        return now
 
     def token(self, now: float | None = None) -> None:
         now = perf_counter() if now is None else now
@@ -50,8 +62,10 @@ class Phases:
             return None if a is None or b is None else round((b - a) * 1000, 3)
 
         gaps = sorted(self.gaps)
+        retried = self.upstream_start is not None and self.upstream_start != self.first_upstream_start
         return {
-            "queue_ms": ms(self.arrival, self.upstream_start),
+            "queue_ms": ms(self.arrival, self.first_upstream_start),
+            "retry_ms": ms(self.first_upstream_start, self.upstream_start) if retried else None,
             "ttft_ms": ms(self.upstream_start, self.first_token),
             "decode_ms": ms(self.first_token, self.last_token),
             "gap_mean_ms": round(sum(gaps) / len(gaps) * 1000, 3) if gaps else None,

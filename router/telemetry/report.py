@@ -1,12 +1,15 @@
 """``router report``: where the time and the money went, phase by phase, per backend, route, task or policy.
 
-End to end splits into parts that add up to it: queue (arrival → upstream call: intake,
-routing, concurrency waits), prefill (upstream call → first token), decode (first → last token),
-upstream other (the rest of the upstream call: after the last token, or all of it when the reply
-was not streamed and no token could be timed) and delivery (last upstream byte → response end).
+End to end splits into parts that add up to it: queue (arrival → the first try's upstream call:
+intake, routing, concurrency waits), retry (the first try's call → the last try's: failed tries
+and back-off), prefill (the last try's call → first token), decode (first → last token), upstream
+other (the rest of the upstream call: after the last token, or all of it when the reply was not
+streamed and no token could be timed) and delivery (last upstream byte → response end).
 A phase's *share* is its sum over the group's sum of end to end — time-weighted, so it answers
 "where did the time go". Phase statistics cover successful requests only: a fast 400 says
-nothing about a backend's latency. Error and retry rates cover all requests.
+nothing about a backend's latency. Error, retry and fallback rates cover all requests: a
+request *retried* when a try was followed by another on the same backend, and *fell back* when
+its last try used another backend than an earlier one (``router.telemetry.tries``).
 
 Numbers are only comparable under comparable load, so every group carries its load over the
 window: requests per second, and mean concurrency (the sum of end-to-end times over the window's
@@ -22,14 +25,16 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from router.telemetry import tries
 from router.telemetry.ledger import final_outcome, usd
 
 Row = Mapping[str, Any]
 
 GROUP_COLUMNS = {"backend": "chosen_model", "route": "requested_model", "task": "task_id", "policy": "policy"}
-PHASES = ("queue_ms", "ttft_ms", "decode_ms", "gap_mean_ms", "upstream_other_ms", "delivery_ms", "total_ms")
+PHASES = ("queue_ms", "retry_ms", "ttft_ms", "decode_ms", "gap_mean_ms", "gap_max_ms", "upstream_other_ms",
+          "delivery_ms", "total_ms")  # fmt: skip
 #: The parts of end to end, in time order; they add up to ``total_ms``.
-PARTS = {"queue": "queue_ms", "prefill": "ttft_ms", "decode": "decode_ms",
+PARTS = {"queue": "queue_ms", "retry": "retry_ms", "prefill": "ttft_ms", "decode": "decode_ms",
          "upstream_other": "upstream_other_ms", "delivery": "delivery_ms"}  # fmt: skip
 SETTINGS = ("temperature", "top_p", "max_tokens", "reasoning_effort", "system_sha256", "tools_sha256",
             "provider_model")  # fmt: skip
@@ -127,7 +132,12 @@ def _group(
         "cost_per_request_usd": round(cost / n, 10) if n else None,
         "tasks": {"count": len(tasks), "with_outcome": len(judged), "completed": completed},
         "cost_per_completed_task_usd": round(judged_cost / completed, 10) if completed else None,
-        "retry_rate": round(sum(1 for r in rows if len(r.get("tries") or []) > 1) / n, 4) if n else None,
+        "retries": sum(len(tries.retried(r.get("tries"))) for r in rows),
+        "retry_rate": round(sum(1 for r in rows if tries.retried(r.get("tries"))) / n, 4) if n else None,
+        "fallbacks": sum(1 for r in rows if tries.fallen_back_from(r.get("tries"))),
+        "fallback_rate": round(sum(1 for r in rows if tries.fallen_back_from(r.get("tries"))) / n, 4)
+        if n
+        else None,
         "error_rate": round(errors / n, 4) if n else None,
         "settings_differ": _settings_differ(rows),
     }
@@ -200,8 +210,8 @@ def render(report: Mapping[str, Any]) -> None:
     )
     groups = report["groups"][:MAX_TABLE_GROUPS]
     summary = Table(title="Load, errors, cache, cost; token rates are medians", title_justify="left")
-    for col in ("group", "reqs", "req/s", "conc", "errors", "retried", "cached in", "$/req", "$/done task",
-                "prefill tok/s", "decode tok/s"):  # fmt: skip
+    for col in ("group", "reqs", "req/s", "conc", "errors", "retried", "fell back", "cached in", "$/req",
+                "$/done task", "prefill tok/s", "decode tok/s"):  # fmt: skip
         summary.add_column(col, justify="left" if col == "group" else "right")
     for g in groups:
         per_task = g["cost_per_completed_task_usd"]
@@ -212,7 +222,7 @@ def render(report: Mapping[str, Any]) -> None:
         summary.add_row(
             g["key"], str(g["requests"]), _num(g["load"]["rps"], "{:.3f}"),
             _num(g["load"]["concurrency"], "{:.2f}"), _pct(g["error_rate"]), _pct(g["retry_rate"]),
-            _pct(g["cached_input_share"]), usd(g["cost_per_request_usd"] or 0.0), per_task_text,
+            _pct(g["fallback_rate"]), _pct(g["cached_input_share"]), usd(g["cost_per_request_usd"] or 0.0), per_task_text,
             _num(g["prefill_tok_s"]["p50"], "{:.0f}"), _num(g["decode_tok_s"]["p50"], "{:.1f}"),
         )  # fmt: skip
     console.print(summary)

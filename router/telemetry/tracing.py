@@ -1,17 +1,27 @@
 """OpenTelemetry spans of proxied requests, built after the fact from the log record and phase clock.
 
 Nothing is traced while a request runs: when it ends, one ``SERVER`` span ("chat <requested
-model>") is written with children ``routing`` (arrival → decision), ``queue`` (decision → upstream
-call: concurrency and connection waits), ``upstream`` (the serving try, with ``first_token`` and
-``last_token`` events) and ``delivery`` (last upstream byte → response end). The perf_counter
-readings become wall-clock nanoseconds through the record's arrival time (``rec.ts`` is the
-wall clock at ``phases.arrival``). The log's ``queue_ms`` is ``routing`` + ``queue``; the root
-span also carries every phase as ``router.<column>`` so trace and log show the same numbers.
+model>") is written with children, each a phase of the log's record:
+
+* ``routing`` (arrival → decision) and ``queue`` (decision → the first try's upstream call:
+  concurrency waits); the log's ``queue_ms`` is ``routing`` + ``queue``;
+* ``retry`` (the first try's upstream call → the last try's), only when a try failed and another
+  followed: it holds one ``CLIENT`` span per failed try, the gaps between them are back-off;
+* ``upstream``: the last try (the one that served, or failed last), a ``CLIENT`` span with
+  ``first_token`` and ``last_token`` events;
+* ``delivery`` (last upstream byte → response end).
+
+Every try span names its backend, status and timings. The perf_counter readings become wall-clock
+nanoseconds through the record's arrival time (``rec.ts`` is the wall clock at
+``phases.arrival``); the root span also carries every phase as ``router.<column>`` so trace and
+log show the same numbers.
 
 Attributes follow the OpenTelemetry GenAI conventions (``gen_ai.*``), OpenInference (what Arize
 Phoenix displays: ``openinference.span.kind``, ``llm.*``, ``session.id``) and the router's own
-(``router.*``). No prompt text unless the operator opted in twice: ``log_prompts`` captures it,
-``trace_prompts`` puts it on the span.
+(``router.*``). The request span is the one OpenInference ``LLM`` span of a request (it carries
+the tokens and cost, so Phoenix counts each request once); its children are ``CHAIN`` steps.
+No prompt text unless the operator opted in twice: ``log_prompts`` captures it, ``trace_prompts``
+puts it on the span.
 
 A task is one trace. Every request of a task gets the trace id ``sha256("router-task:" +
 task_id)[:16]``, so an agent's whole task opens as one waterfall in any trace UI, with no state
@@ -24,7 +34,8 @@ that group by session.
 
 Configuration is the standard ``OTEL_*`` environment: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
 ``..._TRACES_ENDPOINT``), headers, timeout, compression; ``OTEL_SERVICE_NAME`` /
-``OTEL_RESOURCE_ATTRIBUTES``; ``OTEL_TRACES_SAMPLER``; ``OTEL_SDK_DISABLED``. Export is
+``OTEL_RESOURCE_ATTRIBUTES``; ``OTEL_TRACES_SAMPLER``; ``OTEL_SDK_DISABLED``. The resource's
+``openinference.project.name`` (Phoenix's project) defaults to the service name. Export is
 OTLP/HTTP protobuf through a ``BatchSpanProcessor`` (off the request path).
 """
 
@@ -32,9 +43,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from opentelemetry import context as otel_context
@@ -47,6 +60,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from router.store.records import RequestRecord
+from router.telemetry import tries as tries_
 from router.telemetry.phases import Phases
 
 log = logging.getLogger("router.telemetry.tracing")
@@ -69,8 +83,26 @@ OPENINFERENCE_SYSTEMS = {
     "openai": "openai", "azure": "openai", "anthropic": "anthropic", "vertex_ai": "vertexai",
     "gemini": "vertexai", "mistral": "mistralai", "cohere": "cohere",
 }  # fmt: skip
-PHASE_COLUMNS = ("queue_ms", "ttft_ms", "decode_ms", "gap_mean_ms", "gap_p95_ms", "gap_max_ms",
+PHASE_COLUMNS = ("queue_ms", "retry_ms", "ttft_ms", "decode_ms", "gap_mean_ms", "gap_p95_ms", "gap_max_ms",
                  "delivery_ms", "total_ms")  # fmt: skip
+
+
+#: litellm provider prefix → the API host litellm calls when a backend sets no ``api_base``.
+DEFAULT_HOSTS = {
+    "openai": "api.openai.com", "anthropic": "api.anthropic.com", "mistral": "api.mistral.ai",
+    "groq": "api.groq.com", "deepseek": "api.deepseek.com", "xai": "api.x.ai",
+    "gemini": "generativelanguage.googleapis.com", "cohere": "api.cohere.ai",
+}  # fmt: skip
+PROJECT_ATTRIBUTE = "openinference.project.name"
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """What a try span says about the backend it called (looked up by catalog id)."""
+
+    litellm_model: str
+    server_address: str | None = None
+    server_port: int | None = None
 
 
 def otlp_configured(env: Mapping[str, str]) -> bool:
@@ -113,6 +145,8 @@ class RequestTracer:
         self._ids = ids
         self._tracer = provider.get_tracer("router")
         self._prompts = prompts
+        #: catalog id → the backend's model and host; the app points it at the policy in force.
+        self.backend_info: Callable[[str], BackendInfo | None] = lambda _id: None
 
     def record(self, rec: RequestRecord, phases: Phases) -> None:
         """Write the spans of one finished request."""
@@ -138,27 +172,70 @@ class RequestTracer:
             root.set_status(Status(StatusCode.ERROR, rec.error_type or f"HTTP {rec.status}"))
         parent = trace.set_span_in_context(root)
 
-        def child(name: str, start: float, stop: float, kind: SpanKind = SpanKind.INTERNAL) -> Span:
-            return self._tracer.start_span(name, context=parent, kind=kind, start_time=ns(start))
+        def child(name: str, start: float, stop: float, kind: SpanKind = SpanKind.INTERNAL,
+                  under: otel_context.Context = parent) -> Span:  # fmt: skip
+            span = self._tracer.start_span(name, context=under, kind=kind, start_time=ns(start))
+            span.set_attribute("openinference.span.kind", "CHAIN")
+            return span
 
         if phases.decided is not None:
             child("routing", phases.arrival, phases.decided).end(ns(phases.decided))
-        if phases.upstream_start is not None:
+        first, last = phases.first_upstream_start, phases.upstream_start
+        if first is not None and last is not None:
             queued = phases.decided if phases.decided is not None else phases.arrival
-            child("queue", queued, phases.upstream_start).end(ns(phases.upstream_start))
+            child("queue", queued, first).end(ns(first))
+            reached: list[tuple[int, Mapping[str, Any]]] = [
+                (i, t) for i, t in enumerate(rec.tries or [], 1) if t.get("start_ms") is not None
+            ]
+            if last != first:
+                retry = child("retry", first, last)
+                under = trace.set_span_in_context(retry, parent)
+                for i, t in reached[:-1]:
+                    start = phases.arrival + t["start_ms"] / 1000
+                    stop = start + (t.get("ms") or 0.0) / 1000
+                    up = child("upstream", start, stop, SpanKind.CLIENT, under)
+                    up.set_attributes(self._try_attributes(i, t))
+                    up.set_status(Status(StatusCode.ERROR, tries_.reason(t)))
+                    up.end(ns(stop))
+                retry.end(ns(last))
+            # A record without tries (written by hand) still gets its one upstream span.
+            final: tuple[int, Mapping[str, Any]] = (
+                reached[-1] if reached else (1, {"model": rec.chosen_model})
+            )
             up_end = phases.last_byte or phases.last_token or end
-            up = child("upstream", phases.upstream_start, up_end, SpanKind.CLIENT)
-            up.set_attributes(_upstream_attributes(rec))
+            if failed and phases.first_token is None and final[1].get("ms") is not None:
+                up_end = last + final[1]["ms"] / 1000  # the try failed: its span ends with it
+            up = child("upstream", last, up_end, SpanKind.CLIENT)
+            up.set_attributes(self._try_attributes(*final))
+            up.set_attributes(_serving_attributes(rec))
             if phases.first_token is not None:
                 up.add_event("first_token", timestamp=ns(phases.first_token))
             if phases.last_token is not None:
                 up.add_event("last_token", timestamp=ns(phases.last_token))
-            if failed and phases.last_byte is None:
+            if failed and phases.first_token is None:
                 up.set_status(Status(StatusCode.ERROR, rec.error_type or f"HTTP {rec.status}"))
             up.end(ns(up_end))
         if phases.last_byte is not None and phases.done is not None:
             child("delivery", phases.last_byte, phases.done).end(ns(phases.done))
         root.end(ns(end))
+
+    def _try_attributes(self, number: int, t: Mapping[str, Any]) -> dict[str, AttributeValue]:
+        backend = str(t.get("model")) if t.get("model") is not None else None
+        info = self.backend_info(backend) if backend is not None else None
+        provider = info.litellm_model.split("/", 1)[0] if info and "/" in info.litellm_model else None
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": GENAI_PROVIDERS.get(provider, provider) if provider else None,
+            "gen_ai.request.model": _wire_model(info.litellm_model) if info else None,
+            "server.address": info.server_address if info else None,
+            "server.port": info.server_port if info else None,
+            "http.response.status_code": t.get("status"),
+            "error.type": t.get("error_type"),
+            "router.backend": backend,
+            "router.try": number,
+            "router.try_ms": t.get("ms"),
+        }
+        return {k: v for k, v in attrs.items() if v is not None}
 
     def shutdown(self) -> None:
         self.provider.shutdown()
@@ -173,6 +250,9 @@ def build_tracer(exporter: SpanExporter | None = None, *, prompts: bool = False)
     resource = Resource.create()
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "router"}))
+    if PROJECT_ATTRIBUTE not in resource.attributes:
+        # Phoenix files spans by this attribute, not service.name: without it all land in "default".
+        resource = resource.merge(Resource({PROJECT_ATTRIBUTE: resource.attributes["service.name"]}))
     ids = _TaskTraceIds()
     provider = TracerProvider(resource=resource, id_generator=ids)
     if exporter is not None:
@@ -207,6 +287,8 @@ def request_attributes(rec: RequestRecord, *, prompts: bool = False) -> dict[str
         "gen_ai.system": GENAI_PROVIDERS.get(provider, provider) if provider else None,
         "gen_ai.request.model": rec.requested_model,
         "gen_ai.response.model": served,
+        "gen_ai.response.id": rec.response_id,
+        "gen_ai.response.finish_reasons": rec.finish_reasons or None,
         "gen_ai.request.temperature": rec.temperature,
         "gen_ai.request.top_p": rec.top_p,
         "gen_ai.request.max_tokens": rec.max_tokens,
@@ -258,7 +340,8 @@ def request_attributes(rec: RequestRecord, *, prompts: bool = False) -> dict[str
         "router.backend_model": rec.backend_model,
         "router.candidates": orjson.dumps(rec.candidates).decode() if rec.candidates else None,
         "router.candidate_models": [str(c.get("model")) for c in rec.candidates or []] or None,
-        "router.fallbacks": [str(t.get("model")) for t in tries[:-1]] or None,
+        "router.fallbacks": tries_.fallen_back_from(tries) or None,
+        "router.retries": len(tries_.retried(tries)) if tries else None,
         "router.tries": len(tries) or None,
         "router.cost.predicted_usd": rec.cost_est_usd,
         "router.cost.actual_usd": rec.cost_usd,
@@ -273,15 +356,34 @@ def request_attributes(rec: RequestRecord, *, prompts: bool = False) -> dict[str
     return {k: v for k, v in attrs.items() if v is not None}
 
 
-def _upstream_attributes(rec: RequestRecord) -> dict[str, AttributeValue]:
+def _serving_attributes(rec: RequestRecord) -> dict[str, AttributeValue]:
+    """The last try's span: what the provider answered and how fast."""
     attrs: dict[str, Any] = {
-        "router.backend": rec.chosen_model,
         "gen_ai.response.model": rec.provider_model or _wire_model(rec.backend_model),
+        "gen_ai.response.id": rec.response_id,
+        "gen_ai.response.finish_reasons": rec.finish_reasons or None,
         "router.ttft_ms": rec.ttft_ms,
         "router.decode_ms": rec.decode_ms,
         "router.gap_mean_ms": rec.gap_mean_ms,
+        "router.gap_max_ms": rec.gap_max_ms,
     }
     return {k: v for k, v in attrs.items() if v is not None}
+
+
+def backend_info_from(models: Mapping[str, Any]) -> Callable[[str], BackendInfo | None]:
+    """A lookup over a policy's ``models`` (catalog id → spec with ``litellm_model``, ``api_base``)."""
+
+    def info(backend_id: str) -> BackendInfo | None:
+        spec = models.get(backend_id)
+        if spec is None:
+            return None
+        provider = spec.litellm_model.split("/", 1)[0] if "/" in spec.litellm_model else "openai"
+        if spec.api_base:
+            url = urlsplit(spec.api_base)
+            return BackendInfo(spec.litellm_model, url.hostname, url.port)
+        return BackendInfo(spec.litellm_model, DEFAULT_HOSTS.get(provider))
+
+    return info
 
 
 def _wire_model(backend_model: str | None) -> str | None:

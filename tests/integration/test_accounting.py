@@ -127,7 +127,7 @@ def test_configured_delays_show_up_everywhere_with_the_same_numbers(
     assert sample(m, "router_ttft_seconds_count", backend="timed") == 1
     assert sample(m, "router_ttft_seconds_sum", backend="timed") == pytest.approx(rec["ttft_ms"] / 1000)
     assert sample(m, "router_decode_seconds_sum", backend="timed") == pytest.approx(rec["decode_ms"] / 1000)
-    assert sample(m, "router_inter_token_gap_seconds_sum", backend="timed") == pytest.approx(
+    assert sample(m, "router_inter_token_gap_mean_seconds_sum", backend="timed") == pytest.approx(
         rec["gap_mean_ms"] / 1000
     )
     assert sample(m, "router_requests_total", backend="timed", status="200") == 1

@@ -16,7 +16,7 @@ from router.store import open_store
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.window import parse_duration
 from router.telemetry.ledger import final_outcome, load_task
-from router.telemetry.report import quantile
+from router.telemetry.report import build_report, quantile
 
 NOW = time.time()
 BASE = NOW - 600
@@ -104,8 +104,8 @@ def test_report_by_backend(store_url: str, capsys: pytest.CaptureFixture[str]) -
     assert ttft["share"] == pytest.approx(1000 / alpha_total, abs=1e-4)
     assert alpha["phases_ms"]["decode_ms"]["share"] == pytest.approx(2000 / alpha_total, abs=1e-4)
     assert alpha["phases_ms"]["upstream_other_ms"]["p50"] == pytest.approx(5)
-    shares = [alpha["phases_ms"][c]["share"] for c in ("queue_ms", "ttft_ms", "decode_ms", "upstream_other_ms",
-                                                       "delivery_ms")]  # fmt: skip
+    shares = [alpha["phases_ms"][c]["share"] for c in ("queue_ms", "retry_ms", "ttft_ms", "decode_ms",
+                                                       "upstream_other_ms", "delivery_ms")]  # fmt: skip
     assert sum(shares) == pytest.approx(1, abs=1e-3)
     assert alpha["decode_tok_s"]["p50"] == pytest.approx(500)
     assert alpha["prefill_tok_s"]["p50"] == pytest.approx((5000 + 20000 / 3) / 2, rel=1e-4)
@@ -116,10 +116,32 @@ def test_report_by_backend(store_url: str, capsys: pytest.CaptureFixture[str]) -
     assert alpha["cost_per_completed_task_usd"] == pytest.approx(0.1)
     assert alpha["settings_differ"] == {"temperature": {"0.2": 3, "0.7": 1}}
     assert alpha["error_rate"] == 0 and alpha["retry_rate"] == 0
-    assert beta["error_rate"] == 0.5 and beta["retry_rate"] == 0.5
+    # r4 failed on alpha, then on beta: a fallback, not a retry (no backend was tried twice).
+    assert beta["error_rate"] == 0.5 and beta["fallback_rate"] == 0.5 and beta["retry_rate"] == 0
     assert beta["ok"] == 1 and beta["phases_ms"]["ttft_ms"]["n"] == 0  # not streamed: no TTFT, no guess
     assert beta["phases_ms"]["upstream_other_ms"]["share"] == pytest.approx(493 / 500, abs=1e-3)
     assert beta["cost_per_completed_task_usd"] is None and beta["tasks"]["with_outcome"] == 0
+
+
+def test_retry_is_its_own_part_and_retries_are_not_fallbacks() -> None:
+    def row(n: int, tries: list[str], **phases: float | None) -> dict[str, Any]:
+        attempts = [{"model": m, "status": 503} for m in tries[:-1]] + [{"model": tries[-1], "status": 200}]
+        return {"request_id": f"x{n}", "ts": BASE + n, "chosen_model": tries[-1], "status": 200,
+                "tries": attempts, "delivery_ms": 5.0, "decode_ms": 200.0, **phases}  # fmt: skip
+
+    rows = [
+        row(0, ["a"], queue_ms=10.0, retry_ms=None, ttft_ms=100.0, total_ms=315.0),
+        row(1, ["a", "a"], queue_ms=10.0, retry_ms=300.0, ttft_ms=100.0, total_ms=615.0),
+        row(2, ["b", "a"], queue_ms=10.0, retry_ms=100.0, ttft_ms=100.0, total_ms=415.0),
+        row(3, ["b", "a", "a"], queue_ms=10.0, retry_ms=500.0, ttft_ms=100.0, total_ms=815.0),
+    ]
+    (a,) = build_report(rows, [])["groups"]
+    assert (a["retries"], a["retry_rate"], a["fallbacks"], a["fallback_rate"]) == (2, 0.5, 2, 0.5)
+    retry = a["phases_ms"]["retry_ms"]
+    assert (retry["n"], retry["p50"]) == (3, 300)  # the requests that retried or fell back
+    assert retry["share"] == pytest.approx(900 / 2160, abs=1e-4)
+    assert a["mean_parts_ms"]["retry"] == pytest.approx(225)
+    assert a["phases_ms"]["upstream_other_ms"]["p50"] == 0  # the parts account for all of end to end
 
 
 def test_report_by_task_and_route(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -159,7 +181,7 @@ def test_task_ledger(store_url: str, capsys: pytest.CaptureFixture[str]) -> None
     assert t1["outcome"]["success"] is True and t1["outcome"]["source"] == "explicit" and t1["completed"]
     assert tasks["T2"]["completed"] is False and tasks["T2"]["outcome"]["source"] == "tests_failed"
     t3 = tasks["T3"]
-    assert t3["outcome"] is None and t3["errors"] == 1 and t3["fallbacks"] == 1
+    assert t3["outcome"] is None and t3["errors"] == 1 and t3["fallbacks"] == 1 and t3["retries"] == 0
     assert t3["cost_usd"]["unsplit"] == pytest.approx(0.005)  # logged without the split
     only = run_json(capsys, "tasks", "--store", store_url, "--task", "T2", "--json")
     assert [t["task_id"] for t in only["tasks"]] == ["T2"]
