@@ -36,9 +36,9 @@ class RequestRecord:
     chosen_model: str | None = None  # catalog id that served, or the last one that failed
     backend_model: str | None = None  # litellm model string
     provider_model: str | None = None  # what the provider reported in its response
-    response_id: str | None = field(default=None, metadata={"since": 5})  # the provider's id of its reply
+    response_id: str | None = field(default=None, metadata={"since": 6})  # the provider's id of its reply
     #: Why the reply ended, as the provider said (OpenAI finish_reason, Anthropic stop_reason, ...).
-    finish_reasons: list[str] | None = field(default=None, metadata={"since": 5})
+    finish_reasons: list[str] | None = field(default=None, metadata={"since": 6})
 
     policy: str | None = None
     decision_reason: str | None = None
@@ -68,7 +68,7 @@ class RequestRecord:
 
     queue_ms: float | None = None
     #: The first try's upstream call → the last try's: failed tries and the back-off between them.
-    retry_ms: float | None = field(default=None, metadata={"since": 5})
+    retry_ms: float | None = field(default=None, metadata={"since": 6})
     ttft_ms: float | None = None
     decode_ms: float | None = None
     gap_mean_ms: float | None = None

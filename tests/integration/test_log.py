@@ -34,7 +34,8 @@ def test_streamed_openai_request_fills_every_field(router: RunningRouter) -> Non
     rec = router.records(2)[-1]
     must_be_set = [
         "request_id", "ts", "decision_id", "task_id", "protocol", "endpoint", "requested_model",
-        "chosen_model", "backend_model", "provider_model", "policy", "decision_reason", "propensity",
+        "chosen_model", "backend_model", "provider_model", "response_id", "finish_reasons", "policy",
+        "decision_reason", "propensity",
         "candidates", "tries", "status", "input_tokens", "output_tokens", "cache_read_tokens",
         "reasoning_tokens", "prompt_tokens_est", "cost_usd", "cost_est_usd", "queue_ms", "ttft_ms",
         "decode_ms", "gap_mean_ms", "gap_p95_ms", "gap_max_ms", "delivery_ms", "total_ms", "temperature",
