@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.errors import BadRequest, ConfigError, RouterError
+from router.features.task.identity import scoped
 from router.http.proxy import read_body
 from router.learning.preview import preview_posted
 from router.store.window import parse_duration
@@ -56,8 +57,9 @@ def register_ops(app: FastAPI, s: Services) -> None:
     @app.get("/v1/tasks/{task_id:path}", tags=["ops"])
     async def task(task_id: str, request: Request) -> Response:
         try:
-            await s.auth.check(request, master_only=True)
-            ledger = await load_task(s.store, task_id)
+            # A virtual key reads its own tasks' ledgers (ids scoped to it); the master key any.
+            principal = await s.auth.check(request)
+            ledger = await load_task(s.store, scoped(principal.key_id, task_id))
             if ledger is None:
                 raise TaskNotFound(task_id)
         except RouterError as err:

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.errors import BadRequest, RouterError
+from router.features.task.identity import scoped
 from router.protocols.common import load_json, validation_message
 from router.store.records import OutcomeRecord
 
@@ -49,12 +50,14 @@ class TaskNotFound(RouterError):
 
 async def post_outcome(request: Request, s: Services) -> Response:
     try:
-        await s.auth.check(request)
+        principal = await s.auth.check(request)
         body = load_json(await request.body())
         try:
             out = OutcomeIn.model_validate(body)
         except ValidationError as exc:
             raise Unprocessable(validation_message(exc)) from None
+        # Another key's task is not found, not forbidden: its existence is not for this key to learn.
+        out.task_id = scoped(principal.key_id, out.task_id)
         state = s.tracker.peek(out.task_id)
         rows = [] if state is not None else await s.store.requests_for_task(out.task_id)
         if state is None and not rows:

@@ -137,7 +137,9 @@ class Proxy:
         """``all_headers``: the request's; ``headers``: those rules may read (no secrets); ``body_bytes``:
         the raw body's size, the memory the conversation memo charges for it."""
         key_hash = tasks.client_key_hash(presented_key(all_headers))
-        rec.task_id = tasks.task_id(req, all_headers.get("x-router-task-id"), key_hash)
+        rec.task_id = tasks.scoped(
+            rec.key_id, tasks.task_id(req, all_headers.get("x-router-task-id"), key_hash)
+        )
         rec.stream = req.stream
         rec.temperature, rec.top_p = req.temperature, req.top_p
         rec.max_tokens = req.max_output_tokens

@@ -102,9 +102,11 @@ def test_management_endpoints_need_the_master_key(
                    headers={"x-api-key": made["key"], "x-router-task-id": "task-keys"})  # fmt: skip
         assert r.is_success
         closed.records(1)
-        assert c.get("/v1/tasks/task-keys", headers={"x-api-key": made["key"]}).status_code == 403
+        # A key reads its own task's ledger; the master key reads it under the key's scope.
+        assert c.get("/v1/tasks/task-keys", headers={"x-api-key": made["key"]}).status_code == 200
         assert c.get("/v1/tasks/task-keys").status_code == 401
-        assert c.get("/v1/tasks/task-keys", headers={"x-api-key": MASTER}).status_code == 200
+        scoped = f"/v1/tasks/{made['key_id']}/task-keys"
+        assert c.get(scoped, headers={"x-api-key": MASTER}).status_code == 200
         # The other authenticated endpoints take virtual keys.
         assert c.post("/v1/route", json=BODIES["/v1/chat/completions"]).status_code == 401
         assert c.post(

@@ -16,8 +16,9 @@ import pytest
 
 from router.fakeupstream import FakeUpstream
 from router.forward.timeouts import Timeouts
-from tests.integration.conftest import RunningRouter
+from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.test_faults import HI, faulty, last
+from tests.integration.test_keys import MASTER, create_key
 
 pytestmark = pytest.mark.integration
 
@@ -210,3 +211,42 @@ def test_in_process_budgets_survive_a_restart(router_factory: Factory, upstream:
     r.stop()
     again = router_factory(policy, timeouts=SLOW, store=f"sqlite:///{r.db_path}")
     assert call(again) == 403, "the restarted router forgot what the task had spent"
+
+
+def test_tasks_belong_to_the_key_that_made_them(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = router_factory(local_policy(upstream.url), master_key=MASTER)
+    one, two = create_key(r, capsys, "--name", "one"), create_key(r, capsys, "--name", "two")
+    chat = {"model": "auto", "messages": HI}
+    session = {"model": "claude-x", "max_tokens": 16, "messages": HI,
+               "metadata": {"user_id": "user_abc_account__session_0f0e0d0c-1111-2222-3333-444455556666"}}  # fmt: skip
+    with httpx.Client(base_url=r.url, timeout=20) as c:
+
+        def as_key(made: dict[str, Any], **headers: str) -> dict[str, str]:
+            return {"x-api-key": made["key"], **headers}
+
+        first = c.post(
+            "/v1/chat/completions", json=chat, headers=as_key(one, **{"x-router-task-id": "shared"})
+        )
+        assert first.status_code == 200
+        echoed = first.headers["x-router-task-id"]
+        # The other key names the same task: it gets a task of its own, not a way into the first.
+        second = c.post(
+            "/v1/chat/completions", json=chat, headers=as_key(two, **{"x-router-task-id": "shared"})
+        )
+        assert second.headers["x-router-task-id"] != echoed
+        # Session ids the same way.
+        s1 = c.post("/v1/messages", json=session, headers=as_key(one))
+        s2 = c.post("/v1/messages", json=session, headers=as_key(two))
+        assert s1.headers["x-router-task-id"] != s2.headers["x-router-task-id"]
+        r.records(4)
+        # Outcomes: another key's task is not found; its own is recorded.
+        foreign = c.post("/v1/outcomes", json={"task_id": echoed, "success": True}, headers=as_key(two))
+        assert foreign.status_code == 404
+        own = c.post("/v1/outcomes", json={"task_id": "shared", "success": True}, headers=as_key(one))
+        assert own.status_code == 200 and own.json()["task_id"] == echoed
+        # Ledgers: a key reads its own; not another's; the master key reads any.
+        assert c.get("/v1/tasks/shared", headers=as_key(one)).json()["task_id"] == echoed
+        assert c.get(f"/v1/tasks/{echoed}", headers=as_key(two)).status_code == 404
+        assert c.get(f"/v1/tasks/{echoed}", headers={"x-api-key": MASTER}).status_code == 200

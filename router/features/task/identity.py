@@ -5,6 +5,11 @@ A task is what an agent was asked to do; it spans many requests. The client may 
 ``prompt_cache_key``); otherwise the task is a stable hash of who asked (a hash of their key)
 and how the conversation began (system prompt and first user message), which does not change
 as the conversation grows.
+
+Tasks belong to the key that made them: under a virtual key every task id is kept as
+``{key_id}/{id}`` (``scoped``), so one key can neither send requests into another's task (with
+``X-Router-Task-Id`` or a session id) nor post outcomes to it nor read its ledger. The master
+key and open mode see ids as they are.
 """
 
 from __future__ import annotations
@@ -36,3 +41,11 @@ def task_id(req: ClientRequest, header_value: str | None, key_hash: str) -> str:
     h.update(b"\0")
     h.update(req.first_user_text.encode("utf-8", "replace"))
     return "t-" + h.hexdigest()[:24]
+
+
+def scoped(key_id: str | None, task: str) -> str:
+    """The task id as stored for a caller: ``{key_id}/{task}`` under a virtual key (idempotent,
+    so the id the router echoed back works as well as the one the client chose)."""
+    if key_id is None or task.startswith(key_id + "/"):
+        return task
+    return f"{key_id}/{task}"
