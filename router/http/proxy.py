@@ -233,8 +233,9 @@ class Proxy:
                 rec.error_type, rec.error_message = err.kind, err.message
                 yield b"".join(pending) + wire.error_frame(err)
             except BaseException:
-                # One rule, streamed or not: a client that left is a 499 (nginx's "client closed").
-                if rec.error_type is None:
+                # One rule, streamed or not: a client that left is a 499 (nginx's "client closed"),
+                # unless it had the whole stream (clients hang up as soon as they see the end).
+                if rec.error_type is None and not c.observer.done:
                     rec.status, rec.error_type = 499, "client_disconnected"
                 raise
             finally:
