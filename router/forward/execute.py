@@ -204,7 +204,9 @@ class Executor:
                     ex.tries.append(_attempt(backend, phases, began, 200))
                     await self.breakers.record_success(backend.id)
                     return result
-                ex.tries.append(_attempt(backend, phases, began, last.status, last.kind))
+                # The backend's own status when it answered; else the router's (502 unreachable, 504 ...).
+                status = getattr(last, "upstream_status", None) or last.status
+                ex.tries.append(_attempt(backend, phases, began, status, last.kind))
                 await self.breakers.record_failure(backend.id, last.retryable)
                 remaining = deadline - time.monotonic()
                 if retry or not last.retryable or i < len(order) or remaining <= 0:

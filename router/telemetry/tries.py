@@ -1,6 +1,7 @@
 """What one request's tries say: which failures were retried on the same backend, whether it fell back.
 
-``tries`` is the log's column, one dict per try in order: ``model`` (catalog id), ``status``,
+``tries`` is the log's column, one dict per try in order: ``model`` (catalog id), ``status`` (the
+backend's HTTP status; for a try it never answered, the router's: 502 unreachable, 504 timeout),
 ``error_type``, ``start_ms`` (arrival → the try's upstream call; None when the try never reached
 the backend: its breaker was open, or no concurrency slot came before the deadline) and ``ms``
 (the call, to its failure or, for the try that served, to the reply or a stream's first token).

@@ -10,12 +10,13 @@ so the lower bounds are the tight ones.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ from router.fakeupstream import FakeUpstream
 from router.store import open_store
 from router.telemetry import build_telemetry
 from tests.integration.conftest import RunningRouter, local_policy
+from tests.integration.otlp import OtlpReceiver
 from tests.unit.test_report import OUTCOMES, RECORDS
+from tests.unit.test_telemetry import buckets_of, histogram_quantile
 
 pytestmark = pytest.mark.integration
 
@@ -180,16 +183,19 @@ def test_queue_wait_rises_behind_a_concurrency_limit(
         list(pool.map(lambda i: stream(router, "single", f"queue-task-{i}"), range(3)))
         done.set()
         watcher.result()
-    rows = sorted(
-        (r for r in router.records(3) if r["chosen_model"] == "single"), key=lambda r: r["queue_ms"]
-    )
+
+    def called(r: dict[str, Any]) -> float:  # wall-clock seconds of the upstream call
+        return float(r["ts"]) + r["queue_ms"] / 1000
+
+    rows = sorted((r for r in router.records(3) if r["chosen_model"] == "single"), key=called)
     assert len(rows) == 3
-    first = rows[0]
-    served_ms = first["ttft_ms"] + first["decode_ms"]  # how long the first one held the only slot
-    assert first["queue_ms"] < 150
-    # Each later request waited about as long as the ones ahead of it held the slot.
-    assert rows[1]["queue_ms"] >= served_ms - 100, rows
-    assert rows[2]["queue_ms"] >= rows[1]["queue_ms"] + served_ms - 100, rows
+    assert rows[0]["queue_ms"] < 150
+    # The only slot passes on once the stream holding it has ended: each later request waited in
+    # the queue until the one ahead of it had its last token (however late it arrived itself).
+    for ahead, behind in itertools.pairwise(rows):
+        last_token = called(ahead) + (ahead["ttft_ms"] + ahead["decode_ms"]) / 1000
+        assert called(behind) >= last_token - 0.001, rows
+        assert behind["queue_ms"] >= (last_token - float(behind["ts"])) * 1000 - 1, rows
     assert max(in_flight) >= 2
     m = metric_samples(router)
     assert sample(m, "router_queue_seconds_count", backend="single") == 3
@@ -237,3 +243,146 @@ def test_report_and_ledger_read_the_same_from_postgresql_and_sqlite(
         assert out["pg"][0]["requests"] == len(RECORDS)
     finally:
         asyncio.run(admin(f"DROP SCHEMA {schema} CASCADE"))
+
+
+# A backend that fails its first call (then serves), one that always fails, and a steady one.
+FLAKY = "openai/mini-model@fail_times=1,status=503,ttft_ms=60,chunk_ms=5,chunks=20"
+BROKEN = "openai/mini-model@status=500"
+STEADY = "openai/mini-model@ttft_ms=110,chunk_ms=5,chunks=20"
+
+
+@pytest.fixture
+def otlp() -> Iterator[OtlpReceiver]:
+    """Requested before the router, so it outlives it: the router's last export finds it there."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+def failing_policy(upstream_url: str) -> dict[str, Any]:
+    policy = local_policy(upstream_url)
+    mini = next(m for m in policy["models"] if m["id"] == "local-mini")
+    policy["models"] += [
+        {**mini, "id": "flaky", "litellm_model": FLAKY},
+        {**mini, "id": "broken", "litellm_model": BROKEN},
+        {**mini, "id": "steady", "litellm_model": STEADY},
+    ]
+    policy["routes"] = [
+        {"match": "flaky", "passthrough": "flaky"},  # alone: its failure is retried on it
+        {"match": "fallback", "passthrough": "broken", "fallbacks": ["steady"]},
+        {"match": "dead", "passthrough": "broken"},
+        *policy["routes"],
+    ]
+    return policy
+
+
+def test_retries_and_fallbacks_agree_across_log_trace_metrics_and_report(
+    otlp: OtlpReceiver, router_factory: Callable[..., RunningRouter], upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A retried stream, a stream that fell back and a request that failed, through a real server
+    exporting over OTLP/HTTP to a receiver: queue, retry, TTFT and decode, the retry and fallback
+    counts and the backend read the same in the log, the spans, /metrics and ``router report``."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    router = router_factory(failing_policy(upstream.url))
+    stream(router, "flaky", "acct-retry")
+    stream(router, "fallback", "acct-fallback")
+    dead = httpx.post(router.url + "/v1/chat/completions", timeout=30, json={
+        "model": "dead", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert dead.status_code == 502
+    rows = {r["task_id"] if r["stream"] else "dead": r for r in router.records(3)}
+    spans = otlp.wait_for(lambda got: sum(1 for s in got if not s.parent_span_id) >= 3)
+    retried, fell_back, failed = rows["acct-retry"], rows["acct-fallback"], rows["dead"]
+    for r in rows.values():
+        r["tries"] = json.loads(r["tries"])
+
+    # The log: each try in order, with the phases it explains.
+    assert [(t["model"], t["status"]) for t in retried["tries"]] == [("flaky", 503), ("flaky", 200)]
+    assert [(t["model"], t["status"]) for t in fell_back["tries"]] == [("broken", 500), ("steady", 200)]
+    assert [(t["model"], t["status"]) for t in failed["tries"]] == [("broken", 500), ("broken", 500)]
+    for r in rows.values():
+        first, last = r["tries"][0], r["tries"][-1]
+        assert r["queue_ms"] == pytest.approx(first["start_ms"], abs=0.002)
+        assert r["retry_ms"] == pytest.approx(last["start_ms"] - first["start_ms"], abs=0.002)
+        assert r["retry_ms"] >= first["ms"]  # the failed try is retry time, not queue time
+        assert r["queue_ms"] < r["retry_ms"]
+    # The jittered back-off (0.25 s × 0.5..1.5) before retrying the only backend left.
+    assert retried["retry_ms"] >= retried["tries"][0]["ms"] + 125
+    assert failed["retry_ms"] >= failed["tries"][0]["ms"] + 125
+    assert (retried["chosen_model"], fell_back["chosen_model"], failed["chosen_model"]) == (
+        "flaky", "steady", "broken"
+    )  # fmt: skip
+    assert failed["backend_model"] == BROKEN and failed["status"] == 502
+    assert retried["response_id"] and json.loads(retried["finish_reasons"]) == ["stop"]
+
+    # The trace, as received over OTLP/HTTP.
+    assert {s.resource.get("openinference.project.name") for s in spans} == {"router"}
+    roots = {s.attributes["router.request_id"]: s for s in spans if not s.parent_span_id}
+    for r in rows.values():
+        root = roots[r["request_id"]]
+        children = [s for s in spans if s.trace_id == root.trace_id and s.span_id != root.span_id]
+        mine = {s.span_id for s in children if s.parent_span_id == root.span_id} | {root.span_id}
+        kids = [s for s in children if s.parent_span_id in mine]  # this request's spans
+        for column in ("queue_ms", "retry_ms", "ttft_ms", "decode_ms", "total_ms"):
+            assert root.attributes.get(f"router.{column}") == r[column], column
+        named = {s.name: s for s in kids if s.name != "upstream"}
+        assert named["routing"].ms() + named["queue"].ms() == pytest.approx(r["queue_ms"], abs=0.01)
+        assert named["retry"].ms() == pytest.approx(r["retry_ms"], abs=0.01)
+        tries = sorted((s for s in kids if s.name == "upstream"), key=lambda s: s.start_ns)
+        assert [s.kind for s in tries] == [3] * len(r["tries"])  # one CLIENT span per try
+        for span, t in zip(tries, r["tries"], strict=True):
+            assert span.attributes["router.backend"] == t["model"]
+            assert span.attributes["http.response.status_code"] == t["status"]
+            assert span.attributes["server.address"] == "127.0.0.1"
+            assert (span.start_ns - root.start_ns) / 1e6 == pytest.approx(t["start_ms"], abs=0.01)
+        failed_tries = tries if r is failed else tries[:-1]  # the failed request's last try failed too
+        for span, t in zip(failed_tries, r["tries"], strict=False):
+            assert span.ms() == pytest.approx(t["ms"], abs=0.01) and span.status_code == 2
+        assert all(s.attributes["openinference.span.kind"] == "CHAIN" for s in kids)
+        assert root.attributes["openinference.span.kind"] == "LLM"
+        assert root.attributes.get("router.retries") == (1 if r is not fell_back else 0)
+        assert root.attributes.get("router.fallbacks") == (("broken",) if r is fell_back else None)
+        assert root.attributes["gen_ai.provider.name"] == "openai"
+        assert root.attributes["gen_ai.response.model"] == (r["provider_model"] or BROKEN.split("/", 1)[1])
+    served = sorted((s for s in spans if s.name == "upstream" and s.events), key=lambda s: s.start_ns)
+    for span, r in zip(served, (retried, fell_back), strict=True):
+        assert (span.events["first_token"] - span.start_ns) / 1e6 == pytest.approx(r["ttft_ms"], abs=0.01)
+        assert (span.events["last_token"] - span.events["first_token"]) / 1e6 == pytest.approx(
+            r["decode_ms"], abs=0.01
+        )
+        assert span.attributes["gen_ai.response.id"] == r["response_id"]
+        assert span.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+
+    # /metrics: the same seconds, the same counts, no _created series.
+    text = httpx.get(router.url + "/metrics", timeout=10).text
+    m = metric_samples(router)
+    assert "_created" not in text
+    for r in rows.values():
+        backend = r["chosen_model"]
+        for metric, column in (("queue", "queue_ms"), ("retry", "retry_ms"), ("ttft", "ttft_ms"),
+                               ("decode", "decode_ms")):  # fmt: skip
+            if r[column] is not None:
+                got = sample(m, f"router_{metric}_seconds_sum", backend=backend)
+                assert got == pytest.approx(r[column] / 1000, abs=1e-6), (backend, metric)
+    reason = retried["tries"][0]["error_type"]
+    assert sample(m, "router_retries_total", backend="flaky", reason=reason) == 1
+    assert sample(m, "router_retries_total", backend="broken", reason=failed["tries"][0]["error_type"]) == 1
+    assert sample(m, "router_fallbacks_total", backend="steady") == 1
+    assert not [k for k in m if k[0] == "router_fallbacks_total" and ("backend", "steady") not in k[1]]
+    assert sample(m, "router_requests_total", backend="broken", status="502") == 1
+    # One TTFT in its bucket: histogram_quantile reads within half the bucket (≤ 1/6 of the value).
+    ttft = histogram_quantile(0.5, buckets_of(text, "router_ttft_seconds", backend="steady"))
+    assert ttft * 1000 == pytest.approx(fell_back["ttft_ms"], rel=1 / 6)
+
+    # The report, from the log.
+    capsys.readouterr()
+    assert main(["report", "--store", f"sqlite:///{router.db_path}", "--since", "1h", "--json"]) == 0
+    groups = {g["key"]: g for g in json.loads(capsys.readouterr().out)["groups"]}
+    assert (groups["flaky"]["retries"], groups["flaky"]["fallbacks"]) == (1, 0)
+    assert (groups["steady"]["retries"], groups["steady"]["fallbacks"]) == (0, 1)
+    assert (groups["broken"]["retries"], groups["broken"]["error_rate"]) == (1, 1.0)
+    for key, r in (("flaky", retried), ("steady", fell_back)):
+        for column in ("queue_ms", "retry_ms", "ttft_ms", "decode_ms"):
+            assert groups[key]["phases_ms"][column]["p50"] == pytest.approx(r[column], abs=0.001), column
