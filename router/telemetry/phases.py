@@ -34,14 +34,13 @@ class Phases:
     def decide(self) -> None:
         self.decided = perf_counter()
 
-    def start_upstream(self) -> float:
+    def start_upstream(self) -> None:
         """Called at the start of each try's upstream call; the try that serves keeps its own start."""
         now = self.upstream_start = perf_counter()
         if self.first_upstream_start is None:
             self.first_upstream_start = now
         self.first_token = self.last_token = self.last_byte = None
         self.gaps.clear()
-        return now
 
     def token(self, now: float | None = None) -> None:
         now = perf_counter() if now is None else now
