@@ -131,11 +131,16 @@ def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
             store_ok = False
         state_ok = await s.state.ping()
         rejected = s.history.last_rejected
+        log_trouble = s.writer.trouble
         body = {
-            "status": "ok" if store_ok and state_ok and rejected is None else "degraded",
+            "status": "ok"
+            if store_ok and state_ok and rejected is None and log_trouble is None
+            else "degraded",
             "store": store_ok,
             "shared_state": state_ok,
             "log_buffered": s.writer.buffered,
+            # Answered requests not yet in the log: a failing store (a full disk) or a backlog.
+            "log_error": log_trouble,
             "state_fail_open": dict(s.state.fail_open_counts),
             "state_error": None if state_ok else s.state.last_error,
             "policy": s.policy.name,

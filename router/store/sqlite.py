@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
 import time
@@ -130,15 +131,16 @@ class SQLiteStore:
 
     def _write_sync(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         conn = self._db()
+        _rollback(conn)  # a transaction an earlier failure left open would refuse this BEGIN forever
         conn.execute("BEGIN")
         try:
             conn.executemany(sql, rows)
             conn.execute("COMMIT")
         except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise StoreDataError(str(exc)) from exc
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def _query(self, table: schema.Table, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -190,3 +192,12 @@ class SQLiteStore:
     async def revoke_key(self, key_id: str, ts: float) -> bool:
         sql = schema.revoke_key_sql("sqlite")
         return bool(await self._run(lambda: self._db().execute(sql, (ts, key_id)).rowcount > 0))
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back what is open, if anything: after a full disk (SQLITE_FULL) SQLite has already
+    rolled back, and a ROLLBACK then would raise "no transaction is active" in place of the
+    error that says what happened."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")

@@ -69,11 +69,30 @@ class LogWriter:
         self.dropped = 0
         self.rejected = 0
         self.failures = 0
+        #: Store writes failed since the last one that succeeded, and what the last one said.
+        self.failures_in_row = 0
+        self.last_error: str | None = None
 
     @property
     def buffered(self) -> int:
         """Records accepted but not yet stored."""
         return len(self._buffer) + sum(len(c) for c in self._inflight)
+
+    #: Readiness turns degraded after this many store writes failed in a row...
+    FAILING_AFTER = 2
+
+    @property
+    def trouble(self) -> str | None:
+        """Why the log is not keeping up, for ``/readyz``; None while it is.
+
+        Answered requests are only in memory until written: a store that keeps failing, or a
+        buffer a tenth of the way to dropping records, is reported before records are lost.
+        """
+        if self.failures_in_row >= self.FAILING_AFTER:
+            return f"{self.failures_in_row} log writes failed in a row: {self.last_error}"
+        if self.buffered >= self._max_buffer // 10:
+            return f"{self.buffered} log records waiting for the store"
+        return None
 
     def submit(self, record: RequestRecord) -> None:
         """Encode and queue a record; never blocks, never raises."""
@@ -117,10 +136,9 @@ class LogWriter:
             await asyncio.wait_for(event.wait(), seconds)
 
     async def _run(self) -> None:
-        failures_in_row = 0
         while not self._stop.is_set():
-            if failures_in_row:
-                await self._wait(self._stop, self._backoff(failures_in_row))
+            if self.failures_in_row:
+                await self._wait(self._stop, self._backoff(self.failures_in_row))
             else:
                 await self._wait(self._wake, self._flush_interval)
             self._wake.clear()
@@ -131,16 +149,18 @@ class LogWriter:
             try:
                 await self._write_pending()
             except Exception as exc:
-                failures_in_row += 1
+                self.failures_in_row += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning(
-                    "log store write failed (%d in a row, %d records buffered): %s: %s",
-                    failures_in_row,
+                    "log store write failed (%d in a row, %d records buffered): %s",
+                    self.failures_in_row,
                     self.buffered,
-                    type(exc).__name__,
-                    exc,
+                    self.last_error,
                 )
             else:
-                failures_in_row = 0
+                if self.failures_in_row:
+                    log.info("log store writes again after %d failures", self.failures_in_row)
+                self.failures_in_row = 0
 
     async def _write_pending(self) -> None:
         """Store what is buffered now (not what arrives meanwhile), in batches."""

@@ -6,9 +6,13 @@ the client leaves, that failures are logged and reported truthfully, that budget
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -250,3 +254,50 @@ def test_tasks_belong_to_the_key_that_made_them(
         assert c.get("/v1/tasks/shared", headers=as_key(one)).json()["task_id"] == echoed
         assert c.get(f"/v1/tasks/{echoed}", headers=as_key(two)).status_code == 404
         assert c.get(f"/v1/tasks/{echoed}", headers={"x-api-key": MASTER}).status_code == 200
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB filesystem of its own (a tmpfs: needs the right to mount, as root in a container)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_is_reported_and_the_log_recovers(
+    small_disk: Path, router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    db = small_disk / "log.db"
+    r = router_factory(local_policy(upstream.url), store=f"sqlite:///{db}")
+
+    def rows() -> int:
+        con = sqlite3.connect(db)
+        try:
+            return int(con.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
+        finally:
+            con.close()
+
+    def ready() -> dict[str, Any]:
+        body: dict[str, Any] = httpx.get(r.url + "/readyz", timeout=5).json()
+        return body
+
+    chat = {"model": "auto", "messages": HI}
+    assert httpx.post(r.url + "/v1/chat/completions", json=chat, timeout=20).status_code == 200
+    assert wait_for(lambda: rows() == 1)
+    free = os.statvfs(small_disk)
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - 16 * 1024))
+    for _ in range(40):
+        assert httpx.post(r.url + "/v1/chat/completions", json=chat, timeout=20).status_code == 200
+    # The router still answers, and says its log is failing, with the store's own words.
+    assert wait_for(lambda: ready()["status"] == "degraded", 10.0), ready()
+    assert "full" in ready()["log_error"]
+    filler.unlink()
+    assert wait_for(lambda: rows() == 41, 20.0), "the log did not recover once space came back"
+    assert wait_for(lambda: ready()["status"] == "ok", 10.0), ready()
