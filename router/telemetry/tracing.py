@@ -212,7 +212,7 @@ class RequestTracer:
                 up.add_event("first_token", timestamp=ns(phases.first_token))
             if phases.last_token is not None:
                 up.add_event("last_token", timestamp=ns(phases.last_token))
-            if failed and phases.first_token is None:
+            if failed and rec.error_type != "client_disconnected":  # a client leaving is no fault of the try
                 up.set_status(Status(StatusCode.ERROR, rec.error_type or f"HTTP {rec.status}"))
             up.end(ns(up_end))
         if phases.last_byte is not None and phases.done is not None:

@@ -413,6 +413,16 @@ def test_a_failed_request_keeps_its_backend_on_the_span() -> None:
     assert (up.end_time - up.start_time) / MS == pytest.approx(150, abs=1e-3)  # the try, not the request
 
 
+def test_a_stream_broken_after_its_first_token_fails_its_try_but_a_client_leaving_does_not() -> None:
+    rec, p = streamed()
+    rec.error_type = "UpstreamTimeout"  # the idle timeout fired mid-stream; the client had a 200
+    assert spans_of(rec, p)["upstream"].status.status_code is StatusCode.ERROR
+    rec.status, rec.error_type = 499, "client_disconnected"
+    spans = spans_of(rec, p)
+    assert spans["upstream"].status.status_code is StatusCode.UNSET
+    assert spans["chat auto"].status.status_code is StatusCode.ERROR
+
+
 def test_backend_info_names_the_host_each_try_called() -> None:
     info = backend_info_from(load_policy(LOCAL_POLICY).models)
     assert info("local-mini") == BackendInfo("openai/mini-model", "127.0.0.1", 9100)
