@@ -80,7 +80,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     from router.policy.runtime import load_runtime
 
     config = args.config or os.environ.get("ROUTER_CONFIG", "policies/default.yaml")
-    old, new = rollback(Archive(Path(config)), args.to, "router rollback", time.time())
+    done = rollback(Archive(Path(config)), args.to, "router rollback", time.time())
+    assert done is not None  # without ``expect`` it rolls back or raises
+    old, new = done
     load_runtime(config)  # the restored files load as they did when that revision was applied
     redis = args.redis or os.environ.get("ROUTER_REDIS_URL")
     if redis:
@@ -98,6 +100,10 @@ def _duration(text: str) -> float:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.by == "arm":
+        from router.learning.arms import run_arm_report
+
+        return run_arm_report(args)
     from router.telemetry.report import run_report
 
     return run_report(args)
@@ -202,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="phases, rates, cost and errors per group, from the log")
     window(report)
-    report.add_argument("--by", choices=["backend", "route", "task", "policy"], default="backend")
+    report.add_argument("--by", choices=["backend", "route", "task", "policy", "arm"], default="backend")
     report.add_argument("--plot", metavar="FILE.png", help="also write stacked phases and distributions")
     report.set_defaults(func=cmd_report)
 

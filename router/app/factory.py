@@ -28,6 +28,7 @@ from router.forward.translate.litellm_setup import get_litellm
 from router.forward.upstream import Upstream
 from router.http import admission
 from router.http.auth import Auth
+from router.learning.guard import Guard
 from router.policy.catalog import Catalog
 from router.policy.config import Policy
 from router.policy.decide import Decider
@@ -126,13 +127,18 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         s.writer.start(s.tasks)
         watcher = PolicyWatcher(s.settings.config, s.install, s.runtime, s.history)
 
-        async def promoted(version: str) -> None:
-            # A promotion published by another replica: reload now rather than at the next poll.
+        async def reload() -> None:
             await asyncio.to_thread(watcher.check, s.runtime)
 
+        async def promoted(version: str) -> None:
+            # A promotion or rollback published by another replica: reload now, not at the next poll.
+            await reload()
+
+        guard = Guard(s.store, s.history, s.state.policy.publish_version, reload)
         watching = [
             s.tasks.spawn(watcher.run(lambda: s.runtime), name="policy-watcher"),
             s.tasks.spawn(s.state.policy.watch(promoted), name="policy-version"),
+            s.tasks.spawn(guard.run(lambda: s.runtime), name="policy-guard"),
         ]
         if not await s.state.ping():
             log.warning("shared state unreachable at startup: running degraded (see /readyz)")

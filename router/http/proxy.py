@@ -153,7 +153,9 @@ class Proxy:
         state = await taskcontext.enter(
             self.s, req, feats, rec, all_headers.get("x-router-attempt"), size.repeat, size.facts
         )
-        counted = not size.settled and self.s.decider.size_matters(feats, size.low, size.high)
+        runtime = self.s.runtime
+        rec.arm, decider = runtime.arm_for(rec.task_id)
+        counted = not size.settled and decider.size_matters(feats, size.low, size.high)
         self.s.telemetry.prompt_sized(size.remembered > 0, counted)
         if not size.settled:
             if counted:
@@ -164,13 +166,10 @@ class Proxy:
             else:
                 self.s.tasks.spawn_blocking(self.s.sizer.settle, size, name="count-tokens")
         rec.prompt_tokens_est = feats.prompt_tokens
-        runtime = self.s.runtime
-        decision = runtime.decider.decide(feats)
+        decision = decider.decide(feats)
         rec.policy_revision = runtime.revision
-        if runtime.decider.rule_headers:
-            rec.rule_headers = {
-                h: v for h in runtime.decider.rule_headers if (v := headers.get(h)) is not None
-            }
+        if decider.rule_headers:
+            rec.rule_headers = {h: v for h in decider.rule_headers if (v := headers.get(h)) is not None}
         rec.decision_id = decision.decision_id
         rec.policy = decision.policy
         rec.decision_reason = decision.reason

@@ -34,6 +34,7 @@ from router.features.task import vector as taskfeatures
 from router.forward.accounting import cost_split
 from router.learning.training import dataset, offpolicy
 from router.policy.catalog import Backend
+from router.policy.control import CONTROL
 from router.policy.decide import Decider, estimate
 from router.policy.learned import LearnedScorer
 from router.policy.runtime import Runtime, build_runtime
@@ -209,8 +210,9 @@ def preview(
             f.failed_models = tuple(dict.fromkeys(m for a, m in sorted(t.pinned.items()) if a < f.attempt))
             if t.warm is not None and t.warm[2] >= float(r["ts"]):
                 f.warm_model, f.warm_tokens = t.warm[0], t.warm[1]
+        arm, arm_decider = runtime.arm_for(task_id)
         try:
-            new = decider.decide(f).chosen
+            new = (arm_decider if arm == CONTROL else decider).decide(f).chosen
         except RouterError as err:
             tally.unroutable[type(err).__name__] += 1
             continue

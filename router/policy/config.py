@@ -163,6 +163,53 @@ class TasksSpec(_Strict):
     loop_threshold: int = Field(default=3, ge=2)
 
 
+class ControlRoute(_Strict):
+    """The control arm's backends for every route: candidates (cheapest first) or one model."""
+
+    candidates: list[str] = Field(default_factory=list)
+    passthrough: str | None = None
+    fallbacks: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ControlRoute:
+        if bool(self.candidates) == bool(self.passthrough):
+            raise ValueError("give exactly one of candidates or passthrough")
+        return self
+
+
+class ControlSpec(_Strict):
+    """A permanent control arm: a stable share of tasks decided by a reference policy."""
+
+    #: Share of tasks (by a hash of the task id) the reference policy decides.
+    share: float = Field(gt=0, lt=1)
+    #: A policy file (relative to this one) whose routes, rules and learned model decide the
+    #: control arm; its models must be in this file's catalog.
+    policy: Annotated[str, Field(min_length=1)] | None = None
+    #: Or: this routing for every route of this file, no rules, cheapest first.
+    route: ControlRoute | None = None
+
+    @model_validator(mode="after")
+    def _one_reference(self) -> ControlSpec:
+        if (self.policy is None) == (self.route is None):
+            raise ValueError("give exactly one of policy or route")
+        return self
+
+
+class GuardSpec(_Strict):
+    """Roll back by itself when the treated arm does significantly worse than control."""
+
+    #: Tolerated drop in success rate (absolute: 0.03 = 3 points) before rolling back.
+    max_success_drop: float = Field(default=0.03, ge=0, lt=1)
+    #: Tolerated relative rise in cost per completed task (0.10 = 10%).
+    max_cost_per_completed_increase: float = Field(default=0.10, ge=0)
+    #: Tasks with an outcome needed in each arm before the test may decide.
+    min_tasks: int = Field(default=200, ge=2)
+    #: Chance of a rollback when the treated arm is within the tolerances (both tests together).
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    #: How often the log is read to update the test.
+    check_every_s: float = Field(default=60.0, gt=0)
+
+
 class PolicyFile(_Strict):
     version: Literal[1] = 1
     name: str = "default"
@@ -173,6 +220,8 @@ class PolicyFile(_Strict):
     learned: LearnedRef | None = None
     objective: ObjectiveSpec = ObjectiveSpec()
     tasks: TasksSpec = TasksSpec()
+    control: ControlSpec | None = None
+    guard: GuardSpec | None = None
 
 
 class CompiledRule:

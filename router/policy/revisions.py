@@ -10,6 +10,7 @@ sharing the policy file share the archive, and so the history.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -108,7 +109,9 @@ class Archive:
                     "artifact": str(files.artifact_path) if files.artifact_path else None,
                     "control": str(files.control_path) if files.control_path else None,
                 }
-            # A revision applied again (after a rollback) is applied anew, and no longer rolled back.
+            if meta.get("since") is None or meta.get("rolled_back"):
+                # Applied anew (first time, or again after a rollback): its guard starts counting.
+                meta["since"] = applied_at
             meta.update(applied_at=applied_at, rolled_back=None)
             self._write_meta(rev, meta)
         except OSError as exc:
@@ -119,8 +122,13 @@ class Archive:
     def mark_applied(self, revision: str, at: float) -> None:
         meta = self.meta(revision)
         if meta is not None:
-            meta.update(applied_at=at, rolled_back=None)
+            meta.update(applied_at=at, since=at, rolled_back=None)
             self._write_meta(revision, meta)
+
+    def since(self, revision: str) -> float | None:
+        """When the revision last became the one in force (by any router sharing the archive)."""
+        meta = self.meta(revision)
+        return float(meta["since"]) if meta and meta.get("since") is not None else None
 
     def mark_rolled_back(self, revision: str, at: float, reason: str, to: str | None = None) -> None:
         meta = self.meta(revision)
@@ -165,26 +173,35 @@ class Archive:
         _atomic_write(self.policy_path, (where / "policy.yaml").read_bytes())
 
 
-def rollback(archive: Archive, to: str | None, reason: str, at: float) -> tuple[str, str]:
+def rollback(
+    archive: Archive, to: str | None, reason: str, at: float, expect: str | None = None
+) -> tuple[str, str] | None:
     """Put back revision ``to`` (default: the latest applied before the one in force that was not
     itself rolled back); the one in force is marked rolled back. Returns (from, to).
 
     The revision in force is the one most recently applied by any router sharing the archive:
-    a policy file that was refused never became one."""
-    history = archive.history()
-    if not history:
-        raise ConfigError(
-            f"{archive.policy_path}: no policy revision has been applied yet (archive {archive.dir})"
-        )
-    current = history[0]["revision"]
-    if to is None:
-        earlier = archive.previous(current, skip_rolled_back=True)
-        if not earlier:
-            raise ConfigError(f"{archive.policy_path}: no earlier revision to roll back to")
-        to = str(earlier[0]["revision"])
-    if to == current:
-        raise ConfigError(f"{archive.policy_path}: revision {to} is already in force")
-    archive.restore(to)
-    archive.mark_rolled_back(current, at, reason, to)
-    archive.mark_applied(to, at)
-    return current, to
+    a policy file that was refused never became one. With ``expect``, nothing happens (None)
+    unless ``expect`` is still in force: of several replicas judging the same revision, one
+    rolls it back, and the others do not roll back what it put back."""
+    archive.dir.mkdir(parents=True, exist_ok=True)
+    with open(archive.dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        history = archive.history()
+        if not history:
+            raise ConfigError(
+                f"{archive.policy_path}: no policy revision has been applied yet (archive {archive.dir})"
+            )
+        current = str(history[0]["revision"])
+        if expect is not None and current != expect:
+            return None
+        if to is None:
+            earlier = archive.previous(current, skip_rolled_back=True)
+            if not earlier:
+                raise ConfigError(f"{archive.policy_path}: no earlier revision to roll back to")
+            to = str(earlier[0]["revision"])
+        if to == current:
+            raise ConfigError(f"{archive.policy_path}: revision {to} is already in force")
+        archive.restore(to)
+        archive.mark_rolled_back(current, at, reason, to)
+        archive.mark_applied(to, at)
+        return current, to

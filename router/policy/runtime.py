@@ -19,6 +19,7 @@ from typing import Any
 from router.errors import ConfigError
 from router.policy.catalog import Catalog, PriceLookup, build_catalog
 from router.policy.config import Policy, parse_policy
+from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_control, control_path
 from router.policy.decide import Decider, Scorer
 from router.policy.learned import Artifact, LearnedScorer, Objective
 from router.policy.revisions import PREVIOUS_SHOWN, Archive, PolicyFiles, Rejected
@@ -34,6 +35,15 @@ class Runtime:
     #: The bytes this runtime was built from (None for one built in code, as tests do).
     files: PolicyFiles | None = None
     applied_at: float = field(default_factory=time.time)
+    control: ControlArm | None = None
+
+    def arm_for(self, task_id: str | None) -> tuple[str | None, Decider]:
+        """The arm a task is in (None without a control arm) and the decider of that arm."""
+        if self.control is None:
+            return None, self.decider
+        if arm_of(task_id, self.control.share) == CONTROL:
+            return CONTROL, self.control.decider
+        return TREATED, self.decider
 
     @property
     def revision(self) -> str | None:
@@ -86,8 +96,12 @@ def build_runtime(
         policy.learned_path = (path.parent / policy.spec.learned.artifact).resolve()
     artifact = _read(policy.learned_path, "learned artifact") if policy.learned_path is not None else None
     catalog = build_catalog(policy, lookup)
-    files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact)
-    return Runtime(policy, catalog, Decider(policy, catalog, scorer_for(policy, artifact)), files)
+    ref_path = control_path(policy)
+    ref = _read(ref_path, "control policy") if ref_path is not None else None
+    control = build_control(policy, catalog, ref, scorer_for)
+    files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)
+    decider = Decider(policy, catalog, scorer_for(policy, artifact))
+    return Runtime(policy, catalog, decider, files, control=control)
 
 
 class PolicyHistory:
@@ -100,6 +114,8 @@ class PolicyHistory:
         self.rejected_reloads = 0
         #: Rollbacks this router's guard made (the archive knows every router's).
         self.rollbacks = 0
+        #: The guard's last verdict on the revision in force (``router.learning.guard``).
+        self.guard: dict[str, Any] | None = None
 
     def applied(self, rt: Runtime) -> None:
         self.last_rejected = None
@@ -126,6 +142,7 @@ class PolicyHistory:
             ],
             "last_rejected": self.last_rejected.as_dict() if self.last_rejected else None,
             "last_rollback": self.archive.last_rollback(),
+            "guard": self.guard if self.guard and self.guard.get("revision") == rt.revision else None,
         }
 
 
@@ -142,7 +159,7 @@ class PolicyWatcher:
         self._stamp = self._read_stamp(current)
 
     def _read_stamp(self, rt: Runtime) -> tuple[float, ...]:
-        files = [self.path, *([rt.policy.learned_path] if rt.policy.learned_path else [])]
+        files = [self.path, *(f for f in (rt.policy.learned_path, control_path(rt.policy)) if f is not None)]
         return tuple(f.stat().st_mtime_ns if f.exists() else -1 for f in files)
 
     def check(self, current: Runtime) -> bool:

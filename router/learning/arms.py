@@ -1,0 +1,166 @@
+"""Per-arm outcomes from the log: tasks, success rate, cost per completed task, latency.
+
+A task belongs to the arm of its first logged request (the arm is a function of the task id, so
+all its requests agree unless the control share changed mid-task). A task's verdict is the one
+``router tasks`` shows: an explicit outcome first, else the latest inferred label
+(``router.telemetry.ledger.final_outcome``); inferred labels count as verdicts, unweighted. Tasks
+without a verdict count in ``tasks`` but not in the rates.
+
+Intervals are 95%: Wilson's for the success rate; for cost per completed task (a ratio of two
+means over tasks, total cost / completed) the delta method.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.telemetry.ledger import final_outcome
+from router.telemetry.report import quantile
+
+Row = Mapping[str, Any]
+Z95 = 1.959964
+
+
+@dataclass(slots=True)
+class ArmTasks:
+    """One arm's tasks that have a verdict: success (0/1) and cost of each, in the same order."""
+
+    tasks: int = 0
+    success: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    latency_ms: list[float] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.success)
+
+
+def by_arm(
+    requests: Iterable[Row], outcomes: Iterable[Row], revision: str | None = None
+) -> dict[str, ArmTasks]:
+    """Tasks per arm (requests without an arm are left out; ``revision``: only that revision's)."""
+    arm_of: dict[str, str] = {}
+    cost: dict[str, float] = defaultdict(float)
+    latency: dict[str, list[float]] = defaultdict(list)
+    for r in requests:
+        task, arm = r.get("task_id"), r.get("arm")
+        if not task or not arm or (revision is not None and r.get("policy_revision") != revision):
+            continue
+        arm_of.setdefault(task, arm)
+        cost[task] += float(r.get("cost_usd") or 0.0)
+        if r.get("status") == 200 and r.get("total_ms") is not None:
+            latency[arm_of[task]].append(float(r["total_ms"]))
+    verdicts: dict[str, list[Row]] = defaultdict(list)
+    for o in outcomes:
+        if o["task_id"] in arm_of:
+            verdicts[o["task_id"]].append(o)
+    arms: dict[str, ArmTasks] = defaultdict(ArmTasks)
+    for task, arm in arm_of.items():
+        a = arms[arm]
+        a.tasks += 1
+        v = final_outcome(verdicts.get(task, []))
+        if v is not None:
+            a.success.append(1.0 if v["success"] else 0.0)
+            a.cost.append(cost[task])
+    for arm, values in latency.items():
+        arms[arm].latency_ms = sorted(values)
+    return dict(arms)
+
+
+def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float] | None:
+    if n == 0:
+        return None
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def ratio_of_means(num: Sequence[float], den: Sequence[float]) -> tuple[float, float] | None:
+    """``sum(num) / sum(den)`` and the delta method's variance of it (None when sum(den) is 0)."""
+    n = len(num)
+    mn, md = sum(num) / n if n else 0.0, sum(den) / n if n else 0.0
+    if n < 2 or md <= 0:
+        return None
+    r = mn / md
+    vn = sum((x - mn) ** 2 for x in num) / (n - 1)
+    vd = sum((y - md) ** 2 for y in den) / (n - 1)
+    cov = sum((x - mn) * (y - md) for x, y in zip(num, den, strict=True)) / (n - 1)
+    return r, max(0.0, (vn - 2 * r * cov + r * r * vd) / (n * md * md))
+
+
+def summary(a: ArmTasks) -> dict[str, Any]:
+    completed = sum(a.success)
+    ci = wilson(completed, a.n)
+    cpc = ratio_of_means(a.cost, a.success)
+    cpc_ci = None
+    if cpc is not None:
+        half = Z95 * math.sqrt(cpc[1])
+        cpc_ci = [round(max(0.0, cpc[0] - half), 6), round(cpc[0] + half, 6)]
+    return {
+        "tasks": a.tasks,
+        "with_outcome": a.n,
+        "completed": int(completed),
+        "success_rate": round(completed / a.n, 6) if a.n else None,
+        "success_ci95": [round(x, 6) for x in ci] if ci else None,
+        "cost_per_completed_usd": round(cpc[0], 6) if cpc else None,
+        "cost_per_completed_ci95": cpc_ci,
+        "latency_ms": {
+            "requests": len(a.latency_ms),
+            "p50": quantile(a.latency_ms, 0.5),
+            "p95": quantile(a.latency_ms, 0.95),
+        },
+    }
+
+
+def arm_report(requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
+    """``router report --by arm``: per policy revision, each arm's summary."""
+    revisions = sorted({r.get("policy_revision") for r in requests if r.get("arm")}, key=str)
+    out = []
+    for rev in revisions:
+        arms = by_arm(requests, outcomes, rev)
+        out.append({"revision": rev, "arms": {k: summary(v) for k, v in sorted(arms.items())}})
+    return {"by": "arm", "revisions": out}
+
+
+def render(report: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(soft_wrap=True)
+    if not report["revisions"]:
+        console.print("no request in the window was assigned an arm (the policy has no control: section)")
+    for rev in report["revisions"]:
+        t = Table("arm", "tasks", "with outcome", "success (95% CI)", "$ per completed task (95% CI)",
+                  "latency p50 / p95 ms", title=f"revision {rev['revision']}", title_justify="left")  # fmt: skip
+        for arm, s in rev["arms"].items():
+            succ = "n/a" if s["success_rate"] is None else (
+                f"{s['success_rate']:.1%} ({s['success_ci95'][0]:.1%}-{s['success_ci95'][1]:.1%})")  # fmt: skip
+            cpc = "n/a" if s["cost_per_completed_usd"] is None else (
+                f"${s['cost_per_completed_usd']:.5f} (${s['cost_per_completed_ci95'][0]:.5f}-"
+                f"${s['cost_per_completed_ci95'][1]:.5f})")  # fmt: skip
+            lat = s["latency_ms"]
+            lat_text = "n/a" if lat["p50"] is None else f"{lat['p50']:.0f} / {lat['p95']:.0f}"
+            t.add_row(arm, str(s["tasks"]), str(s["with_outcome"]), succ, cpc, lat_text)
+        console.print(t)
+
+
+def run_arm_report(args: Any) -> int:
+    import asyncio
+
+    import orjson
+
+    from router.store.window import parse_duration, read_window
+
+    window = asyncio.run(read_window(args.store, parse_duration(args.since)))
+    report = {**arm_report(window.requests, window.outcomes), "since": window.since, "until": window.until}
+    if args.json:
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        render(report)
+    return 0

@@ -1,0 +1,88 @@
+"""The guard's sequential test: decisions on clear cases, and its false-alarm rate under repeated looks."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from router.learning.arms import ArmTasks
+from router.learning.guard import judge, msprt
+from router.policy.config import GuardSpec
+
+SPEC = GuardSpec(max_success_drop=0.03, max_cost_per_completed_increase=0.10, min_tasks=50, alpha=0.05)
+
+
+def arm(successes: list[bool], cost: float | list[float] = 1.0) -> ArmTasks:
+    costs = cost if isinstance(cost, list) else [cost] * len(successes)
+    return ArmTasks(tasks=len(successes), success=[1.0 if s else 0.0 for s in successes], cost=costs)
+
+
+def bernoulli(rng: random.Random, p: float, n: int) -> list[bool]:
+    return [rng.random() < p for _ in range(n)]
+
+
+def test_the_mixture_ratio() -> None:
+    assert msprt(0.0, 0.01, 0.0009) < 1  # no evidence: below 1
+    assert msprt(0.2, 0.001, 0.0009) > msprt(0.1, 0.001, 0.0009) > 1  # grows with the effect
+    v, t2, d = 0.002, 0.0009, 0.05
+    assert msprt(d, v, t2) == math.sqrt(v / (v + t2)) * math.exp(t2 * d * d / (2 * v * (v + t2)))
+
+
+def test_no_decision_before_min_tasks_in_each_arm() -> None:
+    v = judge(arm([True] * 49), arm([False] * 500), SPEC)
+    assert not v.worse and v.reason.startswith("waiting: 49 control")
+
+
+def test_a_clearly_worse_success_rate_rolls_back() -> None:
+    rng = random.Random(1)
+    v = judge(arm(bernoulli(rng, 0.8, 300)), arm(bernoulli(rng, 0.5, 300)), SPEC)
+    assert v.worse and v.reason.startswith("success") and v.success_lr is not None and v.success_lr >= 40
+
+
+def test_all_failures_against_all_successes_still_has_a_variance() -> None:
+    v = judge(arm([True] * 60), arm([False] * 60), SPEC)
+    assert v.worse and math.isfinite(v.success_lr or math.inf)
+
+
+def test_a_drop_within_the_tolerance_is_not_harm() -> None:
+    v = judge(arm([True] * 800 + [False] * 200), arm([True] * 790 + [False] * 210), SPEC)
+    assert not v.worse and v.reason == "no significant harm"
+
+
+def test_a_dearer_cost_per_completed_task_rolls_back() -> None:
+    rng = random.Random(2)
+    control = arm(bernoulli(rng, 0.7, 400), [rng.uniform(0.8, 1.2) for _ in range(400)])
+    treated = arm(bernoulli(rng, 0.7, 400), [rng.uniform(1.6, 2.4) for _ in range(400)])
+    v = judge(control, treated, SPEC)
+    assert v.worse and v.reason.startswith("cost per completed task")
+
+
+def test_false_alarms_stay_under_alpha_however_often_it_looks() -> None:
+    """At the null's edge (treated exactly max_success_drop worse), look every 25 tasks up to 2000
+    per arm: the guard rolls back in at most about alpha of the runs, where a z-test repeated at
+    every look alarms far more often."""
+    rng = random.Random(7)
+    runs, guard_alarms, naive_alarms = 150, 0, 0
+    spec = GuardSpec(max_success_drop=0.03, max_cost_per_completed_increase=10.0, min_tasks=50, alpha=0.05)
+    for _ in range(runs):
+        c, t = bernoulli(rng, 0.70, 2000), bernoulli(rng, 0.67, 2000)
+        alarmed = naive = False
+        for n in range(50, 2001, 25):
+            if not alarmed and judge(arm(c[:n]), arm(t[:n]), spec).worse:
+                alarmed = True
+            pc, pt = sum(c[:n]) / n, sum(t[:n]) / n
+            se = math.sqrt((pc * (1 - pc) + pt * (1 - pt)) / n)
+            naive = naive or (pc - pt - 0.03) / se > 1.645
+        guard_alarms += alarmed
+        naive_alarms += naive
+    assert guard_alarms / runs <= 0.05 + 0.03  # alpha, with room for the sampling error of 150 runs
+    assert naive_alarms / runs > 0.15  # the repeated fixed-sample test: what the mSPRT is for
+
+
+def test_a_real_harm_is_caught_within_a_few_thousand_tasks() -> None:
+    rng = random.Random(11)
+    caught = 0
+    for _ in range(20):
+        c, t = bernoulli(rng, 0.70, 3000), bernoulli(rng, 0.58, 3000)
+        caught += any(judge(arm(c[:n]), arm(t[:n]), SPEC).worse for n in range(50, 3001, 100))
+    assert caught >= 18
