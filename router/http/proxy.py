@@ -31,6 +31,7 @@ from router.http import admission
 from router.http.auth import presented_key
 from router.ids import IdMaker
 from router.policy.decide import Decision
+from router.policy.scopes import scope_facts
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
 from router.protocols.openai_chat import is_usage_only
 from router.state import Reservation
@@ -154,7 +155,8 @@ class Proxy:
             self.s, req, feats, rec, all_headers.get("x-router-attempt"), size.repeat, size.facts
         )
         runtime = self.s.runtime
-        rec.arm, decider = runtime.arm_for(rec.task_id)
+        facts = scope_facts(req, headers, rec.key_id) if runtime.scopes else None
+        rec.arm, decider = runtime.arm_for(rec.task_id, facts)
         counted = not size.settled and decider.size_matters(feats, size.low, size.high)
         self.s.telemetry.prompt_sized(size.remembered > 0, counted)
         if not size.settled:
@@ -168,8 +170,9 @@ class Proxy:
         rec.prompt_tokens_est = feats.prompt_tokens
         decision = decider.decide(feats)
         rec.policy_revision = runtime.revision
-        if decider.rule_headers:
-            rec.rule_headers = {h: v for h in decider.rule_headers if (v := headers.get(h)) is not None}
+        logged = runtime.logged_headers
+        if logged:
+            rec.rule_headers = {h: v for h in logged if (v := headers.get(h)) is not None}
         rec.decision_id = decision.decision_id
         rec.policy = decision.policy
         rec.decision_reason = decision.reason

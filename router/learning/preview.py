@@ -34,10 +34,10 @@ from router.features.task import vector as taskfeatures
 from router.forward.accounting import cost_split
 from router.learning.training import dataset, offpolicy
 from router.policy.catalog import Backend
-from router.policy.control import CONTROL
 from router.policy.decide import Decider, estimate
 from router.policy.learned import LearnedScorer
 from router.policy.runtime import Runtime, build_runtime
+from router.policy.scopes import REPO_HEADER, TEAM_HEADER, ScopeFacts
 from router.protocols.common import Usage
 from router.store import Store
 
@@ -187,8 +187,10 @@ def preview(
     """The report (``--json`` prints exactly this). ``requests`` oldest first."""
     policy, catalog = runtime.policy, runtime.catalog
     # The deterministic choice: exploration would make a preview a lottery.
-    decider = Decider(policy, catalog, runtime.decider.scorer)
-    decider.epsilon = 0.0
+    deciders = [runtime.decider, *(s.decider for s in runtime.scopes)]
+    calm = {id(d): Decider(d.policy, catalog, d.scorer) for d in deciders}
+    for d in calm.values():
+        d.epsilon = 0.0
     tally = _Tally()
     tasks: dict[str, _TaskReplay] = defaultdict(_TaskReplay)
     for r in requests:
@@ -210,9 +212,11 @@ def preview(
             f.failed_models = tuple(dict.fromkeys(m for a, m in sorted(t.pinned.items()) if a < f.attempt))
             if t.warm is not None and t.warm[2] >= float(r["ts"]):
                 f.warm_model, f.warm_tokens = t.warm[0], t.warm[1]
-        arm, arm_decider = runtime.arm_for(task_id)
+        logged_headers = r.get("rule_headers") or {}
+        facts = ScopeFacts(logged_headers.get(REPO_HEADER), r.get("key_id"), logged_headers.get(TEAM_HEADER))
+        chosen_by = runtime.arm_for(task_id, facts)[1]
         try:
-            new = (arm_decider if arm == CONTROL else decider).decide(f).chosen
+            new = calm.get(id(chosen_by), chosen_by).decide(f).chosen
         except RouterError as err:
             tally.unroutable[type(err).__name__] += 1
             continue
@@ -270,6 +274,7 @@ def preview(
         "risks": {"counts": dict(tally.risks), "examples": tally.risk_examples},
         "not_replayed": [
             "headers that no rule of the logging policy read",
+            "repositories named only in the conversation (for scopes)",
             "image inputs",
             "loop and tool-failure signals that leave a pinned model",
             "budgets",

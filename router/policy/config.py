@@ -210,6 +210,38 @@ class GuardSpec(_Strict):
     check_every_s: float = Field(default=60.0, gt=0)
 
 
+class ScopeMatch(_Strict):
+    """Globs that must all hold: the repository (``owner/name``: the ``X-Router-Repo`` header, else
+    a github.com URL in the system prompt or first user message), the virtual key's id, the team
+    (the ``X-Router-Team`` header)."""
+
+    repo: Annotated[str, Field(min_length=1)] | None = None
+    key: Annotated[str, Field(min_length=1)] | None = None
+    team: Annotated[str, Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> ScopeMatch:
+        if self.repo is None and self.key is None and self.team is None:
+            raise ValueError("give at least one of repo, key, team")
+        return self
+
+
+class Scope(_Strict):
+    """Tasks matching ``match`` are decided with these routes, rules or objective instead."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+    match: ScopeMatch
+    routes: list[Route] | None = None
+    rules: list[Rule] | None = None
+    objective: ObjectiveSpec | None = None
+
+    @model_validator(mode="after")
+    def _overrides(self) -> Scope:
+        if self.routes is None and self.rules is None and self.objective is None:
+            raise ValueError("a scope needs at least one of routes, rules, objective")
+        return self
+
+
 class PolicyFile(_Strict):
     version: Literal[1] = 1
     name: str = "default"
@@ -222,6 +254,8 @@ class PolicyFile(_Strict):
     tasks: TasksSpec = TasksSpec()
     control: ControlSpec | None = None
     guard: GuardSpec | None = None
+    #: Per-repository, per-key, per-team overrides; the first that matches a task applies.
+    scopes: list[Scope] = Field(default_factory=list)
 
 
 class CompiledRule:

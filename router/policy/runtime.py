@@ -23,6 +23,7 @@ from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_co
 from router.policy.decide import Decider, Scorer
 from router.policy.learned import Artifact, LearnedScorer, Objective
 from router.policy.revisions import PREVIOUS_SHOWN, Archive, PolicyFiles, Rejected
+from router.policy.scopes import REPO_HEADER, TEAM_HEADER, ScopedDecider, ScopeFacts, build_scopes
 
 log = logging.getLogger("router.policy")
 
@@ -36,14 +37,30 @@ class Runtime:
     files: PolicyFiles | None = None
     applied_at: float = field(default_factory=time.time)
     control: ControlArm | None = None
+    scopes: tuple[ScopedDecider, ...] = ()
 
-    def arm_for(self, task_id: str | None) -> tuple[str | None, Decider]:
-        """The arm a task is in (None without a control arm) and the decider of that arm."""
-        if self.control is None:
-            return None, self.decider
-        if arm_of(task_id, self.control.share) == CONTROL:
+    def arm_for(self, task_id: str | None, facts: ScopeFacts | None = None) -> tuple[str | None, Decider]:
+        """The arm a task is in (None without a control arm) and the decider for it: the control
+        arm's, else the first matching scope's, else the policy's own."""
+        if self.control is not None and arm_of(task_id, self.control.share) == CONTROL:
             return CONTROL, self.control.decider
-        return TREATED, self.decider
+        arm = TREATED if self.control is not None else None
+        if facts is not None:
+            for scope in self.scopes:
+                if scope.matches(facts):
+                    return arm, scope.decider
+        return arm, self.decider
+
+    @property
+    def logged_headers(self) -> tuple[str, ...]:
+        """The request headers the log keeps: those any decider's rules read, and the scopes' own."""
+        deciders = [self.decider, *(s.decider for s in self.scopes)]
+        if self.control is not None:
+            deciders.append(self.control.decider)
+        names = {h for d in deciders for h in d.rule_headers}
+        if self.scopes:
+            names |= {REPO_HEADER, TEAM_HEADER}
+        return tuple(sorted(names))
 
     @property
     def revision(self) -> str | None:
@@ -101,7 +118,8 @@ def build_runtime(
     control = build_control(policy, catalog, ref, scorer_for)
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)
     decider = Decider(policy, catalog, scorer_for(policy, artifact))
-    return Runtime(policy, catalog, decider, files, control=control)
+    scopes = build_scopes(policy, catalog, lambda p: scorer_for(p, artifact))
+    return Runtime(policy, catalog, decider, files, control=control, scopes=scopes)
 
 
 class PolicyHistory:

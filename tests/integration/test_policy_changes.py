@@ -94,3 +94,32 @@ def test_preview_posted_yaml_against_the_servers_log(
     assert {k: printed[k] for k in ("requests", "moved", "moves")} == {
         k: p[k] for k in ("requests", "moved", "moves")
     }
+
+
+def test_a_scope_decides_its_repositorys_tasks(router_factory, upstream: FakeUpstream) -> None:  # type: ignore[no-untyped-def]
+    scope = {
+        "name": "acme",
+        "match": {"repo": "acme/*"},
+        "routes": [{"match": "auto", "passthrough": "local-large"}],
+    }
+    r = router_factory(local_policy(upstream.url, scopes=[scope]))
+
+    def chat(text: str, system: str = "", **headers: str) -> str:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": text}
+        ]
+        got = httpx.post(r.url + "/v1/chat/completions", json={"model": "auto", "messages": messages},
+                         headers=headers, timeout=30)  # fmt: skip
+        assert got.status_code == 200, got.text
+        return got.headers["x-router-model"]
+
+    assert chat("fix it", **{"x-router-repo": "acme/api"}) == "local-large"
+    assert chat("fix this", system="origin https://github.com/acme/web.git") == "local-large"
+    assert chat("fix another", **{"x-router-repo": "other/api"}) == "local-nano"
+    rows = r.records(3)
+    assert [row["policy"] for row in rows] == [
+        "local-demo/acme/cheapest",
+        "local-demo/acme/cheapest",
+        "local-demo/cheapest",
+    ]
+    assert orjson.loads(rows[0]["rule_headers"]) == {"x-router-repo": "acme/api"}

@@ -1,0 +1,77 @@
+"""Scopes: per-repository, per-key and per-team overrides of routes, rules and objective.
+
+Each scope is the main policy with its ``routes``, ``rules`` or ``objective`` replaced, decided
+by a decider of its own (the same catalog and learned model). The first scope whose ``match``
+holds decides a request; the control arm, when there is one, comes before any scope (the
+reference stays one policy for every task). A scope's name is in the log's ``policy`` column
+(``<policy>/<scope>/<scorer>``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from router.errors import ConfigError
+from router.policy.catalog import Catalog
+from router.policy.config import Policy, ScopeMatch
+from router.policy.decide import Decider
+from router.protocols.common import ClientRequest
+
+REPO_HEADER = "x-router-repo"
+TEAM_HEADER = "x-router-team"
+_REPO = re.compile(r"github\.com[/:]([\w.-]+/[\w.-]+?)(?:\.git)?(?=[\s/'\"#?)]|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeFacts:
+    repo: str | None = None
+    key: str | None = None
+    team: str | None = None
+
+
+def scope_facts(req: ClientRequest, headers: Mapping[str, str], key_id: str | None) -> ScopeFacts:
+    """What scopes match on: the repository from its header, else a github.com URL (or a git
+    remote) in the first user message or the system prompt."""
+    repo = headers.get(REPO_HEADER)
+    if not repo:
+        m = _REPO.search(req.first_user_text) or _REPO.search(str(req.system or ""))
+        repo = m.group(1) if m else None
+    return ScopeFacts(repo=repo, key=key_id, team=headers.get(TEAM_HEADER))
+
+
+def _holds(pattern: str | None, value: str | None) -> bool:
+    return pattern is None or (value is not None and fnmatch.fnmatchcase(value, pattern))
+
+
+@dataclass(frozen=True)
+class ScopedDecider:
+    name: str
+    match: ScopeMatch
+    decider: Decider
+
+    def matches(self, facts: ScopeFacts) -> bool:
+        m = self.match
+        return _holds(m.repo, facts.repo) and _holds(m.key, facts.key) and _holds(m.team, facts.team)
+
+
+def build_scopes(
+    policy: Policy, catalog: Catalog, scorer_for: Callable[[Policy], object]
+) -> tuple[ScopedDecider, ...]:
+    out = []
+    seen: set[str] = set()
+    for i, scope in enumerate(policy.spec.scopes):
+        if scope.name in seen:
+            raise ConfigError(f"{policy.source}: scopes[{i}].name: duplicate scope name {scope.name!r}")
+        seen.add(scope.name)
+        update: dict[str, object] = {"name": f"{policy.name}/{scope.name}", "scopes": [], "control": None,
+                                     "guard": None}  # fmt: skip
+        for key in ("routes", "rules", "objective"):
+            if getattr(scope, key) is not None:
+                update[key] = getattr(scope, key)
+        scoped = Policy(policy.spec.model_copy(update=update), f"{policy.source}: scopes[{i}]")
+        decider = Decider(scoped, catalog, scorer_for(scoped))  # type: ignore[arg-type]
+        out.append(ScopedDecider(scope.name, scope.match, decider))
+    return tuple(out)

@@ -1,0 +1,96 @@
+"""Scopes: the first matching scope's routes, rules or objective decide; the rest is the policy's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from router.errors import ConfigError
+from router.features.request import Features
+from router.learning.preview import preview
+from router.policy.runtime import load_runtime
+from router.policy.scopes import ScopeFacts, scope_facts
+from router.protocols.common import ClientRequest
+
+M = {"litellm_model": "openai/x", "protocol": "openai", "context_window": 100_000, "max_output_tokens": 1000}
+
+
+def write(path: Path, scopes: list[dict[str, Any]], **extra: Any) -> Path:
+    doc = {"version": 1, "name": "p", "models": [{**M, "id": "cheap", "prices": {"input": 1, "output": 1}},
+                                                 {**M, "id": "dear", "prices": {"input": 9, "output": 9}}],
+           "routes": [{"match": "auto", "candidates": ["cheap", "dear"]}], "scopes": scopes, **extra}  # fmt: skip
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def feats() -> Features:
+    return Features(protocol="openai_chat", requested_model="auto", prompt_tokens=100, max_output_tokens=None,
+                    tools=False, n_tools=0, thinking=False, vision=False, stream=False, n_messages=1)  # fmt: skip
+
+
+SCOPES = [
+    {"name": "acme", "match": {"repo": "acme/*"}, "routes": [{"match": "auto", "passthrough": "dear"}]},
+    {"name": "ci", "match": {"key": "key_ci*", "team": "platform"},
+     "rules": [{"name": "no-cheap", "when": {"stream": False}, "exclude": ["cheap"]}]},
+]  # fmt: skip
+
+
+def test_the_first_matching_scope_decides(tmp_path: Path) -> None:
+    rt = load_runtime(write(tmp_path / "p.yaml", SCOPES))
+    decide = lambda facts: rt.arm_for("t1", facts)[1].decide(feats())  # noqa: E731
+    assert decide(ScopeFacts(repo="acme/api")).chosen == "dear"
+    assert decide(ScopeFacts(repo="acme/api")).policy == "p/acme/cheapest"
+    assert decide(ScopeFacts(repo="other/api")).chosen == "cheap"
+    assert decide(ScopeFacts(key="key_ci1", team="platform")).chosen == "dear"  # both globs hold
+    assert decide(ScopeFacts(key="key_ci1")).chosen == "cheap"  # the team does not
+    assert decide(None).chosen == "cheap"
+    assert rt.logged_headers == ("x-router-repo", "x-router-team")
+
+
+def test_the_control_arm_comes_before_any_scope(tmp_path: Path) -> None:
+    rt = load_runtime(
+        write(tmp_path / "p.yaml", SCOPES, control={"share": 0.999, "route": {"passthrough": "cheap"}})
+    )
+    arm, decider = rt.arm_for("t1", ScopeFacts(repo="acme/x"))
+    assert arm == "control" and decider.decide(feats()).chosen == "cheap"
+
+
+def test_the_repository_comes_from_the_header_or_the_conversation() -> None:
+    req = ClientRequest(
+        protocol="openai_chat", body={}, model="auto", stream=False, messages=[],
+        system="remote: git@github.com:acme/api.git\n", tools=[], max_output_tokens=None, temperature=None,
+        top_p=None, first_user_text="Fix the bug",
+    )  # fmt: skip
+    assert scope_facts(req, {}, "key_1") == ScopeFacts(repo="acme/api", key="key_1", team=None)
+    assert scope_facts(req, {"x-router-repo": "acme/web", "x-router-team": "t"}, None).repo == "acme/web"
+    req.first_user_text = "see https://github.com/octo/cat/issues/1"
+    assert scope_facts(req, {}, None).repo == "octo/cat"
+
+
+@pytest.mark.parametrize(
+    ("scopes", "message"),
+    [
+        ([{"name": "x", "match": {}, "objective": {}}], "scopes[0].match: Value error, give at least one of repo, key, team"),
+        ([{"name": "x", "match": {"repo": "a/*"}}], "scopes[0]: Value error, a scope needs at least one of routes"),
+        ([{"name": "x", "match": {"repo": "a/*"}, "routes": [{"match": "auto", "passthrough": "gone"}]}],
+         "scopes[0]: routes[0].passthrough[0]: unknown model id 'gone'"),
+        ([SCOPES[0], SCOPES[0]], "scopes[1].name: duplicate scope name 'acme'"),
+        ([{"name": "x", "match": {"org": "a"}, "objective": {}}], "scopes[0].match.org: unknown field"),
+    ],
+)  # fmt: skip
+def test_bad_scopes_name_the_field(tmp_path: Path, scopes: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_runtime(write(tmp_path / "p.yaml", scopes))
+    assert message in str(err.value)
+
+
+def test_preview_replays_scopes_from_the_logged_headers(tmp_path: Path) -> None:
+    rt = load_runtime(write(tmp_path / "p.yaml", SCOPES))
+    row = {"request_id": "r1", "ts": 1.0, "decision_id": "d", "task_id": "t", "attempt": 1, "protocol": "openai_chat",
+           "requested_model": "auto", "chosen_model": "cheap", "prompt_tokens_est": 100, "input_tokens": 100,
+           "output_tokens": 10, "status": 200, "rule_headers": {"x-router-repo": "acme/api"}}  # fmt: skip
+    assert preview([row], [], rt)["moves"] == {"cheap -> dear": 1}
+    assert preview([{**row, "rule_headers": None}], [], rt)["moved"] == 0
