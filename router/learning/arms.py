@@ -142,8 +142,8 @@ def render(report: Mapping[str, Any]) -> None:
             succ = "n/a" if s["success_rate"] is None else (
                 f"{s['success_rate']:.1%} ({s['success_ci95'][0]:.1%}-{s['success_ci95'][1]:.1%})")  # fmt: skip
             cpc = "n/a" if s["cost_per_completed_usd"] is None else (
-                f"${s['cost_per_completed_usd']:.5f} (${s['cost_per_completed_ci95'][0]:.5f}-"
-                f"${s['cost_per_completed_ci95'][1]:.5f})")  # fmt: skip
+                f"${s['cost_per_completed_usd']:.6f} (${s['cost_per_completed_ci95'][0]:.6f}-"
+                f"${s['cost_per_completed_ci95'][1]:.6f})")  # fmt: skip
             lat = s["latency_ms"]
             lat_text = "n/a" if lat["p50"] is None else f"{lat['p50']:.0f} / {lat['p95']:.0f}"
             t.add_row(arm, str(s["tasks"]), str(s["with_outcome"]), succ, cpc, lat_text)
