@@ -157,7 +157,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             await s.state.aclose()
             s.telemetry.close()
 
-    app = FastAPI(title="router", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # /openapi.json is served by router.http.api, behind auth.
+    app = FastAPI(
+        title="router", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.services = s
     from router.http.api import register
     from router.http.proxy import Proxy

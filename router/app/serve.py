@@ -14,10 +14,12 @@ import signal
 import socket
 import threading
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from router.app.factory import Services, create_app
+from router.app.limits import GuardedHttpTools
 from router.app.settings import Settings
 
 log = logging.getLogger("router.app.serve")
@@ -48,14 +50,21 @@ class DrainingServer(uvicorn.Server):
         threading.Timer(self.delay, super().handle_exit, (sig, frame)).start()
 
 
-def serve(settings: Settings, log_level: str = "info") -> None:
-    app = create_app(settings)
-    config = uvicorn.Config(
+def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Config:
+    """How the router is served: its limits on clients (``router.app.limits``) and the drain."""
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        log_level=log_level,
         access_log=False,
+        http=GuardedHttpTools.with_limits(settings.limits),
+        timeout_keep_alive=int(settings.limits.keep_alive_s),
         timeout_graceful_shutdown=int(settings.drain_timeout) or None,
+        **options,
     )
+
+
+def serve(settings: Settings, log_level: str = "info") -> None:
+    app = create_app(settings)
+    config = uvicorn_config(app, settings, log_level=log_level)
     DrainingServer(config, app.state.services, settings.drain_delay).run()

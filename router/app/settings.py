@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from router.app.limits import Limits
 from router.forward.timeouts import Timeouts
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
@@ -45,6 +46,8 @@ class Settings(BaseSettings):
     #: Master key for the management API and, when set, for the proxy (virtual keys come later).
     master_key: SecretStr | None = None
     timeouts: Timeouts = Timeouts()
+    #: What one client may hold of the server: header size and count, read timeouts, connections.
+    limits: Limits = Limits()
     #: Seconds to wait for in-flight requests and the log at shutdown.
     drain_timeout: float = Field(default=30.0, ge=0)
     #: Seconds between SIGTERM and closing the listener, with /readyz at 503 meanwhile.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -57,8 +58,32 @@ def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
         n = s.counter.count_anthropic(req.system, req.messages, req.tools or None)
         return _json({"input_tokens": n})
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI's own refusals (405, 404) in the protocol's shape, like every other error.
+        err = BadRequest(str(exc.detail))
+        err.status = exc.status_code
+        if exc.status_code == 404:
+            err.anthropic_type = "not_found_error"
+        body = err.anthropic_body() if request.url.path.startswith("/v1/messages") else err.openai_body()
+        return Response(orjson.dumps(body), exc.status_code, exc.headers, "application/json")
+
+    # With auth on, what the router serves and how it is configured is for callers only: the
+    # route and backend list, and the API description. Health and metrics stay open.
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        try:
+            await s.auth.check(request)
+        except RouterError as err:
+            return _json(err.openai_body(), err.status)
+        return _json(app.openapi())
+
     @app.get("/v1/models", tags=["info"])
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
+        try:
+            await s.auth.check(request)
+        except RouterError as err:
+            return _json(err.openai_body(), err.status)
         # One list that both SDKs accept: OpenAI reads id/object/owned_by, Anthropic type/id/display_name.
         names = [r.match for r in s.policy.routes if not any(c in r.match for c in "*?[")]
         names += [b for b in s.catalog.backends if b not in names]

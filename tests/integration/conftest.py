@@ -17,6 +17,7 @@ import uvicorn
 import yaml
 
 from router.app.factory import Services, build_services, create_app
+from router.app.serve import uvicorn_config
 from router.app.settings import Settings
 from router.fakeupstream import FakeUpstream
 
@@ -86,11 +87,13 @@ def start_router(
     if services_hook is not None:
         services_hook(services)
     app = create_app(services=services)
+    # Served as `router serve` serves it: with its limits on clients.
+    uv_config = uvicorn_config(app, services.settings, log_level="warning", lifespan="on")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False))
+    server = uvicorn.Server(uv_config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -6,7 +6,9 @@ the client leaves, that failures are logged and reported truthfully, that budget
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sqlite3
 import subprocess
 import time
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from router.app.limits import Limits
 from router.fakeupstream import FakeUpstream
 from router.forward.timeouts import Timeouts
 from tests.integration.conftest import RunningRouter, local_policy
@@ -302,3 +305,94 @@ def test_a_full_disk_is_reported_and_the_log_recovers(
     filler.unlink()
     assert wait_for(lambda: rows() == 41, 20.0), "the log did not recover once space came back"
     assert wait_for(lambda: ready()["status"] == "ok", 10.0), ready()
+
+
+TIGHT = Limits(header_timeout_s=0.5, body_timeout_s=0.5, max_connections=8)
+
+
+def exchange(r: RunningRouter, data: bytes, timeout: float = 5.0) -> tuple[bytes, float]:
+    """Send raw bytes; return what came back before the server closed, and how long that took."""
+    host, port = r.url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(data)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    return got, time.monotonic() - started
+
+
+def error_of(reply: bytes) -> tuple[int, dict[str, Any]]:
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+@pytest.fixture
+def limited(router_factory: Factory, upstream: FakeUpstream) -> RunningRouter:
+    return router_factory(local_policy(upstream.url), limits=TIGHT)
+
+
+REQUEST_LINE = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+
+
+def test_huge_headers_are_refused(limited: RunningRouter) -> None:
+    status, err = error_of(exchange(limited, REQUEST_LINE + b"X-Big: " + b"a" * 200_000 + b"\r\n\r\n")[0])
+    assert status == 431 and f"{TIGHT.max_header_bytes} bytes" in err["message"]
+    many = b"".join(b"X-H%d: v\r\n" % i for i in range(150))
+    status, err = error_of(exchange(limited, REQUEST_LINE + many + b"\r\n")[0])
+    assert status == 431 and "headers" in err["message"]
+
+
+def test_slow_headers_and_silent_connections_time_out(limited: RunningRouter) -> None:
+    reply, took = exchange(limited, b"POST /v1/chat/completions HTTP/1.1\r\nHo")
+    assert error_of(reply)[0] == 408 and took < 3
+    reply, took = exchange(limited, b"")
+    assert error_of(reply)[0] == 408 and took < 3
+
+
+def test_a_body_that_stops_short_is_given_up(limited: RunningRouter) -> None:
+    reply, took = exchange(limited, REQUEST_LINE + b'Content-Length: 1000\r\n\r\n{"model": ')
+    assert reply == b"" and took < 3
+    rec = last(limited)
+    assert rec["status"] == 499 and rec["error_type"] == "client_disconnected"
+
+
+def test_connections_are_capped(router_factory: Factory, upstream: FakeUpstream) -> None:
+    # Held connections must outlive the test's probes: the default header timeout (10 s).
+    limited = router_factory(local_policy(upstream.url), limits=Limits(max_connections=8))
+    host, port = limited.url.removeprefix("http://").split(":")
+    held = [socket.create_connection((host, int(port)), timeout=5) for _ in range(8)]
+    try:
+        probe = REQUEST_LINE + b"Connection: close\r\n\r\n"
+        # Once the server has accepted the held ones, the next connection is refused.
+        assert wait_for(lambda: error_of(exchange(limited, probe)[0])[0] == 503)
+        status, err = error_of(exchange(limited, probe)[0])
+        assert status == 503 and "connections" in err["message"]
+    finally:
+        for s in held:
+            s.close()
+    assert httpx.get(limited.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_malformed_http_and_wrong_methods_answer_in_the_protocol_shape(limited: RunningRouter) -> None:
+    status, err = error_of(exchange(limited, b"NOT HTTP AT ALL\r\n\r\n")[0])
+    assert status == 400 and err["type"] == "invalid_request_error"
+    resp = httpx.get(limited.url + "/v1/chat/completions", timeout=5)
+    assert resp.status_code == 405 and resp.json()["error"]["type"] == "invalid_request_error"
+    resp = httpx.get(limited.url + "/v1/messages", timeout=5)
+    assert resp.status_code == 405 and resp.json()["type"] == "error"
+    resp = httpx.get(limited.url + "/no/such/path", timeout=5)
+    assert resp.status_code == 404 and "error" in resp.json()
+
+
+def test_with_auth_on_only_health_and_metrics_are_open(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    r = router_factory(local_policy(upstream.url), master_key=MASTER)
+    with httpx.Client(base_url=r.url, timeout=10) as c:
+        for path in ("/v1/models", "/openapi.json"):
+            refused = c.get(path)
+            assert refused.status_code == 401 and refused.json()["error"]["type"]
+            assert c.get(path, headers={"x-api-key": MASTER}).status_code == 200
+        assert c.get("/healthz").status_code == 200 and c.get("/readyz").status_code == 200
+        assert c.get("/metrics").status_code in (200, 404)  # 404: metrics not enabled, still no 401
