@@ -127,6 +127,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return run_eval(args)
 
 
+def cmd_eval_labels(args: argparse.Namespace) -> int:
+    from router.learning.labels.commands import run
+
+    return run(args)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -229,6 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="offline evaluation of the learned policy on recorded agent outcomes")
     add_eval(ev)
     ev.set_defaults(func=cmd_eval)
+
+    from router.learning.labels.commands import add_arguments as add_eval_labels
+
+    el = sub.add_parser(
+        "eval-labels", help="measure the outcome label on replayed agent trajectories (both shapes)"
+    )
+    add_eval_labels(el)
+    el.set_defaults(func=cmd_eval_labels)
 
     from router.http.keys import add_parser as add_keys
 

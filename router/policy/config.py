@@ -18,6 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from router.errors import ConfigError
+from router.learning.labels.model import LabelModel
+from router.learning.labels.model import default as default_labels
 from router.policy.interpolate import format_path, interpolate
 from router.policy.rules import Condition, compile_condition
 
@@ -161,6 +163,9 @@ class TasksSpec(_Strict):
     side_call_max_tokens: int = Field(default=1024, ge=0)
     #: The same tool call repeated this many times is a loop (a reason to switch models).
     loop_threshold: int = Field(default=3, ge=2)
+    #: The outcome label model (`router train` fits one from explicit outcomes); the one shipped
+    #: with the router when unset.
+    label_model: LearnedRef | None = None
 
 
 class ControlRoute(_Strict):
@@ -282,6 +287,12 @@ class Policy:
         self.objective = spec.objective
         self.learned_path = (
             (Path(source).parent / spec.learned.artifact).resolve() if spec.learned is not None else None
+        )
+        ref = spec.tasks.label_model
+        self.label_model = (
+            LabelModel.load(Path(source).parent / ref.artifact, ref.sha256)
+            if ref is not None
+            else default_labels()
         )
         self.rules = [
             CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}].when"))

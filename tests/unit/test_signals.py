@@ -885,11 +885,11 @@ def test_without_tools_only_when_the_window_read_holds_no_tool_event(protocol: s
 
 
 def test_a_filled_slot_is_used_instead_of_the_message() -> None:
-    from router.learning.signals.conversation import _read
+    from router.learning.signals.conversation import read
 
     msgs = conversation("openai_chat", [Step("bash", {"command": "pytest -q"}, PYTEST_PASS)])
     failing = conversation("openai_chat", [Step("bash", {"command": "pytest -q"}, PYTEST_FAIL)])
-    stale: list[Any] = [None] * (len(msgs) - 1) + [_read(failing[-1], 20_000)]
+    stale: list[Any] = [None] * (len(msgs) - 1) + [read(failing[-1], 20_000)]
     tests = by_name(extract("openai_chat", msgs, seen=stale))[TESTS]
     assert tests.success is False  # read from the slot, not from the (passing) message
     assert by_name(extract("openai_chat", msgs))[TESTS].success is True

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from router.features.request import Features
 from router.features.task import vector as taskfeatures
 from router.features.task.tracker import TaskState, is_side_call
-from router.learning import signals
+from router.learning import labels, signals
 from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest, text_of
 from router.state import StateUnavailable
 from router.store.records import OutcomeRecord, RequestRecord
@@ -142,23 +142,30 @@ def vector_for(req: ClientRequest, repo: str | None = None) -> taskfeatures.Vect
 
 
 def weak_label(
-    req: ClientRequest, loop_threshold: int, resent: bool, seen: list[Any] | None = None
-) -> signals.WeakLabel | None:
-    """What the conversation says of how its task goes (``seen``: as for ``signals.extract``)."""
+    req: ClientRequest,
+    loop_threshold: int,
+    resent: bool,
+    seen: list[Any] | None = None,
+    model: labels.LabelModel | None = None,
+) -> signals.WeakLabel:
+    """What the conversation says of how its task goes: the label model's P(success), with the
+    signals that explain it (``seen``: as for ``signals.extract``). `router eval-labels` measures
+    exactly this function on replayed agent runs."""
     found = signals.extract(req.protocol, req.messages, loop_threshold=loop_threshold, seen=seen)
     if resent:
         found.append(signals.resent_signal(1))
-    return signals.summarize(found) if found else None
+    model = model or labels.default()
+    return labels.label(labels.read(req.messages, model, seen), model, found)
 
 
 async def _write_weak_label(
     s: Services, req: ClientRequest, task_id: str, state: TaskState, resent: bool, seen: list[Any] | None
 ) -> None:
     attempt = state.attempt
-    label = weak_label(req, s.decider.policy.spec.tasks.loop_threshold, resent, seen)
-    if label is None:
-        return
-    key = (attempt, label.success, label.score, label.source)
+    policy = s.decider.policy
+    label = weak_label(req, policy.spec.tasks.loop_threshold, resent, seen, policy.label_model)
+    # The signals riding along (a resend, a loop) are part of what is stored, so part of the key.
+    key = (attempt, label.success, label.score, label.source, tuple(label.details.get("signals", ())))
     if key == state.last_label:
         return  # stored already, and still the latest
     out = OutcomeRecord(

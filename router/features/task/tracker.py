@@ -35,7 +35,7 @@ class TaskState:
     warm_until: float = 0.0
     #: The last weak label stored for the task (attempt, success, score, source): an unchanged
     #: label is not written again on every turn.
-    last_label: tuple[int, bool, float, str] | None = None
+    last_label: tuple[int, bool, float, str, tuple[str, ...]] | None = None
     seen: float = field(default_factory=time.time)
 
 

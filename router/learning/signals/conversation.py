@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from router.learning.signals.base import (
@@ -22,8 +23,16 @@ from router.learning.signals.toolresult import ToolOutcome, analyze, glance
 from router.learning.signals.transcript import Event, ToolCall, ToolResult, message_events
 
 _Analyzed = tuple[ToolResult, ToolOutcome, ToolCall | None]
-#: What one message says: its tool calls, and its tool results with a glance at each.
-_Read = list[tuple[Event, ToolOutcome | None]]
+
+
+@dataclass(slots=True)
+class Reading:
+    """What one message says, as kept in its memo slot: its tool calls, and its tool results with
+    a glance at each; ``label`` is what the outcome label reads of it (``router.learning.labels``),
+    filled in later, off the request path."""
+
+    events: list[tuple[Event, ToolOutcome | None]]
+    label: Any = None
 
 
 def _tests(results: Sequence[_Analyzed], w: Weights) -> Signal | None:
@@ -104,11 +113,23 @@ def _loop(calls: Sequence[ToolCall], results: Sequence[_Analyzed], w: Weights, n
     return Signal(TOOL_LOOP, float(count), False, w.tool_loop, {"kind": kind, "count": count, "tool": tool})
 
 
-def _read(message: Any, max_chars: int | None) -> _Read:
-    return [
-        (e, glance(e.text, e.is_error, max_chars=max_chars) if isinstance(e, ToolResult) else None)
-        for e in message_events(message)
-    ]
+def read(message: Any, max_chars: int | None = DEFAULT_MAX_CHARS) -> Reading:
+    return Reading(
+        [
+            (e, glance(e.text, e.is_error, max_chars=max_chars) if isinstance(e, ToolResult) else None)
+            for e in message_events(message)
+        ]
+    )
+
+
+def slot(messages: Any, seen: list[Any] | None, i: int, max_chars: int | None = DEFAULT_MAX_CHARS) -> Reading:
+    """Message ``i``'s reading: from its slot in ``seen`` if filled (and filling it if not)."""
+    if seen is None or len(seen) != len(messages):
+        return read(messages[i], max_chars)
+    if seen[i] is None:
+        seen[i] = read(messages[i], max_chars)
+    found: Reading = seen[i]
+    return found
 
 
 def _window(
@@ -116,15 +137,8 @@ def _window(
 ) -> tuple[list[ToolCall], list[_Analyzed]]:
     """The tool calls of the last ``window`` messages, and their results (fully analysed if ``full``)."""
     start = max(0, len(messages) - window)
-    if seen is not None and len(seen) == len(messages):
-        reads = []
-        for i in range(start, len(messages)):
-            if seen[i] is None:
-                seen[i] = _read(messages[i], max_chars)
-            reads.append(seen[i])
-    else:
-        reads = [_read(m, max_chars) for m in messages[start:]]
-    pairs = [pair for read in reads for pair in read]
+    reads = [slot(messages, seen, i, max_chars) for i in range(start, len(messages))]
+    pairs = [pair for r in reads for pair in r.events]
     calls = [e for e, _ in pairs if isinstance(e, ToolCall)]
     by_id = {c.call_id: c for c in calls if c.call_id}
     results: list[_Analyzed] = []
@@ -203,4 +217,4 @@ def without_tools(seen: list[Any] | None, n_messages: int, window: int = 20) -> 
     if seen is None or len(seen) != n_messages:
         return False
     tail = seen[max(0, n_messages - window) :]
-    return all(read is not None and not read for read in tail)
+    return all(r is not None and not r.events for r in tail)

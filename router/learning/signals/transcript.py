@@ -3,6 +3,9 @@
 The shapes of the three protocols do not overlap, so one reader handles them all:
 OpenAI chat (assistant ``tool_calls``, ``role: "tool"`` messages), Anthropic (``tool_use`` and
 ``tool_result`` content blocks) and OpenAI Responses (``function_call`` / ``*_output`` items).
+Agents without tool calling (mini-swe-agent v1's text protocol) put one fenced ``bash`` block in
+an assistant message and get the result back as a user message that starts ``<returncode>``
+(or says the command timed out): those read as a ``bash`` call and its result.
 Anything that does not fit is skipped.
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -23,6 +27,12 @@ _OUTPUT_ITEMS: Final = frozenset(
 )
 #: Arguments longer than this are hashed as text rather than parsed (a file write, say).
 _MAX_PARSED_ARGS: Final = 256_000
+#: mini-swe-agent's action block (its ``action_regex``); a message with several is a format error.
+_BASH_BLOCK: Final = re.compile(r"```bash\s*\n(.*?)\n```", re.S)
+#: The openings of a text-protocol observation: mini-swe-agent's result, and its timeout notice.
+_RESULT_START: Final = "<returncode>"
+_TIMEOUT_START: Final = "The last command <command>"
+TEXT_TOOL: Final = "bash"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +145,39 @@ def _blocks(content: Any) -> list[Event]:
     return out
 
 
+def text_command(content: Any) -> str | None:
+    """The command of a text-protocol assistant turn: its one ``bash`` block (None: none, or several)."""
+    text = _text(content)
+    if "```bash" not in text:
+        return None
+    blocks = _BASH_BLOCK.findall(text)
+    return blocks[0] if len(blocks) == 1 else None
+
+
+def text_result(content: Any) -> ToolResult | None:
+    """A text-protocol observation sent as a user message, if this is one."""
+    text = _text(content)
+    head = text[:64].lstrip()
+    if head.startswith(_RESULT_START):
+        return ToolResult(None, text, None)
+    if head.startswith(_TIMEOUT_START) and "timed out" in text[:4096]:
+        return ToolResult(None, text, True)
+    return None
+
+
+def _text_protocol(role: Any, item: dict[str, Any], events: list[Event]) -> list[Event]:
+    """What a message says in the text protocol, when it carries no tool-calling structure."""
+    if events:
+        return events
+    if role == "assistant":
+        command = text_command(item.get("content"))
+        return [_call(None, TEXT_TOOL, command)] if command is not None else []
+    if role == "user":
+        result = text_result(item.get("content"))
+        return [result] if result is not None else []
+    return []
+
+
 def _item(item: dict[str, Any]) -> list[Event]:
     kind = item.get("type") if isinstance(item.get("type"), str) else None
     if kind in _CALL_ITEMS:
@@ -148,7 +191,7 @@ def _item(item: dict[str, Any]) -> list[Event]:
     if role in ("tool", "function"):
         return [ToolResult(_str_or_none(item.get("tool_call_id")), _text(item.get("content")), None)]
     out = _chat_calls(item) if role == "assistant" else []
-    return out + _blocks(item.get("content"))
+    return _text_protocol(role, item, out + _blocks(item.get("content")))
 
 
 def message_events(item: Any) -> list[Event]:

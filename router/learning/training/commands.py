@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from router.errors import ConfigError
+from router.learning.labels import fromlog
 from router.learning.training import dataset, offpolicy
 from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
@@ -71,7 +72,11 @@ def train(
     path.write_bytes(raw)
     sha = hashlib.sha256(raw).hexdigest()
     _print(console, artifact, path, sha)
-    return {"path": str(path), "sha256": sha, **artifact}
+    # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
+    labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
+    for line in fromlog.lines(labels):
+        console.print(line, highlight=False)
+    return {"path": str(path), "sha256": sha, **artifact, "labels": labels}
 
 
 def _est(e: offpolicy.Estimate) -> dict[str, Any]:

@@ -1,8 +1,13 @@
 """The log as a training set: one row per task attempt, with its model, outcome and cost.
 
-An attempt's label is its explicit outcome when the client sent one; else the weak label read
-from the conversation (the latest test run first); else, for an attempt with no request for
-``abandon_after_s``, a failure marked "abandoned"; attempts still in progress are left out.
+An attempt's label is its explicit outcome when the client sent one; else the label inferred
+from the conversation (the label model's, ``router.learning.labels``, before older hand-weighted
+ones); else, for an attempt with no request for ``abandon_after_s``, a failure marked
+"abandoned"; attempts still in progress are left out.
+
+Each row carries how much its label counts: an explicit outcome 1; the label model's its
+evidence margin |2P − 1| (below 1, so explicit outcomes always dominate); any other inferred
+label ``INFERRED_WEIGHT``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,11 @@ from typing import Any
 
 from router.features.task import vector as taskfeatures
 from router.features.task.vector import Vector
+from router.learning.labels.model import SOURCE as MODEL_SOURCE
+
+#: The weight of an inferred label that carries no calibrated probability (older hand-weighted
+#: signals, an abandoned attempt): they agreed with real verdicts little better than chance.
+INFERRED_WEIGHT = 0.5
 
 
 @dataclass(slots=True)
@@ -33,18 +43,31 @@ class AttemptRow:
     actions: list[str]
     failed_before: list[str] = field(default_factory=list)
     ts: float = 0.0
+    #: How much the label counts in training (1 for an explicit outcome).
+    weight: float = 1.0
 
 
-def _label(outcomes: list[Mapping[str, Any]]) -> tuple[bool, str] | None:
+def label_weight(outcome: Mapping[str, Any]) -> float:
+    """How much one stored outcome counts as a training label."""
+    if outcome.get("explicit"):
+        return 1.0
+    p = outcome.get("score")
+    if outcome.get("source") == MODEL_SOURCE and isinstance(p, int | float):
+        return round(abs(2 * float(p) - 1), 6)
+    return INFERRED_WEIGHT
+
+
+def _label(outcomes: list[Mapping[str, Any]]) -> tuple[bool, str, float] | None:
     explicit = [o for o in outcomes if o.get("explicit")]
     if explicit:
         o = max(explicit, key=lambda o: o.get("ts") or 0)
-        return bool(o["success"]), "explicit"
+        return bool(o["success"]), "explicit", 1.0
     if not outcomes:
         return None
+    model = [o for o in outcomes if o.get("source") == MODEL_SOURCE]
     tests = [o for o in outcomes if o.get("source") == "tests"]
-    o = max(tests or outcomes, key=lambda o: o.get("ts") or 0)
-    return bool(o["success"]), str(o.get("source"))
+    o = max(model or tests or outcomes, key=lambda o: o.get("ts") or 0)
+    return bool(o["success"]), str(o.get("source")), label_weight(o)
 
 
 def build(
@@ -81,7 +104,7 @@ def build(
         if label is None:
             if now - max(r["ts"] for r in reqs) < abandon_after_s:
                 continue  # still in progress
-            label = (False, "abandoned")
+            label = (False, "abandoned", INFERRED_WEIGHT)
         model = Counter(r["chosen_model"] for r in main).most_common(1)[0][0]
         first = main[0]
         actions = [c["model"] for c in (first.get("candidates") or []) if not c.get("excluded")] or [model]
@@ -98,6 +121,7 @@ def build(
                 propensity=float(first.get("propensity") or 1.0),
                 actions=actions,
                 ts=float(first["ts"]),
+                weight=label[2],
             )
         )
     failed: dict[str, list[str]] = defaultdict(list)

@@ -47,6 +47,8 @@ def fit_model(
     """
     width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
     y = np.array([r.success for r in rows], dtype=int)
+    # Inferred labels count by their confidence; explicit outcomes fully (dataset.label_weight).
+    w = np.array([r.weight for r in rows], dtype=np.float64)
     x = matrix(rows)
     n, k = len(rows), int(y.sum())
     weights = np.zeros(width)
@@ -54,7 +56,7 @@ def fit_model(
     if n >= MIN_ROWS_FOR_MODEL and 2 <= k <= n - 2 and shared is not None:
         shared_weights, score = shared
         # Two parameters per model: its level and how much the shared difficulty moves it.
-        lr = LogisticRegression(C=10.0).fit(score.reshape(-1, 1), y)
+        lr = LogisticRegression(C=10.0).fit(score.reshape(-1, 1), y, sample_weight=w)
         slope, level = float(lr.coef_[0][0]), float(lr.intercept_[0])
         weights = slope * shared_weights
         weights[0] += level
@@ -64,12 +66,13 @@ def fit_model(
         clf = LogisticRegression(C=c, fit_intercept=False, max_iter=2000)
         folds = min(5, k, n - k)
         scores = cross_val_predict(
-            clf, x, y, cv=StratifiedKFold(folds, shuffle=True, random_state=0), method="decision_function"
-        )
-        cal = LogisticRegression(C=100.0).fit(scores.reshape(-1, 1), y)
+            clf, x, y, cv=StratifiedKFold(folds, shuffle=True, random_state=0), method="decision_function",
+            params={"sample_weight": w},
+        )  # fmt: skip
+        cal = LogisticRegression(C=100.0).fit(scores.reshape(-1, 1), y, sample_weight=w)
         platt = (float(cal.coef_[0][0]), float(cal.intercept_[0]))
         oof = cal.predict_proba(scores.reshape(-1, 1))[:, 1]
-        weights = clf.fit(x, y).coef_[0]
+        weights = clf.fit(x, y, sample_weight=w).coef_[0]
     else:
         weights[0] = _smoothed_logit(k, n)
         oof = np.full(n, 1 / (1 + math.exp(-weights[0])))

@@ -1,0 +1,99 @@
+"""The label model from the log: attempts with an explicit outcome teach what the conversation meant.
+
+The router stores, per attempt, its latest inferred label with the features it read
+(``details.features``). Where the client also sent an explicit outcome, that pair is a training
+sample. `router train` measures the label model in force on them and, given enough, fits a new
+one (cross-validated by task, so the figures it prints are out of sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from router.learning.labels import fit as fitting
+from router.learning.labels.model import SOURCE, LabelModel
+
+#: Fewer explicit outcomes (or fewer of either kind) than this and no new model is fitted.
+MIN_SAMPLES: Final = 50
+MIN_PER_CLASS: Final = 10
+
+
+def samples(outcomes: Iterable[Mapping[str, Any]]) -> list[fitting.Sample]:
+    """One sample per attempt that has both an explicit outcome and a stored label reading."""
+    explicit: dict[tuple[str, int], Mapping[str, Any]] = {}
+    inferred: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for o in outcomes:
+        key = (str(o["task_id"]), int(o.get("attempt") or 0))
+        if o.get("explicit"):
+            if key not in explicit or (o.get("ts") or 0) >= (explicit[key].get("ts") or 0):
+                explicit[key] = o
+        elif o.get("source") == SOURCE and isinstance(o.get("details"), dict):
+            inferred[key] = o
+    out = []
+    for key, o in sorted(inferred.items()):
+        x = o["details"].get("features")
+        verdict = explicit.get(key) or explicit.get((key[0], 0))
+        if verdict is not None and isinstance(x, dict):
+            out.append(
+                fitting.Sample(key[0], {str(k): float(v) for k, v in x.items()}, bool(verdict["success"]))
+            )
+    return out
+
+
+def train(outcomes: Iterable[Mapping[str, Any]], current: LabelModel, out: Path | None) -> dict[str, Any]:
+    """The current model's quality on the log's explicit outcomes; a refitted one's, written to
+    ``out``, when there are enough of them."""
+    data = samples(outcomes)
+    y = [int(s.success) for s in data]
+    report: dict[str, Any] = {
+        "explicit_with_label": len(data),
+        "current": {"sha256": current.sha256, **fitting.quality([current.p_success(s.x) for s in data], y)},
+    }
+    if len(data) < MIN_SAMPLES or min(sum(y), len(y) - sum(y)) < MIN_PER_CLASS:
+        report["refit"] = None
+        report["why_not"] = (
+            f"{len(data)} attempts with an explicit outcome and a stored label; a refit needs "
+            f"{MIN_SAMPLES}, at least {MIN_PER_CLASS} of each kind"
+        )
+        return report
+    oof = fitting.cross_validate(data, current.features)
+    art = fitting.fit(data, current.features, meta={"fitted_on": "log", "attempts": len(data)})
+    refit: dict[str, Any] = {"cv": fitting.quality(list(oof), y)}
+    if out is not None:
+        raw = orjson.dumps(art, option=orjson.OPT_INDENT_2)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(raw)
+        refit |= {
+            "path": str(out),
+            "sha256": LabelModel.from_bytes(raw, source=str(out), expected_sha256=None).sha256,
+        }
+    report["refit"] = refit
+    return report
+
+
+def lines(report: Mapping[str, Any]) -> Sequence[str]:
+    """The report as `router train` prints it."""
+
+    def q(d: Mapping[str, Any]) -> str:
+        if not d.get("n"):
+            return "no attempts to measure on"
+        auc = "n/a" if d.get("auc") is None else f"{d['auc']:.3f}"
+        return (f"AUC {auc}, Brier {d['brier']:.4f} (constant {d['brier_constant']:.4f}), "
+                f"agreement {d['agreement']:.0%} on {d['n']} attempts")  # fmt: skip
+
+    out = [
+        f"label model: {report['explicit_with_label']} attempts with an explicit outcome and a stored label",
+        f"  in force ({report['current']['sha256'][:12]}…): {q(report['current'])}",
+    ]
+    refit = report.get("refit")
+    if refit is None:
+        out.append(f"  not refitted: {report['why_not']}")
+    else:
+        out.append(f"  refitted, 5-fold CV by task: {q(refit['cv'])}")
+        if "path" in refit:
+            out.append(f"  wrote {refit['path']} (sha256 {refit['sha256']}); pin it under tasks.label_model")
+    return out

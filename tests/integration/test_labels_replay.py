@@ -1,0 +1,59 @@
+"""Real agent runs replayed through a running router: its live verdict is the offline one.
+
+Each request a trajectory's agent sent goes to the proxy (tool-calling shape and text shape);
+``GET /v1/tasks/{id}`` must then report the label `router eval-labels` computes for the last
+request offline.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from router.learning.labels import default
+from router.learning.labels.model import SOURCE
+from router.learning.labels.replay import load, replay, requests
+from tests.integration.conftest import RunningRouter
+
+pytestmark = pytest.mark.integration
+
+TRAJECTORIES = Path(__file__).resolve().parents[2] / "evals/data/trajectories/gemini-3-pro-preview.jsonl.gz"
+
+
+def verdict(router: RunningRouter, task: str, score: float, timeout: float = 10.0) -> dict[str, Any] | None:
+    """The task's verdict once it shows ``score`` (the labels are written off the request path)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.get(f"{router.url}/v1/tasks/{task}", timeout=10)
+        outcome = r.json().get("outcome") if r.status_code == 200 else None
+        if (outcome is not None and outcome["score"] == score) or time.monotonic() > deadline:
+            return outcome
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("shape", ["tools", "text"])
+def test_the_live_verdict_on_replayed_runs_equals_the_offline_one(router: RunningRouter, shape: str) -> None:
+    # A resolved and an unresolved run, short enough to replay quickly.
+    runs = sorted(load(TRAJECTORIES, limit=40), key=lambda t: len(t.messages))
+    picked = [next(t for t in runs if t.resolved), next(t for t in runs if not t.resolved)]
+    with httpx.Client(timeout=30) as client:
+        for t in picked:
+            task = f"{shape}-{t.instance_id}"
+            for body in requests(t, shape, model="auto"):
+                r = client.post(f"{router.url}/v1/chat/completions", content=body,
+                                headers={"x-router-task-id": task, "content-type": "application/json"})  # fmt: skip
+                assert r.status_code == 200, r.text
+    for t in picked:
+        offline = replay(t, shape, default())[-1].label
+        live = verdict(router, f"{shape}-{t.instance_id}", offline.score)
+        assert live is not None, f"no verdict for {t.instance_id}"
+        assert (live["source"], live["success"], live["score"], live["explicit"]) == (
+            SOURCE,
+            offline.success,
+            offline.score,
+            False,
+        )

@@ -1,0 +1,333 @@
+"""The outcome label: both shapes of agent read alike, the model artifact, fitting, evaluation, weights."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from router.errors import ConfigError
+from router.features.task.context import weak_label
+from router.learning import signals
+from router.learning.labels import features
+from router.learning.labels import fit as fitting
+from router.learning.labels.evaluate import Attempt, checkpoint_quality, evaluate, stop_loss
+from router.learning.labels.model import DEFAULT_PATH, DEFAULT_SHA256, SOURCE, LabelModel, default
+from router.learning.labels.replay import Trajectory, load, replay, requests
+from router.learning.signals.transcript import ToolCall, ToolResult, message_events
+from router.learning.training import dataset
+from router.protocols import openai_chat
+from tests.unit.test_signals import PROTOCOLS, PYTEST_FAIL, PYTEST_PASS, Step, conversation
+
+TRAJECTORIES = Path(__file__).resolve().parents[2] / "evals/data/trajectories/gemini-3-pro-preview.jsonl.gz"
+
+
+def text_conversation(steps: list[Step]) -> list[dict[str, Any]]:
+    """The steps in mini-swe-agent's text protocol: a bash block, the result as a user message."""
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing tests."},
+    ]
+    for s in steps:
+        msgs.append({"role": "assistant", "content": f"THOUGHT: go.\n\n```bash\n{s.args['command']}\n```"})
+        msgs.append({"role": "user", "content": f"<returncode>0</returncode>\n<output>\n{s.output}</output>"})
+    return msgs
+
+
+def shaped(protocol: str, steps: list[Step]) -> list[Any]:
+    return text_conversation(steps) if protocol == "text" else conversation(protocol, steps)
+
+
+ALL_SHAPES = (*PROTOCOLS, "text")
+STEPS = [
+    Step("bash", {"command": "pytest -q"}, PYTEST_FAIL),
+    Step("bash", {"command": "sed -i s/a/b/ cart.py"}, ""),
+    Step("bash", {"command": "pytest -q"}, PYTEST_PASS),
+]
+
+
+# -- the text protocol reads as tool calls and results -------------------------------------------
+
+
+def test_a_bash_block_is_a_call_and_a_returncode_message_its_result() -> None:
+    call = message_events({"role": "assistant", "content": "THOUGHT: x\n\n```bash\nls -la\n```"})
+    assert len(call) == 1 and isinstance(call[0], ToolCall) and call[0].name == "bash"
+    result = message_events(
+        {"role": "user", "content": "<returncode>1</returncode>\n<output>\nno\n</output>"}
+    )
+    assert len(result) == 1 and isinstance(result[0], ToolResult) and result[0].is_error is None
+    timeout = message_events(
+        {"role": "user", "content": "The last command <command>sleep 99</command> timed out"}
+    )
+    assert isinstance(timeout[0], ToolResult) and timeout[0].is_error is True
+    # Not the protocol: two blocks (a format error), an ordinary user message, a tool-calling turn.
+    assert message_events({"role": "assistant", "content": "```bash\nls\n```\n```bash\npwd\n```"}) == []
+    assert message_events({"role": "user", "content": "Fix the failing tests."}) == []
+    chat_call = {"id": "c", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+    both = message_events({"role": "assistant", "content": "```bash\nls\n```", "tool_calls": [chat_call]})
+    assert [e.name for e in both if isinstance(e, ToolCall)] == ["run"]
+
+
+def test_the_signals_read_the_text_protocol_as_they_read_tool_results() -> None:
+    text = {s.name: s for s in signals.extract("openai_chat", text_conversation(STEPS[:1]))}
+    chat = {s.name: s for s in signals.extract("openai_chat", conversation("openai_chat", STEPS[:1]))}
+    assert text[signals.TESTS].success is False and text[signals.TESTS].value == chat[signals.TESTS].value
+    looping = text_conversation([Step("bash", {"command": "pytest -q"}, PYTEST_FAIL)] * 4)
+    assert signals.TOOL_LOOP in {s.name for s in signals.switches("openai_chat", looping)}
+
+
+# -- the features: one reading per message, the same in every shape ------------------------------
+
+
+@pytest.mark.parametrize("protocol", ALL_SHAPES)
+def test_the_features_are_the_same_in_every_shape(protocol: str) -> None:
+    x = features.vector(features.conversation(shaped(protocol, STEPS)))
+    ref = features.vector(features.conversation(text_conversation(STEPS)))
+    assert x["log_steps"] == ref["log_steps"] == pytest.approx(1.386294, abs=1e-6)  # 3 turns
+    assert x["no_tests"] == 0.0 and x["tests_failing"] == 0.0  # the latest run passed
+    assert x["repeats"] == ref["repeats"] == pytest.approx(1 / 3)  # "pytest -q" twice of three
+    # Only the wrappers differ (a THOUGHT line, <returncode> tags): a few percent of this tiny
+    # conversation, under 0.01 on a real run (test_both_shapes_of_a_real_run...).
+    assert x["log_chars"] == pytest.approx(ref["log_chars"], abs=0.25)
+
+
+def test_the_latest_failing_run_and_format_errors_are_read() -> None:
+    msgs = text_conversation([STEPS[2], STEPS[0]])
+    msgs.append({"role": "user", "content": "Please always provide EXACTLY ONE action in triple backticks"})
+    x = features.vector(features.conversation(msgs))
+    assert x["tests_failing"] == 1.0 and x["format_errors"] == pytest.approx(0.693147, abs=1e-6)
+
+
+def test_memo_slots_give_what_a_fresh_read_gives_and_are_reused() -> None:
+    msgs = text_conversation(STEPS)
+    seen: list[Any] = [None] * len(msgs)
+    assert features.conversation(msgs, seen) == features.conversation(msgs)
+    assert all(s is not None and s.label is not None for s in seen)
+    # A filled slot is used instead of the message: a stale reading shows through.
+    stale = seen[-1].label
+    seen[-1].label = features.Facts(step=True, chars=10**6)
+    assert features.vector(features.conversation(msgs, seen))["log_chars"] > 13
+    seen[-1].label = stale
+
+
+# -- the artifact -------------------------------------------------------------------------------
+
+
+def _artifact(**over: Any) -> bytes:
+    art = {"format": "router-labels/1", "features": ["log_steps"], "mean": [2.0], "scale": [1.0],
+           "coef": [-1.0], "intercept": 1.0, "platt": [1.0, 0.0], **over}  # fmt: skip
+    return orjson.dumps(art)
+
+
+def test_the_artifact_is_read_checked_and_pinned(tmp_path: Path) -> None:
+    raw = _artifact()
+    m = LabelModel.from_bytes(raw, source="a.json", expected_sha256=hashlib.sha256(raw).hexdigest())
+    assert m.p_success({"log_steps": 2.0}) == pytest.approx(1 / (1 + 2.718281828**-1.0))
+    assert m.p_success({"log_steps": 4.0}) < m.p_success({"log_steps": 1.0})
+    with pytest.raises(ConfigError, match=r"a\.json: sha256 mismatch"):
+        LabelModel.from_bytes(raw, source="a.json", expected_sha256="0" * 64)
+    for bad, why in ((_artifact(features=["mood"]), "unknown features"), (_artifact(scale=[0.0]), "scales"),
+                     (b"not json", "not a label model"), (_artifact(format="pickle"), "format")):  # fmt: skip
+        with pytest.raises(ConfigError, match=why):
+            LabelModel.from_bytes(bad, source="a.json", expected_sha256=None)
+    with pytest.raises(ConfigError, match="cannot read"):
+        LabelModel.load(tmp_path / "missing.json", None)
+
+
+def test_the_shipped_default_is_the_pinned_file() -> None:
+    assert hashlib.sha256(DEFAULT_PATH.read_bytes()).hexdigest() == DEFAULT_SHA256
+    m = default()
+    assert m.features == fitting.DEFAULT_FEATURES and m.meta["attempts"] == 361
+
+
+def test_a_policy_pins_its_own_label_model(tmp_path: Path) -> None:
+    from router.policy.config import parse_policy
+    from tests.unit.test_config import BASE
+
+    raw = _artifact()
+    (tmp_path / "labels.json").write_bytes(raw)
+    source = str(tmp_path / "policy.yaml")
+
+    def with_labels(sha: str) -> str:
+        return BASE + f"tasks:\n  label_model: {{artifact: labels.json, sha256: {sha}}}\n"
+
+    pinned = parse_policy(with_labels(hashlib.sha256(raw).hexdigest()), source=source, env={})
+    assert pinned.label_model.features == ("log_steps",)
+    assert parse_policy(BASE, source=source, env={}).label_model is default()
+    with pytest.raises(ConfigError, match="sha256 mismatch"):
+        parse_policy(with_labels("a" * 64), source=source, env={})
+
+
+# -- the label the proxy writes ------------------------------------------------------------------
+
+
+def test_the_weak_label_is_the_models_probability_with_the_signals_beside_it() -> None:
+    body = {"model": "auto", "messages": conversation("openai_chat", STEPS)}
+    req = openai_chat.parse(orjson.dumps(body))
+    label = weak_label(req, 3, resent=True)
+    x = features.vector(features.conversation(req.messages))
+    p = default().p_success(x)
+    assert label.source == SOURCE and label.score == round(p, 6) and label.success == (p >= 0.5)
+    assert label.weight == round(abs(2 * p - 1), 6)
+    assert "resent" in label.details["signals"] and signals.TESTS in label.details["signals"]
+
+
+# -- fitting and measuring ----------------------------------------------------------------------
+
+
+def _separable(n: int = 120) -> list[fitting.Sample]:
+    return [fitting.Sample(f"t{i}", {"log_steps": float(i % 10)}, i % 10 < 6) for i in range(n)]
+
+
+def test_fitting_learns_the_direction_and_cross_validation_keeps_tasks_apart() -> None:
+    samples = _separable()
+    art = fitting.fit(samples, ["log_steps"])
+    m = LabelModel.from_bytes(orjson.dumps(art), source="x", expected_sha256=None)
+    assert m.p_success({"log_steps": 0.0}) > 0.9 > 0.1 > m.p_success({"log_steps": 9.0})
+    oof = fitting.cross_validate(samples, ["log_steps"])
+    assert fitting.quality(list(oof), [int(s.success) for s in samples])["auc"] > 0.95
+    # A label that only the task's own samples reveal cannot be learned across folds.
+    leaky = [
+        fitting.Sample(f"g{i // 4}", {"log_steps": float(i // 4)}, (i // 4) % 2 == 0) for i in range(200)
+    ]
+    oof = fitting.cross_validate(leaky, ["log_steps"])
+    assert fitting.quality(list(oof), [int(s.success) for s in leaky])["auc"] < 0.7
+    with pytest.raises(ValueError, match="both"):
+        fitting.fit([fitting.Sample("a", {}, True)] * 3, ["log_steps"])
+
+
+def test_quality_against_hand_computed_figures() -> None:
+    q = fitting.quality([0.9, 0.8, 0.3, 0.65], [1, 1, 0, 0])
+    assert q["auc"] == 1.0 and q["brier"] == pytest.approx((0.01 + 0.04 + 0.09 + 0.4225) / 4, abs=1e-4)
+    assert q["brier_constant"] == 0.25 and q["agreement"] == 0.75 and q["agreement_constant"] == 0.5
+    assert [(b["bin"], b["n"]) for b in q["reliability"]] == [("0.2-0.4", 1), ("0.6-0.8", 1), ("0.8-1.0", 2)]
+
+
+def _attempt(resolved: bool, cv: list[float], costs: list[float]) -> Attempt:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": ""}, {"role": "user", "content": "task"}]
+    for c in costs:
+        msgs += [
+            {"role": "assistant", "content": "x", "usage": {"cost": c}},
+            {"role": "user", "content": "y"},
+        ]
+    t = Trajectory("t", resolved, msgs)
+    return Attempt(t, [{}] * len(cv), cv, [None] * len(cv), cv)
+
+
+def test_stop_loss_saves_the_turns_after_the_cut() -> None:
+    good = _attempt(True, [0.8, 0.7, 0.9], [1.0, 2.0, 3.0])
+    bad = _attempt(False, [0.6, 0.4, 0.3], [1.0, 2.0, 4.0])
+    at = {r["threshold"]: r for r in stop_loss([good, bad], thresholds=(0.5, 0.75))}
+    assert at[0.5] | {"attempts_cut": 1, "resolved_lost": 0, "usd_saved": 6.0} == at[0.5]
+    assert at[0.75]["attempts_cut"] == 2 and at[0.75]["resolved_lost"] == 1
+    # good is cut before its turn 2 (2 + 3 not spent), bad before its turn 1 (1 + 2 + 4)
+    assert at[0.75]["usd_saved"] == pytest.approx(5.0 + 7.0)
+    q = checkpoint_quality([good, bad], 3, "cv")
+    assert q["attempts"] == 2 and q["coverage"] == 1.0 and q["auc"] == 1.0
+
+
+# -- replaying real trajectories -----------------------------------------------------------------
+
+
+def test_both_shapes_of_a_real_run_give_one_request_per_turn_and_the_same_label() -> None:
+    t = load(TRAJECTORIES, limit=1)[0]
+    bodies = {shape: [orjson.loads(b) for b in requests(t, shape)] for shape in ("tools", "text")}
+    # One request before each assistant turn; the submitting turn is the last one's reply.
+    turns = sum(m["role"] == "assistant" for m in t.messages)
+    assert len(bodies["tools"]) == len(bodies["text"]) == turns == 32
+    last = bodies["tools"][-1]["messages"]
+    assert any(m["role"] == "tool" for m in last) and not any("<returncode>" in str(m["content"])
+                                                              for m in last if m["role"] == "user")  # fmt: skip
+    assert bodies["text"][-1]["messages"] == [
+        {"role": m["role"], "content": m["content"]} for m in t.messages[:-2]
+    ]
+    tools, text = replay(t, "tools", default()), replay(t, "text", default())
+    assert [u.label.success for u in tools] == [u.label.success for u in text]
+    assert tools[-1].label.score == pytest.approx(text[-1].label.score, abs=0.01)
+
+
+def test_evaluate_reports_every_checkpoint_per_shape(tmp_path: Path) -> None:
+    ts = load(TRAJECTORIES, limit=12)
+    report = evaluate(ts, default(), shapes=("text",), folds=2, with_stop_loss=True)
+    per = report["shapes"]["text"]
+    assert set(per["cv"]) == {"last", "10", "20", "30"} and per["cv"]["last"]["coverage"] == 1.0
+    assert per["cv"]["last"]["attempts"] == 12 and len(per["stop_loss"]) == 9
+
+
+def test_eval_labels_cli_prints_json_and_refuses_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from router.app.cli import main
+
+    small = tmp_path / "runs.jsonl.gz"
+    with gzip.open(TRAJECTORIES, "rb") as src, gzip.open(small, "wb") as dst:
+        dst.writelines(line for _, line in zip(range(8), src, strict=False))
+    assert (
+        main(["eval-labels", "--trajectories", str(small), "--shape", "tools", "--folds", "2", "--json"]) == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["trajectories"] == 8 and set(out["shapes"]) == {"tools"}
+    assert main(["eval-labels", "--trajectories", str(tmp_path / "none.jsonl")]) == 2
+    assert "no such trajectories file" in capsys.readouterr().err
+
+
+# -- labels in training: weighed by confidence, explicit outcomes dominate ------------------------
+
+
+def test_training_weighs_inferred_labels_by_confidence_and_explicit_ones_fully() -> None:
+    assert dataset.label_weight({"explicit": True, "success": True}) == 1.0
+    assert dataset.label_weight({"source": SOURCE, "score": 0.8}) == pytest.approx(0.6)
+    assert dataset.label_weight({"source": SOURCE, "score": 0.5}) == 0.0
+    assert dataset.label_weight({"source": "tests", "score": 1.0}) == dataset.INFERRED_WEIGHT
+    req = {"task_id": "a", "attempt": 1, "ts": 1.0, "status": 200, "chosen_model": "m",
+           "task_features": {"0": 1.0}}  # fmt: skip
+    inferred = {"task_id": "a", "attempt": 1, "success": False, "score": 0.1, "source": SOURCE, "ts": 5.0}
+    (row,) = dataset.build([req], [inferred], now=2.0)
+    assert not row.success and row.label_source == SOURCE and row.weight == pytest.approx(0.8)
+    explicit = {
+        "task_id": "a",
+        "attempt": 1,
+        "success": True,
+        "source": "explicit",
+        "explicit": True,
+        "ts": 2.0,
+    }
+    (row,) = dataset.build([req], [inferred, explicit], now=2.0)
+    assert row.success and row.label_source == "explicit" and row.weight == 1.0
+
+
+# -- the label model from the log's explicit outcomes ---------------------------------------------
+
+
+def _logged(n: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        steps = float(i % 10)
+        x = {"log_chars": 10.0, "log_steps": steps, "no_tests": 0.0, "repeats": 0.0}
+        rows.append({"task_id": f"t{i}", "attempt": 1, "source": SOURCE, "explicit": False, "success": True,
+                     "score": 0.7, "details": {"features": x}, "ts": 1.0})  # fmt: skip
+        rows.append({"task_id": f"t{i}", "attempt": 1, "source": "explicit", "explicit": True,
+                     "success": steps < 5, "ts": 2.0})  # fmt: skip
+    rows.append({"task_id": "lonely", "attempt": 1, "source": SOURCE, "explicit": False, "success": True,
+                 "details": {"features": {}}, "ts": 1.0})  # fmt: skip
+    return rows
+
+
+def test_train_measures_the_model_in_force_and_refits_from_explicit_outcomes(tmp_path: Path) -> None:
+    from router.learning.labels import fromlog
+
+    few = fromlog.train(_logged(20), default(), tmp_path / "few.json")
+    assert few["explicit_with_label"] == 20 and few["refit"] is None and "needs 50" in few["why_not"]
+    assert not (tmp_path / "few.json").exists()
+    report = fromlog.train(_logged(80), default(), tmp_path / "l.json")
+    assert report["explicit_with_label"] == 80  # the attempt without an explicit outcome is left out
+    assert report["refit"]["cv"]["auc"] > 0.95 > report["current"]["auc"]
+    m = LabelModel.load(tmp_path / "l.json", report["refit"]["sha256"])
+    assert m.p_success({"log_steps": 1.0}) > 0.5 > m.p_success({"log_steps": 8.0})
+    text = "\n".join(fromlog.lines(report))
+    assert "refitted, 5-fold CV by task: AUC" in text and "tasks.label_model" in text
