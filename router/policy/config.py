@@ -166,6 +166,10 @@ class TasksSpec(_Strict):
     #: The outcome label model (`router train` fits one from explicit outcomes); the one shipped
     #: with the router when unset.
     label_model: LearnedRef | None = None
+    #: Leave the pinned model (once per attempt, where another may take over) when the attempt's
+    #: P(success) falls below this. Off by default: on real agent runs the label is not sharp
+    #: enough to act on alone (README, "Outcome labels").
+    escalate_below: float | None = Field(default=None, gt=0, lt=1)
 
 
 class ControlRoute(_Strict):

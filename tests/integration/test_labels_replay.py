@@ -8,16 +8,19 @@ request offline.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
+from router.fakeupstream import FakeUpstream
 from router.learning.labels import default
 from router.learning.labels.model import SOURCE
 from router.learning.labels.replay import load, replay, requests
-from tests.integration.conftest import RunningRouter
+from tests.integration.conftest import RunningRouter, local_policy
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +60,43 @@ def test_the_live_verdict_on_replayed_runs_equals_the_offline_one(router: Runnin
             offline.score,
             False,
         )
+
+
+def _stored_score(router: RunningRouter, task: str, other_than: float | None, timeout: float = 10.0) -> float:
+    """The task's stored label score, once it differs from ``other_than``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = httpx.get(f"{router.url}/v1/tasks/{task}", timeout=10)
+        outcome = r.json().get("outcome") if r.status_code == 200 else None
+        if outcome is not None and outcome["score"] != other_than:
+            return float(outcome["score"])
+        assert time.monotonic() < deadline, f"no new label for {task}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("escalate_below", [None, 0.999])
+def test_a_low_p_success_moves_the_task_off_its_model_once(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, escalate_below: float | None
+) -> None:
+    upstream.clear()
+    tasks = {} if escalate_below is None else {"tasks": {"escalate_below": escalate_below}}
+    router = router_factory(local_policy(upstream.url, **tasks))
+    t = min(load(TRAJECTORIES, limit=10), key=lambda t: len(t.messages))
+    bodies = list(requests(t, "tools", model="auto"))
+    chosen, score = [], None
+    with httpx.Client(timeout=30) as client:
+        for body in bodies[:4]:
+            r = client.post(f"{router.url}/v1/chat/completions", content=body,
+                            headers={"x-router-task-id": "esc", "content-type": "application/json"})  # fmt: skip
+            assert r.status_code == 200, r.text
+            chosen.append(r.headers["x-router-model"])
+            if len(chosen) >= 2:  # the first request has no tool result yet: no label
+                score = _stored_score(router, "esc", score)  # the next decision sees this label
+    if escalate_below is None:
+        assert len(set(chosen)) == 1  # the pin holds
+        return
+    # The label after request 2 is below the bar: request 3 leaves the pinned model, and
+    # request 4 stays where it went (once per attempt).
+    assert chosen[0] == chosen[1] != chosen[2] == chosen[3], chosen
+    excluded = [c.get("excluded") for c in orjson.loads(router.records(wait_for=4)[2]["candidates"])]
+    assert "switch: low_p_success" in excluded

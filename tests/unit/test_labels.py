@@ -331,3 +331,22 @@ def test_train_measures_the_model_in_force_and_refits_from_explicit_outcomes(tmp
     assert m.p_success({"log_steps": 1.0}) > 0.5 > m.p_success({"log_steps": 8.0})
     text = "\n".join(fromlog.lines(report))
     assert "refitted, 5-fold CV by task: AUC" in text and "tasks.label_model" in text
+
+
+def test_escalation_reads_the_attempts_stored_label_once() -> None:
+    from router.features.task.context import LOW_P_SUCCESS, escalation
+    from router.features.task.tracker import TaskState
+
+    state = TaskState(attempt=2)
+    assert escalation(0.5, state) is None  # no label yet
+    state.last_label = (1, False, 0.2, SOURCE, ())
+    assert escalation(0.5, state) is None  # an earlier attempt's
+    state.last_label = (2, True, 0.7, SOURCE, ())
+    assert escalation(0.5, state) is None and escalation(None, state) is None
+    state.last_label = (2, False, 0.3, "tests", ())
+    assert escalation(0.5, state) is None  # not the model's probability
+    state.last_label = (2, False, 0.3, SOURCE, ())
+    assert escalation(0.5, state) == LOW_P_SUCCESS
+    assert escalation(0.5, state) is None  # once per attempt
+    state.attempt, state.last_label = 3, (3, False, 0.3, SOURCE, ())
+    assert escalation(0.5, state) == LOW_P_SUCCESS

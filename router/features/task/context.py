@@ -26,6 +26,8 @@ log = logging.getLogger("router.features.task.identity")
 
 #: Signals that mean "this model is stuck": the pinned model is left if another may take over.
 SWITCH_SIGNALS = frozenset({"tool_loop", "tool_failures"})
+#: The switch reason when the outcome label says the attempt is failing (``tasks.escalate_below``).
+LOW_P_SUCCESS = "low_p_success"
 
 
 def signed_history(req: ClientRequest) -> str | None:
@@ -89,6 +91,7 @@ async def enter(
         threshold = policy.spec.tasks.loop_threshold
         found = signals.switches(req.protocol, req.messages, loop_threshold=threshold, seen=seen)
         switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
+        switch = switch or escalation(policy.spec.tasks.escalate_below, state)
         # The weak label reads the results in full (test summaries, build errors): the decision
         # does not wait for it. A conversation without tools (aider, a plain chat) has none to read.
         if resent or not signals.without_tools(seen, len(req.messages)):
@@ -110,6 +113,22 @@ async def enter(
     feats.signed_history = signed_history(req)
     feats.warm_model, feats.warm_tokens = warm_model, warm_tokens
     return state
+
+
+def escalation(threshold: float | None, state: TaskState) -> str | None:
+    """``LOW_P_SUCCESS`` when the attempt's latest stored label puts P(success) below ``threshold``.
+
+    That label was computed off the request path after an earlier request of the attempt: the
+    decision waits for nothing. Once per attempt, so that the task does not swing back.
+    """
+    label = state.last_label
+    if threshold is None or label is None or state.escalated == state.attempt:
+        return None
+    attempt, _, p, source, _ = label
+    if attempt != state.attempt or source != labels.SOURCE or p >= threshold:
+        return None
+    state.escalated = state.attempt
+    return LOW_P_SUCCESS
 
 
 def served(s: Services, state: TaskState, rec: RequestRecord) -> None:

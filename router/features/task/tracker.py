@@ -36,6 +36,8 @@ class TaskState:
     #: The last weak label stored for the task (attempt, success, score, source): an unchanged
     #: label is not written again on every turn.
     last_label: tuple[int, bool, float, str, tuple[str, ...]] | None = None
+    #: The attempt whose low P(success) already moved the task off its model (0: none): once per attempt.
+    escalated: int = 0
     seen: float = field(default_factory=time.time)
 
 
