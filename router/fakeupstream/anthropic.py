@@ -93,6 +93,10 @@ class AnthropicMessages:
 
     request_id_header = "request-id"
     broken_frame = b'event: content_block_delta\ndata: {"type": "content_block_delta", "delta": {\n\n'
+    error_frame = sse(
+        "error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    )
+    context_message = "prompt is too long: {tokens} tokens > {window} maximum"
 
     def __init__(self, *, require_max_tokens: bool = True) -> None:
         # count_tokens takes the same body as messages, minus max_tokens.

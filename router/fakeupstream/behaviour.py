@@ -12,7 +12,9 @@ requests per model string, 500 unless ``status`` says otherwise), ``break_after`
 connection after K content deltas), ``stall_after``/``stall_ms`` (pause once mid-stream),
 ``malformed`` (invalid JSON / SSE data), ``truncate`` (stream stops after its last content delta),
 ``big_kb`` (a reply of about that many KB), ``text`` (literal reply), ``tool`` (auto|never|always),
-``cached`` (cached prompt tokens to report).
+``cached`` (cached prompt tokens to report), ``context_window`` (answer the provider's own
+context-length error, 400, when the prompt has more tokens than this), ``error_after`` (a stream
+sends the provider's error event after K content deltas, then ends without its final event).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Behaviour:
     text: str | None = None
     tool: ToolMode = "auto"
     cached: int | None = None
+    context_window: int | None = None
+    error_after: int | None = None
 
     def overrides(self) -> Overrides:
         """The fields that differ from the defaults: what this behaviour adds on top of another."""
@@ -138,6 +142,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "text": _text,
     "tool": _tool,
     "cached": _non_negative_int,
+    "context_window": _non_negative_int,
+    "error_after": _non_negative_int,
 }
 KEYS = tuple(_CONVERTERS)
 

@@ -80,6 +80,12 @@ class FakeUpstream:
                 return
             started.set()
             loop.run_forever()
+            # Handlers still sleeping past the shutdown grace (a long ttft_ms) end here, not as
+            # "Task was destroyed but it is pending" noise when the loop closes.
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 

@@ -64,6 +64,14 @@ class OpenAIChat:
 
     request_id_header = "x-request-id"
     broken_frame = b'data: {"id": "chatcmpl-broken", "object": "chat.completion.chunk", "choices": [{\n\n'
+    error_frame = (
+        b'data: {"error": {"message": "fake upstream: injected stream error", "type": "server_error",'
+        b' "param": null, "code": null}}\n\n'
+    )
+    context_message = (
+        "This model's maximum context length is {window} tokens. However, your messages resulted in "
+        "{tokens} tokens. Please reduce the length of the messages."
+    )
 
     def prompt(self, body: dict[str, Any], model: str) -> Prompt:
         messages = body.get("messages")

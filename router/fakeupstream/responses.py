@@ -63,6 +63,19 @@ class Responses:
 
     request_id_header = "x-request-id"
     broken_frame = b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta", \n\n'
+    error_frame = sse(
+        "error",
+        {
+            "type": "error",
+            "code": "server_error",
+            "message": "fake upstream: injected stream error",
+            "param": None,
+        },
+    )
+    context_message = (
+        "Your input exceeds the context window of this model ({tokens} tokens > {window}). "
+        "Please adjust your input and try again."
+    )
 
     def prompt(self, body: dict[str, Any], model: str) -> Prompt:
         given = body.get("input")

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl
 import orjson
 from aiohttp import web
 
-from router.errors import BadRequest, RouterError, from_upstream_status
+from router.errors import BadRequest, ContextTooLarge, RouterError, from_upstream_status
 from router.fakeupstream import behaviour as bh
 from router.fakeupstream.anthropic import AnthropicMessages, count_tokens
 from router.fakeupstream.openai_chat import OpenAIChat
@@ -41,6 +41,10 @@ class Dialect(Protocol):
 
     request_id_header: str
     broken_frame: bytes
+    #: The provider's own mid-stream error event.
+    error_frame: bytes
+    #: The provider's context-length error message, with ``{tokens}`` and ``{window}``.
+    context_message: str
 
     def prompt(self, body: dict[str, Any], model: str) -> Prompt: ...
     def complete(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]: ...
@@ -220,6 +224,11 @@ class FakeServer:
             error = from_upstream_status(status, message, behaviour.retry_after)
             return _error(dialect, error, status, behaviour.retry_after)
         reply = self.planner.plan(prompt, behaviour)
+        window, tokens = behaviour.context_window, reply.usage.input_tokens
+        if window is not None and tokens > window:
+            return _error(
+                dialect, ContextTooLarge(dialect.context_message.format(tokens=tokens, window=window))
+            )
         if body.get("stream"):
             self.open_streams += 1
             try:
@@ -304,6 +313,9 @@ async def _stream(
     for frame, content in frames[:end]:
         if content:
             pause = 0.0
+            if seen == behaviour.error_after:
+                pending.append(dialect.error_frame)
+                break
             if seen == behaviour.break_after:
                 await _flush(response, pending)
                 return _abort(request)

@@ -378,6 +378,38 @@ def test_break_after_makes_sdk_streams_raise(oai: openai.OpenAI, ant: anthropic.
         stream.get_final_message()
 
 
+def test_context_window_answers_each_providers_own_error(
+    oai: openai.OpenAI, ant: anthropic.Anthropic
+) -> None:
+    oai.chat.completions.create(model="roomy@context_window=1000", messages=HI)
+    with pytest.raises(openai.BadRequestError) as chat:
+        oai.chat.completions.create(model="tight@context_window=1", messages=HI)
+    assert chat.value.code == "context_length_exceeded" and "maximum context length is 1 tokens" in str(
+        chat.value
+    )
+    with pytest.raises(openai.BadRequestError) as resp:
+        oai.responses.create(model="tight@context_window=1", input="hi")
+    assert resp.value.code == "context_length_exceeded"
+    with pytest.raises(anthropic.BadRequestError, match=r"prompt is too long: \d+ tokens > 1 maximum"):
+        ant.messages.create(model="tight@context_window=1", max_tokens=5, messages=HI)
+
+
+def test_error_after_sends_the_providers_error_event(oai: openai.OpenAI, ant: anthropic.Anthropic) -> None:
+    got: list[str] = []
+    with pytest.raises(openai.APIError, match="injected stream error"):
+        for chunk in oai.chat.completions.create(model="err@error_after=2", messages=HI, stream=True):
+            got.extend(c.delta.content or "" for c in chunk.choices)
+    assert len([g for g in got if g]) == 2
+    with (
+        pytest.raises(anthropic.APIStatusError, match="Overloaded"),
+        ant.messages.stream(model="err@error_after=0", max_tokens=5, messages=HI) as stream,
+    ):
+        stream.get_final_message()
+    events = list(oai.responses.create(model="err@error_after=1", input="hi", stream=True))
+    assert [e.type for e in events].count("response.output_text.delta") == 1
+    assert events[-1].type == "error" and events[-1].message == "fake upstream: injected stream error"
+
+
 @pytest.mark.integration
 def test_truncate_and_malformed_streams(up: FakeUpstream) -> None:
     body = {"model": "cut@truncate=1", "messages": HI, "stream": True}
