@@ -142,10 +142,14 @@ class Upstream:
             key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
             if key and key in text:
                 text = text.replace(key, "[redacted]")  # some providers echo the key they refused
-            raise from_upstream_status(
+            err = from_upstream_status(
                 resp.status, f"backend {backend.id!r} answered {resp.status}: {text}",
                 _retry_after(resp.headers.get("retry-after")),
             )  # fmt: skip
+            if resp.status == 400 and _too_long(raw):
+                # Lets the executor fall over to a larger window, as litellm's translated calls do.
+                err.code = "context_length_exceeded"
+            raise err
         return resp
 
     async def complete(self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]) -> Reply:
@@ -239,6 +243,22 @@ def _retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
+
+
+def _too_long(raw: bytes) -> bool:
+    """Whether a provider's 400 says the prompt exceeds the model's window (OpenAI's error code,
+    Anthropic's message: it has no code for it)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if not isinstance(err, dict):
+        return False
+    message = err.get("message")
+    return err.get("code") == "context_length_exceeded" or (
+        isinstance(message, str) and message.startswith("prompt is too long")
+    )
 
 
 def _error_text(raw: bytes, limit: int = 300) -> str:
