@@ -1,0 +1,380 @@
+"""The retry loop (router.forward.execute) against the fake provider, in this process.
+
+Each test builds a catalog whose backends misbehave in a known way and checks which backends the
+fake was called for, in which order, and what the request ends with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from router.errors import MissingCredentials, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from router.fakeupstream import FakeUpstream
+from router.forward.execute import Attempt, RetryBudget, _pause
+from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from router.protocols.common import FAMILY
+from router.state import BreakerConfig
+from tests.unit.requestpath import (
+    called,
+    calls,
+    catalog,
+    decision,
+    executor,
+    fresh,
+    model,
+    request,
+    upstream,
+)
+
+#: No retry at all: the budget starts empty and earns nothing.
+NO_RETRIES = RetryBudget(ratio=0.0, cap=0.0)
+
+
+def statuses(tries: list[Attempt]) -> list[tuple[str, int | None]]:
+    return [(t.model, t.status) for t in tries]
+
+
+async def test_first_backend_serves(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url), model("b", fake.url))
+    async with upstream() as up:
+        phases, ex = fresh()
+        reply = await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+    assert reply.obj["choices"][0]["message"]["content"]
+    assert called(fake, cat) == ["a"]
+    assert statuses(ex.tries) == [("a", 200)]
+    assert ex.backend is not None and ex.backend.id == "a"
+    assert ex.retries == 0
+
+
+async def test_retryable_failure_moves_on_without_retrying(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "status=503"), model("b", fake.url))
+    async with upstream() as up:
+        phases, ex = fresh()
+        await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+    # Another backend is left, so moving on beats pausing to retry the first.
+    assert called(fake, cat) == ["a", "b"]
+    assert statuses(ex.tries) == [("a", 503), ("b", 200)]
+    assert ex.tries[0].error_type == "UpstreamError"
+    assert ex.retries == 0
+
+
+async def test_rejected_request_is_returned_not_retried_or_moved_on(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "status=422"), model("b", fake.url))
+    async with upstream() as up:
+        phases, ex = fresh()
+        with pytest.raises(UpstreamError) as info:
+            await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+    assert info.value.status == 422
+    assert "injected 422" in info.value.message
+    assert called(fake, cat) == ["a"]
+
+
+async def test_rate_limited_backend_moves_on(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "status=429"), model("b", fake.url))
+    async with upstream() as up:
+        phases, ex = fresh()
+        await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+    assert statuses(ex.tries) == [("a", 429), ("b", 200)]
+    assert ex.tries[0].error_type == "RateLimited"
+
+
+async def test_last_backend_is_retried_once(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "status=503"), model("b", fake.url, "fail_times=1,status=503"))
+    async with upstream() as up:
+        phases, ex = fresh()
+        await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+    assert called(fake, cat) == ["a", "b", "b"]
+    assert statuses(ex.tries) == [("a", 503), ("b", 503), ("b", 200)]
+    assert ex.retries == 1
+
+
+async def test_last_backend_is_retried_only_once(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "status=500"))
+    async with upstream() as up:
+        phases, ex = fresh()
+        with pytest.raises(UpstreamError) as info:
+            await executor(up, cat).complete(request(), decision("a"), {}, phases, ex)
+    assert info.value.upstream_status == 500
+    assert called(fake, cat) == ["a", "a"]
+    assert ex.retries == 1
+
+
+async def test_exhausted_retry_budget_stops_retries(fake: FakeUpstream) -> None:
+    """Issue 23's first surviving fault: the retry loop ignoring its budget."""
+    cat = catalog(model("a", fake.url, "status=503"))
+    async with upstream() as up:
+        # One retry banked, half a retry earned per request.
+        run = executor(up, cat, budget=RetryBudget(ratio=0.5, cap=1.0))
+        retries = []
+        for _ in range(3):
+            phases, ex = fresh()
+            with pytest.raises(UpstreamError):
+                await run.complete(request(), decision("a"), {}, phases, ex)
+            retries.append(ex.retries)
+    # 1st: the banked retry is spent; 2nd: only 0.5 earned, no retry; 3rd: 1.0 again, a retry.
+    assert retries == [1, 0, 1]
+    assert called(fake, cat) == ["a", "a", "a", "a", "a"]
+
+
+async def test_empty_retry_budget_never_retries(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "fail_times=1,status=503"))
+    async with upstream() as up:
+        phases, ex = fresh()
+        with pytest.raises(UpstreamError):
+            await executor(up, cat, budget=NO_RETRIES).complete(request(), decision("a"), {}, phases, ex)
+    # The fake would have answered the second call: only the budget kept it from being made.
+    assert called(fake, cat) == ["a"]
+    assert ex.retries == 0
+
+
+def test_retry_budget_earns_a_share_up_to_its_cap() -> None:
+    budget = RetryBudget(ratio=0.25, cap=2.0)
+    assert budget.spend() and budget.spend()  # starts full
+    assert not budget.spend()
+    for _ in range(3):
+        budget.earn()
+    assert not budget.spend()  # 0.75 < 1
+    budget.earn()
+    assert budget.spend()  # 1.0
+    for _ in range(100):
+        budget.earn()
+    assert budget.spend() and budget.spend() and not budget.spend()  # capped at 2
+
+
+async def test_retry_after_longer_than_the_deadline_is_not_waited_for(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "status=503,retry_after=30"))
+    async with upstream(overall=5.0) as up:
+        phases, ex = fresh()
+        started = time.monotonic()
+        with pytest.raises(UpstreamError) as info:
+            await executor(up, cat).complete(request(), decision("a"), {}, phases, ex)
+    assert time.monotonic() - started < 5.0
+    assert info.value.retry_after == 30
+    assert called(fake, cat) == ["a"]
+    assert ex.retries == 0
+
+
+async def test_retry_after_is_honoured(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "fail_times=1,status=429,retry_after=0.3"))
+    async with upstream() as up:
+        phases, ex = fresh()
+        started = time.monotonic()
+        await executor(up, cat, backoff_s=0.0).complete(request(), decision("a"), {}, phases, ex)
+    assert time.monotonic() - started >= 0.3  # the provider's pause, not the (zero) backoff
+    assert called(fake, cat) == ["a", "a"]
+
+
+def test_pause_is_retry_after_else_jittered_backoff() -> None:
+    assert _pause(UpstreamError("x", upstream_status=503, retry_after=7.0), 0.25) == 7.0
+    pauses = [_pause(UpstreamError("x", upstream_status=503), 1.0) for _ in range(200)]
+    assert all(p is not None and 0.5 <= p <= 1.5 for p in pauses)
+    assert max(p for p in pauses if p is not None) - min(p for p in pauses if p is not None) > 0.5
+
+
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
+async def test_context_length_error_falls_over_to_larger_windows_only(
+    fake: FakeUpstream, protocol: str
+) -> None:
+    """A window too small for the prompt: backends no larger are skipped, a larger one serves."""
+    family = FAMILY[protocol]
+    cat = catalog(
+        model("small", fake.url, "context_window=1", protocol=family, window=8_000),
+        model("same", fake.url, protocol=family, window=8_000),
+        model("smaller", fake.url, protocol=family, window=4_000),
+        model("larger", fake.url, "context_window=2", protocol=family, window=16_000),
+        model("largest", fake.url, protocol=family, window=32_000),
+    )
+    async with upstream() as up:
+        phases, ex = fresh()
+        order = decision("small", "same", "smaller", "larger", "largest")
+        await executor(up, cat).complete(request(protocol), order, {}, phases, ex)
+    assert called(fake, cat) == ["small", "larger", "largest"]
+    assert statuses(ex.tries) == [("small", 400), ("larger", 400), ("largest", 200)]
+
+
+async def test_context_length_error_with_no_larger_window_is_the_answer(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "context_window=1", window=8_000), model("b", fake.url, window=8_000))
+    async with upstream() as up:
+        phases, ex = fresh()
+        with pytest.raises(UpstreamError) as info:
+            await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+    assert info.value.status == 400
+    assert info.value.code == "context_length_exceeded"
+    assert called(fake, cat) == ["a"]
+
+
+async def test_overall_deadline_ends_the_request_and_its_fallbacks(fake: FakeUpstream) -> None:
+    cat = catalog(model("slow", fake.url, "ttft_ms=1500"), model("fast", fake.url))
+    async with upstream(overall=0.3) as up:
+        phases, ex = fresh()
+        started = time.monotonic()
+        with pytest.raises(UpstreamTimeout) as info:
+            await executor(up, cat).complete(request(), decision("slow", "fast"), {}, phases, ex)
+    assert time.monotonic() - started < 2.0
+    assert info.value.which == "overall"
+    assert info.value.code == "overall_timeout"
+    assert called(fake, cat) == ["slow"]
+    assert ex.tries[0].error_type == "UpstreamTimeout"
+    assert ex.tries[0].status == 504
+
+
+async def test_concurrency_slot_makes_calls_wait_their_turn(fake: FakeUpstream) -> None:
+    cat = catalog(model("one", fake.url, "ttft_ms=300", max_concurrency=1))
+    async with upstream() as up:
+        run = executor(up, cat)
+        await asyncio.gather(*(run.complete(request(), decision("one"), {}, *fresh()) for _ in range(2)))
+    arrivals = [r["time"] for r in calls(fake, cat["one"])]
+    assert len(arrivals) == 2
+    # The second call reached the provider only after the first one's 300 ms answer.
+    assert arrivals[1] - arrivals[0] >= 0.25
+
+
+async def test_waiting_for_a_slot_counts_against_the_deadline(fake: FakeUpstream) -> None:
+    cat = catalog(model("one", fake.url, "ttft_ms=500", max_concurrency=1))
+    async with upstream(overall=0.8) as up:
+        run = executor(up, cat, budget=NO_RETRIES)
+        results = await asyncio.gather(
+            *(run.complete(request(), decision("one"), {}, *fresh()) for _ in range(2)),
+            return_exceptions=True,
+        )
+    assert sum(isinstance(r, UpstreamTimeout) for r in results) == 1
+    assert sum(not isinstance(r, BaseException) for r in results) == 1
+
+
+async def test_a_failed_call_gives_its_slot_back(fake: FakeUpstream) -> None:
+    cat = catalog(model("one", fake.url, "status=503", max_concurrency=1))
+    async with upstream(overall=2.0) as up:
+        run = executor(up, cat, budget=NO_RETRIES)
+        for _ in range(3):
+            with pytest.raises(UpstreamError) as info:
+                await run.complete(request(), decision("one"), {}, *fresh())
+            assert info.value.upstream_status == 503  # not a timeout waiting for a lost slot
+    assert called(fake, cat) == ["one"] * 3
+
+
+async def test_stream_holds_its_slot_until_released(fake: FakeUpstream) -> None:
+    cat = catalog(model("one", fake.url, max_concurrency=1))
+    async with upstream(overall=0.5) as up:
+        run = executor(up, cat, budget=NO_RETRIES)
+        first = await run.open_stream(request(stream=True), decision("one"), {}, *fresh())
+        with pytest.raises(UpstreamTimeout):
+            await run.open_stream(request(stream=True), decision("one"), {}, *fresh())
+        async for _ in first.rest:
+            pass
+        first.release()
+        second = await run.open_stream(request(stream=True), decision("one"), {}, *fresh())
+        await second.rest.aclose()  # type: ignore[attr-defined]
+        second.release()
+    assert called(fake, cat) == ["one", "one"]
+
+
+async def test_use_swaps_the_catalog_and_its_slots(fake: FakeUpstream) -> None:
+    unlimited = catalog(model("one", fake.url, "ttft_ms=300"))
+    async with upstream() as up:
+        run = executor(up, catalog(model("one", fake.url, "ttft_ms=300", max_concurrency=1)))
+        run.use(unlimited)
+        await asyncio.gather(*(run.complete(request(), decision("one"), {}, *fresh()) for _ in range(2)))
+    arrivals = [r["time"] for r in calls(fake, unlimited["one"])]
+    assert len(arrivals) == 2 and arrivals[1] - arrivals[0] < 0.25
+
+
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
+async def test_error_event_before_the_first_token_moves_on(fake: FakeUpstream, protocol: str) -> None:
+    family = FAMILY[protocol]
+    cat = catalog(
+        model("broken", fake.url, "error_after=0", protocol=family), model("fine", fake.url, protocol=family)
+    )
+    async with upstream() as up:
+        phases, ex = fresh()
+        committed = await executor(up, cat).open_stream(
+            request(protocol, stream=True), decision("broken", "fine"), {}, phases, ex
+        )
+        async for _ in committed.rest:
+            pass
+        committed.release()
+    assert committed.backend.id == "fine"
+    assert committed.held  # the events up to the first content, held back until the commit
+    assert called(fake, cat) == ["broken", "fine"]
+    assert [t.error_type for t in ex.tries] == ["UpstreamError", None]
+    assert phases.first_token is not None
+
+
+async def test_error_event_after_the_first_token_is_past_the_commit_point(fake: FakeUpstream) -> None:
+    cat = catalog(model("late", fake.url, "error_after=2"), model("fine", fake.url))
+    async with upstream() as up:
+        phases, ex = fresh()
+        committed = await executor(up, cat).open_stream(
+            request(stream=True), decision("late", "fine"), {}, phases, ex
+        )
+        rest = [ev async for ev in committed.rest]
+        committed.release()
+    assert committed.backend.id == "late"
+    assert rest[-1].data.startswith(b'{"error"')  # passed on to the client: too late to move
+    assert called(fake, cat) == ["late"]
+
+
+async def test_first_token_timeout_moves_on_and_names_itself(fake: FakeUpstream) -> None:
+    cat = catalog(model("slow", fake.url, "ttft_ms=1500"), model("fine", fake.url))
+    async with upstream(first_token=0.2, overall=10.0) as up:
+        phases, ex = fresh()
+        committed = await executor(up, cat).open_stream(
+            request(stream=True), decision("slow", "fine"), {}, phases, ex
+        )
+        await committed.rest.aclose()  # type: ignore[attr-defined]
+    assert committed.backend.id == "fine"
+    assert [(t.model, t.error_type) for t in ex.tries] == [("slow", "UpstreamTimeout"), ("fine", None)]
+
+
+async def test_first_token_timeout_is_reported_as_such(fake: FakeUpstream) -> None:
+    cat = catalog(model("slow", fake.url, "ttft_ms=1500"))
+    async with upstream(first_token=0.2, overall=10.0) as up:
+        with pytest.raises(UpstreamTimeout) as info:
+            await executor(up, cat, budget=NO_RETRIES).open_stream(
+                request(stream=True), decision("slow"), {}, *fresh()
+            )
+    assert info.value.which == "first_token"
+
+
+async def test_stream_overall_deadline_before_first_token(fake: FakeUpstream) -> None:
+    """When the overall deadline comes before the first-token one, the error names the deadline."""
+    cat = catalog(model("slow", fake.url, "ttft_ms=1500"))
+    async with upstream(first_token=5.0, overall=0.3) as up:
+        with pytest.raises(UpstreamTimeout) as info:
+            await executor(up, cat).open_stream(request(stream=True), decision("slow"), {}, *fresh())
+    assert info.value.which == "overall"
+
+
+async def test_open_breaker_skips_its_backend(fake: FakeUpstream) -> None:
+    cat = catalog(model("bad", fake.url, "status=503"), model("good", fake.url))
+    async with upstream() as up:
+        run = executor(up, cat, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
+        await run.complete(request(), decision("bad", "good"), {}, *fresh())
+        phases, ex = fresh()
+        await run.complete(request(), decision("bad", "good"), {}, phases, ex)
+    assert [(t.model, t.error_type) for t in ex.tries] == [("bad", "BreakerOpen"), ("good", None)]
+    assert called(fake, cat) == ["bad", "good", "good"]
+
+
+async def test_every_breaker_open_is_service_unavailable(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "status=503"), model("b", fake.url, "status=503"))
+    async with upstream() as up:
+        run = executor(up, cat, budget=NO_RETRIES, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
+        with pytest.raises(UpstreamError):
+            await run.complete(request(), decision("a", "b"), {}, *fresh())
+        with pytest.raises(ServiceUnavailable, match="a, b"):
+            await run.complete(request(), decision("a", "b"), {}, *fresh())
+    assert called(fake, cat) == ["a", "b"]
+
+
+async def test_missing_key_moves_on(fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ROUTER_TEST_UNSET_KEY", raising=False)
+    cat = catalog(model("keyless", fake.url, api_key_env="ROUTER_TEST_UNSET_KEY"), model("open", fake.url))
+    async with upstream() as up:
+        phases, ex = fresh()
+        await executor(up, cat).complete(request(), decision("keyless", "open"), {}, phases, ex)
+    assert [(t.model, t.error_type) for t in ex.tries] == [("keyless", "MissingCredentials"), ("open", None)]
+    assert called(fake, cat) == ["open"]
+    assert MissingCredentials.next_candidate
