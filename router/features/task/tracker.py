@@ -45,8 +45,11 @@ def is_side_call(req: ClientRequest, max_tokens: int = 1024) -> bool:
     """Title generation, summaries, compaction, quota checks: short tool-less calls beside the loop."""
     if req.tools:
         return False
+    # A list is OpenAI's system messages (each a string or parts) or Anthropic's blocks (dicts).
     system = (
-        text_of(req.system) if not isinstance(req.system, list) else " ".join(text_of(s) for s in req.system)
+        text_of(req.system)
+        if not isinstance(req.system, list)
+        else " ".join(text_of([s] if isinstance(s, dict) else s) for s in req.system)
     )
     last = req.messages[-1] if req.messages else {}
     last_text = text_of(last.get("content")) if isinstance(last, dict) else ""
