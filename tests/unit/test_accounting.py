@@ -1,0 +1,152 @@
+"""Accounting: tokens and dollars of each request, by hand for small cases, then through the in-process
+router for whole and streamed replies (including streams that end badly after the commit point)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from router.fakeupstream import FakeUpstream
+from router.forward.accounting import cost_split, fill_missing
+from router.policy.catalog import Price
+from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Usage
+from tests.unit.inprocess import serving
+from tests.unit.requestpath import model
+
+PRICE = Price(input=1e-6, output=2e-6, cache_read=1e-7, cache_write=1.25e-6)
+
+
+def test_cost_split_by_hand() -> None:
+    usage = Usage(input_tokens=1000, output_tokens=50, cache_read_tokens=600, cache_write_tokens=100)
+    split = cost_split(PRICE, usage)
+    # 300 uncached × 1e-6, 50 × 2e-6, 600 × 1e-7, 100 × 1.25e-6
+    assert (split.input, split.output, split.cache_read, split.cache_write) == pytest.approx(
+        (3e-4, 1e-4, 6e-5, 1.25e-4), abs=1e-15
+    )
+    assert split.total == pytest.approx(5.85e-4, abs=1e-15)
+
+
+def test_cost_split_never_charges_negative_input() -> None:
+    # A provider reporting more cached than total tokens must not earn the client money.
+    split = cost_split(PRICE, Usage(input_tokens=10, output_tokens=0, cache_read_tokens=20))
+    assert split.input == 0 and split.cache_read == pytest.approx(2e-6)
+
+
+def test_missing_usage_is_estimated_and_flagged() -> None:
+    usage = Usage()
+    assert fill_missing(usage, prompt_tokens_est=120, output_events=7)
+    assert (usage.input_tokens, usage.output_tokens) == (120, 7)
+    reported = Usage(input_tokens=5, output_tokens=3)
+    assert not fill_missing(reported, prompt_tokens_est=120, output_events=7)
+    assert (reported.input_tokens, reported.output_tokens) == (5, 3)
+    half = Usage(input_tokens=5)
+    assert fill_missing(half, prompt_tokens_est=120, output_events=7)
+    assert (half.input_tokens, half.output_tokens) == (5, 7)
+
+
+def hand_cost(row: dict[str, Any]) -> float:
+    """$1/M input, $2/M output (the test catalog's prices), no cache."""
+    return row["input_tokens"] * 1e-6 + row["output_tokens"] * 2e-6
+
+
+def sse_data(text: str) -> list[dict[str, Any]]:
+    out = []
+    for block in text.split("\n\n"):
+        for line in block.split("\n"):
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out.append(orjson.loads(line[6:]))
+    return out
+
+
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_cost_is_the_providers_usage_at_the_catalogs_prices(
+    fake: FakeUpstream, tmp_path: Path, protocol: str, stream: bool
+) -> None:
+    family = {OPENAI_CHAT: "openai", ANTHROPIC: "anthropic", OPENAI_RESPONSES: "openai_responses"}[protocol]
+    async with serving(
+        tmp_path, [model("a", fake.url, "text=one two three four five", protocol=family)]
+    ) as r:
+        answer = await r.post(protocol, stream=stream)
+        (row,) = await r.records()
+    assert answer.status_code == 200
+    assert row["output_tokens"] == 5  # the fake counts a word as a token
+    assert row["input_tokens"] > 0 and not row["usage_estimated"]
+    assert row["cost_usd"] == pytest.approx(hand_cost(row), abs=1e-12)
+    assert row["cost_input_usd"] + row["cost_output_usd"] == pytest.approx(row["cost_usd"], abs=1e-12)
+
+
+async def test_chat_usage_chunk_only_for_clients_that_asked(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url)]) as r:
+        plain = await r.post(stream=True)
+        asked = await r.post(stream=True, stream_options={"include_usage": True})
+        rows = await r.records()
+    assert not any(d.get("usage") for d in sse_data(plain.text))
+    assert any(d.get("usage") for d in sse_data(asked.text))
+    assert all(row["output_tokens"] and not row["usage_estimated"] for row in rows)  # counted either way
+
+
+async def test_stream_cut_after_the_commit_point(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url, "break_after=3,chunks=6")]) as r:
+        answer = await r.post(stream=True)
+        (row,) = await r.records()
+    assert answer.status_code == 200  # the status was sent with the first event
+    events = sse_data(answer.text)
+    assert events[-1]["error"]["message"] == "backend 'a' broke off the stream: ClientPayloadError"
+    assert row["error_type"] == "UpstreamError"
+    # No usage arrived: the output is estimated from the content events relayed (3).
+    assert row["usage_estimated"] and row["output_tokens"] == 3
+    assert row["cost_usd"] == pytest.approx(hand_cost(row), abs=1e-12)
+
+
+async def test_stream_without_its_final_event_ends_in_an_error_event(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    async with serving(tmp_path, [model("c", fake.url, "truncate=1", protocol="anthropic")]) as r:
+        answer = await r.post(ANTHROPIC, stream=True)
+        (row,) = await r.records()
+    assert answer.text.rstrip().split("\n\n")[-1].startswith("event: error")
+    assert "ended the stream before its final event" in answer.text
+    assert row["error_type"] == "UpstreamError"
+
+
+async def test_provider_error_event_after_the_first_token(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url, "error_after=2"), model("b", fake.url)]) as r:
+        answer = await r.post(stream=True)
+        (row,) = await r.records()
+    assert "injected stream error" in answer.text  # relayed as the provider sent it
+    assert row["chosen_model"] == "a"
+
+
+async def test_fallback_is_accounted_at_the_serving_backends_price(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    pricey = {**model("b", fake.url), "prices": {"input": 10.0, "output": 20.0}}
+    async with serving(tmp_path, [model("a", fake.url, "status=503"), pricey]) as r:
+        await r.post()
+        (row,) = await r.records()
+    assert row["chosen_model"] == "b"
+    assert [t["model"] for t in row["tries"]] == ["a", "b"]
+    assert row["cost_usd"] == pytest.approx(10 * hand_cost(row), abs=1e-12)
+
+
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
+async def test_bad_input_is_logged_and_answered_in_the_protocols_shape(
+    fake: FakeUpstream, tmp_path: Path, protocol: str
+) -> None:
+    async with serving(tmp_path, [model("a", fake.url)]) as r:
+        answer = await r.client.post(
+            {
+                OPENAI_CHAT: "/v1/chat/completions",
+                ANTHROPIC: "/v1/messages",
+                OPENAI_RESPONSES: "/v1/responses",
+            }[protocol],
+            content=b"{not json",
+        )
+        (row,) = await r.records()
+    assert answer.status_code == 400
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert row["status"] == 400 and row["cost_usd"] is None

@@ -1,0 +1,204 @@
+"""Admission (router.http.admission) through the in-process router: per-key RPM/TPM limits, per-key and
+per-task budgets, and settlement with the real cost of the call.
+
+Prices in these policies are $1/M input and $2/M output tokens, so a request's cost can be worked
+out from its logged token counts by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router.fakeupstream import FakeUpstream
+from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from tests.polling import eventually
+from tests.unit.inprocess import MASTER, Router, serving
+from tests.unit.requestpath import called, model
+
+#: Small enough that a short prompt plus this many output tokens is ~110 estimated tokens.
+MAX_TOKENS = 100
+
+
+def hand_cost(row: dict[str, Any]) -> float:
+    return row["input_tokens"] * 1e-6 + row["output_tokens"] * 2e-6
+
+
+async def settled(r: Router, scope: str) -> Any:
+    """The scope's usage once no reservation is outstanding (settling runs after the reply)."""
+
+    async def done() -> Any:
+        usage = await r.s.state.budgets.spent(scope)
+        return usage if usage.reserved == 0 else None
+
+    return await eventually(done, what=f"settlement of {scope}")
+
+
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
+async def test_rpm_limit_refuses_in_the_protocols_shape(
+    fake: FakeUpstream, tmp_path: Path, protocol: str
+) -> None:
+    async with serving(tmp_path, [model("a", fake.url, protocol="openai")], master_key=MASTER) as r:
+        key, key_id = await r.key(rpm=2)
+        answers = [await r.post(protocol, key=key) for _ in range(3)]
+        rows = await r.records()
+        served = called(fake, r.s.catalog)
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    refused = answers[2]
+    body = refused.json()
+    kind = body["error"]["type"]
+    assert kind == "rate_limit_error"
+    if protocol == ANTHROPIC:
+        assert body["type"] == "error"
+    assert "rpm limit" in body["error"]["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert served == ["a", "a"]  # the refused request never reached the provider
+    assert [row["status"] for row in rows] == [200, 200, 429]
+    assert {row["key_id"] for row in rows} == {key_id}
+
+
+async def test_rpm_is_counted_per_key(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        first, _ = await r.key(rpm=1)
+        second, _ = await r.key(rpm=1)
+        unlimited, _ = await r.key()
+        statuses = [
+            (await r.post(key=k)).status_code for k in (first, second, first, second, unlimited, unlimited)
+        ]
+    assert statuses == [200, 200, 429, 429, 200, 200]
+
+
+async def test_tpm_limit_counts_estimated_tokens(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        key, _ = await r.key(tpm=250)
+        answers = [await r.post(key=key, max_tokens=MAX_TOKENS) for _ in range(3)]
+        estimates = [row["prompt_tokens_est"] + MAX_TOKENS for row in await r.records()]
+    # ~110 tokens each: two fit in 250, the third would not.
+    assert all(100 < e < 125 for e in estimates)
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert "tpm limit" in answers[2].json()["error"]["message"]
+
+
+async def test_request_larger_than_the_tpm_limit_is_refused(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        key, _ = await r.key(tpm=50)
+        answer = await r.post(key=key, max_tokens=MAX_TOKENS)
+        served = called(fake, r.s.catalog)
+    assert answer.status_code == 429
+    assert answer.headers["retry-after"] == "3600"  # waiting cannot help; capped at an hour
+    assert served == []
+
+
+async def test_settlement_spends_the_real_cost_not_the_estimate(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        key, key_id = await r.key(budget_usd=1.0)
+        assert (await r.post(key=key, max_tokens=MAX_TOKENS)).status_code == 200
+        usage = await settled(r, f"key:{key_id}")
+        (row,) = await r.records()
+    assert row["cost_usd"] == pytest.approx(hand_cost(row), abs=1e-12)
+    assert usage.spent == pytest.approx(row["cost_usd"], abs=1e-9)
+    # The hold was the estimate (100 output tokens); the reply was far shorter.
+    assert row["cost_est_usd"] > 2 * row["cost_usd"]
+
+
+async def test_budget_refuses_a_request_that_could_overspend(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        key, key_id = await r.key(budget_usd=1e-5)  # less than one request's estimate
+        answer = await r.post(ANTHROPIC, key=key, max_tokens=MAX_TOKENS)
+        usage = await r.s.state.budgets.spent(f"key:{key_id}")
+        served = called(fake, r.s.catalog)
+    assert answer.status_code == 403
+    assert answer.json()["error"]["type"] == "permission_error"
+    assert f"key:{key_id}" in answer.json()["error"]["message"]
+    assert served == [] and usage.spent == 0 and usage.reserved == 0
+
+
+async def test_budget_counts_what_was_really_spent(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        probe, probe_id = await r.key(budget_usd=1.0)
+        await r.post(key=probe, max_tokens=MAX_TOKENS)
+        await settled(r, f"key:{probe_id}")
+        (row,) = await r.records()
+        estimate, cost = row["cost_est_usd"], row["cost_usd"]
+        # Room for one estimate plus half a real cost: the second identical request must not fit.
+        key, key_id = await r.key(budget_usd=estimate + cost / 2)
+        first = await r.post(key=key, max_tokens=MAX_TOKENS)
+        await settled(r, f"key:{key_id}")
+        second = await r.post(key=key, max_tokens=MAX_TOKENS)
+    assert (first.status_code, second.status_code) == (200, 403)
+
+
+async def test_concurrent_requests_cannot_overspend_together(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url, "ttft_ms=200")], master_key=MASTER) as r:
+        probe, _ = await r.key(budget_usd=1.0)
+        await r.post(key=probe, max_tokens=MAX_TOKENS)
+        (row,) = await r.records()
+        key, key_id = await r.key(budget_usd=1.5 * row["cost_est_usd"])
+        answers = await asyncio.gather(*(r.post(key=key, max_tokens=MAX_TOKENS) for _ in range(2)))
+        await settled(r, f"key:{key_id}")
+        again = await r.post(key=key, max_tokens=MAX_TOKENS)
+    assert sorted(a.status_code for a in answers) == [200, 429]
+    held = next(a for a in answers if a.status_code == 429)
+    # The money was held, not spent: worth retrying shortly, and the retry fits once the hold settles.
+    assert held.json()["error"]["code"] == "budget_held" and held.headers["retry-after"] == "1"
+    assert again.status_code == 200
+
+
+async def test_failed_request_spends_nothing(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url, "status=503")], master_key=MASTER) as r:
+        key, key_id = await r.key(budget_usd=1.0)
+        answer = await r.post(key=key, max_tokens=MAX_TOKENS)
+        usage = await settled(r, f"key:{key_id}")
+    assert answer.status_code == 502
+    assert usage.spent == 0
+
+
+async def test_task_budget_from_the_objective(fake: FakeUpstream, tmp_path: Path) -> None:
+    objective = {
+        "objective": {"max_cost_per_task": 0.00022}
+    }  # one estimate, not an estimate plus a real cost
+    async with serving(tmp_path, [model("a", fake.url)], policy=objective) as r:
+        task = {"x-router-task-id": "budgeted-task"}
+        first = await r.post(headers=task, max_tokens=MAX_TOKENS)
+        usage = await settled(r, "task:budgeted-task")
+        second = await r.post(headers=task, max_tokens=MAX_TOKENS)
+        other = await r.post(headers={"x-router-task-id": "another-task"}, max_tokens=MAX_TOKENS)
+        (row, *_) = await r.records()
+    assert row["cost_est_usd"] < 0.00022 < row["cost_est_usd"] + usage.spent
+    assert (first.status_code, second.status_code, other.status_code) == (200, 403, 200)
+    assert "task:budgeted-task" in second.json()["error"]["message"]
+
+
+async def test_open_mode_without_limits_holds_nothing(fake: FakeUpstream, tmp_path: Path) -> None:
+    async with serving(tmp_path, [model("a", fake.url)]) as r:
+        answer = await r.post(max_tokens=MAX_TOKENS)
+        (row,) = await r.records()
+    assert answer.status_code == 200 and row["key_id"] is None
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+async def test_unreachable_state_refuses_budgets_but_not_rate_limits(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """Money is not spent blind (503); rate limits fall back to this replica's own counts."""
+    redis_url = f"redis://127.0.0.1:{closed_port()}/0"
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER, redis_url=redis_url) as r:
+        budgeted, _ = await r.key(budget_usd=1.0)
+        limited, _ = await r.key(rpm=1)
+        refused = await r.post(key=budgeted, max_tokens=MAX_TOKENS)
+        limited_answers = [(await r.post(key=limited)).status_code for _ in range(2)]
+        fail_open = dict(r.s.state.fail_open_counts)
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "state_unavailable"
+    assert limited_answers == [200, 429]  # the local count still limits
+    assert fail_open.get("rate_limits", 0) >= 2
