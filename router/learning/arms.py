@@ -39,36 +39,67 @@ class ArmTasks:
         return len(self.success)
 
 
+class TaskTally:
+    """Each task's arm and cost, accumulated from log rows of one revision (or of any, with None).
+
+    Rows may be added in several batches that overlap: a request id counts once. ``latency``
+    keeps every successful request's end-to-end time (for reports; the guard does without)."""
+
+    def __init__(self, revision: str | None = None, *, latency: bool = True) -> None:
+        self.revision = revision
+        self.arm_of: dict[str, str] = {}
+        self.cost: dict[str, float] = defaultdict(float)
+        self.latency: dict[str, list[float]] | None = defaultdict(list) if latency else None
+        #: Request ids counted, with their arrival time (``forget_before`` prunes them).
+        self.seen: dict[str, float] = {}
+
+    def add(self, requests: Iterable[Row]) -> None:
+        for r in requests:
+            task, arm, rid = r.get("task_id"), r.get("arm"), r.get("request_id")
+            if (
+                not task
+                or not arm
+                or (self.revision is not None and r.get("policy_revision") != self.revision)
+            ):
+                continue
+            if rid is not None:
+                if rid in self.seen:
+                    continue
+                self.seen[rid] = float(r.get("ts") or 0.0)
+            self.arm_of.setdefault(task, arm)
+            self.cost[task] += float(r.get("cost_usd") or 0.0)
+            if self.latency is not None and r.get("status") == 200 and r.get("total_ms") is not None:
+                self.latency[self.arm_of[task]].append(float(r["total_ms"]))
+
+    def forget_before(self, ts: float) -> None:
+        """Stop remembering request ids that arrived before ``ts`` (no batch will hold them again)."""
+        self.seen = {rid: t for rid, t in self.seen.items() if t >= ts}
+
+    def arms(self, outcomes: Iterable[Row]) -> dict[str, ArmTasks]:
+        verdicts: dict[str, list[Row]] = defaultdict(list)
+        for o in outcomes:
+            if o["task_id"] in self.arm_of:
+                verdicts[o["task_id"]].append(o)
+        arms: dict[str, ArmTasks] = defaultdict(ArmTasks)
+        for task, arm in self.arm_of.items():
+            a = arms[arm]
+            a.tasks += 1
+            v = final_outcome(verdicts.get(task, []))
+            if v is not None:
+                a.success.append(1.0 if v["success"] else 0.0)
+                a.cost.append(self.cost[task])
+        for arm, values in (self.latency or {}).items():
+            arms[arm].latency_ms = sorted(values)
+        return dict(arms)
+
+
 def by_arm(
     requests: Iterable[Row], outcomes: Iterable[Row], revision: str | None = None
 ) -> dict[str, ArmTasks]:
     """Tasks per arm (requests without an arm are left out; ``revision``: only that revision's)."""
-    arm_of: dict[str, str] = {}
-    cost: dict[str, float] = defaultdict(float)
-    latency: dict[str, list[float]] = defaultdict(list)
-    for r in requests:
-        task, arm = r.get("task_id"), r.get("arm")
-        if not task or not arm or (revision is not None and r.get("policy_revision") != revision):
-            continue
-        arm_of.setdefault(task, arm)
-        cost[task] += float(r.get("cost_usd") or 0.0)
-        if r.get("status") == 200 and r.get("total_ms") is not None:
-            latency[arm_of[task]].append(float(r["total_ms"]))
-    verdicts: dict[str, list[Row]] = defaultdict(list)
-    for o in outcomes:
-        if o["task_id"] in arm_of:
-            verdicts[o["task_id"]].append(o)
-    arms: dict[str, ArmTasks] = defaultdict(ArmTasks)
-    for task, arm in arm_of.items():
-        a = arms[arm]
-        a.tasks += 1
-        v = final_outcome(verdicts.get(task, []))
-        if v is not None:
-            a.success.append(1.0 if v["success"] else 0.0)
-            a.cost.append(cost[task])
-    for arm, values in latency.items():
-        arms[arm].latency_ms = sorted(values)
-    return dict(arms)
+    tally = TaskTally(revision)
+    tally.add(requests)
+    return tally.arms(outcomes)
 
 
 def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float] | None:

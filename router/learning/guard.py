@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.learning.arms import ArmTasks, by_arm, ratio_of_means
+from router.learning.arms import ArmTasks, TaskTally, ratio_of_means
 from router.policy.config import GuardSpec
 from router.policy.control import CONTROL, TREATED
 from router.policy.revisions import rollback
@@ -47,6 +47,9 @@ from router.store import Store
 log = logging.getLogger("router.guard")
 
 Row = Mapping[str, Any]
+
+#: How far back each check reads requests again (a request is logged when it ends).
+READ_OVERLAP_S = 3600.0
 
 
 def msprt(d: float, var: float, tau2: float) -> float:
@@ -104,11 +107,6 @@ def judge(control: ArmTasks, treated: ArmTasks, spec: GuardSpec) -> Verdict:
     return Verdict(False, "no significant harm", success_lr, cost_lr, nc, nt)
 
 
-def judge_log(requests: Sequence[Row], outcomes: Sequence[Row], revision: str, spec: GuardSpec) -> Verdict:
-    arms = by_arm(requests, outcomes, revision)
-    return judge(arms.get(CONTROL, ArmTasks()), arms.get(TREATED, ArmTasks()), spec)
-
-
 class Guard:
     """Reads the log every ``check_every_s`` and rolls the policy back when ``judge`` says so.
 
@@ -125,19 +123,40 @@ class Guard:
         self.history = history
         self.publish = publish
         self.reload = reload
+        self._tally: TaskTally | None = None
+        self._since = self._cursor = 0.0
 
     async def check(self, rt: Runtime) -> Verdict | None:
         spec = rt.policy.spec.guard
         if spec is None or rt.control is None or rt.revision is None:
             return None
-        since = self.history.archive.since(rt.revision) or rt.applied_at
-        requests = await self.store.requests_since(since - 60)  # replicas' clocks disagree a little
-        outcomes = await self.store.outcomes_since(since - 60)
-        verdict = await asyncio.to_thread(judge_log, requests, outcomes, rt.revision, spec)
+        tally = self._tally_for(rt)
+        # Only the last READ_OVERLAP_S of requests is read again: rows are written when a request
+        # ends, so one that began earlier may have been written since the last read.
+        requests = await self.store.requests_since(max(self._since, self._cursor - READ_OVERLAP_S))
+        outcomes = await self.store.outcomes_since(self._since)
+        verdict = await asyncio.to_thread(self._judge, tally, requests, outcomes, spec)
         self.history.guard = {"revision": rt.revision, "at": time.time(), **dataclasses.asdict(verdict)}
         if verdict.worse:
             await self._roll_back(rt.revision, verdict)
         return verdict
+
+    def _judge(
+        self, tally: TaskTally, requests: Sequence[Row], outcomes: Sequence[Row], spec: GuardSpec
+    ) -> Verdict:
+        tally.add(requests)
+        self._cursor = max([self._cursor, *(float(r["ts"]) for r in requests)])
+        tally.forget_before(self._cursor - READ_OVERLAP_S)
+        arms = tally.arms(outcomes)
+        return judge(arms.get(CONTROL, ArmTasks()), arms.get(TREATED, ArmTasks()), spec)
+
+    def _tally_for(self, rt: Runtime) -> TaskTally:
+        if self._tally is None or self._tally.revision != rt.revision:
+            # Replicas' clocks disagree a little: start a minute before the revision was applied.
+            self._since = (self.history.archive.since(rt.revision or "") or rt.applied_at) - 60
+            self._cursor = self._since
+            self._tally = TaskTally(rt.revision, latency=False)
+        return self._tally
 
     async def _roll_back(self, revision: str, verdict: Verdict) -> None:
         reason = f"guard: {verdict.reason}"

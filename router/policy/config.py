@@ -85,10 +85,9 @@ class ModelSpec(_Strict):
         return self
 
 
-class Route(_Strict):
-    """Maps a requested model name (exact, or a glob such as ``claude-*``) to backends."""
+class Targets(_Strict):
+    """Backends of a route: candidates to choose among, or one model, and fallbacks."""
 
-    match: Annotated[str, Field(min_length=1)]
     #: Candidate model ids the policy chooses among.
     candidates: list[str] = Field(default_factory=list)
     #: Send every request to this one model (no choice), still with fallbacks.
@@ -97,10 +96,16 @@ class Route(_Strict):
     fallbacks: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _one_target(self) -> Route:
+    def _one_target(self) -> Targets:
         if bool(self.candidates) == bool(self.passthrough):
             raise ValueError("give exactly one of candidates or passthrough")
         return self
+
+
+class Route(Targets):
+    """Maps a requested model name (exact, or a glob such as ``claude-*``) to backends."""
+
+    match: Annotated[str, Field(min_length=1)]
 
     def matches(self, requested: str) -> bool:
         return fnmatch.fnmatchcase(requested, self.match)
@@ -172,20 +177,6 @@ class TasksSpec(_Strict):
     escalate_below: float | None = Field(default=None, gt=0, lt=1)
 
 
-class ControlRoute(_Strict):
-    """The control arm's backends for every route: candidates (cheapest first) or one model."""
-
-    candidates: list[str] = Field(default_factory=list)
-    passthrough: str | None = None
-    fallbacks: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _one_target(self) -> ControlRoute:
-        if bool(self.candidates) == bool(self.passthrough):
-            raise ValueError("give exactly one of candidates or passthrough")
-        return self
-
-
 class ControlSpec(_Strict):
     """A permanent control arm: a stable share of tasks decided by a reference policy."""
 
@@ -194,8 +185,8 @@ class ControlSpec(_Strict):
     #: A policy file (relative to this one) whose routes, rules and learned model decide the
     #: control arm; its models must be in this file's catalog.
     policy: Annotated[str, Field(min_length=1)] | None = None
-    #: Or: this routing for every route of this file, no rules, cheapest first.
-    route: ControlRoute | None = None
+    #: Or: these backends for every route of this file, no rules, cheapest first.
+    route: Targets | None = None
 
     @model_validator(mode="after")
     def _one_reference(self) -> ControlSpec:

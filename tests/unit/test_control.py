@@ -127,3 +127,18 @@ def test_per_arm_summary_from_log_rows() -> None:
         (0.02 + 0.02 + 0.03 + 0.04) / 2
     )
     assert control["latency_ms"]["requests"] == 5
+
+
+def test_a_tally_counts_each_request_once_across_overlapping_reads() -> None:
+    from router.learning.arms import TaskTally
+
+    rows = [{"request_id": f"r{i}", "ts": float(i), "task_id": f"t{i % 3}", "arm": "treated",
+             "policy_revision": "r1", "cost_usd": 1.0} for i in range(6)]  # fmt: skip
+    tally = TaskTally("r1", latency=False)
+    tally.add(rows[:4])
+    tally.add(rows[2:])  # the overlap is read again
+    assert dict(tally.cost) == {"t0": 2.0, "t1": 2.0, "t2": 2.0}
+    tally.forget_before(4.0)
+    assert set(tally.seen) == {"r4", "r5"}
+    tally.add([{**rows[0], "policy_revision": "r2", "request_id": "x"}])  # another revision's row
+    assert sum(tally.cost.values()) == 6.0
