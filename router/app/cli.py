@@ -53,7 +53,7 @@ def cmd_upstream(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from router.app.demo import run_demo
 
-    return run_demo(store=args.store, keep_serving=args.serve)
+    return run_demo(store=args.store, keep_serving=args.serve, port=args.port)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="local upstream + router + example requests, end to end")
     demo.add_argument("--store", default="sqlite:///router.db")
     demo.add_argument("--serve", action="store_true", help="keep serving after the demo requests")
+    demo.add_argument(
+        "--port", type=int, help="the router's port (default 8080, or a free one if taken; 0: any)"
+    )
     demo.set_defaults(func=cmd_demo)
 
     def window(sp: argparse.ArgumentParser) -> None:

@@ -37,12 +37,16 @@ BASH_TOOL = {
 }
 
 
-def _free_port(preferred: int) -> socket.socket:
+def _free_port(preferred: int, *, required: bool = False) -> socket.socket:
+    """A socket bound to ``preferred``, else (unless ``required``) to any free port."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("127.0.0.1", preferred))
-    except OSError:
+    except OSError as exc:
+        if required:
+            sock.close()
+            raise SystemExit(f"router demo: cannot listen on 127.0.0.1:{preferred}: {exc.strerror}") from None
         sock.bind(("127.0.0.1", 0))
     return sock
 
@@ -73,7 +77,8 @@ def _requests(big_prompt: str) -> list[tuple[str, str, dict[str, Any], dict[str,
     ]  # fmt: skip
 
 
-def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> int:
+def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, port: int | None = None) -> int:
+    """``port``: where the router listens (0: any free port); None: 8080, or any free port if taken."""
     from router.app.factory import create_app
     from router.app.settings import Settings
     from router.fakeupstream import FakeUpstream
@@ -86,7 +91,7 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> 
         os.environ["ROUTER_LOCAL_UPSTREAM"] = upstream.url
         settings = Settings(config=POLICY, store=store)
         app = create_app(settings)
-        sock = _free_port(8080)
+        sock = _free_port(8080 if port is None else port, required=port is not None)
         port = sock.getsockname()[1]
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
         thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
@@ -121,7 +126,8 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False) -> 
                       f"({p['reason']}); excluded: "
                       + ", ".join(f"{c['model']} ({c['excluded']})" for c in p["candidates"] if c.get("excluded")))  # fmt: skip
         if keep_serving:
-            console.print(f"\nServing until Ctrl-C. Point agents at it:\n"
+            console.print(f"\nDashboard: [bold]{base}/ui[/] (the requests above are on it)\n"
+                          f"Serving until Ctrl-C. Point agents at it:\n"
                           f"  ANTHROPIC_BASE_URL={base} claude ...\n  OPENAI_BASE_URL={base}/v1 ...")  # fmt: skip
             with contextlib.suppress(KeyboardInterrupt):
                 thread.join()

@@ -38,6 +38,7 @@ from router.state import SharedState, StateConfig, open_state
 from router.store import Store, open_store
 from router.store.writer import LogWriter
 from router.telemetry import Telemetry, build_telemetry
+from router.ui import register_ui
 
 log = logging.getLogger("router.app.factory")
 
@@ -167,4 +168,5 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     proxy = Proxy(s)
     register(app, s, proxy)
+    register_ui(app, store=s.store, auth=s.auth, runtime=lambda: s.runtime, history=s.history)
     return RouterApp(app, proxy)

@@ -118,6 +118,24 @@ class Auth:
             return "master key"
         return "virtual keys" if self._keys_exist else "open"
 
+    @property
+    def has_master(self) -> bool:
+        return self._master is not None
+
+    def is_master(self, key: str) -> bool:
+        """Whether ``key`` is the master key (constant time)."""
+        if self._master is None or len(key) > MAX_KEY_LENGTH:
+            return False
+        return hmac.compare_digest(
+            hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest(), self._master
+        )
+
+    def session_secret(self) -> bytes | None:
+        """A secret for signing dashboard sessions, derived from the master key (None without one)."""
+        if self._master is None:
+            return None
+        return hmac.new(self._master, b"router-ui-session", hashlib.sha256).digest()
+
     async def start(self) -> None:
         """Decide the mode (the store must be open) and say which it is."""
         await self._refresh_mode()
@@ -165,9 +183,7 @@ class Auth:
             raise AuthenticationFailed(_MISSING)
         if len(key) > MAX_KEY_LENGTH:
             raise AuthenticationFailed(_INVALID)
-        if self._master is not None and hmac.compare_digest(
-            hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest(), self._master
-        ):
+        if self.is_master(key):
             return MASTER
         if not looks_like_key(key):
             raise AuthenticationFailed(_INVALID)

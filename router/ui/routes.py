@@ -1,0 +1,176 @@
+"""The dashboard's endpoints: ``/ui`` (overview), ``/ui/tasks``, ``/ui/tasks/{id}``, ``/ui/latency``,
+``/ui/policy``, and the login form.
+
+Pages are rendered on the server (Jinja2, charts as inline SVG), so the dashboard needs no build
+step, no JavaScript and nothing from the internet. With a master key set, every page needs a
+session from the login form (see ``router.ui.session``); in open mode the pages are open like
+the rest of the router; with virtual keys but no master key they stay locked, since no key a
+client holds may read every task's spend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from fastapi import FastAPI
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from router.errors import PayloadTooLarge
+from router.http.auth import Auth
+from router.http.proxy import read_body
+from router.policy.runtime import PolicyHistory, Runtime
+from router.store import Store
+from router.telemetry.ledger import tokens
+from router.ui import charts, session, views
+
+MAX_FORM_BYTES = 4096
+
+Page = Callable[[Request], Awaitable[Response]]
+
+
+def environment() -> Environment:
+    env = Environment(loader=PackageLoader("router.ui", "templates"), autoescape=select_autoescape(),
+                      trim_blocks=True, lstrip_blocks=True)  # fmt: skip
+    env.filters.update(usd=_usd, ms=_ms, pct=_pct, tokens=tokens, when=_when)
+    env.globals.update(charts=charts, windows=list(views.WINDOWS))
+    return env
+
+
+def _usd(x: float | None) -> str:
+    """Three significant digits, never in exponent form: agent calls often cost millionths of a dollar."""
+    if x is None:
+        return "—"
+    if x == 0 or abs(x) >= 1:
+        return f"${x:,.2f}"
+    return f"${x:.{2 - math.floor(math.log10(abs(x)))}f}"
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x / 1000:.2f} s" if x >= 10_000 else f"{x:.1f} ms" if x < 100 else f"{x:.0f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x * 100:.1f}%"
+
+
+def _when(ts: float | None) -> str:
+    return "—" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def register_ui(
+    app: FastAPI, *, store: Store, auth: Auth, runtime: Callable[[], Runtime], history: PolicyHistory
+) -> None:
+    env = environment()
+
+    def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        html = env.get_template(template).render(
+            path=request.url.path, logged_in=auth.has_master, policy_name=runtime().policy.name, **context
+        )
+        return HTMLResponse(html, status, headers={"cache-control": "no-store"})
+
+    def gated(page: Page) -> Page:
+        async def guarded(request: Request) -> Response:
+            if auth.open:
+                return await page(request)
+            secret = auth.session_secret()
+            if secret is None:
+                return render(request, "locked.html", 403)
+            if session.valid(secret, request.cookies.get(session.COOKIE)):
+                return await page(request)
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/ui/login?next={quote(target)}", 303)
+
+        return guarded
+
+    async def window(
+        request: Request,
+    ) -> tuple[str, float, float, list[dict[str, Any]], list[dict[str, Any]]]:
+        label, seconds = views.window_seconds(request.query_params.get("window"))
+        until = time.time()
+        since = until - seconds
+        requests = [r for r in await store.requests_since(since) if r["ts"] <= until]
+        return label, since, until, requests, await store.outcomes_since(since)
+
+    @gated
+    async def overview(request: Request) -> Response:
+        label, since, until, requests, outcomes = await window(request)
+        data = views.overview(requests, outcomes, since, until)
+        return render(request, "overview.html", window=label, o=data)
+
+    @gated
+    async def tasks(request: Request) -> Response:
+        label, _, _, requests, outcomes = await window(request)
+        q = request.query_params.get("q", "")
+        return render(request, "tasks.html", window=label, q=q, t=views.task_rows(requests, outcomes, q))
+
+    @gated
+    async def task(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        requests = await store.requests_for_task(task_id)
+        if not requests:
+            return render(request, "missing.html", 404, task_id=task_id)
+        outcomes = await store.outcomes_for_task(task_id)
+        return render(request, "task.html", d=views.task_detail(task_id, requests, outcomes))
+
+    @gated
+    async def latency(request: Request) -> Response:
+        label, _, _, requests, outcomes = await window(request)
+        return render(request, "latency.html", window=label, lat=views.latency(requests, outcomes))
+
+    @gated
+    async def policy(request: Request) -> Response:
+        rt = runtime()
+        try:
+            text = await asyncio.to_thread(Path(rt.policy.source).read_text)
+        except OSError as exc:
+            text = f"(cannot read {rt.policy.source}: {exc.strerror})"
+        return render(request, "policy.html", rt=rt, yaml_text=text, h=history.describe(rt))
+
+    async def login_form(request: Request) -> Response:
+        if not auth.has_master:
+            return RedirectResponse("/ui", 303)
+        return render(request, "login.html", next=session.safe_next(request.query_params.get("next")))
+
+    async def login(request: Request) -> Response:
+        secret = auth.session_secret()
+        try:
+            body = await read_body(request, MAX_FORM_BYTES)
+        except PayloadTooLarge as exc:
+            return Response(exc.message, exc.status)
+        form = parse_qs(body.decode("utf-8", "replace"))
+        target = session.safe_next((form.get("next") or [""])[0])
+        if secret is None or not auth.is_master((form.get("key") or [""])[0]):
+            return render(request, "login.html", 401, next=target, error="That is not the master key.")
+        response = RedirectResponse(target, 303)
+        response.set_cookie(session.COOKIE, session.issue(secret), max_age=session.TTL_S, path="/ui",
+                            httponly=True, samesite="strict", secure=request.url.scheme == "https")  # fmt: skip
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/ui/login", 303)
+        response.delete_cookie(session.COOKIE, path="/ui", httponly=True, samesite="strict")
+        return response
+
+    for path, endpoint, methods in (
+        ("/ui", overview, ["GET"]),
+        ("/ui/tasks", tasks, ["GET"]),
+        ("/ui/tasks/{task_id:path}", task, ["GET"]),
+        ("/ui/latency", latency, ["GET"]),
+        ("/ui/policy", policy, ["GET"]),
+        ("/ui/login", login_form, ["GET"]),
+        ("/ui/login", login, ["POST"]),
+        ("/ui/logout", logout, ["POST"]),
+    ):
+        app.add_api_route(
+            path, endpoint, methods=methods, include_in_schema=False, response_class=HTMLResponse
+        )

@@ -1,0 +1,144 @@
+"""What the dashboard's pages show, computed from log rows (pure: no I/O, no HTML).
+
+The numbers come from the same functions as ``router report`` and ``router tasks``
+(``router.telemetry.report`` and ``.ledger``), so the page and the CLI never disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from router.telemetry.ledger import final_outcome, summary, task_ledger, task_ledgers
+from router.telemetry.report import GROUP_COLUMNS, PHASES, build_report, is_ok, stats, with_parts
+
+Row = Mapping[str, Any]
+
+#: The windows offered on every page, label → seconds.
+WINDOWS: dict[str, float] = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
+DEFAULT_WINDOW = "24h"
+#: The groupings of "cost per completed task", in the order shown; a grouping appears once the
+#: log has the column (policy revisions and arms are recorded only by policies that have them).
+GROUPINGS = (("backend", "by backend"), ("revision", "by policy revision"), ("arm", "by arm"))
+PHASE_NAMES = {"queue_ms": "queue", "retry_ms": "retry", "ttft_ms": "TTFT", "decode_ms": "decode",
+               "gap_mean_ms": "inter-token gap", "gap_max_ms": "worst gap", "upstream_other_ms": "upstream other",
+               "delivery_ms": "delivery", "total_ms": "end to end"}  # fmt: skip
+TIMELINE_BUCKETS = 24
+MAX_TASKS_LISTED = 200
+
+
+def window_seconds(label: str | None) -> tuple[str, float]:
+    """A window label from the query string, or the default when it is missing or unknown."""
+    if label in WINDOWS:
+        return label, WINDOWS[label]
+    return DEFAULT_WINDOW, WINDOWS[DEFAULT_WINDOW]
+
+
+def overview(requests: Sequence[Row], outcomes: Sequence[Row], since: float, until: float) -> dict[str, Any]:
+    ledgers = task_ledgers(requests, outcomes)
+    tasks = summary(ledgers)
+    spend = sum(r.get("cost_usd") or 0.0 for r in requests)
+    groupings = []
+    for by, title in GROUPINGS:
+        column = GROUP_COLUMNS.get(by)
+        if column is None or not any(r.get(column) for r in requests):
+            continue
+        groups = build_report(requests, outcomes, by=by)["groups"]
+        chart = [(g["key"], g["cost_per_completed_task_usd"]) for g in groups]
+        groupings.append({"by": by, "title": title, "groups": groups, "chart": chart})
+    backends = build_report(requests, outcomes, by="backend")["groups"]
+    return {
+        "requests": len(requests),
+        "errors": sum(1 for r in requests if not is_ok(r)),
+        "spend_usd": spend,
+        "tasks": tasks,
+        "success_rate": tasks["completed"] / tasks["with_outcome"] if tasks["with_outcome"] else None,
+        "groupings": groupings,
+        "share": [(g["key"], g["requests"]) for g in backends],
+        "timeline": timeline(requests, since, until),
+    }
+
+
+def timeline(requests: Sequence[Row], since: float, until: float) -> dict[str, list[tuple[str, float]]]:
+    """Requests and spend per time bucket across the window (arrival time)."""
+    width = (until - since) / TIMELINE_BUCKETS
+    counts = [0.0] * TIMELINE_BUCKETS
+    spend = [0.0] * TIMELINE_BUCKETS
+    for r in requests:
+        i = min(TIMELINE_BUCKETS - 1, max(0, int((float(r["ts"]) - since) / width)))
+        counts[i] += 1
+        spend[i] += r.get("cost_usd") or 0.0
+    fmt = "%H:%M" if until - since <= 86400 else "%m-%d %H:%M"
+    labels = [time.strftime(fmt, time.localtime(since + i * width)) for i in range(TIMELINE_BUCKETS)]
+    labels[-1] = "now"  # the last bucket ends now; its start time would read as the window's end
+    return {
+        "requests": list(zip(labels, counts, strict=True)),
+        "spend": list(zip(labels, spend, strict=True)),
+    }
+
+
+def latency(requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
+    """Phase quantiles of successful requests, overall and per backend, with the load they ran under."""
+    report = build_report(requests, outcomes, by="backend")
+    ok = [with_parts(r) for r in requests if is_ok(r)]
+    overall = {p: stats([r[p] for r in ok if r.get(p) is not None]) for p in PHASES}
+
+    def bars(label: str, s: Mapping[str, Any]) -> tuple[str, float | None, float | None, float | None]:
+        return (label, s["p50"], s["p95"], s["p99"])
+
+    per_backend = {
+        PHASE_NAMES[p]: [bars(g["key"], g["phases_ms"][p]) for g in report["groups"]]
+        for p in ("ttft_ms", "total_ms")
+    }
+    return {
+        "window": report["window"],
+        "phases": [(p, PHASE_NAMES[p]) for p in PHASES],
+        "overall": overall,
+        "chart": [bars(PHASE_NAMES[p], overall[p]) for p in PHASES],
+        "per_backend": per_backend,
+        "groups": report["groups"],
+    }
+
+
+def task_rows(requests: Sequence[Row], outcomes: Sequence[Row], query: str = "") -> dict[str, Any]:
+    """The task list, most recently active first, filtered by a case-insensitive substring of the
+    task id, a backend, the client or the verdict."""
+    ledgers = task_ledgers(requests, outcomes)
+    clients: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in requests:
+        if r.get("task_id") and r.get("client"):
+            clients[r["task_id"]][r["client"]] += 1
+    rows = []
+    q = query.strip().lower()
+    for x in ledgers:
+        client = clients[x["task_id"]].most_common(1)[0][0] if clients[x["task_id"]] else ""
+        verdict = verdict_text(x["outcome"])
+        haystack = " ".join([x["task_id"], client, verdict, *x["backends"]]).lower()
+        if q and q not in haystack:
+            continue
+        rows.append({**x, "client": client, "verdict": verdict})
+    return {"summary": summary(ledgers), "matched": len(rows), "tasks": rows[:MAX_TASKS_LISTED]}
+
+
+def verdict_text(outcome: Mapping[str, Any] | None) -> str:
+    if outcome is None:
+        return "no verdict yet"
+    return f"{'success' if outcome['success'] else 'failure'} ({outcome.get('source') or 'unknown'})"
+
+
+def task_detail(task_id: str, requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
+    """One task's ledger and every request of it, oldest first, with its decision and phases."""
+    ledger = task_ledger(task_id, requests, outcomes)
+    rows = []
+    for r in requests:
+        tries = r.get("tries") or []
+        rows.append({
+            **r,
+            "when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r["ts"]))),
+            "ok": is_ok(r),
+            "fallbacks": tries[:-1],
+        })  # fmt: skip
+    verdicts = [{**o, "verdict": verdict_text(final_outcome([o]))} for o in outcomes]
+    return {"ledger": ledger, "requests": rows, "outcomes": verdicts}

@@ -1,0 +1,292 @@
+"""The dashboard in a real browser (headless Chromium through selenium) against a real router with
+logged traffic: what the pages show, search, the task ledger, the policy page, the login.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them); skipped, saying
+why, where they are missing. The login's cookie rules are also checked over plain HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from router.fakeupstream import FakeUpstream
+from tests.integration.conftest import RunningRouter, local_policy
+
+pytestmark = pytest.mark.integration
+
+MASTER = "ui-master-key-0123456789abcdef"
+WAIT_S = 10
+
+
+def _chrome_paths() -> tuple[str, str] | str:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = shutil.which("chromedriver")
+    if browser is None or driver is None:
+        return "no Chromium/chromedriver on PATH (apt-get install chromium chromium-driver)"
+    return browser, driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    paths = _chrome_paths()
+    if isinstance(paths, str):
+        pytest.skip(paths)
+    options = webdriver.ChromeOptions()
+    options.binary_location = paths[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1300,1600"):  # fmt: skip
+        options.add_argument(arg)
+    # An explicit driver path: selenium's own manager would try to download one.
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=paths[1]))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(driver: Any, condition: Callable[[Any], Any]) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S).until(condition)
+
+
+def text(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def rows(driver: Any, table_id: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [str(tr.text) for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tr")[1:]]
+
+
+def chat(c: httpx.Client, task: str, content: str, **extra: Any) -> httpx.Response:
+    body = {"model": "auto", "messages": [{"role": "user", "content": content}], **extra}
+    r = c.post("/v1/chat/completions", json=body, headers={"x-router-task-id": task})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def traffic(router: RunningRouter) -> list[dict[str, Any]]:
+    """Three tasks: one that succeeds, one that fails, one without a verdict (streamed, on the large
+    model through the premium header); returns the log rows."""
+    with httpx.Client(base_url=router.url, timeout=30) as c:
+        for i in range(3):
+            chat(c, "ui-task-alpha", f"step {i}")
+        chat(c, "ui-task-beta", "only step")
+        c.post("/v1/chat/completions", headers={"x-router-task-id": "ui-task-gamma", "x-router-tier": "premium"},
+               json={"model": "auto", "stream": True, "messages": [{"role": "user", "content": "stream it"}]})  # fmt: skip
+        for task, ok in (("ui-task-alpha", True), ("ui-task-beta", False)):
+            assert c.post("/v1/outcomes", json={"task_id": task, "success": ok}).status_code == 200
+    return router.records(wait_for=5)
+
+
+@pytest.fixture
+def served(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> tuple[RunningRouter, list[dict[str, Any]]]:
+    upstream.clear()
+    router = router_factory(local_policy(upstream.url))
+    return router, traffic(router)
+
+
+def test_overview_shows_the_logged_traffic(
+    browser: Any, served: tuple[RunningRouter, list[dict[str, Any]]]
+) -> None:
+    router, records = served
+    browser.get(f"{router.url}/ui")
+    assert text(browser, "#total-requests") == str(len(records)) == "5"
+    assert text(browser, "#total-tasks") == "3"
+    assert text(browser, "#success-rate") == "50.0%"  # one of the two tasks with a verdict
+    spend = sum(r["cost_usd"] for r in records)
+    assert text(browser, "#total-spend") == f"${spend:.{2 - math.floor(math.log10(spend))}f}"  # 3 digits
+    backends = {r["chosen_model"] for r in records}
+    shown = {row.split()[0] for row in rows(browser, "by-backend")}
+    assert shown == backends and "local-large" in shown
+    share = text(browser, "#share")
+    for b in backends:
+        n = sum(1 for r in records if r["chosen_model"] == b)
+        assert f"{b} — {n} ({100 * n / len(records):.1f}%)" in share
+    # the policy revision grouping: every request was decided by the one revision of the file
+    assert records[0]["policy_revision"] and {r["policy_revision"] for r in records} == {records[0]["policy_revision"]}
+    assert [row.split()[:2] for row in rows(browser, "by-revision")] == [[records[0]["policy_revision"], "5"]]
+
+
+def test_task_search_and_ledger(browser: Any, served: tuple[RunningRouter, list[dict[str, Any]]]) -> None:
+    from selenium.webdriver.common.by import By
+
+    router, records = served
+    browser.get(f"{router.url}/ui/tasks")
+    listed = [row.split()[0] for row in rows(browser, "tasks")]
+    assert listed == ["ui-task-gamma", "ui-task-beta", "ui-task-alpha"]  # most recently active first
+    box = browser.find_element(By.ID, "q")
+    box.send_keys("alpha")
+    box.submit()
+    wait(browser, lambda d: "q=alpha" in d.current_url)
+    [alpha] = rows(browser, "tasks")
+    assert alpha.startswith("ui-task-alpha") and "success (explicit)" in alpha
+    browser.find_element(By.LINK_TEXT, "ui-task-alpha").click()
+    wait(browser, lambda d: d.current_url.endswith("/ui/tasks/ui-task-alpha"))
+    assert text(browser, "#task-id") == "ui-task-alpha"
+    assert text(browser, "#task-verdict") == "success"
+    logged = [r for r in records if r["task_id"] == "ui-task-alpha"]
+    shown = rows(browser, "requests")
+    assert len(shown) == len(logged) == 3
+    for row, rec in zip(shown, logged, strict=True):
+        assert f"auto → {rec['chosen_model']}" in row
+        assert rec["decision_reason"] in row
+    browser.get(f"{router.url}/ui/tasks?q=no-such-thing")
+    assert "No task matches" in text(browser, "#no-tasks")
+
+
+def test_latency_page_shows_phases_and_load(
+    browser: Any, served: tuple[RunningRouter, list[dict[str, Any]]]
+) -> None:
+    router, records = served
+    browser.get(f"{router.url}/ui/latency")
+    assert text(browser, "#load").startswith(f"Measured under: {len(records)} requests")
+    phases = rows(browser, "phases")
+    assert sum(1 for r in records if r["ttft_ms"] is not None) == 1
+    ttft_row = next(row for row in phases if row.startswith("TTFT"))
+    assert ttft_row.split()[1] == "1"  # n: only the streamed request has a first token
+    assert any(row.startswith("end to end 5 ") for row in phases), phases
+    assert {row.split()[0] for row in rows(browser, "per-backend")} == {r["chosen_model"] for r in records}
+
+
+def test_policy_page_shows_the_file_and_a_rejected_reload(
+    browser: Any, served: tuple[RunningRouter, list[dict[str, Any]]]
+) -> None:
+    router, _ = served
+    policy_file = router.db_path.parent / "policy.yaml"
+    browser.get(f"{router.url}/ui/policy")
+    assert "the file on disk is the one running" in text(browser, "#rejected")
+    revision = text(browser, "#revision")
+    assert "local-demo" in text(browser, "#yaml")
+    assert {row.split()[0] for row in rows(browser, "models")} == {
+        "local-nano",
+        "local-mini",
+        "local-large",
+        "local-claude",
+    }
+    policy_file.write_text(policy_file.read_text().replace("models:", "modelz:", 1))
+
+    def rejected_shown(d: Any) -> bool:
+        d.refresh()
+        return "was not applied" in text(d, "#rejected")
+
+    wait(browser, rejected_shown)
+    assert "modelz" in text(browser, "#rejected")
+    assert text(browser, "#revision") == revision  # the running policy stayed
+
+
+def test_login_with_the_master_key(
+    browser: Any, router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    router = router_factory(local_policy(upstream.url), master_key=MASTER)
+    with httpx.Client(base_url=router.url, timeout=30, headers={"authorization": f"Bearer {MASTER}"}) as c:
+        chat(c, "ui-locked-task", "hello")
+    router.records(wait_for=1)
+    browser.delete_all_cookies()
+    browser.get(f"{router.url}/ui/tasks")
+    wait(browser, lambda d: "/ui/login" in d.current_url)
+    browser.find_element(By.ID, "key").send_keys("not-the-key")
+    browser.find_element(By.ID, "key").submit()
+    assert "not the master key" in wait(browser, lambda d: d.find_element(By.ID, "login-error")).text
+    browser.find_element(By.ID, "key").send_keys(MASTER)
+    browser.find_element(By.ID, "key").submit()
+    wait(browser, lambda d: d.current_url.endswith("/ui/tasks"))  # back where it was going
+    assert [row.split()[0] for row in rows(browser, "tasks")] == ["ui-locked-task"]
+    assert MASTER not in browser.current_url
+    [cookie] = browser.get_cookies()
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and MASTER not in cookie["value"]
+    browser.find_element(By.CSS_SELECTOR, "header button").click()
+    wait(browser, lambda d: "/ui/login" in d.current_url)
+    browser.get(f"{router.url}/ui")
+    assert "/ui/login" in browser.current_url
+
+
+def test_login_rules_over_http(router_factory: Callable[..., RunningRouter], upstream: FakeUpstream) -> None:
+    router = router_factory(local_policy(upstream.url), master_key=MASTER)
+    with httpx.Client(base_url=router.url, timeout=30) as c:
+        for path in ("/ui", "/ui/tasks", "/ui/tasks/x", "/ui/latency", "/ui/policy"):
+            r = c.get(path)
+            assert r.status_code == 303 and r.headers["location"].startswith("/ui/login?next="), path
+        # the API key headers do not open the pages: only the session cookie does
+        assert c.get("/ui", headers={"authorization": f"Bearer {MASTER}"}).status_code == 303
+        c.cookies.set("router_ui", "9999999999.forged")
+        assert c.get("/ui").status_code == 303
+        c.cookies.clear()
+        bad = c.post("/ui/login", data={"key": "wrong", "next": "/ui"})
+        assert bad.status_code == 401 and "set-cookie" not in bad.headers
+        off_site = c.post("/ui/login", data={"key": MASTER, "next": "//evil.example/"})
+        assert off_site.status_code == 303 and off_site.headers["location"] == "/ui"
+        cookie = off_site.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
+        assert MASTER.lower() not in cookie
+        assert c.get("/ui").status_code == 200  # the client kept the cookie
+
+
+def test_virtual_keys_without_a_master_key_keep_the_pages_locked(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    from router.app.cli import main
+
+    store = f"sqlite:///{tmp_path / 'keys.db'}"
+    assert main(["keys", "create", "--store", store, "--name", "agent"]) == 0
+    capsys.readouterr()
+    router = router_factory(local_policy(upstream.url), store=store)
+    with httpx.Client(base_url=router.url, timeout=30) as c:
+        r = c.get("/ui")
+        assert r.status_code == 403 and "needs a master key" in r.text
+
+
+def test_demo_serve_prints_the_dashboard_that_shows_its_requests(tmp_path: Path) -> None:
+    """On a fresh checkout: ``router demo --serve`` names the dashboard, and it lists the demo's requests."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "demo.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "router.app.cli", "demo", "--serve", "--port", "0", "--store", f"sqlite:///{db}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            found = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+/ui)", line)
+            if found:
+                break
+        else:
+            pytest.fail("no dashboard URL in the demo's output:\n" + "".join(lines))
+        deadline = time.monotonic() + WAIT_S
+        with httpx.Client(timeout=10) as c:
+            while True:  # the log writer flushes in the background, every quarter second
+                page = c.get(found.group(1)).text
+                shown = re.search(r'id="total-requests">(\d+)<', page)
+                if (shown and shown.group(1) == "7") or time.monotonic() > deadline:
+                    break
+        assert shown is not None and shown.group(1) == "7", page  # the demo sends seven requests
+        assert "local-demo" in page
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)

@@ -1,0 +1,95 @@
+"""The dashboard's pure parts: session tokens, SVG charts, and the numbers the pages show."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router.ui import charts, session, views
+
+SECRET = b"s" * 32
+
+
+def test_session_tokens() -> None:
+    token = session.issue(SECRET, now=1000.0)
+    assert session.valid(SECRET, token, now=1000.0 + session.TTL_S - 1)
+    assert not session.valid(SECRET, token, now=1000.0 + session.TTL_S + 1)  # expired
+    assert not session.valid(b"t" * 32, token, now=1000.0)  # another master key
+    expires, mac = token.split(".")
+    assert not session.valid(SECRET, f"{int(expires) + 3600}.{mac}", now=1000.0)  # extended by hand
+    for bad in (None, "", "abc", ".", "12.", f"x{token}"):
+        assert not session.valid(SECRET, bad, now=1000.0)
+
+
+def test_login_redirects_stay_on_the_dashboard() -> None:
+    assert session.safe_next("/ui/tasks?q=a") == "/ui/tasks?q=a"
+    for target in (
+        None,
+        "",
+        "https://evil.example/ui",
+        "//evil.example",
+        "/ui//evil.example",
+        "/ui\\x",
+        "/v1/models",
+    ):
+        assert session.safe_next(target) == "/ui"
+
+
+def test_charts_escape_labels() -> None:
+    svg = str(charts.hbars([("<script>x</script>", 1.0), ("none", None)], title="t&t"))
+    assert "<script>" not in svg and "&lt;script&gt;" in svg and "t&amp;t" in svg
+    assert "n/a" in svg
+    assert charts.hbars([], title="empty") == ""
+
+
+def test_share_bar_percentages() -> None:
+    svg = str(charts.share_bar([("a", 3.0), ("b", 1.0)], title="share"))
+    assert "a — 3 (75.0%)" in svg and "b — 1 (25.0%)" in svg
+    assert charts.share_bar([("a", 0.0)], title="none") == ""
+
+
+def test_quantiles_on_a_log_axis() -> None:
+    svg = str(charts.quantiles([("queue", 0.5, 1.0, 2.0), ("total", 50.0, 900.0, 4000.0), ("ttft", None, None, None)],
+                               title="q"))  # fmt: skip
+    for tick in ("0.1 ms", "1 ms", "10 ms", "100 ms", "1000 ms"):
+        assert f">{tick}<" in svg
+    assert "no data" in svg
+    assert 'class="p99"' in svg
+
+
+def _row(task: str, ts: float, model: str, cost: float, client: str = "aider/1") -> dict[str, Any]:
+    return {"task_id": task, "ts": ts, "chosen_model": model, "cost_usd": cost, "status": 200,
+            "client": client, "total_ms": 10.0}  # fmt: skip
+
+
+def test_task_rows_search() -> None:
+    requests = [_row("fix-login", 1.0, "cheap", 0.01), _row("add-cache", 2.0, "large", 0.5, "claude-cli/2"),
+                _row("fix-login", 3.0, "large", 0.2)]  # fmt: skip
+    outcomes = [{"task_id": "fix-login", "attempt": 1, "success": True, "source": "explicit", "explicit": True,
+                 "ts": 4.0}]  # fmt: skip
+    every = views.task_rows(requests, outcomes)
+    assert [t["task_id"] for t in every["tasks"]] == ["fix-login", "add-cache"]
+    assert every["tasks"][0]["verdict"] == "success (explicit)"
+    assert [t["task_id"] for t in views.task_rows(requests, outcomes, "CLAUDE")["tasks"]] == ["add-cache"]
+    assert [t["task_id"] for t in views.task_rows(requests, outcomes, "cheap")["tasks"]] == ["fix-login"]
+    assert [t["task_id"] for t in views.task_rows(requests, outcomes, "success")["tasks"]] == ["fix-login"]
+    assert views.task_rows(requests, outcomes, "nothing")["matched"] == 0
+
+
+def test_overview_totals_and_timeline() -> None:
+    requests = [_row("a", 10.0, "cheap", 0.25), _row("b", 50.0, "large", 0.75), _row("b", 99.0, "large", 1.0)]
+    outcomes = [{"task_id": "a", "attempt": 1, "success": False, "source": "tests", "explicit": False, "ts": 60.0},
+                {"task_id": "b", "attempt": 1, "success": True, "source": "explicit", "explicit": True, "ts": 99.0}]  # fmt: skip
+    o = views.overview(requests, outcomes, since=0.0, until=100.0)
+    assert (o["requests"], o["spend_usd"], o["success_rate"]) == (3, 2.0, 0.5)
+    assert o["tasks"]["cost_per_completed_task_usd"] == 2.0  # both tasks' spend over the one success
+    assert o["share"] == [("large", 2), ("cheap", 1)]
+    assert [g["by"] for g in o["groupings"]] == ["backend"]  # no policy column in these rows
+    counts = [n for _, n in o["timeline"]["requests"]]
+    assert sum(counts) == 3 and counts[2] == 1 and counts[-1] == 1
+    assert o["timeline"]["requests"][-1][0] == "now"
+
+
+def test_window_labels() -> None:
+    assert views.window_seconds("1h") == ("1h", 3600)
+    assert views.window_seconds("1y") == (views.DEFAULT_WINDOW, views.WINDOWS[views.DEFAULT_WINDOW])
+    assert views.window_seconds(None)[0] == views.DEFAULT_WINDOW
