@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 import time
@@ -12,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from router.app.logs import FORMATS, LEVELS, configure
 from router.errors import ConfigError
 
 
@@ -166,7 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the proxy")
     common(serve)
-    serve.add_argument("--log-level", default=os.environ.get("ROUTER_LOG_LEVEL", "info"))
+    serve.add_argument("--log-level", choices=LEVELS, default=os.environ.get("ROUTER_LOG_LEVEL", "info"),
+                       help="info: one line per request; warning: fallbacks, breakers and problems only "
+                       "(env ROUTER_LOG_LEVEL; default info)")  # fmt: skip
+    serve.add_argument("--log-format", choices=FORMATS, default=os.environ.get("ROUTER_LOG_FORMAT", "text"),
+                       help="text for people, json (one object per line) for log pipelines "
+                       "(env ROUTER_LOG_FORMAT; default text)")  # fmt: skip
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check", help="validate a policy file and exit")
@@ -254,13 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    configure(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
     try:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"router: configuration error:\n{exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down cleanly and re-raised it; no traceback
+        return 130
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -91,6 +92,9 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
         os.environ["ROUTER_LOCAL_UPSTREAM"] = upstream.url
         settings = Settings(config=POLICY, store=store)
         app = create_app(settings)
+        # The demo's table says what its own requests did; the per-request log lines start with --serve.
+        request_log = logging.getLogger("router.requests")
+        request_log.setLevel(logging.WARNING)
         sock = _free_port(8080 if port is None else port, required=port is not None)
         port = sock.getsockname()[1]
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
@@ -129,6 +133,7 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
             console.print(f"\nDashboard: [bold]{base}/ui[/] (the requests above are on it)\n"
                           f"Serving until Ctrl-C. Point agents at it:\n"
                           f"  ANTHROPIC_BASE_URL={base} claude ...\n  OPENAI_BASE_URL={base}/v1 ...")  # fmt: skip
+            request_log.setLevel(logging.NOTSET)
             with contextlib.suppress(KeyboardInterrupt):
                 thread.join()
         server.should_exit = True

@@ -66,5 +66,6 @@ def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Conf
 
 def serve(settings: Settings, log_level: str = "info") -> None:
     app = create_app(settings)
-    config = uvicorn_config(app, settings, log_level=log_level)
+    # log_config=None: uvicorn's loggers go through the process's handler (router.app.logs).
+    config = uvicorn_config(app, settings, log_level=log_level, log_config=None)
     DrainingServer(config, app.state.services, settings.drain_delay).run()

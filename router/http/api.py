@@ -85,11 +85,19 @@ def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
         except RouterError as err:
             return _json(err.openai_body(), err.status)
         # One list that both SDKs accept: OpenAI reads id/object/owned_by, Anthropic type/id/display_name.
-        names = [r.match for r in s.policy.routes if not any(c in r.match for c in "*?[")]
+        # Limits in the fields clients read (OpenRouter's context_length, litellm's max_*_tokens):
+        # a route gets the largest of its models', since the router sends what fits to one that takes it.
+        limits = {b.id: (b.context_window, b.max_output_tokens) for b in s.catalog.backends.values()}
+        for r in s.policy.routes:
+            if not any(c in r.match for c in "*?["):
+                ids = [*r.candidates, *([r.passthrough] if r.passthrough else []), *r.fallbacks]
+                limits.setdefault(r.match, (max(limits[i][0] for i in ids), max(limits[i][1] for i in ids)))
+        names = [r.match for r in s.policy.routes if r.match in limits]
         names += [b for b in s.catalog.backends if b not in names]
         data = [
             {"id": n, "object": "model", "type": "model", "display_name": n, "owned_by": "router",
-             "created": started, "created_at": "1970-01-01T00:00:00Z"}
+             "created": started, "created_at": "1970-01-01T00:00:00Z", "context_length": limits[n][0],
+             "max_input_tokens": limits[n][0], "max_output_tokens": limits[n][1]}
             for n in names
         ]  # fmt: skip
         return _json(

@@ -33,9 +33,10 @@ from router.ids import IdMaker
 from router.policy.decide import Decision
 from router.policy.scopes import scope_facts
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
-from router.protocols.openai_chat import is_usage_only
+from router.protocols.openai_chat import is_usage_only, usage_frame_with_cost
 from router.state import Reservation
 from router.store.records import RequestRecord
+from router.telemetry import console
 from router.telemetry.phases import Phases
 
 if TYPE_CHECKING:
@@ -187,7 +188,8 @@ class Proxy:
         self, wire: Wire, req: ClientRequest, c: CommittedStream, phases: Phases, rec: RequestRecord,
         task: _Task,
     ) -> _Stream:  # fmt: skip
-        hide_usage = req.protocol == OPENAI_CHAT and not req.include_usage
+        chat = req.protocol == OPENAI_CHAT
+        hide_usage = chat and not req.include_usage
         rec.status = 200
         content_events = 1
         started = finished = False
@@ -221,8 +223,11 @@ class Proxy:
                     if c.observer.observe(ev.name, ev.data):
                         phases.token()
                         content_events += 1
-                    if not (hide_usage and is_usage_only(ev.data)):
+                    if not (chat and is_usage_only(ev.data)):
                         pending.append(ev.raw)
+                    elif not hide_usage:
+                        cost = accounting.cost_split(c.backend.price, c.observer.usage).total
+                        pending.append(usage_frame_with_cost(ev.data, cost))
                     if not ev.more and pending:
                         yield b"".join(pending)
                         pending.clear()
@@ -286,6 +291,7 @@ class Proxy:
             setattr(rec, name, value)
         self.s.writer.submit(rec)
         self.s.telemetry.finished(rec, phases)
+        console.log_request(rec)
 
 
 @dataclass(slots=True)
@@ -321,6 +327,8 @@ def _record_tries(rec: RequestRecord, ex: Execution, phases: Phases) -> None:
 
 def _route_headers(rec: RequestRecord) -> dict[str, str]:
     h = {"x-request-id": rec.request_id}
+    if rec.cost_usd is not None:  # known before the headers only for a whole reply
+        h["x-router-cost-usd"] = f"{rec.cost_usd:.10f}".rstrip("0").rstrip(".")
     if rec.chosen_model:
         h["x-router-model"] = rec.chosen_model
     if rec.decision_id:

@@ -168,5 +168,13 @@ def is_usage_only(data: bytes) -> bool:
     return isinstance(chunk, dict) and not chunk.get("choices") and bool(chunk.get("usage"))
 
 
+def usage_frame_with_cost(data: bytes, cost_usd: float) -> bytes:
+    """The final usage chunk as an SSE frame with ``usage.cost`` (USD) added, where OpenRouter puts
+    it: clients such as aider read the cost of the call there instead of pricing it themselves."""
+    chunk = orjson.loads(data)
+    chunk["usage"]["cost"] = cost_usd
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
 def error_frame(err: RouterError) -> bytes:
     return b"data: " + orjson.dumps(err.openai_body()) + b"\n\n"

@@ -36,6 +36,8 @@ V = TypeVar("V")
 Clock = Callable[[], float]
 
 log = logging.getLogger(__name__)
+#: Breaker changes, one warning each: this replica's view (with Redis, the local mirror of the shared breaker).
+breaker_log = logging.getLogger("router.breakers")
 
 
 class TTLCache(Generic[V]):
@@ -293,6 +295,7 @@ class MemoryBreakers:
             b.failures = 0
         elif self._clock() >= b.open_until:
             self._breakers[backend] = _Breaker()
+            breaker_log.warning("breaker for %s closed: its probe call succeeded", backend)
         # A success while still cooling down comes from a call started before the breaker opened:
         # the cool-down stands.
 
@@ -308,8 +311,12 @@ class MemoryBreakers:
             b.failures += 1
             if b.failures >= self._config.failure_threshold:
                 b.failures, b.open_until = 0, now + self._config.cooldown_s
+                breaker_log.warning("breaker for %s opened after %d failures in a row: skipped for %.0f s",
+                                    backend, self._config.failure_threshold, self._config.cooldown_s)  # fmt: skip
         elif half_open:
             b.open_until, b.probe_until = now + self._config.cooldown_s, 0.0
+            breaker_log.warning("breaker for %s opened again: its probe call failed; skipped for %.0f s",
+                                backend, self._config.cooldown_s)  # fmt: skip
 
 
 class MemoryPolicyVersion:

@@ -118,7 +118,9 @@ def test_overview_shows_the_logged_traffic(
         n = sum(1 for r in records if r["chosen_model"] == b)
         assert f"{b} — {n} ({100 * n / len(records):.1f}%)" in share
     # the policy revision grouping: every request was decided by the one revision of the file
-    assert records[0]["policy_revision"] and {r["policy_revision"] for r in records} == {records[0]["policy_revision"]}
+    assert records[0]["policy_revision"] and {r["policy_revision"] for r in records} == {
+        records[0]["policy_revision"]
+    }
     assert [row.split()[:2] for row in rows(browser, "by-revision")] == [[records[0]["policy_revision"], "5"]]
 
 

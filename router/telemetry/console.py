@@ -1,0 +1,74 @@
+"""What the console says: one line per request at ``info``, one per fallback at ``warning``.
+
+The lines are for a person watching ``router serve`` (``--log-format json`` gives machines the
+same facts as fields). Prompts, keys and headers never appear; the reason is the decision's, cut
+to a few words.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+from router.store.records import RequestRecord
+
+log = logging.getLogger("router.requests")
+
+PROTOCOL_NAMES = {"openai_chat": "chat", "anthropic": "messages", "openai_responses": "responses"}
+REASON_CHARS = 60
+
+
+def request_fields(rec: RequestRecord) -> dict[str, Any]:
+    """The facts of one finished request, as the JSON log carries them."""
+    return {
+        "request_id": rec.request_id,
+        "protocol": rec.protocol,
+        "task_id": rec.task_id,
+        "attempt": rec.attempt,
+        "requested_model": rec.requested_model,
+        "chosen_model": rec.chosen_model,
+        "reason": rec.decision_reason,
+        "status": rec.status,
+        "error_type": rec.error_type,
+        "input_tokens": rec.input_tokens,
+        "output_tokens": rec.output_tokens,
+        "cost_usd": rec.cost_usd,
+        "total_ms": rec.total_ms,
+        "stream": rec.stream,
+    }
+
+
+def request_line(rec: RequestRecord) -> str:
+    reason = rec.decision_reason or rec.error_type or "-"
+    if len(reason) > REASON_CHARS:
+        reason = reason[: REASON_CHARS - 1].rstrip() + "…"
+    tokens = f"{rec.input_tokens}/{rec.output_tokens} tok" if rec.input_tokens is not None else "- tok"
+    cost = f"${rec.cost_usd:.6f}" if rec.cost_usd is not None else "$-"
+    ms = f"{rec.total_ms:.0f} ms" if rec.total_ms is not None else "- ms"
+    status = f"{rec.status}" + (f" {rec.error_type}" if rec.error_type else "")
+    return (
+        f"{PROTOCOL_NAMES.get(rec.protocol or '', rec.protocol)} task {rec.task_id or '-'}: "
+        f"{rec.requested_model or '-'} → {rec.chosen_model or '-'} ({reason}) "
+        f"{status} {tokens} {cost} {ms}"
+    )
+
+
+def fallback_lines(rec: RequestRecord) -> list[str]:
+    """One line per backend the request left for another (its tries, in order)."""
+    tries = rec.tries or []
+    return [
+        f"fallback in request {rec.request_id} (task {rec.task_id or '-'}): {a['model']} failed "
+        f"({' '.join(str(x) for x in (a.get('status'), a.get('error_type')) if x)}) → {b['model']}"
+        for a, b in itertools.pairwise(tries)
+        if a["model"] != b["model"]
+    ]
+
+
+def log_request(rec: RequestRecord) -> None:
+    """Called once per request, after its reply has gone out."""
+    if log.isEnabledFor(logging.WARNING):
+        for line in fallback_lines(rec):
+            log.warning(line, extra={"event": "fallback", "request_id": rec.request_id})
+    if log.isEnabledFor(logging.INFO):
+        log.info(request_line(rec), extra={"event": "request", "fields": request_fields(rec)})

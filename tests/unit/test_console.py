@@ -1,0 +1,65 @@
+"""The console's request and fallback lines, and the JSON log format."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from router.app.logs import JsonFormatter
+from router.store.records import RequestRecord
+from router.telemetry import console
+
+
+def _rec(**kw: object) -> RequestRecord:
+    base = dict(request_id="r1", ts=0.0, protocol="anthropic", task_id="t-9", requested_model="claude-x",
+                chosen_model="local-mini", decision_reason="cheapest expected cost among the candidates that fit the prompt and its output",
+                status=200, input_tokens=1200, output_tokens=34, cost_usd=0.000368, total_ms=812.4)  # fmt: skip
+    base.update(kw)
+    return RequestRecord(**base)  # type: ignore[arg-type]
+
+
+def test_request_line_tells_the_story() -> None:
+    line = console.request_line(_rec())
+    assert line.startswith("messages task t-9: claude-x → local-mini (cheapest expected cost")
+    assert line.endswith(" 200 1200/34 tok $0.000368 812 ms")
+    reason = line[line.index("(") + 1 : line.index(")")]
+    assert len(reason) == console.REASON_CHARS and reason.endswith("…")
+
+
+def test_request_line_for_an_error_before_routing() -> None:
+    line = console.request_line(_rec(chosen_model=None, decision_reason=None, status=401, error_type="authentication_error",
+                                     input_tokens=None, cost_usd=None))  # fmt: skip
+    assert "claude-x → - (authentication_error) 401 authentication_error - tok $- 812 ms" in line
+
+
+def test_one_fallback_line_per_backend_left() -> None:
+    tries = [{"model": "a", "status": 500, "error_type": "UpstreamError"}, {"model": "a", "status": 500},
+             {"model": "b", "status": None, "error_type": "BreakerOpen"}, {"model": "c", "status": 200}]  # fmt: skip
+    lines = console.fallback_lines(_rec(tries=tries))
+    assert lines == [
+        "fallback in request r1 (task t-9): a failed (500) → b",
+        "fallback in request r1 (task t-9): b failed (BreakerOpen) → c",
+    ]
+    assert console.fallback_lines(_rec(tries=[{"model": "a", "status": 200}])) == []
+
+
+def test_json_log_lines_carry_the_request_fields(caplog: object) -> None:
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    console.log.addHandler(handler)
+    console.log.setLevel(logging.INFO)
+    try:
+        console.log_request(
+            _rec(tries=[{"model": "x", "status": 503}, {"model": "local-mini", "status": 200}])
+        )
+    finally:
+        console.log.removeHandler(handler)
+        console.log.setLevel(logging.NOTSET)
+    fallback, request = (orjson.loads(JsonFormatter().format(r)) for r in records)
+    assert fallback["level"] == "warning" and fallback["event"] == "fallback"
+    assert request["level"] == "info" and request["event"] == "request"
+    assert request["task_id"] == "t-9" and request["cost_usd"] == 0.000368 and request["status"] == 200
+    assert request["message"] == console.request_line(_rec())
+    assert request["time"].endswith("Z") and request["logger"] == "router.requests"
