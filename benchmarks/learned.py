@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import yaml
 
 from router.features.task import vector as taskfeatures
 from router.learning.training.commands import promote
@@ -82,7 +83,9 @@ def write(directory: Path) -> Path:
     artifact = directory / "learned.json"
     artifact.write_bytes(orjson.dumps(fit(attempts()), option=orjson.OPT_INDENT_2))
     policy = directory / "policy.yaml"
-    policy.write_text(DEMO_POLICY.read_text(encoding="utf-8"), encoding="utf-8")
+    spec = yaml.safe_load(DEMO_POLICY.read_text(encoding="utf-8"))
+    spec["objective"]["exploration"] = {"epsilon": 0.0}  # the demo explores; a benchmark must not
+    policy.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     promote(str(artifact), str(policy))
     return policy
 

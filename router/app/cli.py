@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    import orjson
+
+    from router.policy.config import json_schema
+
+    sys.stdout.write(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
 def cmd_upstream(args: argparse.Namespace) -> int:
     from router.fakeupstream import run
 
@@ -60,7 +70,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     from router.learning.training.commands import train
 
     since = time.time() - _duration(args.since) if args.since else 0.0
-    train(args.store, args.config, args.out, since=since)
+    train(args.store, args.config, args.out, since=since, min_attempts=args.min_attempts, force=args.force)
+    return 0
+
+
+def cmd_outcome(args: argparse.Namespace) -> int:
+    from router.http.outcomes import record_outcome
+
+    attempt = asyncio.run(record_outcome(args.store, args.task_id, args.success, args.score, args.attempt))
+    print(f"task {args.task_id} attempt {attempt}: {'success' if args.success else 'failure'} recorded")
     return 0
 
 
@@ -151,21 +169,48 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+STORE_HELP = "log store URL (env ROUTER_STORE; default sqlite:///router.db)"
+CONFIG_HELP = "policy YAML (env ROUTER_CONFIG; default policies/default.yaml)"
+REDIS_HELP = "also tell every replica sharing this Redis (env ROUTER_REDIS_URL)"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("router")
+    except PackageNotFoundError:
+        return "unknown (not installed; run from a checkout)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="router", description="A cost-aware model router for coding agents.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(
+        prog="router", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill("A cost-aware model router for coding agents: an OpenAI/Anthropic-compatible "
+        "proxy that picks the backend model per request, logs what it cost, and learns from outcomes.", 78),
+        epilog="Start with `router demo --serve` (all local), then `router serve --config YOUR.yaml`.\n"
+        "`router COMMAND --help` shows each command's flags and an example.",
+    )  # fmt: skip
+    p.add_argument("--version", action="version", version=f"router {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--config", help="policy YAML (env ROUTER_CONFIG; default policies/default.yaml)")
-        sp.add_argument("--host", help="bind address (env ROUTER_HOST; default 127.0.0.1)")
-        sp.add_argument("--port", type=int, help="port (env ROUTER_PORT; default 8080)")
-        sp.add_argument("--store", help="log store URL (env ROUTER_STORE; default sqlite:///router.db)")
-        sp.add_argument(
-            "--redis", help="shared state for replicas (env ROUTER_REDIS_URL; default: in-process)"
-        )
+    def command(name: str, summary: str, example: str, description: str = "") -> argparse.ArgumentParser:
+        text = description or summary[0].upper() + summary[1:] + "."
+        return sub.add_parser(
+            name, help=summary, description=textwrap.fill(text, 78), epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
 
-    serve = sub.add_parser("serve", help="run the proxy")
-    common(serve)
+    serve = command("serve", "run the proxy", "ROUTER_MASTER_KEY=... router serve --config policies/default.yaml",
+                    "Run the proxy: /v1/chat/completions, /v1/messages, /v1/responses, the dashboard at /ui, "
+                    "/metrics, /healthz and /readyz. Flags override ROUTER_* environment variables.")  # fmt: skip
+    serve.add_argument("--config", help=CONFIG_HELP)
+    serve.add_argument("--host", help="bind address (env ROUTER_HOST; default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (env ROUTER_PORT; default 8080)")
+    serve.add_argument("--store", help=STORE_HELP)
+    serve.add_argument(
+        "--redis", help="shared state for replicas (env ROUTER_REDIS_URL; default: in-process)"
+    )
     serve.add_argument("--log-level", choices=LEVELS, default=os.environ.get("ROUTER_LOG_LEVEL", "info"),
                        help="info: one line per request; warning: fallbacks, breakers and problems only "
                        "(env ROUTER_LOG_LEVEL; default info)")  # fmt: skip
@@ -174,83 +219,135 @@ def build_parser() -> argparse.ArgumentParser:
                        "(env ROUTER_LOG_FORMAT; default text)")  # fmt: skip
     serve.set_defaults(func=cmd_serve)
 
-    check = sub.add_parser("check", help="validate a policy file and exit")
-    common(check)
-    check.set_defaults(func=cmd_check)
+    check = command(
+        "check", "validate a policy file and exit", "router check --config policies/examples/local.yaml"
+    )
+    check.add_argument("--config", help=CONFIG_HELP)
+    check.set_defaults(func=cmd_check, host=None, port=None, store=None)
 
-    up = sub.add_parser("upstream", help="run the local fake provider (OpenAI + Anthropic wire formats)")
-    up.add_argument("--host")
-    up.add_argument("--port", type=int)
-    up.set_defaults(func=cmd_upstream)
+    schema = command("schema", "print the policy file's JSON Schema (for editors and CI)",
+                     "router schema > policies/policy.schema.json",
+                     "Print the JSON Schema of policy files. Editors with the YAML language server use it "
+                     "through the first line of each shipped policy: # yaml-language-server: $schema=...")  # fmt: skip
+    schema.set_defaults(func=cmd_schema)
 
-    tr = sub.add_parser("train", help="fit the learned policy from the log and evaluate it off-policy")
-    tr.add_argument("--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"))
-    tr.add_argument("--config", default=os.environ.get("ROUTER_CONFIG", "policies/default.yaml"))
-    tr.add_argument("--out", required=True, help="artifact path, e.g. policies/learned/NAME.json")
-    tr.add_argument("--since", help="only requests this recent (e.g. 7d)")
-    tr.set_defaults(func=cmd_train)
-
-    mg = sub.add_parser("migrate", help="create or upgrade the log store's schema, then exit")
-    mg.add_argument("--store", help="log store URL (env ROUTER_STORE)")
-    mg.set_defaults(func=cmd_migrate)
-
-    pr = sub.add_parser("promote", help="pin a trained artifact in a policy file (routers reload it)")
-    pr.add_argument("artifact")
-    pr.add_argument("--config", required=True)
-    pr.add_argument("--redis", help="also tell every replica sharing this Redis (env ROUTER_REDIS_URL)")
-    pr.set_defaults(func=cmd_promote)
-
-    rb = sub.add_parser("rollback", help="put an earlier policy revision back (routers reload it)")
-    rb.add_argument("--config", help="policy YAML (env ROUTER_CONFIG; default policies/default.yaml)")
-    rb.add_argument("--to", metavar="REVISION", help="the revision (default: the one applied before)")
-    rb.add_argument("--redis", help="also tell every replica sharing this Redis (env ROUTER_REDIS_URL)")
-    rb.set_defaults(func=cmd_rollback)
-
-    demo = sub.add_parser("demo", help="local upstream + router + example requests, end to end")
-    demo.add_argument("--store", default="sqlite:///router.db")
+    demo = command("demo", "local upstream + router + example requests, end to end", "router demo --serve --port 8080",
+                   "Start a local fake provider and the router on the demo policy, send a few typical agent "
+                   "requests in both protocols, and print what was decided. With --serve, keep serving (and "
+                   "print the dashboard's URL) until Ctrl-C.")  # fmt: skip
+    demo.add_argument(
+        "--store", default="sqlite:///router.db", help="log store URL (default sqlite:///router.db)"
+    )
     demo.add_argument("--serve", action="store_true", help="keep serving after the demo requests")
     demo.add_argument(
         "--port", type=int, help="the router's port (default 8080, or a free one if taken; 0: any)"
     )
     demo.set_defaults(func=cmd_demo)
 
-    def window(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"),
-                        help="log store URL (env ROUTER_STORE; default sqlite:///router.db)")  # fmt: skip
-        sp.add_argument("--since", default="24h", help="how far back: 90s, 15m, 2h, 7d, 1w (default 24h)")
+    up = command("upstream", "run the local fake provider (OpenAI + Anthropic wire formats)",
+                 "router upstream --port 9100")  # fmt: skip
+    up.add_argument("--host", help="bind address (default 127.0.0.1)")
+    up.add_argument("--port", type=int, help="port (default 9100)")
+    up.set_defaults(func=cmd_upstream)
+
+    def window(sp: argparse.ArgumentParser, since: str = "24h") -> None:
+        sp.add_argument(
+            "--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP
+        )
+        sp.add_argument(
+            "--since", default=since, help=f"how far back: 90s, 15m, 2h, 7d, 1w (default {since})"
+        )
         sp.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
-    report = sub.add_parser("report", help="phases, rates, cost and errors per group, from the log")
-    window(report)
-    report.add_argument("--by", choices=["backend", "route", "task", "policy", "arm"], default="backend")
-    report.add_argument("--plot", metavar="FILE.png", help="also write stacked phases and distributions")
-    report.set_defaults(func=cmd_report)
+    tasks = command("tasks", "the task ledger: requests, tokens, cost and outcome per task",
+                    "router tasks --recent", "The task ledger: requests, tokens, cost and verdict per task, "
+                    "most recent first. --recent prints one plain line per task with its full id, for "
+                    "`router outcome`.")  # fmt: skip
+    window(tasks)
+    tasks.add_argument("--task", help="only this task id")
+    tasks.add_argument("--recent", type=int, nargs="?", const=20, metavar="N",
+                       help="the N most recent tasks (default 20), one plain line each, full ids")  # fmt: skip
+    tasks.set_defaults(func=cmd_tasks)
 
-    pv = sub.add_parser("preview", help="decide the logged requests again under a new policy: moves, cost, "
-                        "success, risks")  # fmt: skip
-    window(pv)
-    pv.set_defaults(since="7d")
+    out = command("outcome", "record whether a task succeeded (the label training learns from)",
+                  "router outcome t-4afc33bcc506b5d8c70da63f --success",
+                  "Record the verdict on a task's latest attempt (or --attempt N) in the log, as POST "
+                  "/v1/outcomes does. An explicit verdict overrides every signal the router inferred.")  # fmt: skip
+    out.add_argument("task_id", help="the task's id as `router tasks --recent` prints it")
+    verdict = out.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--success", dest="success", action="store_true", help="the task was done")
+    verdict.add_argument("--failure", dest="success", action="store_false", help="it was not")
+    out.add_argument("--score", type=float, help="a score in [0, 1] besides the verdict (optional)")
+    out.add_argument("--attempt", type=int, help="which attempt (default: the task's latest)")
+    out.add_argument(
+        "--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP
+    )
+    out.set_defaults(func=cmd_outcome)
+
+    tr = command("train", "fit the learned policy from the log and evaluate it off-policy",
+                 "router train --config policies/examples/local.yaml --out policies/learned/p1.json",
+                 "Fit the learned policy from the labelled tasks in the log, evaluate it off-policy against "
+                 "the policy that produced the log, and write a versioned artifact. Refuses when some model "
+                 "has too few labelled attempts (--force trains anyway).")  # fmt: skip
+    tr.add_argument("--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP)
+    tr.add_argument("--config", default=os.environ.get("ROUTER_CONFIG", "policies/default.yaml"),
+                    help="the policy the artifact is for: its objective and models (env ROUTER_CONFIG)")  # fmt: skip
+    tr.add_argument("--out", required=True, help="artifact path, e.g. policies/learned/NAME.json")
+    tr.add_argument("--since", help="only requests this recent (e.g. 7d; default: the whole log)")
+    tr.add_argument("--min-attempts", type=int, default=10, metavar="N",
+                    help="labelled attempts needed per model (default 10)")  # fmt: skip
+    tr.add_argument("--force", action="store_true", help="train even below --min-attempts")
+    tr.set_defaults(func=cmd_train)
+
+    pv = command("preview", "decide the logged requests again under a new policy: moves, cost, success, risks",
+                 "router preview --config policies/candidate.yaml --since 7d")  # fmt: skip
+    window(pv, since="7d")
     pv.add_argument("--config", required=True, help="the new policy YAML")
     pv.set_defaults(func=cmd_preview)
 
-    tasks = sub.add_parser("tasks", help="the task ledger: requests, tokens, cost and outcome per task")
-    window(tasks)
-    tasks.add_argument("--task", help="only this task id")
-    tasks.set_defaults(func=cmd_tasks)
+    pr = command("promote", "pin a trained artifact in a policy file (routers reload it)",
+                 "router promote policies/learned/p1.json --config policies/default.yaml")  # fmt: skip
+    pr.add_argument("artifact", help="the artifact `router train` wrote")
+    pr.add_argument("--config", required=True, help="the policy file to pin it in")
+    pr.add_argument("--redis", help=REDIS_HELP)
+    pr.set_defaults(func=cmd_promote)
+
+    rb = command("rollback", "put an earlier policy revision back (routers reload it)",
+                 "router rollback --config policies/default.yaml")  # fmt: skip
+    rb.add_argument("--config", help=CONFIG_HELP)
+    rb.add_argument("--to", metavar="REVISION", help="the revision (default: the one applied before)")
+    rb.add_argument("--redis", help=REDIS_HELP)
+    rb.set_defaults(func=cmd_rollback)
+
+    report = command("report", "phases, rates, cost and errors per group, from the log",
+                     "router report --since 1h --by backend")  # fmt: skip
+    window(report)
+    from router.telemetry.report import GROUP_COLUMNS
+
+    report.add_argument(
+        "--by", choices=list(GROUP_COLUMNS), default="backend", help="how to group (default backend)"
+    )
+    report.add_argument("--plot", metavar="FILE.png", help="also write stacked phases and distributions")
+    report.set_defaults(func=cmd_report)
 
     from router.learning.evals.commands import add_arguments as add_eval
 
-    ev = sub.add_parser("eval", help="offline evaluation of the learned policy on recorded agent outcomes")
+    ev = command("eval", "offline evaluation of the learned policy on recorded agent outcomes",
+                 "router eval --folds 5")  # fmt: skip
     add_eval(ev)
     ev.set_defaults(func=cmd_eval)
 
     from router.learning.labels.commands import add_arguments as add_eval_labels
 
-    el = sub.add_parser(
-        "eval-labels", help="measure the outcome label on replayed agent trajectories (both shapes)"
-    )
+    el = command("eval-labels", "measure the outcome label on replayed agent trajectories (both shapes)",
+                 "router eval-labels")  # fmt: skip
     add_eval_labels(el)
     el.set_defaults(func=cmd_eval_labels)
+
+    mg = command("migrate", "create or upgrade the log store's schema, then exit",
+                 "router migrate --store postgresql://router@db/router")  # fmt: skip
+    mg.add_argument("--store", help=STORE_HELP)
+    mg.set_defaults(func=cmd_migrate)
 
     from router.http.keys import add_parser as add_keys
 
@@ -263,8 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
     try:
         return int(args.func(args))
-    except ConfigError as exc:
-        print(f"router: configuration error:\n{exc}", file=sys.stderr)
+    except ConfigError as exc:  # the message names the file or flag; no traceback
+        print(f"router {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down cleanly and re-raised it; no traceback
         return 130

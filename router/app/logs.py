@@ -41,10 +41,16 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
+    """Ours, so that configuring again replaces it and leaves anyone else's (a test harness's) alone."""
+
+
 def configure(level: str = "info", fmt: str = "text") -> None:
-    """Replace the root handler (idempotent: calling again switches level or format)."""
-    handler = logging.StreamHandler()
+    """Log to stderr at ``level`` in ``fmt`` (calling again switches level or format)."""
+    handler = _Handler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
     root.setLevel(level.upper())

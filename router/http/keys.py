@@ -113,7 +113,9 @@ def add_parser(sub: Any, default_store: str) -> None:
         sp.add_argument("--json", action="store_true", help="print JSON")
 
     create = actions.add_parser("create", help="create a key (printed once; only its hash is stored)")
-    create.add_argument("--name", required=True, type=_name)
+    create.add_argument(
+        "--name", required=True, type=_name, help="who or what the key is for (shown in listings)"
+    )
     create.add_argument("--budget", type=_positive(float), help="spend limit in USD")
     create.add_argument("--rpm", type=_positive(int), help="requests per minute")
     create.add_argument("--tpm", type=_positive(int), help="tokens per minute")

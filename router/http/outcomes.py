@@ -17,10 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, RouterError
+from router.errors import BadRequest, ConfigError, RouterError
 from router.features.task.identity import scoped
 from router.protocols.common import load_json, validation_message
+from router.store import mask_url
 from router.store.records import OutcomeRecord
+from router.store.window import opened
 
 if TYPE_CHECKING:
     from router.app.factory import Services
@@ -76,3 +78,25 @@ async def post_outcome(request: Request, s: Services) -> Response:
         return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
     result = {"task_id": out.task_id, "attempt": attempt, "success": out.success, "recorded": True}
     return Response(orjson.dumps(result), 200, media_type="application/json")
+
+
+async def record_outcome(
+    store_url: str, task_id: str, success: bool, score: float | None = None, attempt: int | None = None
+) -> int:
+    """``router outcome``: the same explicit verdict as ``POST /v1/outcomes``, written to the log
+    directly (a running router's task memory does not hear of it). Returns the attempt judged."""
+    if score is not None and not 0 <= score <= 1:
+        raise ConfigError(f"--score: expected a number in [0, 1], got {score}")
+    async with opened(store_url) as store:
+        rows = await store.requests_for_task(task_id)
+        if not rows:
+            raise ConfigError(
+                f"no request of task {task_id!r} is in {mask_url(store_url)} (`router tasks --recent` lists ids)"
+            )
+        judged = attempt or max(r.get("attempt") or 1 for r in rows)
+        rec = OutcomeRecord(
+            task_id=task_id, attempt=judged, success=success, score=score, source=EXPLICIT,
+            details={"client_source": "cli"}, ts=time.time(), explicit=True,
+        )  # fmt: skip
+        await store.write_outcome(rec)
+    return judged

@@ -8,9 +8,11 @@ sections, so that a bad file fails at startup with the file and field path in th
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from router.errors import ConfigError
 from router.learning.labels.model import LabelModel
 from router.learning.labels.model import default as default_labels
-from router.policy.interpolate import format_path, interpolate
+from router.policy.interpolate import interpolate, named_path
 from router.policy.rules import Condition, compile_condition
 
 Protocol = Literal["openai", "anthropic", "openai_responses"]
@@ -290,7 +292,7 @@ class Policy:
             else default_labels()
         )
         self.rules = [
-            CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}].when"))
+            CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}] (name {r.name!r}).when"))
             for i, r in enumerate(spec.rules)
         ]
         self._check_references()
@@ -306,28 +308,32 @@ class Policy:
             seen: set[str] = set()
             for i, m in enumerate(self.spec.models):
                 if m.id in seen:
-                    raise ConfigError(f"{self.source}: models[{i}].id: duplicate model id {m.id!r}")
+                    raise ConfigError(f"{self.source}: models[{i}] (id {m.id!r}): duplicate model id")
                 seen.add(m.id)
 
         def check(ids: list[str] | None, path: str) -> None:
             for j, mid in enumerate(ids or []):
                 if mid not in self.models:
-                    raise ConfigError(f"{self.source}: {path}[{j}]: unknown model id {mid!r}")
+                    near = difflib.get_close_matches(mid, list(self.models), n=1, cutoff=0.6)
+                    hint = f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(self.models)})"
+                    raise ConfigError(f"{self.source}: {path}[{j}]: unknown model id {mid!r}{hint}")
 
         for i, route in enumerate(self.routes):
-            check(route.candidates, f"routes[{i}].candidates")
-            check(route.fallbacks, f"routes[{i}].fallbacks")
+            where = f"routes[{i}] (match {route.match!r})"
+            check(route.candidates, f"{where}.candidates")
+            check(route.fallbacks, f"{where}.fallbacks")
             if route.passthrough is not None:
-                check([route.passthrough], f"routes[{i}].passthrough")
+                check([route.passthrough], f"{where}.passthrough")
         for i, (rule, compiled) in enumerate(zip(self.spec.rules, self.rules, strict=True)):
-            check(rule.only, f"rules[{i}].only")
-            check(rule.exclude, f"rules[{i}].exclude")
-            check(rule.prefer, f"rules[{i}].prefer")
+            where = f"rules[{i}] (name {rule.name!r})"
+            check(rule.only, f"{where}.only")
+            check(rule.exclude, f"{where}.exclude")
+            check(rule.prefer, f"{where}.prefer")
             for field in compiled.condition.fields():
                 if field not in RULE_FIELDS and not field.startswith("headers."):
                     known = ", ".join(sorted(RULE_FIELDS))
                     raise ConfigError(
-                        f"{self.source}: rules[{i}].when: unknown feature {field!r} "
+                        f"{self.source}: {where}.when: unknown feature {field!r} "
                         f"(known: {known}, headers.<name>)"
                     )
 
@@ -353,14 +359,17 @@ def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
             )
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        # PyYAML names a string it parsed "<unicode string>": say which file it was.
+        raise ConfigError(
+            f"{source}: not valid YAML: {exc}".replace('"<unicode string>"', f'"{source}"')
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     raw = interpolate(raw, env, source=source)
     try:
         spec = PolicyFile.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source)) from None
+        raise ConfigError(_describe(exc, source, raw)) from None
     return Policy(spec, source)
 
 
@@ -396,14 +405,51 @@ def _expanded_size(root: yaml.Node) -> int:
     return sizes[id(root)]
 
 
-def _describe(exc: ValidationError, source: str) -> str:
+def _describe(exc: ValidationError, source: str, raw: Mapping[str, Any]) -> str:
     lines = []
     for err in exc.errors():
-        where = format_path(
-            [p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")]
-        )
+        loc = [p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")]
+        where = named_path(loc, raw)
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+            near = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1, cutoff=0.6)
+            if near:
+                msg += f" (did you mean {near[0]!r}?)"
         lines.append(f"{source}: {where or '(top level)'}: {msg}")
     return "\n".join(lines)
+
+
+def _known_keys(loc: Sequence[str | int]) -> list[str]:
+    """The field names allowed at ``loc`` (a path into ``PolicyFile``), for "did you mean"."""
+    model: Any = PolicyFile
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = (
+            model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        )
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside ``X``, ``X | None``, ``list[X]`` or ``Annotated[X, ...]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def json_schema() -> dict[str, Any]:
+    """The policy file's JSON Schema (``router schema``; ``policies/policy.schema.json``)."""
+    schema = PolicyFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "router policy"
+    schema["description"] = "A policy file of the cost-aware router: models, routes, rules, objective."
+    return schema

@@ -14,7 +14,7 @@ from typing import Any
 
 from router.errors import ConfigError
 
-__all__ = ["format_path", "interpolate"]
+__all__ = ["format_path", "interpolate", "named_path"]
 
 # One alternation so a single left-to-right scan sees escapes before references:
 # ``$${X}`` must become the literal ``${X}``, not ``$`` + the value of X.
@@ -45,12 +45,29 @@ def format_path(parts: Sequence[str | int]) -> str:
     return "".join(out)
 
 
-def _located(source: str, parts: Sequence[str | int], message: str) -> ConfigError:
-    path = format_path(parts)
+#: The key that names an item of each top-level list, shown beside its index.
+ITEM_NAMES = {"models": "id", "routes": "match", "rules": "name"}
+
+
+def named_path(parts: Sequence[str | int], root: Any) -> str:
+    """``models[2].api_base`` → ``models[2] (id 'gpt-x').api_base``: an index alone is hard to find
+    in a long file. ``root`` is the document the path points into."""
+    if len(parts) >= 2 and isinstance(parts[1], int) and parts[0] in ITEM_NAMES and isinstance(root, Mapping):
+        key = ITEM_NAMES[str(parts[0])]
+        items = root.get(parts[0])
+        item = items[parts[1]] if isinstance(items, list) and parts[1] < len(items) else None
+        name = item.get(key) if isinstance(item, Mapping) else None
+        if isinstance(name, str):
+            return f"{format_path(parts[:2])} ({key} {name!r})" + format_path(["x", *parts[2:]])[1:]
+    return format_path(parts)
+
+
+def _located(source: str, parts: Sequence[str | int], message: str, root: Any) -> ConfigError:
+    path = named_path(parts, root)
     return ConfigError(f"{source}: {path}: {message}" if path else f"{source}: {message}")
 
 
-def _expand(text: str, env: Mapping[str, str], source: str, parts: list[str | int]) -> str:
+def _expand(text: str, env: Mapping[str, str], source: str, parts: list[str | int], root: Any) -> str:
     def substitute(match: re.Match[str]) -> str:
         name = match.group("name")
         if name is not None:
@@ -63,6 +80,7 @@ def _expand(text: str, env: Mapping[str, str], source: str, parts: list[str | in
                     source,
                     parts,
                     f"environment variable {name} is not set (use ${{{name}:-default}} for a default)",
+                    root,
                 )
             return value
         if match.group(0) == "$${":
@@ -77,6 +95,7 @@ def _expand(text: str, env: Mapping[str, str], source: str, parts: list[str | in
             f"malformed variable reference {shown!r}{reason}: "
             "write ${NAME} or ${NAME:-default} (NAME: letters, digits, '_', not starting with a digit), "
             "or $${ for a literal ${",
+            root,
         )
 
     return _TOKEN.sub(substitute, text)
@@ -95,13 +114,13 @@ def interpolate(tree: Any, env: Mapping[str, str], *, source: str) -> Any:
 
     def walk(node: Any) -> Any:
         if isinstance(node, str):
-            return _expand(node, env, source, parts) if "$" in node else node
+            return _expand(node, env, source, parts, tree) if "$" in node else node
         if not isinstance(node, Mapping | list | tuple):
             return node
         if id(node) in on_path:
-            raise _located(source, parts, "the document refers to itself (recursive anchor)")
+            raise _located(source, parts, "the document refers to itself (recursive anchor)", tree)
         if len(parts) >= _MAX_DEPTH:
-            raise _located(source, parts, f"nested deeper than {_MAX_DEPTH} levels")
+            raise _located(source, parts, f"nested deeper than {_MAX_DEPTH} levels", tree)
         on_path.add(id(node))
         try:
             if isinstance(node, Mapping):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -167,9 +168,13 @@ def run_tasks(args: argparse.Namespace) -> int:
     ledgers = task_ledgers(window.requests, window.outcomes)
     if args.task:
         ledgers = [x for x in ledgers if x["task_id"] == args.task]
+    if getattr(args, "recent", None):
+        ledgers = ledgers[: args.recent]
     result = {"since": window.since, "until": window.until, "summary": summary(ledgers), "tasks": ledgers}
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    elif getattr(args, "recent", None):
+        render_recent(ledgers)
     else:
         render(result)
     return 0
@@ -184,6 +189,17 @@ def tokens(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e4 else str(n)
 
 
+def render_recent(ledgers: Sequence[Mapping[str, Any]]) -> None:
+    """One plain line per task, the full id first: nothing to truncate, easy to copy or cut."""
+    if not ledgers:
+        print("no task in this window (try --since 7d)")
+    for x in ledgers:
+        o = x["outcome"]
+        verdict = "no verdict" if o is None else f"{'success' if o['success'] else 'failure'} ({o['source']})"
+        last = time.strftime("%Y-%m-%d %H:%M", time.localtime(x["last_end_ts"] or 0))
+        print(f"{x['task_id']}  {last}  {x['requests']} requests  ${usd(x['cost_usd']['total'])}  {verdict}")
+
+
 def render(result: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -192,12 +208,14 @@ def render(result: Mapping[str, Any]) -> None:
     table = Table(title="Tasks (most recent first)", title_justify="left")
     for col in ("task", "attempts", "requests (side)", "backends", "in/cached/out tokens", "cost $",
                 "in/out/cache r/w $", "outcome", "time"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("task", "backends", "outcome") else "right")
+        table.add_column(
+            col, justify="left" if col in ("task", "backends", "outcome") else "right", overflow="fold"
+        )
     for x in result["tasks"]:
         t, c, o = x["tokens"], x["cost_usd"], x["outcome"]
         verdict = "—" if o is None else f"{'done' if o['success'] else 'failed'} ({o['source']})"
         table.add_row(
-            x["task_id"][:32], str(len(x["attempts"])), f"{x['requests']} ({x['side_calls']['requests']})",
+            x["task_id"], str(len(x["attempts"])), f"{x['requests']} ({x['side_calls']['requests']})",
             ", ".join(f"{b} x{v['requests']}" for b, v in x["backends"].items()),
             "/".join(tokens(t[k]) for k in ("input", "cache_read", "output")), usd(c["total"]),
             "/".join(usd(c[k]) for k in ("input", "output", "cache_read", "cache_write")),

@@ -213,7 +213,7 @@ def render(report: Mapping[str, Any]) -> None:
     summary = Table(title="Load, errors, cache, cost; token rates are medians", title_justify="left")
     for col in ("group", "reqs", "req/s", "conc", "errors", "retried", "fell back", "cached in", "$/req",
                 "$/done task", "prefill tok/s", "decode tok/s"):  # fmt: skip
-        summary.add_column(col, justify="left" if col == "group" else "right")
+        summary.add_column(col, justify="left" if col == "group" else "right", overflow="fold")
     for g in groups:
         per_task = g["cost_per_completed_task_usd"]
         if per_task is None:
@@ -229,7 +229,7 @@ def render(report: Mapping[str, Any]) -> None:
     console.print(summary)
     phases = Table(title="Phases in ms (successful requests); share of end to end", title_justify="left")
     for col in ("group", "phase", "n", "p50", "p95", "p99", "share"):
-        phases.add_column(col, justify="left" if col in ("group", "phase") else "right")
+        phases.add_column(col, justify="left" if col in ("group", "phase") else "right", overflow="fold")
     for g in groups:
         for i, (phase, s) in enumerate(g["phases_ms"].items()):
             phases.add_row(g["key"] if i == 0 else "", phase.removesuffix("_ms"), str(s["n"]), _ms(s["p50"]),

@@ -32,6 +32,8 @@ def local_policy(upstream_url: str, **overrides: Any) -> dict[str, Any]:
     """The demo policy (policies/examples/local.yaml) pointed at a test upstream."""
     text = (Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_text()
     policy = yaml.safe_load(text.replace("${ROUTER_LOCAL_UPSTREAM:-http://127.0.0.1:9100}", upstream_url))
+    # The demo explores; tests want the policy's own choice every time.
+    policy["objective"]["exploration"] = {"epsilon": 0.0}
     policy.update(overrides)
     return policy
 

@@ -523,11 +523,11 @@ routes:
 """
 
 BAD_POLICIES = {
-    "unknown top-level key": ("version: 1\nmodles: []\n" + GOOD_MODEL, "modles: unknown field"),
+    "unknown top-level key": ("version: 1\nmodles: []\n" + GOOD_MODEL, "modles: unknown field (did you mean 'models'?)"),
     "unknown nested key": (GOOD_MODEL.replace("    context_window", "    api_bse: http://x\n    context_window"),
-                           "models[0].api_bse: unknown field"),
-    "wrong type": (GOOD_MODEL.replace("context_window: 1000", "context_window: lots"), "models[0].context_window"),
-    "list for a mapping": (GOOD_MODEL.replace("prices: {input: 1, output: 2}", "prices: [1, 2]"), "models[0].prices"),
+                           "models[0] (id 'm').api_bse: unknown field (did you mean 'api_base'?)"),
+    "wrong type": (GOOD_MODEL.replace("context_window: 1000", "context_window: lots"), "models[0] (id 'm').context_window"),
+    "list for a mapping": (GOOD_MODEL.replace("prices: {input: 1, output: 2}", "prices: [1, 2]"), "models[0] (id 'm').prices"),
     "string for a list": (GOOD_MODEL + "rules: all\n", "rules"),
     "api_base not http": (GOOD_MODEL.replace("http://127.0.0.1:9/v1", "file:///etc/passwd"), "api_base"),
     "key in place of a variable name": (GOOD_MODEL.replace("    prices", "    api_key_env: sk-live-123\n    prices"),

@@ -87,5 +87,5 @@ def test_bad_config_fails_at_startup_with_the_field_path(tmp_path: Path) -> None
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert f"{config}: models[0].colour: unknown field" in proc.stderr
+    assert f"{config}: models[0] (id 'a').colour: unknown field" in proc.stderr
     assert "Traceback" not in proc.stderr

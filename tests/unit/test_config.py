@@ -50,25 +50,33 @@ def test_interpolation_default_and_override() -> None:
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda t: t.replace("protocol: openai", "protocol: grpc"), "p.yaml: models[0].protocol:"),
+        (lambda t: t.replace("protocol: openai", "protocol: grpc"), "p.yaml: models[0] (id 'a').protocol:"),
         (lambda t: t.replace("context_window: 1000", "context_window: 1000\n    colour: red"),
-         "p.yaml: models[0].colour: unknown field"),
-        (lambda t: t.replace("context_window: 1000", "context_window: big"), "p.yaml: models[0].context_window:"),
+         "p.yaml: models[0] (id 'a').colour: unknown field"),
+        (lambda t: t.replace("context_window: 1000", "context_window: big"), "p.yaml: models[0] (id 'a').context_window:"),
         (lambda t: t.replace("candidates: [a]", "candidates: [b]"),
-         "p.yaml: routes[0].candidates[0]: unknown model id 'b'"),
+         "p.yaml: routes[0] (match 'auto').candidates[0]: unknown model id 'b' (known: a)"),
         (lambda t: t + "surprise: 1\n", "p.yaml: surprise: unknown field"),
-        (lambda t: t.replace("${UP:-http://127.0.0.1:9100}", "${UP}"), "p.yaml: models[0].api_base"),
+        (lambda t: t.replace("${UP:-http://127.0.0.1:9100}", "${UP}"), "p.yaml: models[0] (id 'a').api_base"),
         (lambda t: t.replace("api_base: ${UP:-http://127.0.0.1:9100}/v1", "api_base: file:///etc/passwd"),
-         "p.yaml: models[0]: Value error, api_base must start with http"),
+         "p.yaml: models[0] (id 'a'): Value error, api_base must start with http"),
         (lambda t: t + "rules:\n  - name: r\n    when: {prompt_tokens: {$gt: 1}}\n",
-         "p.yaml: rules[0]: Value error, a rule needs"),
+         "p.yaml: rules[0] (name 'r'): Value error, a rule needs"),
         (lambda t: t + "rules:\n  - name: r\n    when: {colour: red}\n    exclude: [a]\n",
-         "p.yaml: rules[0].when: unknown feature 'colour'"),
+         "p.yaml: rules[0] (name 'r').when: unknown feature 'colour'"),
         (lambda t: t + "rules:\n  - name: r\n    when: {prompt_tokens: {$where: 1}}\n    exclude: [a]\n",
-         "p.yaml: rules[0].when"),
+         "p.yaml: rules[0] (name 'r').when"),
         (lambda t: t.replace("candidates: [a]", "candidates: [a]\n    passthrough: a"),
-         "p.yaml: routes[0]: Value error, give exactly one"),
+         "p.yaml: routes[0] (match 'auto'): Value error, give exactly one"),
         (lambda t: "!!python/object/apply:os.system ['true']\n" + t, "p.yaml: not valid YAML"),
+        (lambda t: t.replace("routes:", "routes: [\n"), 'in "p.yaml", line'),  # never "<unicode string>"
+        (lambda t: t.replace("context_window: 1000", "context_windw: 1000"),
+         "p.yaml: models[0] (id 'a').context_windw: unknown field (did you mean 'context_window'?)"),
+        (lambda t: t.replace("candidates: [a]", "candidates: [a]\n    fallback: [a]"),
+         "p.yaml: routes[0] (match 'auto').fallback: unknown field (did you mean 'fallbacks'?)"),
+        (lambda t: t + "objectiv: {}\n", "p.yaml: objectiv: unknown field (did you mean 'objective'?)"),
+        (lambda t: t.replace("prices: {input: 1, output: 2}", "prices: {input: 1, outptu: 2}"),
+         "p.yaml: models[0] (id 'a').prices.outptu: unknown field (did you mean 'output'?)"),
         (lambda t: "- just\n- a list\n", "p.yaml: the top level must be a mapping"),
     ],
 )  # fmt: skip
@@ -80,7 +88,7 @@ def test_errors_name_file_and_field(mutate, expected: str) -> None:  # type: ign
 
 def test_duplicate_model_ids() -> None:
     text = BASE.replace("routes:", "  - id: a\n    litellm_model: openai/b\n    protocol: openai\nroutes:")
-    with pytest.raises(ConfigError, match=r"models\[1\]\.id: duplicate model id 'a'"):
+    with pytest.raises(ConfigError, match=r"models\[1\] \(id 'a'\): duplicate model id"):
         parse(text)
 
 
@@ -110,3 +118,29 @@ def test_missing_key_names_the_variable() -> None:
     with pytest.raises(MissingCredentials, match="MY_KEY"):
         backend.api_key(env={})
     assert backend.api_key(env={"MY_KEY": "k"}) == "k"
+
+
+def test_committed_schema_is_current_and_every_shipped_policy_points_at_it_and_passes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import jsonschema
+    import orjson
+    import yaml
+
+    from router.app.cli import main
+    from router.policy.config import json_schema
+
+    committed = orjson.loads((ROOT / "policies/policy.schema.json").read_bytes())
+    assert committed == json_schema(), "regenerate: router schema > policies/policy.schema.json"
+    assert main(["schema"]) == 0
+    assert orjson.loads(capsys.readouterr().out) == committed
+    validator = jsonschema.Draft202012Validator(committed)
+    for path in [ROOT / "policies/default.yaml", *sorted((ROOT / "policies/examples").glob("*.yaml"))]:
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# yaml-language-server: $schema="), path
+        assert (path.parent / first.split("=", 1)[1]).resolve() == ROOT / "policies/policy.schema.json"
+        errors = list(validator.iter_errors(yaml.safe_load(path.read_text())))
+        assert not errors, (path, errors[:1])
+    typo = yaml.safe_load((ROOT / "policies/examples/local.yaml").read_text())
+    typo["models"][0]["context_windw"] = 1
+    assert list(validator.iter_errors(typo))  # the editor flags what the router would refuse

@@ -271,3 +271,25 @@ def test_output_tokens_are_learned_per_model_and_used_by_the_decision() -> None:
     assert 30 <= terse <= 60 and 300 <= verbose <= 600  # ~20·10^0.3 ≈ 40 and ~400
     assert artifact.expected_output("verbose", 100_000) > verbose  # grows with the prompt
     assert artifact.expected_output("unknown", 10_000) is None
+
+
+def test_offpolicy_success_and_its_interval_stay_probabilities() -> None:
+    # Few matched attempts with small propensities: IPS weights carry the raw estimate past 1.
+    rows = [
+        dataset.AttemptRow(
+            task_id=f"t{i}",
+            attempt=1,
+            model="a" if i < 3 else "b",
+            vector={},
+            success=True,
+            label_source="explicit",
+            cost=1.0,
+            n_calls=1,
+            propensity=0.1,
+            actions=["a", "b"],
+        )
+        for i in range(10)
+    ]
+    est = offpolicy.evaluate(rows, lambda r: "a", snips=False)
+    assert 0.0 <= est.ci_success[0] <= est.ci_success[1] <= 1.0
+    assert est.success == 1.0  # 3 matched x weight 10 / 10 rows = 3.0 unclamped

@@ -72,7 +72,11 @@ def print_table(report: dict[str, Any], console: Console) -> None:
         "attempts",
         "chosen on training",
     ):
-        t.add_column(col, justify="left" if col in ("policy / baseline", "chosen on training") else "right")
+        t.add_column(
+            col,
+            justify="left" if col in ("policy / baseline", "chosen on training") else "right",
+            overflow="fold",
+        )
     for name, m, chosen in rows(report):
         style = "bold" if name.startswith("policy") else ("dim" if name.startswith("single:") else None)
         t.add_row(name, _pm(m, "resolved_rate", "{:.1%}"), _pm(m, "cost_per_task", "{:.4f}"),
@@ -81,7 +85,7 @@ def print_table(report: dict[str, Any], console: Console) -> None:
     console.print(t)
     f = Table(title="policy frontier (success floor swept)")
     for col in ("min_success", "resolved", "$ / task", "$ / completed", "attempts"):
-        f.add_column(col, justify="right")
+        f.add_column(col, justify="right", overflow="fold")
     for pt in report["frontier"]:
         knob = "none" if pt["min_success"] is None else f"{pt['min_success']:g}"
         f.add_row(knob, _pm(pt, "resolved_rate", "{:.1%}"), _pm(pt, "cost_per_task", "{:.4f}"),

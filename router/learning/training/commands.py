@@ -23,16 +23,28 @@ from router.learning.training.outputs import fit_output_tokens
 from router.policy.config import Policy, load_policy
 from router.policy.learned import Artifact, LearnedScorer, Objective
 from router.state import StateConfig, open_state
-from router.store import open_store
+from router.store.window import opened
+
+#: Fewer labelled attempts than this on some model and ``router train`` refuses (``--force``
+#: overrides): a success rate from a handful of tasks says more about the tasks than the model.
+MIN_ATTEMPTS_PER_MODEL = 10
 
 
 async def read_log(store_url: str, since: float = 0.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    store = open_store(store_url)
-    await store.open()
-    try:
+    async with opened(store_url) as store:  # a missing file is an error, never a new empty log
         return await store.requests_since(since), await store.outcomes_since(0.0)
-    finally:
-        await store.close()
+
+
+def attempts_per_model(rows: list[dataset.AttemptRow]) -> dict[str, int]:
+    """Labelled attempts per model, every model the logged decisions could choose included (at 0)."""
+    counts = dict.fromkeys(sorted({m for r in rows for m in r.actions}), 0)
+    for r in rows:
+        counts[r.model] = counts.get(r.model, 0) + 1
+    return counts
+
+
+class TooFewLabels(ConfigError):
+    """Not enough labelled attempts to train on (a usage error, reported in one line)."""
 
 
 def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
@@ -43,12 +55,24 @@ def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
 
 
 def train(
-    store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None
-) -> dict[str, Any]:
+    store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None, *,
+    min_attempts: int = MIN_ATTEMPTS_PER_MODEL, force: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     console = console or Console()
     policy = load_policy(config)
     requests, outcomes = asyncio.run(read_log(store_url, since))
     rows = dataset.build(requests, outcomes, abandon_after_s=policy.spec.tasks.abandon_after_s)
+    counts = attempts_per_model(rows)
+    console.print(
+        "labelled attempts per model: " + (", ".join(f"{m} {n}" for m, n in counts.items()) or "none")
+    )
+    short = {m: n for m, n in counts.items() if n < min_attempts}
+    if (short or not rows) and not force:
+        raise TooFewLabels(
+            f"too few labelled attempts to train on ({', '.join(f'{m} {n}' for m, n in short.items()) or 'none'};"
+            f" need {min_attempts} per model): label tasks with `router outcome TASK_ID --success|--failure`"
+            " or POST /v1/outcomes, let the policy explore, or pass --force"
+        )
     artifact = fit(rows)
     artifact["output_tokens"] = fit_output_tokens(requests)
     raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
@@ -133,7 +157,10 @@ _LEARNED_BLOCK = re.compile(r"^learned:\n(?:[ \t]+.*\n?)*", re.MULTILINE)
 def promote(artifact: str, config: str, redis_url: str | None = None, redis_prefix: str = "router:") -> str:
     """Pin ``artifact`` in the policy file (path and sha256); running routers pick it up."""
     art = Path(artifact).resolve()
-    raw = art.read_bytes()
+    try:
+        raw = art.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"artifact {artifact}: {exc.strerror}") from None
     Artifact.from_bytes(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now
     sha = hashlib.sha256(raw).hexdigest()
     cfg = Path(config)

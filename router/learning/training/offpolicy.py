@@ -53,10 +53,12 @@ def evaluate(
             succ_s.append(s)
             cpc_s.append(c / s)
     return Estimate(
-        success=success,
+        # Inverse-propensity weights can carry an estimate past 1 on few matched attempts; a
+        # probability and its interval are shown within [0, 1].
+        success=min(max(success, 0.0), 1.0) if success == success else success,
         cost_per_attempt=cost,
         cost_per_completed=cost / success if success and success == success else float("inf"),
-        ci_success=_ci(succ_s),
+        ci_success=_clamp01(_ci(succ_s)),
         ci_cost_per_completed=_ci(cpc_s),
         matched=sum(agree),
     )
@@ -66,6 +68,10 @@ def logged(rows: Sequence[AttemptRow]) -> Estimate:
     """The logging policy's own numbers: plain means over what it did."""
     unweighted = [replace(r, propensity=1.0) for r in rows]
     return evaluate(unweighted, lambda r: r.model, snips=False)
+
+
+def _clamp01(ci: tuple[float, float]) -> tuple[float, float]:
+    return (min(max(ci[0], 0.0), 1.0), min(max(ci[1], 0.0), 1.0)) if ci[0] == ci[0] else ci
 
 
 def _ci(samples: list[float]) -> tuple[float, float]:

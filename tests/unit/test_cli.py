@@ -1,0 +1,145 @@
+"""The ``router`` command itself: help for every command and flag, one-line errors, the learning
+loop's commands (outcome, tasks --recent, train's minimum), and no empty log left behind."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from router.app.cli import build_parser, main
+from router.store.records import RequestRecord
+from router.store.sqlite import SQLiteStore
+
+LONG_TASK = "acme/widgets#1234-fix-the-flaky-retry-test-in-the-payment-service-" + "x" * 30
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("router ")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_command_has_a_description_an_example_and_help_for_each_flag() -> None:
+    commands = _subcommands(build_parser())
+    assert {"serve", "demo", "outcome", "tasks", "train", "schema", "report", "promote"} <= set(commands)
+    for name, sp in commands.items():
+        if name == "keys":  # a group of its own subcommands
+            continue
+        assert sp.description and sp.epilog and sp.epilog.startswith("example:\n  "), name
+        assert "router " + name in sp.epilog, name
+        for action in sp._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"router {name} {action.option_strings[0]} has no help"
+
+
+def test_check_offers_only_the_flag_it_uses() -> None:
+    flags = {s for a in _subcommands(build_parser())["check"]._actions for s in a.option_strings}
+    assert flags == {"-h", "--help", "--config"}
+
+
+def _log(path: Path, tasks: dict[str, list[str]]) -> str:
+    """A log with one request per (task, model), as the router writes them."""
+
+    async def write() -> None:
+        store = SQLiteStore(str(path))
+        await store.open()
+        now = time.time() - 60
+        records = [
+            RequestRecord(
+                request_id=f"r{i}-{j}",
+                ts=now + i + j / 100,
+                task_id=task,
+                attempt=1,
+                status=200,
+                chosen_model=model,
+                cost_usd=0.001,
+                input_tokens=10,
+                output_tokens=5,
+                total_ms=5.0,
+                candidates=[{"model": "cheap"}, {"model": "strong"}],
+                propensity=0.5,
+                task_features={"3": 1.0},
+            )
+            for i, (task, models) in enumerate(tasks.items())
+            for j, model in enumerate(models)
+        ]
+        await store.write_requests(records)
+        await store.close()
+
+    asyncio.run(write())
+    return f"sqlite:///{path}"
+
+
+def test_outcome_and_recent_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = _log(tmp_path / "log.db", {LONG_TASK: ["cheap"], "short": ["strong"]})
+    assert main(["tasks", "--recent", "--store", store]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["short", LONG_TASK]  # full ids, newest first
+    assert main(["outcome", LONG_TASK, "--success", "--score", "0.9", "--store", store]) == 0
+    assert capsys.readouterr().out == f"task {LONG_TASK} attempt 1: success recorded\n"
+    assert main(["tasks", "--recent", "1", "--store", store]) == 0
+    assert capsys.readouterr().out.split()[0] == "short"
+    assert main(["tasks", "--task", LONG_TASK, "--json", "--store", store]) == 0
+    assert '"source": "explicit"' in capsys.readouterr().out
+    assert main(["outcome", "no-such-task", "--failure", "--store", store]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("router outcome: no request of task 'no-such-task'") and err.count("\n") == 1
+    assert main(["outcome", "short", "--failure", "--score", "2", "--store", store]) == 2
+    assert "--score: expected a number in [0, 1]" in capsys.readouterr().err
+
+
+def test_train_refuses_too_few_labels_and_says_how_many(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = _log(tmp_path / "log.db", {f"t{i}": ["cheap" if i % 3 else "strong"] for i in range(6)})
+    for i in range(6):
+        assert main(["outcome", f"t{i}", "--success" if i % 2 else "--failure", "--store", store]) == 0
+    capsys.readouterr()
+    config = Path(__file__).resolve().parents[2] / "policies/examples/local.yaml"
+    out = tmp_path / "p.json"
+    code = main(["train", "--store", store, "--config", str(config), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2 and not out.exists()
+    assert "labelled attempts per model: cheap 4, strong 2" in captured.out
+    assert captured.err.startswith("router train: too few labelled attempts to train on (cheap 4, strong 2;")
+    assert "--force" in captured.err and captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--config", "policies/examples/local.yaml", "--out", "{tmp}/p.json"],
+        ["report"],
+        ["tasks"],
+        ["preview", "--config", "policies/examples/local.yaml"],
+        ["outcome", "t1", "--success"],
+    ],
+)
+def test_a_missing_store_is_one_line_and_no_new_file(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "typo.db"
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--store", f"sqlite:///{missing}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"router {argv[0]}: log store sqlite:///{missing}: no such file"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not missing.exists()
+
+
+def test_promote_a_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text((Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_text())
+    assert main(["promote", str(tmp_path / "nope.json"), "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("router promote: ") and "nope.json" in err and err.count("\n") == 1
