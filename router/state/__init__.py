@@ -176,6 +176,10 @@ class Breakers(Protocol):
 
     async def state(self, backend: str) -> BreakerState: ...
 
+    def local_states(self) -> dict[str, BreakerState]:
+        """This replica's view of every breaker it has touched, without I/O (for /metrics)."""
+        ...
+
 
 class PolicyVersion(Protocol):
     async def current_version(self) -> str | None: ...

@@ -275,10 +275,17 @@ class MemoryBreakers:
         return self._breakers.setdefault(backend, _Breaker())
 
     async def state(self, backend: str) -> BreakerState:
-        b = self._get(backend)
+        return self._state(self._get(backend), self._clock())
+
+    @staticmethod
+    def _state(b: _Breaker, now: float) -> BreakerState:
         if b.open_until is None:
             return BreakerState.CLOSED
-        return BreakerState.OPEN if self._clock() < b.open_until else BreakerState.HALF_OPEN
+        return BreakerState.OPEN if now < b.open_until else BreakerState.HALF_OPEN
+
+    def local_states(self) -> dict[str, BreakerState]:
+        now = self._clock()
+        return {backend: self._state(b, now) for backend, b in list(self._breakers.items())}
 
     async def before_call(self, backend: str) -> bool:
         b, now = self._get(backend), self._clock()

@@ -125,6 +125,10 @@ class RedisBreakers:
 
         return await self._guard.fail_open("breakers", remote, lambda: self._local.state(backend))
 
+    def local_states(self) -> dict[str, BreakerState]:
+        """The local mirror: this replica's results (other replicas' opens show on their own)."""
+        return self._local.local_states()
+
     async def _send(self, backend: str, outcome: str) -> None:
         keys = list(self._keys.breaker(backend))
         args = [outcome, self._threshold, self._cooldown_ms, self._idle_ms]

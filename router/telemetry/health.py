@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from router.state.types import BreakerState
+
 if TYPE_CHECKING:
     from router.app.factory import Services
 
@@ -44,3 +46,11 @@ class HealthCollector(Collector):
             "router_log_write_failures", "Failed log store writes (retried).", value=w.failures
         )
         yield GaugeMetricFamily("router_log_buffered", "Log records waiting for the store.", value=w.buffered)
+        breakers = GaugeMetricFamily(
+            "router_breaker_state", "1 for each backend's breaker state as this replica sees it "
+            "(closed, open: skipped, half_open: one probe allowed).", labels=["backend", "state"],
+        )  # fmt: skip
+        for backend, current in sorted(state.breakers.local_states().items()):
+            for name in BreakerState:
+                breakers.add_metric([backend, name.value], int(current == name))
+        yield breakers

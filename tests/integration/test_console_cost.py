@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +24,9 @@ from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.test_serve_process import free_port, wait_ready
 
 pytestmark = pytest.mark.integration
+
+#: The series a metric family of each kind exposes besides its name.
+SUFFIXES = {"counter": ("total",), "histogram": ("bucket", "sum", "count"), "info": ("info",)}
 
 
 def test_console_line_per_request_and_warnings_for_fallbacks_and_breakers(
@@ -56,6 +61,19 @@ def test_console_line_per_request_and_warnings_for_fallbacks_and_breakers(
     ), fallbacks
     breakers = [m.getMessage() for m in caplog.records if m.name == "router.breakers"]
     assert breakers == ["breaker for local-nano opened after 5 failures in a row: skipped for 30 s"], breakers
+    metrics = httpx.get(r.url + "/metrics").text  # the dashboard's breaker panel reads this
+    assert 'router_breaker_state{backend="local-nano",state="open"} 1.0' in metrics
+    assert 'router_breaker_state{backend="local-mini",state="closed"} 1.0' in metrics
+    # every series the Grafana dashboard queries is one this router exports
+    exported = set(re.findall(r"^# TYPE (\S+) (\w+)", metrics, re.M))
+    names = {n for n, _ in exported} | {f"{n}_{s}" for n, kind in exported for s in SUFFIXES.get(kind, ())}
+    dashboard = json.loads(
+        (Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/router.json").read_text()
+    )
+    queried = {
+        m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"router_\w+", t["expr"])
+    }
+    assert queried and queried <= names, queried - names
 
 
 def test_cost_in_the_reply(router: RunningRouter) -> None:

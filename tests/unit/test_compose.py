@@ -103,3 +103,34 @@ def test_env_example_names_every_variable_compose_reads() -> None:
         line.split("=")[0] for line in (ROOT / ".env.example").read_text().splitlines() if "=" in line
     }
     assert used <= documented, used - documented
+
+
+def test_prometheus_scrapes_both_replicas_and_grafana_loads_the_dashboard(compose: Compose) -> None:
+    import json
+
+    s = compose.services
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
+    [job] = scrape["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert sorted(job["static_configs"][0]["targets"]) == ["router-a:8080", "router-b:8080"]
+    assert any(v.endswith(":/etc/prometheus/prometheus.yml:ro") for v in s["prometheus"].volumes or [])
+    datasource = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/router.yml").read_text())
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in s["grafana"].volumes or []}
+    assert mounted[provider["providers"][0]["options"]["path"]] == "./deploy/grafana/dashboards"
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/router.json").read_text())
+    uids = {t.get("datasource", {}).get("uid") for p in dashboard["panels"] for t in [p]}
+    assert uids == {datasource["datasources"][0]["uid"]}
+    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    for topic in (
+        "throughput",
+        "error",
+        "ttft",
+        "inter-token gap",
+        "spend",
+        "fallbacks",
+        "breakers",
+        "revision",
+    ):
+        assert topic in titles, topic
