@@ -168,5 +168,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     proxy = Proxy(s)
     register(app, s, proxy)
-    register_ui(app, store=s.store, auth=s.auth, runtime=lambda: s.runtime, history=s.history)
+    register_ui(
+        app,
+        store=s.store,
+        auth=s.auth,
+        runtime=lambda: s.runtime,
+        history=s.history,
+        config=s.settings.config,
+    )
     return RouterApp(app, proxy)

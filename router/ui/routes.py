@@ -23,15 +23,17 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from router.errors import PayloadTooLarge
+from router.errors import ConfigError, PayloadTooLarge
 from router.http.auth import Auth
 from router.http.proxy import read_body
+from router.learning.preview import preview_posted
 from router.policy.runtime import PolicyHistory, Runtime
 from router.store import Store
 from router.telemetry.ledger import tokens
 from router.ui import charts, session, views
 
 MAX_FORM_BYTES = 4096
+MAX_POLICY_BYTES = 1024 * 1024
 
 Page = Callable[[Request], Awaitable[Response]]
 
@@ -68,8 +70,10 @@ def _when(ts: float | None) -> str:
 
 
 def register_ui(
-    app: FastAPI, *, store: Store, auth: Auth, runtime: Callable[[], Runtime], history: PolicyHistory
-) -> None:
+    app: FastAPI, *, store: Store, auth: Auth, runtime: Callable[[], Runtime], history: PolicyHistory,
+    config: Path,
+) -> None:  # fmt: skip
+    """``config``: the policy file in force; a previewed edit is placed beside it."""
     env = environment()
 
     def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -127,14 +131,36 @@ def register_ui(
         label, _, _, requests, outcomes = await window(request)
         return render(request, "latency.html", window=label, lat=views.latency(requests, outcomes))
 
-    @gated
-    async def policy(request: Request) -> Response:
+    async def policy_page(request: Request, status: int = 200, **context: Any) -> Response:
         rt = runtime()
         try:
             text = await asyncio.to_thread(Path(rt.policy.source).read_text)
         except OSError as exc:
             text = f"(cannot read {rt.policy.source}: {exc.strerror})"
-        return render(request, "policy.html", rt=rt, yaml_text=text, h=history.describe(rt))
+        context.setdefault("edit", text)
+        context.setdefault("window", "7d")
+        return render(
+            request, "policy.html", status, rt=rt, yaml_text=text, h=history.describe(rt), **context
+        )
+
+    @gated
+    async def policy(request: Request) -> Response:
+        return await policy_page(request)
+
+    @gated
+    async def policy_preview(request: Request) -> Response:
+        """The edit in the form, decided again over the logged traffic (``router preview``)."""
+        try:
+            form = parse_qs((await read_body(request, MAX_POLICY_BYTES)).decode("utf-8", "replace"))
+        except PayloadTooLarge as exc:
+            return await policy_page(request, exc.status, preview_error=exc.message)
+        edit = (form.get("yaml") or [""])[0]
+        label, seconds = views.window_seconds((form.get("window") or [""])[0])
+        try:
+            report = await preview_posted(store, edit.encode(), config, seconds)
+        except ConfigError as exc:
+            return await policy_page(request, 400, edit=edit, window=label, preview_error=str(exc))
+        return await policy_page(request, edit=edit, window=label, preview=report)
 
     async def login_form(request: Request) -> Response:
         if not auth.has_master:
@@ -167,6 +193,7 @@ def register_ui(
         ("/ui/tasks/{task_id:path}", task, ["GET"]),
         ("/ui/latency", latency, ["GET"]),
         ("/ui/policy", policy, ["GET"]),
+        ("/ui/policy/preview", policy_preview, ["POST"]),
         ("/ui/login", login_form, ["GET"]),
         ("/ui/login", login, ["POST"]),
         ("/ui/logout", logout, ["POST"]),

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from router.fakeupstream import FakeUpstream
 from tests.integration.conftest import RunningRouter, local_policy
@@ -189,6 +190,30 @@ def test_policy_page_shows_the_file_and_a_rejected_reload(
     wait(browser, rejected_shown)
     assert "modelz" in text(browser, "#rejected")
     assert text(browser, "#revision") == revision  # the running policy stayed
+
+
+def test_policy_preview_of_an_edit(browser: Any, served: tuple[RunningRouter, list[dict[str, Any]]]) -> None:
+    from selenium.webdriver.common.by import By
+
+    router, records = served
+    browser.get(f"{router.url}/ui/policy")
+    box = browser.find_element(By.ID, "edit")
+    spec = yaml.safe_load(box.get_attribute("value"))
+    assert spec["routes"][0]["match"] == "auto"
+    spec["routes"][0]["candidates"] = ["local-mini", "local-large"]
+    edited = yaml.safe_dump(spec)
+    browser.execute_script("arguments[0].value = arguments[1];", box, edited)
+    browser.find_element(By.ID, "preview-button").click()
+    wait(browser, lambda d: d.find_elements(By.ID, "preview"))
+    nano = sum(1 for r in records if r["chosen_model"] == "local-nano")
+    assert nano == 4  # alpha's three and beta's one: the edit takes local-nano away from "auto"
+    assert [row.split() for row in rows(browser, "moves")] == [["local-nano", "->", "local-mini", str(nano)]]
+    assert f"{nano} would move" in text(browser, "#preview-summary")
+    assert "file on disk is the one running" in text(browser, "#rejected")  # nothing was applied
+    box = browser.find_element(By.ID, "edit")
+    browser.execute_script("arguments[0].value = arguments[1];", box, edited.replace("models:", "modelz:", 1))
+    browser.find_element(By.ID, "preview-button").click()
+    assert "modelz" in wait(browser, lambda d: d.find_element(By.ID, "preview-error")).text
 
 
 def test_login_with_the_master_key(
