@@ -61,7 +61,7 @@ def features_of(r: Row, vector: Mapping[int, float] | None) -> Features:
         n_messages=int(r.get("n_messages") or 0),
         side_call=bool(r.get("side_call")),
         headers=r.get("rule_headers") or {},
-        task_vector=taskfeatures.with_attempt(vector, attempt) if vector is not None else None,
+        task_vector=vector,  # as the tracker hands it over: the scorer adds the attempt
         attempt=attempt,
     )
 

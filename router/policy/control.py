@@ -41,18 +41,20 @@ class ControlArm:
     reference: str
 
 
-def control_path(policy: Policy) -> Path | None:
+def control_path(policy: Policy, base: Path) -> Path | None:
+    """The reference policy file, if the control arm names one (relative to ``base``, the policy's directory)."""
     spec = policy.spec.control
     if spec is None or spec.policy is None:
         return None
-    return (Path(policy.source).parent / spec.policy).resolve()
+    return (base / spec.policy).resolve()
 
 
 def build_control(
-    policy: Policy, catalog: Catalog, text: bytes | None, scorer_for: Callable[[Policy], Scorer | None]
-) -> ControlArm | None:
-    """The control arm of ``policy``; ``text``: the reference policy file's bytes (if it names one);
-    ``scorer_for(policy)``: how the reference's learned model is loaded (``router.policy.runtime``)."""
+    policy: Policy, catalog: Catalog, path: Path | None, text: bytes | None,
+    scorer_for: Callable[[Policy], Scorer | None],
+) -> ControlArm | None:  # fmt: skip
+    """The control arm of ``policy``; ``path``, ``text``: the reference policy file and its bytes
+    (if it names one); ``scorer_for(policy)``: how the reference's learned model is loaded."""
     spec = policy.spec.control
     if spec is None:
         if policy.spec.guard is not None:
@@ -67,23 +69,25 @@ def build_control(
         decider = Decider(Policy(ref, f"{policy.source}: control.route"), catalog)
         reference = "route"
     else:
-        decider = _reference_policy(policy, catalog, text, scorer_for)
-        reference = str(control_path(policy))
+        assert path is not None
+        decider = _reference_policy(policy, catalog, path, text, scorer_for)
+        reference = str(path)
     decider.epsilon = 0.0
     return ControlArm(spec.share, decider, reference)
 
 
 def _reference_policy(
-    policy: Policy, catalog: Catalog, text: bytes | None, scorer_for: Callable[[Policy], Scorer | None]
-) -> Decider:
-    path = control_path(policy)
-    assert path is not None
+    policy: Policy, catalog: Catalog, path: Path, text: bytes | None,
+    scorer_for: Callable[[Policy], Scorer | None],
+) -> Decider:  # fmt: skip
     where = f"{policy.source}: control.policy"
     if text is None:
         raise ConfigError(f"{where}: cannot read {path}")
     ref = parse_policy(text.decode("utf-8", "replace"), source=str(path), env=os.environ)
-    if ref.spec.control is not None or ref.spec.guard is not None:
-        raise ConfigError(f"{where}: {path} has a control arm or guard of its own (a reference cannot)")
+    if ref.spec.control is not None or ref.spec.guard is not None or ref.spec.scopes:
+        raise ConfigError(
+            f"{where}: {path} has a control arm, guard or scopes of its own (a reference cannot)"
+        )
     missing = sorted(set(ref.models) - set(catalog.backends))
     if missing:
         raise ConfigError(f"{where}: models of {path} not in this file's catalog: {', '.join(missing)}")

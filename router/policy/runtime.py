@@ -113,9 +113,9 @@ def build_runtime(
         policy.learned_path = (path.parent / policy.spec.learned.artifact).resolve()
     artifact = _read(policy.learned_path, "learned artifact") if policy.learned_path is not None else None
     catalog = build_catalog(policy, lookup)
-    ref_path = control_path(policy)
+    ref_path = control_path(policy, path.parent)
     ref = _read(ref_path, "control policy") if ref_path is not None else None
-    control = build_control(policy, catalog, ref, scorer_for)
+    control = build_control(policy, catalog, ref_path, ref, scorer_for)
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)
     decider = Decider(policy, catalog, scorer_for(policy, artifact))
     scopes = build_scopes(policy, catalog, lambda p: scorer_for(p, artifact))
@@ -177,7 +177,10 @@ class PolicyWatcher:
         self._stamp = self._read_stamp(current)
 
     def _read_stamp(self, rt: Runtime) -> tuple[float, ...]:
-        files = [self.path, *(f for f in (rt.policy.learned_path, control_path(rt.policy)) if f is not None)]
+        referenced = (
+            (rt.files.artifact_path, rt.files.control_path) if rt.files else (rt.policy.learned_path,)
+        )
+        files = [self.path, *(f for f in referenced if f is not None)]
         return tuple(f.stat().st_mtime_ns if f.exists() else -1 for f in files)
 
     def check(self, current: Runtime) -> bool:

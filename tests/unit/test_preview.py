@@ -104,3 +104,30 @@ def test_offpolicy_success_uses_the_outcomes(tmp_path: Path) -> None:
     assert off["attempts"] == 20 and off["matched"] == 10
     assert off["before"]["success"] == 0.5 and off["after"]["success"] == 1.0
     assert p["success"]["learned_model"] is None  # no learned artifact in this policy
+
+
+def test_success_by_the_learned_model_when_the_policy_pins_one(tmp_path: Path) -> None:
+    import hashlib
+
+    import orjson
+
+    from router.features.task import vector as taskfeatures
+    from router.learning.training import dataset
+    from router.learning.training.fit import fit
+
+    vec = taskfeatures.task_vector("fix the race condition")
+    trained = [dataset.AttemptRow(f"t{i}", 1, m, vec, m == "b", "explicit", 0.01, 3, 1.0, [m])
+               for i in range(12) for m in ("a", "b")]  # fmt: skip
+    raw = orjson.dumps(fit(trained))
+    (tmp_path / "learned.json").write_bytes(raw)
+    learned = {"artifact": "learned.json", "sha256": hashlib.sha256(raw).hexdigest()}
+    rt = runtime(tmp_path, ["a", "b"], learned=learned)
+    rows = [row(i, "a", task=f"t{i}", task_features=taskfeatures.to_json(vec)) for i in range(1, 6)]
+    p = preview(rows, [], rt)
+    assert p["moves"] == {"a -> b": 5}  # the learned model expects b to complete the task, a not
+    s = p["success"]["learned_model"]
+    assert s["method"].startswith(f"learned model {rt.decider.scorer.name}") and s["attempts"] == 5
+    assert s["after"]["mean"] > 0.5 > s["before"]["mean"]
+    assert s["difference"]["mean"] == pytest.approx(s["after"]["mean"] - s["before"]["mean"], abs=1e-3)
+    lo, hi = s["after"]["ci95"]
+    assert lo <= s["after"]["mean"] <= hi
