@@ -93,13 +93,13 @@ def show(report: dict[str, Any], console: Console) -> None:
         f"[bold]{report['trajectories']}[/] trajectories ({report['resolved']} resolved), "
         f"{report['folds']}-fold CV grouped by task (seed {report['seed']}); features: {', '.join(report['features'])}"
     )
-    console.print("labels: model = the label model, 5-fold CV; rules = the hand-weighted label it replaces; "
-                  "shipped = the default model, fitted on these runs (in-sample)")  # fmt: skip
-    names = {"cv": "model", "rules": "rules", "shipped": "shipped"}
+    console.print("labels: model = the label model, CV; steps = a model of the turns alone, CV; rules = the "
+                  "hand-weighted label it replaces; shipped = the default model, fitted on these runs (in-sample)")  # fmt: skip
+    names = {"cv": "model", "steps": "steps", "rules": "rules", "shipped": "shipped"}
     for shape, per in report["shapes"].items():
         t = Table("label", "request", "runs", "cover", "agree", "const.", "AUC", "Brier", "const.",
                   title=f"{shape} shape: agreement and Brier beside the constant predictor's")  # fmt: skip
-        for which in ("cv", "rules", "shipped"):
+        for which in names:
             for c, q in per[which].items():
                 t.add_row(
                     names[which], c, str(q["attempts"]), _f(q["coverage"], "{:.0%}"), _f(q.get("agreement"), "{:.0%}"),

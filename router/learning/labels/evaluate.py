@@ -24,6 +24,9 @@ from router.learning.labels.model import LabelModel
 from router.learning.labels.replay import SHAPES, Trajectory, replay
 
 CHECKPOINTS: Final = ("last", 10, 20, 30)
+#: What is measured: the label model (CV), turns alone (CV), the hand-weighted label it replaces,
+#: the shipped model (fitted on these runs: in-sample).
+LABELS: Final = ("cv", "steps", "rules", "shipped")
 THRESHOLDS: Final = tuple(round(0.3 + 0.05 * i, 2) for i in range(9))
 
 
@@ -36,6 +39,8 @@ class Attempt:
     shipped: list[float]
     rules: list[bool | None]
     cv: list[float] = field(default_factory=list)
+    #: The baseline: a model of the number of turns alone (longer runs fail more), cross-validated.
+    steps: list[float] = field(default_factory=list)
 
 
 def replay_all(trajectories: Sequence[Trajectory], shape: str, model: LabelModel) -> list[Attempt]:
@@ -56,12 +61,14 @@ def samples(attempts: Sequence[Attempt]) -> list[fitting.Sample]:
     ])  # fmt: skip
 
 
-def cross_validate(attempts: Sequence[Attempt], features: Sequence[str], folds: int, seed: int) -> None:
-    """Fill each attempt's out-of-fold P(success) per request."""
+def cross_validate(
+    attempts: Sequence[Attempt], features: Sequence[str], folds: int, seed: int, into: str = "cv"
+) -> None:
+    """Fill each attempt's out-of-fold P(success) per request (attribute ``into``)."""
     p = fitting.cross_validate(samples(attempts), features, folds=folds, seed=seed)
     i = 0
     for a in attempts:
-        a.cv = [float(v) for v in p[i : i + len(a.x)]]
+        setattr(a, into, [float(v) for v in p[i : i + len(a.x)]])
         i += len(a.x)
 
 
@@ -73,7 +80,7 @@ def _at(values: Sequence[Any], checkpoint: str | int) -> Any:
 
 
 def checkpoint_quality(attempts: Sequence[Attempt], checkpoint: str | int, which: str) -> dict[str, Any]:
-    """Quality of one label (``cv``, ``shipped`` or ``rules``) at one checkpoint."""
+    """Quality of one label (``cv``, ``steps``, ``shipped`` or ``rules``) at one checkpoint."""
     reached = [a for a in attempts if _at(a.x, checkpoint) is not None]
     if which == "rules":
         pairs = [(_at(a.rules, checkpoint), int(a.trajectory.resolved)) for a in reached]
@@ -127,9 +134,9 @@ def evaluate(
     for shape in shapes:
         attempts = replay_all(trajectories, shape, model)
         cross_validate(attempts, features, folds, seed)
+        cross_validate(attempts, ("log_steps",), folds, seed, into="steps")
         per: dict[str, Any] = {
-            which: {str(c): checkpoint_quality(attempts, c, which) for c in CHECKPOINTS}
-            for which in ("cv", "rules", "shipped")
+            which: {str(c): checkpoint_quality(attempts, c, which) for c in CHECKPOINTS} for which in LABELS
         }
         if with_stop_loss:
             per["stop_loss"] = stop_loss(attempts)
