@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ class Runtime:
                     return arm, scope.decider
         return arm, self.decider
 
-    @property
+    @cached_property  # read by every request: computed once per runtime
     def logged_headers(self) -> tuple[str, ...]:
         """The request headers the log keeps: those any decider's rules read, and the scopes' own."""
         deciders = [self.decider, *(s.decider for s in self.scopes)]
