@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,11 +14,10 @@ import httpx
 import openai
 import orjson
 import pytest
-import yaml
 
 from router.fakeupstream import FakeUpstream
 from tests.integration.conftest import RunningRouter, local_policy
-from tests.integration.test_serve_process import free_port, wait_ready
+from tests.integration.test_serve_process import serve_process
 
 pytestmark = pytest.mark.integration
 
@@ -114,17 +110,8 @@ def test_models_carry_their_limits(router: RunningRouter) -> None:
 
 
 def test_serve_log_format_json(tmp_path: Path, upstream: FakeUpstream) -> None:
-    config = tmp_path / "policy.yaml"
-    config.write_text(yaml.safe_dump(local_policy(upstream.url)))
-    port = free_port()
-    env = {**os.environ, "ROUTER_CONFIG": str(config), "ROUTER_STORE": f"sqlite:///{tmp_path / 'j.db'}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router.app.cli", "serve", "--port", str(port), "--log-format", "json"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    proc, base = serve_process(tmp_path, upstream, "--log-format", "json")
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_ready(base, proc)
         body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
         assert httpx.post(base + "/v1/chat/completions", json=body, timeout=20).status_code == 200
     finally:

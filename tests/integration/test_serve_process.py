@@ -41,19 +41,31 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 60) ->
         time.sleep(0.2)
 
 
-def test_router_serve_process(tmp_path: Path, upstream: FakeUpstream) -> None:
+def serve_process(tmp_path: Path, upstream: FakeUpstream, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``router serve FLAGS`` on the demo policy, a free port and ``tmp_path/serve.db``; returns once
+    it is ready (the caller stops it)."""
     config = tmp_path / "policy.yaml"
     config.write_text(yaml.safe_dump(local_policy(upstream.url)))
     port = free_port()
-    db = tmp_path / "serve.db"
-    env = {**os.environ, "ROUTER_CONFIG": str(config), "ROUTER_STORE": f"sqlite:///{db}"}
+    env = {**os.environ, "ROUTER_CONFIG": str(config), "ROUTER_STORE": f"sqlite:///{tmp_path / 'serve.db'}"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.app.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "router.app.cli", "serve", "--port", str(port), *flags],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
     try:
-        base = f"http://127.0.0.1:{port}"
         wait_ready(base, proc)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc, base
+
+
+def test_router_serve_process(tmp_path: Path, upstream: FakeUpstream) -> None:
+    db = tmp_path / "serve.db"
+    proc, base = serve_process(tmp_path, upstream, "--log-level", "warning")
+    try:
         c = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0, timeout=20)
         text = "".join(
             ch.choices[0].delta.content or ""
