@@ -182,7 +182,21 @@ async def _write_weak_label(
 ) -> None:
     attempt = state.attempt
     policy = s.decider.policy
-    label = weak_label(req, policy.spec.tasks.loop_threshold, resent, seen, policy.label_model)
+    # A conversation the router has not seen yet (a restart, a task joined midway) is read whole,
+    # tens of ms for a long one: a worker thread does it, and the loop keeps answering requests.
+    label = await s.tasks.spawn_blocking(
+        weak_label,
+        req,
+        policy.spec.tasks.loop_threshold,
+        resent,
+        seen,
+        policy.label_model,
+        name="read-outcome",
+    )
+    at = (attempt, len(req.messages))
+    if at < state.label_at:
+        return  # a later request of the attempt was labelled meanwhile
+    state.label_at = at
     # The signals riding along (a resend, a loop) are part of what is stored, so part of the key.
     key = (attempt, label.success, label.score, label.source, tuple(label.details.get("signals", ())))
     if key == state.last_label:

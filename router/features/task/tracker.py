@@ -38,6 +38,8 @@ class TaskState:
     last_label: tuple[int, bool, float, str, tuple[str, ...]] | None = None
     #: The attempt whose low P(success) already moved the task off its model (0: none): once per attempt.
     escalated: int = 0
+    #: (attempt, messages) of the latest request whose label was read: an older one read later is dropped.
+    label_at: tuple[int, int] = (0, 0)
     seen: float = field(default_factory=time.time)
 
 

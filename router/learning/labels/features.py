@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from router.learning.signals.conversation import Reading, slot
-from router.learning.signals.toolresult import analyze
+from router.learning.signals.toolresult import test_summary
 from router.learning.signals.transcript import ToolCall, ToolResult
 
 #: Every feature the reader computes, in a fixed order (an artifact names the ones it uses).
@@ -79,20 +79,21 @@ def _call_chars(message: dict[str, Any]) -> int:
 
 
 def read(message: Any, reading: Reading) -> Facts:
-    """The facts of one message, given the signals' reading of it (its tool events)."""
+    """The facts of one message, given the signals' reading of it (its tool events, each result
+    with a glance: exit code and error flag); of each result only its test summary is read more."""
     if not isinstance(message, dict) or message.get("role") in _SKIPPED_ROLES:
         return Facts()
     events = [e for e, _ in reading.events]
-    results = [e for e in events if isinstance(e, ToolResult)]
+    results = [(e, seen) for e, seen in reading.events if isinstance(e, ToolResult) and seen is not None]
     text = _text(message.get("content"))
-    chars = max(len(text), sum(len(r.text) for r in results)) + _call_chars(message)
+    chars = max(len(text), sum(len(r.text) for r, _ in results)) + _call_chars(message)
     tests: bool | None = None
     failed = too_long = 0
-    for r in results:
-        out = analyze(r.text, r.is_error)
-        failed += out.failed
-        if out.tests is not None and out.tests.ok is not None:
-            tests = out.tests.ok
+    for r, seen in results:
+        failed += seen.failed
+        summary = test_summary(r.text)
+        if summary is not None and summary.ok is not None:
+            tests = summary.ok
         too_long += any(w in r.text[:1024] for w in _TOO_LONG)
     role = message.get("role")
     step = role == "assistant" or message.get("type") in (

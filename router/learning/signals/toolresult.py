@@ -236,9 +236,17 @@ def glance(
     return _glance(text, is_error, max_chars)
 
 
+def test_summary(text: Any, *, max_chars: int | None = DEFAULT_MAX_CHARS) -> TestSummary | None:
+    """Only the test summary of ``analyze``: what the outcome label reads of every result, once."""
+    if not isinstance(text, str):
+        return None
+    return _test_summary(text, max_chars)
+
+
 def forget_results() -> None:
     _analyze.cache_clear()
     _glance.cache_clear()
+    _test_summary.cache_clear()
 
 
 def _output(text: str, max_chars: int | None) -> tuple[str, str, int | None]:
@@ -260,6 +268,11 @@ def _glance(text: str, is_error: bool | None, max_chars: int | None) -> ToolOutc
     end = _mask_volatile(tail[-TAIL_CHARS:])
     digest = hashlib.blake2b(end.encode("utf-8", "replace"), digest_size=12)
     return ToolOutcome(exit_code=code, is_error=is_error, digest=digest.hexdigest())
+
+
+@functools.lru_cache(maxsize=4096)
+def _test_summary(text: str, max_chars: int | None) -> TestSummary | None:
+    return last_summary(_output(text, max_chars)[1])
 
 
 @functools.lru_cache(maxsize=4096)
