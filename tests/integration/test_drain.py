@@ -8,7 +8,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +17,7 @@ import yaml
 from router.fakeupstream import FakeUpstream
 from tests.integration.conftest import local_policy
 from tests.integration.test_serve_process import free_port, wait_ready
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -41,14 +41,15 @@ def test_sigterm_drains_in_flight_stream(tmp_path: Path, upstream: FakeUpstream)
         def stream() -> None:
             body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
             with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as r:
-                frames.extend(line for line in r.iter_lines() if line.startswith("data: "))
+                for line in r.iter_lines():  # one by one: the test watches the stream get under way
+                    if line.startswith("data: "):
+                        frames.append(line)
 
         t = threading.Thread(target=stream)
         t.start()
-        time.sleep(0.6)  # the stream is under way (12 chunks, 250 ms apart)
+        wait_for(lambda: len(frames) >= 2, what="the stream under way")  # 12 chunks, 250 ms apart
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        assert httpx.get(base + "/readyz", timeout=5).status_code == 503
+        wait_for(lambda: httpx.get(base + "/readyz", timeout=5).status_code == 503, what="draining")
         t.join(timeout=30)
         out = proc.communicate(timeout=30)[0].decode()
     finally:

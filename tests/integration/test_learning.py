@@ -73,6 +73,7 @@ class Result:
     completed: int = 0
     tasks: int = 0
     cost: float = 0.0
+    requests: int = 0
 
     @property
     def success(self) -> float:
@@ -83,8 +84,8 @@ class Result:
         return self.cost / max(self.completed, 1)
 
 
-def run_task(router: RunningRouter, text: str, hard: bool, task_id: str) -> bool:
-    """One task, up to three attempts; returns whether it was completed."""
+def run_task(router: RunningRouter, text: str, hard: bool, task_id: str) -> tuple[bool, int]:
+    """One task, up to three attempts; returns whether it was completed and the requests it made."""
     client = openai.OpenAI(base_url=router.url + "/v1", api_key="agent-key", max_retries=0, timeout=20)
     for attempt in range(1, 4):
         msgs: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
@@ -106,16 +107,20 @@ def run_task(router: RunningRouter, text: str, hard: bool, task_id: str) -> bool
         )
         assert r.status_code == 200, r.text
         if ok:
-            return True
-    return False
+            return True, 2 * attempt
+    return False, 6
 
 
 def run_all(router: RunningRouter, tasks: list[tuple[str, bool]], prefix: str) -> Result:
     res = Result()
     for i, (text, hard) in enumerate(tasks):
         res.tasks += 1
-        res.completed += run_task(router, text, hard, f"{prefix}-{i}")
-    rows = router.records(wait_for=1)
+        completed, requests = run_task(router, text, hard, f"{prefix}-{i}")
+        res.completed += completed
+        res.requests += requests
+    # The writer batches: wait until every request made is in the log, or the cost is short.
+    rows = router.records(wait_for=res.requests)
+    assert len(rows) >= res.requests, f"{len(rows)} of {res.requests} requests logged"
     res.cost = sum(r["cost_usd"] or 0 for r in rows if (r["task_id"] or "").startswith(prefix))
     return res
 
@@ -129,8 +134,7 @@ def test_learning_lowers_cost_per_completed_task(
 
     # 1. The starting policy (cheapest, exploring) works the training tasks; the log fills.
     explorer = router_factory(policy(upstream.url, epsilon=0.5))
-    run_all(explorer, train_tasks, "train")
-    time.sleep(0.5)  # the writer batches; let it flush
+    run_all(explorer, train_tasks, "train")  # returns once every request is in the log
     store = f"sqlite:///{explorer.db_path}"
     config = explorer.db_path.parent / "policy.yaml"
 

@@ -18,14 +18,17 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import redis
 import yaml
 
 from router.fakeupstream import FakeUpstream
 from router.learning.training import dataset
 from router.learning.training.commands import promote
 from router.learning.training.fit import fit
+from router.state.redis_keys import Keys
 from tests.integration.conftest import local_policy
 from tests.integration.tcpproxy import TcpProxy
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +84,11 @@ def test_pin_made_on_a_holds_on_b(pair, pg_schema: str) -> None:  # type: ignore
     # The premium header makes A start the task on local-large ...
     r1 = httpx.post(a.url + CHAT, json=body(), headers={**task, "x-router-tier": "premium"}, timeout=20)
     assert r1.headers["x-router-model"] == "local-large"
-    time.sleep(0.2)  # the pin is shared off the request path
+    # The pin is shared off the request path: wait until it is in Redis.
+    prefix = a.server.config.app.state.services.settings.redis_prefix
+    pin_key = Keys(prefix).pin(r1.headers["x-router-task-id"])
+    with redis.Redis(port=REDIS_PORT) as shared:
+        wait_for(lambda: shared.get(pin_key) == b"local-large", what="the pin in Redis")
     # ... and B keeps it there, though on its own B would pick the cheapest (local-nano).
     r2 = httpx.post(b.url + CHAT, json=body("next"), headers=task, timeout=20)
     assert r2.headers["x-router-model"] == "local-large"
@@ -202,7 +209,11 @@ def test_postgres_restart_loses_no_acknowledged_record(pair, pg_schema: str) -> 
         assert r.status_code == 200
         acked.append(r.headers["x-request-id"])
     assert httpx.get(a.url + "/readyz").json()["store"] is False
-    time.sleep(1.0)
+    # Both replicas have failed to write their log (the records wait in their buffers) before
+    # PostgreSQL comes back.
+    for replica in (a, b):
+        writer = replica.server.config.app.state.services.writer
+        wait_for(lambda w=writer: w.failures > 0, within=20.0, what="a failed log write")
     proxy.start()
     deadline = time.monotonic() + 20
     while True:
