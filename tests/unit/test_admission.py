@@ -8,6 +8,7 @@ out from its logged token counts by hand.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,10 @@ from typing import Any
 import pytest
 
 from router.fakeupstream import FakeUpstream
+from router.http import admission
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from router.state import Reservation, open_state
+from router.store import open_store
 from tests.polling import eventually
 from tests.unit.inprocess import MASTER, Router, serving
 from tests.unit.requestpath import called, model
@@ -202,3 +206,31 @@ async def test_unreachable_state_refuses_budgets_but_not_rate_limits(
     assert refused.json()["error"]["code"] == "state_unavailable"
     assert limited_answers == [200, 429]  # the local count still limits
     assert fail_open.get("rate_limits", 0) >= 2
+
+
+async def test_a_free_model_is_never_refused_by_a_budget(fake: FakeUpstream, tmp_path: Path) -> None:
+    free = {**model("local", fake.url), "prices": {"input": 0.0, "output": 0.0}}
+    async with serving(tmp_path, [free], master_key=MASTER) as r:
+        key, key_id = await r.key(budget_usd=0.5)
+        answers = [(await r.post(key=key, max_tokens=MAX_TOKENS)).status_code for _ in range(3)]
+        usage = await settled(r, f"key:{key_id}")
+    assert answers == [200, 200, 200] and usage.spent == 0
+
+
+async def test_settle_that_cannot_reach_the_state_is_logged_not_raised(
+    fake: FakeUpstream, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_url = f"redis://127.0.0.1:{closed_port()}/0"
+    held = Reservation(id="res-unreachable", scopes=("key:k",), amount_usd=0.01, expires_at=0.0)
+    async with serving(tmp_path, [model("a", fake.url)], redis_url=redis_url) as r:
+        with caplog.at_level(logging.WARNING, logger="router.http.admission"):
+            await admission.settle(r.s, held, 0.004)
+    (message,) = [rec.getMessage() for rec in caplog.records if rec.name == "router.http.admission"]
+    assert message.startswith("budget settle skipped (") and "reservation res-unreachable expires" in message
+    assert "(None)" not in message
+
+
+async def test_shared_budgets_are_not_restored_from_the_log(tmp_path: Path) -> None:
+    """Redis keeps its own spend across restarts; only the in-process state starts from the log."""
+    shared = open_state(f"redis://127.0.0.1:{closed_port()}/0")
+    assert await admission.restore_spend(shared, open_store(f"sqlite:///{tmp_path / 'none.db'}"), True) == 0

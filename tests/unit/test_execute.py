@@ -378,3 +378,77 @@ async def test_missing_key_moves_on(fake: FakeUpstream, monkeypatch: pytest.Monk
     assert [(t.model, t.error_type) for t in ex.tries] == [("keyless", "MissingCredentials"), ("open", None)]
     assert called(fake, cat) == ["open"]
     assert MissingCredentials.next_candidate
+
+
+async def test_each_failing_backend_is_tried_once_in_order(fake: FakeUpstream) -> None:
+    cat = catalog(
+        model("a", fake.url, "status=500"), model("b", fake.url, "status=502"), model("c", fake.url)
+    )
+    async with upstream() as up:
+        phases, ex = fresh()
+        await executor(up, cat).complete(request(), decision("a", "b", "c"), {}, phases, ex)
+    assert called(fake, cat) == ["a", "b", "c"]
+    assert statuses(ex.tries) == [("a", 500), ("b", 502), ("c", 200)]
+
+
+async def test_a_retry_fits_in_less_than_a_second(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "fail_times=1,status=503"))
+    async with upstream(overall=0.8) as up:
+        phases, ex = fresh()
+        await executor(up, cat).complete(request(), decision("a"), {}, phases, ex)
+    assert called(fake, cat) == ["a", "a"] and ex.retries == 1
+
+
+def test_default_retry_budget_is_a_fifth_of_traffic_capped_at_twenty() -> None:
+    budget = RetryBudget()
+    assert sum(budget.spend() for _ in range(30)) == 20
+    for _ in range(4):
+        budget.earn()
+    assert not budget.spend()
+    budget.earn()
+    assert budget.spend()
+
+
+async def test_tries_say_when_each_call_started_and_how_long_it_took(fake: FakeUpstream) -> None:
+    cat = catalog(model("bad", fake.url, "status=503"), model("slow", fake.url, "ttft_ms=200"))
+    async with upstream() as up:
+        run = executor(up, cat, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
+        await run.complete(request(), decision("bad", "slow"), {}, *fresh())
+        phases, ex = fresh()
+        await run.complete(request(), decision("bad", "slow"), {}, phases, ex)
+    skipped, served = (t.as_dict(phases.arrival) for t in ex.tries)
+    assert skipped == {
+        "model": "bad",
+        "start_ms": None,
+        "ms": None,
+        "status": None,
+        "error_type": "BreakerOpen",
+    }
+    assert served["model"] == "slow" and served["status"] == 200 and served["error_type"] is None
+    assert 0 <= served["start_ms"] < 150  # the call began as soon as the breaker said skip
+    assert 200 <= served["ms"] < 2000  # the provider's 200 ms before answering, in milliseconds
+    started = ex.tries[1].start
+    assert started is not None and served["start_ms"] == round((started - phases.arrival) * 1000, 3)
+
+
+async def test_stream_error_before_the_first_token_names_the_backend(fake: FakeUpstream) -> None:
+    cat = catalog(model("broken", fake.url, "error_after=0"))
+    async with upstream() as up:
+        with pytest.raises(UpstreamError, match="backend 'broken' failed before its first token"):
+            await executor(up, cat, budget=NO_RETRIES).open_stream(
+                request(stream=True), decision("broken"), {}, *fresh()
+            )
+
+
+async def test_committed_stream_holds_the_events_up_to_the_first_token(fake: FakeUpstream) -> None:
+    cat = catalog(model("a", fake.url, "chunks=3,text=alpha beta gamma"))
+    async with upstream() as up:
+        committed = await executor(up, cat).open_stream(request(stream=True), decision("a"), {}, *fresh())
+        assert b"alpha" in committed.held[-1].raw  # the first content event closes the held part
+        assert not any(b"beta" in ev.raw for ev in committed.held)
+        assert not committed.observer.done
+        async for ev in committed.rest:
+            committed.observer.observe(ev.name, ev.data)
+        committed.release()
+    # The observer that saw the held events sees the rest: the usage chunk at the end is counted.
+    assert committed.observer.done and committed.observer.usage.output_tokens == 3
