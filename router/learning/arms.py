@@ -169,6 +169,8 @@ def render(report: Mapping[str, Any]) -> None:
     for rev in report["revisions"]:
         t = Table("arm", "tasks", "with outcome", "success (95% CI)", "$ per completed task (95% CI)",
                   "latency p50 / p95 ms", title=f"revision {rev['revision']}", title_justify="left")  # fmt: skip
+        for column in t.columns:
+            column.overflow = "fold"  # wrap at 80 columns, never cut
         for arm, s in rev["arms"].items():
             succ = "n/a" if s["success_rate"] is None else (
                 f"{s['success_rate']:.1%} ({s['success_ci95'][0]:.1%}-{s['success_ci95'][1]:.1%})")  # fmt: skip

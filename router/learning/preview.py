@@ -299,6 +299,7 @@ def render(p: Mapping[str, Any]) -> None:
     console.print(f"[bold]moved[/]: {moved} requests{share}")
     if p["moves"]:
         t = Table("from -> to", "requests", title_justify="left")
+        t.columns[0].overflow = "fold"  # model ids wrap at 80 columns, never cut
         for move, n in p["moves"].items():
             t.add_row(move, str(n))
         console.print(t)

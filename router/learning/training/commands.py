@@ -126,6 +126,7 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
         rel.add_row(b["bin"], str(b["n"]), f"{b['predicted']:.2f}", f"{b['observed']:.2f}")
     console.print(rel)
     models = Table("model", "attempts", "success", "mean $/attempt", title="per model")
+    models.columns[0].overflow = "fold"  # long model ids wrap at 80 columns, never cut
     for mid, p in a["models"].items():
         models.add_row(mid, str(p["n"]), f"{p['success_rate']:.0%}", f"{p['mean_cost']:.5f}")
     console.print(models)
