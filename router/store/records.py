@@ -98,6 +98,9 @@ class RequestRecord:
     arm: str | None = field(default=None, metadata={"since": 5})
     #: The request headers the policy's rules read (``headers.<name>``), so a preview can replay them.
     rule_headers: dict[str, str] | None = field(default=None, metadata={"since": 5})
+    #: The task's repository (``x-router-repo``, else a github.com URL in the opening message), on
+    #: the task's first main-loop request, as ``task_features``.
+    repo: str | None = field(default=None, metadata={"since": 7})
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

@@ -104,21 +104,25 @@ def latency(requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
 
 def task_rows(requests: Sequence[Row], outcomes: Sequence[Row], query: str = "") -> dict[str, Any]:
     """The task list, most recently active first, filtered by a case-insensitive substring of the
-    task id, a backend, the client or the verdict."""
+    task id, its repository, a backend, the client or the verdict."""
     ledgers = task_ledgers(requests, outcomes)
     clients: dict[str, Counter[str]] = defaultdict(Counter)
+    repos: dict[str, str] = {}
     for r in requests:
         if r.get("task_id") and r.get("client"):
             clients[r["task_id"]][r["client"]] += 1
+        if r.get("task_id") and r.get("repo"):
+            repos.setdefault(r["task_id"], r["repo"])
     rows = []
     q = query.strip().lower()
     for x in ledgers:
         client = clients[x["task_id"]].most_common(1)[0][0] if clients[x["task_id"]] else ""
+        repo = repos.get(x["task_id"], "")
         verdict = verdict_text(x["outcome"])
-        haystack = " ".join([x["task_id"], client, verdict, *x["backends"]]).lower()
+        haystack = " ".join([x["task_id"], repo, client, verdict, *x["backends"]]).lower()
         if q and q not in haystack:
             continue
-        rows.append({**x, "client": client, "verdict": verdict})
+        rows.append({**x, "client": client, "repo": repo, "verdict": verdict})
     return {"summary": summary(ledgers), "matched": len(rows), "tasks": rows[:MAX_TASKS_LISTED]}
 
 

@@ -71,9 +71,9 @@ def rows(driver: Any, table_id: str) -> list[str]:
     return [str(tr.text) for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tr")[1:]]
 
 
-def chat(c: httpx.Client, task: str, content: str, **extra: Any) -> httpx.Response:
-    body = {"model": "auto", "messages": [{"role": "user", "content": content}], **extra}
-    r = c.post("/v1/chat/completions", json=body, headers={"x-router-task-id": task})
+def chat(c: httpx.Client, task: str, content: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    body = {"model": "auto", "messages": [{"role": "user", "content": content}]}
+    r = c.post("/v1/chat/completions", json=body, headers={"x-router-task-id": task, **(headers or {})})
     assert r.status_code == 200, r.text
     return r
 
@@ -82,9 +82,9 @@ def traffic(router: RunningRouter) -> list[dict[str, Any]]:
     """Three tasks: one that succeeds, one that fails, one without a verdict (streamed, on the large
     model through the premium header); returns the log rows."""
     with httpx.Client(base_url=router.url, timeout=30) as c:
-        for i in range(3):
-            chat(c, "ui-task-alpha", f"step {i}")
-        chat(c, "ui-task-beta", "only step")
+        for i in range(3):  # the repository from the issue's URL
+            chat(c, "ui-task-alpha", f"Fix https://github.com/acme/widgets/issues/7, step {i}")
+        chat(c, "ui-task-beta", "only step", {"x-router-repo": "acme/gadgets"})
         c.post("/v1/chat/completions", headers={"x-router-task-id": "ui-task-gamma", "x-router-tier": "premium"},
                json={"model": "auto", "stream": True, "messages": [{"role": "user", "content": "stream it"}]})  # fmt: skip
         for task, ok in (("ui-task-alpha", True), ("ui-task-beta", False)):
@@ -137,7 +137,10 @@ def test_task_search_and_ledger(browser: Any, served: tuple[RunningRouter, list[
     box.submit()
     wait(browser, lambda d: "q=alpha" in d.current_url)
     [alpha] = rows(browser, "tasks")
-    assert alpha.startswith("ui-task-alpha") and "success (explicit)" in alpha
+    assert alpha.startswith("ui-task-alpha acme/widgets") and "success (explicit)" in alpha
+    browser.get(f"{router.url}/ui/tasks?q=GADGETS")
+    assert [row.split()[:2] for row in rows(browser, "tasks")] == [["ui-task-beta", "acme/gadgets"]]
+    browser.get(f"{router.url}/ui/tasks?q=alpha")
     browser.find_element(By.LINK_TEXT, "ui-task-alpha").click()
     wait(browser, lambda d: d.current_url.endswith("/ui/tasks/ui-task-alpha"))
     assert text(browser, "#task-id") == "ui-task-alpha"

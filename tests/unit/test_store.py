@@ -167,6 +167,7 @@ def test_columns_follow_the_records() -> None:
             "policy_revision",
             "arm",
             "rule_headers",
+            "repo",
         ]
     )
 

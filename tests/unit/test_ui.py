@@ -64,6 +64,7 @@ def _row(task: str, ts: float, model: str, cost: float, client: str = "aider/1")
 def test_task_rows_search() -> None:
     requests = [_row("fix-login", 1.0, "cheap", 0.01), _row("add-cache", 2.0, "large", 0.5, "claude-cli/2"),
                 _row("fix-login", 3.0, "large", 0.2)]  # fmt: skip
+    requests[1]["repo"] = "acme/cache"
     outcomes = [{"task_id": "fix-login", "attempt": 1, "success": True, "source": "explicit", "explicit": True,
                  "ts": 4.0}]  # fmt: skip
     every = views.task_rows(requests, outcomes)
@@ -73,6 +74,8 @@ def test_task_rows_search() -> None:
     assert [t["task_id"] for t in views.task_rows(requests, outcomes, "cheap")["tasks"]] == ["fix-login"]
     assert [t["task_id"] for t in views.task_rows(requests, outcomes, "success")["tasks"]] == ["fix-login"]
     assert views.task_rows(requests, outcomes, "nothing")["matched"] == 0
+    [cache] = views.task_rows(requests, outcomes, "acme/")["tasks"]
+    assert (cache["task_id"], cache["repo"]) == ("add-cache", "acme/cache")
 
 
 def test_overview_totals_and_timeline() -> None:

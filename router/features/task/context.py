@@ -84,7 +84,8 @@ async def enter(
     rec.attempt, rec.side_call = state.attempt, side
     if state.vector is None and not side:
         # Packed: the tracker keeps it for as long as it remembers the task.
-        state.vector = taskfeatures.Packed(vector_for(req, feats.headers.get("x-router-repo")))
+        rec.repo = taskfeatures.repo_hint(req.first_user_text, feats.headers.get("x-router-repo"))
+        state.vector = taskfeatures.Packed(vector_for(req, rec.repo))
         rec.task_features = taskfeatures.to_json(state.vector)
     switch = None
     if not side:

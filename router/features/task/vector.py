@@ -55,6 +55,15 @@ def _bucket(token: str) -> tuple[int, float]:
     return (h >> 1) % HASH_DIM, 1.0 if h & 1 else -1.0
 
 
+def repo_hint(first_user_text: str, header: str | None = None) -> str | None:
+    """The task's repository: the ``x-router-repo`` header, else the first ``github.com/owner/name``
+    in the opening message."""
+    if header:
+        return header
+    m = _REPO.search(first_user_text[:MAX_TEXT])
+    return m.group(1) if m else None
+
+
 def task_vector(
     first_user_text: str,
     system_text: str = "",
@@ -76,9 +85,7 @@ def task_vector(
     words = _WORD.findall(text.lower())
     counts: dict[int, float] = {}
     grams = [*words, *(f"{a} {b}" for a, b in itertools.pairwise(words))]
-    if repo is None:
-        m = _REPO.search(text)
-        repo = m.group(1) if m else None
+    repo = repo or repo_hint(text)
     for g in grams:
         idx, sign = _bucket(g)
         counts[idx] = counts.get(idx, 0.0) + sign
