@@ -157,7 +157,12 @@ def start(
             url=f"http://127.0.0.1:{port}", core=pin.server, env={**env, passthrough.UPSTREAM_ENV: up_url}, cwd=ROOT,
         )  # fmt: skip
     env.update(
-        ROUTER_LOCAL_UPSTREAM=up_url, ROUTER_DRAIN_DELAY="0", ROUTER_DRAIN_TIMEOUT="5", **(router_env or {})
+        ROUTER_LOCAL_UPSTREAM=up_url,
+        ROUTER_DRAIN_DELAY="0",
+        ROUTER_DRAIN_TIMEOUT="5",
+        # Steady state: litellm's background import would share the cores with the first seconds.
+        ROUTER_PRELOAD="1",
+        **(router_env or {}),
     )
     policy = learned.write(workdir / "policy")
     port = free_port()

@@ -23,8 +23,6 @@ from router.features.promptsize import PromptSizer
 from router.features.task.tracker import TaskTracker
 from router.features.tokens import TokenCounter
 from router.forward.execute import Executor
-from router.forward.translate import warm_up
-from router.forward.translate.litellm_setup import get_litellm
 from router.forward.upstream import Upstream
 from router.http import admission
 from router.http.auth import Auth
@@ -84,11 +82,7 @@ def build_services(settings: Settings) -> Services:
     runtime = load_runtime(settings.config)
     history = PolicyHistory(Archive(settings.config))
     history.applied(runtime)
-    # Cross-protocol calls go through litellm, whose import takes seconds: pay it before
-    # listening rather than on some agent's first translated request.
-    get_litellm()
     counter = TokenCounter()
-    counter.count_text("load the encoding now, not on the first request")
     upstream = Upstream(settings.timeouts)
     store = open_store(settings.store)
     t = settings.redis_timeout_s
@@ -124,7 +118,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         await admission.restore_spend(s.state, s.store, task_budgets)
         await s.auth.start()
         await s.upstream.start()
-        await warm_up()
         s.writer.start(s.tasks)
         watcher = PolicyWatcher(s.settings.config, s.install, s.runtime, s.history)
 
@@ -136,6 +129,14 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             await reload()
 
         guard = Guard(s.store, s.history, s.state.policy.publish_version, reload)
+        # Loaded once serving, not before: seconds off every start (and restart after a crash).
+        # A request that needs them first waits for them: the encoding (a second) to size
+        # prompts, litellm (several) for cross-protocol calls only.
+        encoding = s.tasks.spawn_blocking(s.counter.count_text, "load the encoding", name="load-encoding")
+        if s.settings.preload:
+            await asyncio.gather(encoding, s.upstream.prepare_translation())
+        else:
+            s.tasks.spawn(s.upstream.prepare_translation(), name="load-litellm")
         watching = [
             s.tasks.spawn(watcher.run(lambda: s.runtime), name="policy-watcher"),
             s.tasks.spawn(s.state.policy.watch(promoted), name="policy-version"),

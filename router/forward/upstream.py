@@ -15,6 +15,8 @@ from the environment: the client chooses none of the URL, the key or the headers
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -79,6 +81,22 @@ class Upstream:
         self.timeouts = timeouts
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, URL] = {}
+        self._translation: asyncio.Future[None] | None = None
+
+    @property
+    def translation_ready(self) -> bool:
+        """Whether litellm is loaded (translated calls no longer wait for it)."""
+        return self._translation is not None and self._translation.done()
+
+    async def prepare_translation(self) -> None:
+        """Load litellm on a thread, once; every translated call awaits this first.
+
+        Started in the background when the router is up, so a start (or a restart after a
+        crash) is not held up by seconds of imports that relayed traffic never needs.
+        """
+        if self._translation is None:
+            self._translation = asyncio.ensure_future(_load_translation())
+        await asyncio.shield(self._translation)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=256, keepalive_timeout=60, ttl_dns_cache=300)
@@ -158,6 +176,7 @@ class Upstream:
         if base is None:
             from router.forward import translate
 
+            await self.prepare_translation()
             obj = await translate.complete(req.protocol, provider_body(req, backend), self._target(backend))
             return Reply(obj)
         wire = WIRES[req.protocol]
@@ -187,6 +206,7 @@ class Upstream:
         if base is None:
             from router.forward import translate
 
+            await self.prepare_translation()
             frames = await translate.open_stream(
                 req.protocol, provider_body(req, backend), self._target(backend)
             )
@@ -212,6 +232,17 @@ class Upstream:
             connect=self.timeouts.connect,
             idle=self.timeouts.idle,
         )
+
+
+async def _load_translation() -> None:
+    from router.forward.translate import warm_up
+    from router.forward.translate.litellm_setup import get_litellm
+
+    await asyncio.to_thread(get_litellm)
+    await warm_up()
+    # What litellm built lives as long as the process: keep it out of every later collection
+    # (router.app.serve froze what was there at start the same way).
+    gc.freeze()
 
 
 async def _guard(

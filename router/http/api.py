@@ -172,6 +172,8 @@ def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
             "store": store_ok,
             "shared_state": state_ok,
             "log_buffered": s.writer.buffered,
+            # Cross-protocol calls wait for litellm until it has loaded (seconds after a start).
+            "translation_loaded": s.upstream.translation_ready,
             # Answered requests not yet in the log: a failing store (a full disk) or a backlog.
             "log_error": log_trouble,
             "state_fail_open": dict(s.state.fail_open_counts),

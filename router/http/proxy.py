@@ -8,6 +8,7 @@ shape. Logging happens off the request path (the writer batches in the backgroun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -90,8 +91,15 @@ class Proxy:
             self._close(rec, phases, task)
             raise
         if isinstance(response, _Reply):
-            # Accounted once the reply is out: the client does not wait for metrics and the log.
-            response.then = partial(self._close, rec, phases, task)
+            if self.s.settings.durable_log:
+                # The record is stored before the client hears anything (a store that fails
+                # keeps it buffered and retried, and /readyz says so; the reply still goes out).
+                self._close(rec, phases, task)
+                with contextlib.suppress(Exception):
+                    await self.s.writer.flush()
+            else:
+                # Accounted once the reply is out: the client does not wait for metrics and the log.
+                response.then = partial(self._close, rec, phases, task)
         return response
 
     async def _respond(

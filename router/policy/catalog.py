@@ -143,8 +143,8 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
 
 
 def litellm_price_lookup(litellm_model: str) -> Mapping[str, Any] | None:
-    from router.forward.translate.litellm_setup import get_litellm
+    from router.forward.translate.litellm_setup import bundled_cost_map
 
-    cost_map: Mapping[str, Any] = get_litellm().model_cost
+    cost_map: Mapping[str, Any] = bundled_cost_map()
     bare = litellm_model.split("/", 1)[1] if "/" in litellm_model else litellm_model
     return cost_map.get(litellm_model) or cost_map.get(bare)

@@ -99,7 +99,8 @@ def start_router(
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
-    while not server.started:
+    while not server.started or not services.upstream.translation_ready:
+        # Translation loads after the start; tests with tight timeouts must not time its import.
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("router did not start")
         time.sleep(0.02)
