@@ -33,14 +33,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from router.policy.catalog import build_catalog
-    from router.policy.config import load_policy
+    from router.policy.runtime import load_runtime
 
     settings = _settings(args)
-    policy = load_policy(settings.config)
-    catalog = build_catalog(policy)
-    print(f"{settings.config}: ok — {len(catalog.backends)} models, {len(policy.routes)} routes, "
-          f"{len(policy.rules)} rules")  # fmt: skip
+    # As a router would load it: the learned artifact, the control arm's reference and the scopes too.
+    rt = load_runtime(settings.config)
+    policy = rt.policy
+    extra = f", control arm {rt.control.share:.0%} of tasks" if rt.control else ""
+    extra += f", {len(rt.scopes)} scopes" if rt.scopes else ""
+    print(f"{settings.config}: ok — revision {rt.revision}, {len(rt.catalog.backends)} models, "
+          f"{len(policy.routes)} routes, {len(policy.rules)} rules{extra}")  # fmt: skip
     return 0
 
 
