@@ -11,6 +11,7 @@ counts instead (the state layer counts each such fail-open).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from router.errors import RateLimited
@@ -53,6 +54,7 @@ async def admit(
     if not limits:
         return None
     amount = rec.cost_est_usd or 0.0
+    await recall_spend(s.state, s.store, limits)
     try:
         return await s.state.budgets.reserve(list(limits), amount, limits)
     except BudgetExceeded as exc:
@@ -76,6 +78,22 @@ def refusal(exc: BudgetExceeded) -> RateLimited | BudgetExceeded:
         err.code = "budget_held"
         return err
     return exc
+
+
+_COLUMN = {"key": "key_id", "task": "task_id"}
+
+
+async def recall_spend(state: SharedState, store: Store, scopes: Iterable[str]) -> None:
+    """In-process budgets keep the most recent scopes (``StateConfig.local_max_entries``); one
+    dropped for room, or seen for the first time since, starts again from the log."""
+    if not isinstance(state, MemoryState):
+        return
+    for scope in scopes:
+        if state.budgets.forgotten(scope):
+            kind, _, value = scope.partition(":")
+            usd = await store.spend_of(_COLUMN[kind], value)
+            if state.budgets.forgotten(scope):  # not restored by a concurrent request meanwhile
+                state.budgets.restore({scope: usd})
 
 
 async def restore_spend(state: SharedState, store: Store, task_budgets: bool) -> int:

@@ -47,6 +47,8 @@ class TTLCache(Generic[V]):
         self._data: OrderedDict[str, tuple[V, float]] = OrderedDict()
         self._max = max_entries
         self._clock = clock
+        #: Entries dropped for room (not expired): their keys may come back to find nothing.
+        self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._data)
@@ -71,6 +73,7 @@ class TTLCache(Generic[V]):
         self._data.move_to_end(key)
         while len(self._data) > self._max:
             self._data.popitem(last=False)
+            self.evicted += 1
 
 
 def _positive_ttl(ttl_s: float) -> float:
@@ -173,6 +176,10 @@ class MemoryBudgets:
         reservation.closed = True
         for name in reservation.scopes:
             self._scope(name).holds.pop(reservation.id, None)
+
+    def forgotten(self, scope: str) -> bool:
+        """Whether ``scope`` may have been dropped for room (so its spend must be looked up)."""
+        return self._scopes.evicted > 0 and self._scopes.get(scope) is None
 
     def restore(self, spent_usd: Mapping[str, float]) -> None:
         """Start scopes from spend recorded elsewhere (the log, after a restart)."""

@@ -75,6 +75,9 @@ class Store(Protocol):
     async def spend_by(self, column: str) -> dict[str, float]:
         """Total ``cost_usd`` logged per ``key_id`` or per ``task_id`` (budgets seed from it)."""
 
+    async def spend_of(self, column: str, value: str) -> float:
+        """Total ``cost_usd`` logged for one ``key_id`` or ``task_id``."""
+
     async def create_key(self, rec: KeyRecord) -> None:
         """Insert a virtual key; raises ``StoreDataError`` if its id or hash is already stored."""
 

@@ -184,6 +184,12 @@ class PostgresStore:
             cur = await conn.execute(schema.spend_sql(column))
             return {str(k): float(v) for k, v in await cur.fetchall()}
 
+    async def spend_of(self, column: str, value: str) -> float:
+        async with self._db().connection() as conn:
+            cur = await conn.execute(schema.spend_sql(column, "postgres"), (value,))
+            row = await cur.fetchone()
+        return float(row[1]) if row else 0.0
+
     async def create_key(self, rec: KeyRecord) -> None:
         await self._write(schema.insert_key_sql("postgres"), [schema.encode_key(rec)])
 

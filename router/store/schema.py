@@ -329,11 +329,10 @@ def decode_row(table: Table, row: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
-def spend_sql(column: str) -> str:
-    """Total cost per value of ``key_id`` or ``task_id``: what in-process budgets restart from."""
+def spend_sql(column: str, dialect: Dialect | None = None) -> str:
+    """Total cost per value of ``key_id`` or ``task_id`` (what in-process budgets restart from);
+    with a ``dialect``, of the one value given as the query's parameter."""
     if column not in ("key_id", "task_id"):
         raise ValueError(f"no spend by {column!r}")
-    return (
-        f"SELECT {column}, SUM(cost_usd) FROM requests "
-        f"WHERE {column} IS NOT NULL AND cost_usd > 0 GROUP BY {column}"
-    )
+    where = f"{column} IS NOT NULL" if dialect is None else f"{column} = {_ph(dialect)}"
+    return f"SELECT {column}, SUM(cost_usd) FROM requests WHERE {where} AND cost_usd > 0 GROUP BY {column}"

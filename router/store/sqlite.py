@@ -176,6 +176,11 @@ class SQLiteStore:
         rows = await self._run(lambda: self._db().execute(sql).fetchall())
         return {str(k): float(v) for k, v in rows}
 
+    async def spend_of(self, column: str, value: str) -> float:
+        sql = schema.spend_sql(column, "sqlite")
+        rows = await self._run(lambda: self._db().execute(sql, (value,)).fetchall())
+        return float(rows[0][1]) if rows else 0.0
+
     async def create_key(self, rec: KeyRecord) -> None:
         await self._run(self._write_sync, schema.insert_key_sql("sqlite"), [schema.encode_key(rec)])
 

@@ -20,9 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
+from router.app.factory import Services
 from router.app.limits import Limits
 from router.fakeupstream import FakeUpstream
 from router.forward.timeouts import Timeouts
+from router.state import MemoryState, StateConfig
 from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.test_faults import HI, faulty, last
 from tests.integration.test_keys import MASTER, create_key
@@ -408,3 +410,28 @@ def test_durable_log_stores_the_record_before_the_reply(
         # Read once, without waiting: with the batched writer the record comes up to 0.25 s later.
         ids = {row["request_id"] for row in r._rows()}
         assert resp.headers["x-request-id"] in ids, f"request {i}: answered before its record was stored"
+
+
+def test_budgets_forgotten_for_room_start_again_from_the_log(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    est = estimate(router_factory, upstream)
+
+    def two_scopes(s: Services) -> None:
+        s.state = MemoryState(StateConfig(local_max_entries=2))  # the process remembers 2 scopes
+
+    # Durable: each record is in the log before its reply, so the log is what was spent.
+    r = router_factory(task_budget_policy(upstream, "", 2 * est), timeouts=SLOW, durable_log=True,
+                       services_hook=two_scopes)  # fmt: skip
+
+    def call(task: str) -> int:
+        return httpx.post(r.url + "/v1/chat/completions", json={"model": "solo", "messages": HI},
+                          headers={"x-router-task-id": task}, timeout=20).status_code  # fmt: skip
+
+    statuses: list[int] = []
+    while 403 not in statuses:
+        statuses.append(call("victim"))
+        assert len(statuses) < 100
+    for other in ("a", "b", "c"):  # push the victim's scope out
+        assert call(other) == 200
+    assert call("victim") == 403, "a task's spend was forgotten when its scope was evicted"

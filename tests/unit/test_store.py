@@ -273,6 +273,7 @@ async def check_batch_and_queries(store: Store) -> None:
     # What in-process budgets restart from: the retried batch is not counted twice.
     assert await store.spend_by("key_id") == {"k1": 2.0}
     assert await store.spend_by("task_id") == {"t-even": 1.0, "t-odd": 1.0}
+    assert await store.spend_of("key_id", "k1") == 2.0 and await store.spend_of("task_id", "nobody") == 0.0
 
 
 async def test_batch_write_and_queries(store: SQLiteStore) -> None:
