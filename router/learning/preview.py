@@ -99,6 +99,8 @@ def risks_of(backend: Backend, f: Features, r: Row) -> list[str]:
 @dataclass
 class _TaskReplay:
     vector: Mapping[int, float] | None = None
+    #: The repository the log kept for the task (scopes may match on it).
+    repo: str | None = None
     #: attempt → the model the new policy started it on
     pinned: dict[int, str] = field(default_factory=dict)
     warm: tuple[str, int, float] | None = None  # model, tokens, until
@@ -201,6 +203,7 @@ def preview(
         t = tasks[task_id]
         if t.vector is None and r.get("task_features"):
             t.vector = taskfeatures.from_json(r["task_features"])
+        t.repo = t.repo or r.get("repo")
         tally.requests += 1
         tally.tasks.add(task_id)
         tally.cost_before += float(r.get("cost_usd") or 0.0)
@@ -213,7 +216,8 @@ def preview(
             if t.warm is not None and t.warm[2] >= float(r["ts"]):
                 f.warm_model, f.warm_tokens = t.warm[0], t.warm[1]
         logged_headers = r.get("rule_headers") or {}
-        facts = ScopeFacts(logged_headers.get(REPO_HEADER), r.get("key_id"), logged_headers.get(TEAM_HEADER))
+        repo = logged_headers.get(REPO_HEADER) or t.repo
+        facts = ScopeFacts(repo, r.get("key_id"), logged_headers.get(TEAM_HEADER))
         chosen_by = runtime.arm_for(task_id, facts)[1]
         try:
             new = calm.get(id(chosen_by), chosen_by).decide(f).chosen
@@ -274,7 +278,7 @@ def preview(
         "risks": {"counts": dict(tally.risks), "examples": tally.risk_examples},
         "not_replayed": [
             "headers that no rule of the logging policy read",
-            "repositories named only in the conversation (for scopes)",
+            "repositories named only in the system prompt (for scopes)",
             "image inputs",
             "loop and tool-failure signals that leave a pinned model",
             "budgets",

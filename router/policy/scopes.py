@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from router.errors import ConfigError
+from router.features.task.vector import repo_hint
 from router.policy.catalog import Catalog
 from router.policy.config import Policy, ScopeMatch
 from router.policy.decide import Decider
@@ -22,6 +23,7 @@ from router.protocols.common import ClientRequest
 
 REPO_HEADER = "x-router-repo"
 TEAM_HEADER = "x-router-team"
+#: A github.com URL or git remote (``git@github.com:owner/name.git``), as a system prompt shows one.
 _REPO = re.compile(r"github\.com[/:]([\w.-]+/[\w.-]+?)(?:\.git)?(?=[\s/'\"#?)]|$)")
 
 
@@ -35,9 +37,9 @@ class ScopeFacts:
 def scope_facts(req: ClientRequest, headers: Mapping[str, str], key_id: str | None) -> ScopeFacts:
     """What scopes match on: the repository from its header, else a github.com URL (or a git
     remote) in the first user message or the system prompt."""
-    repo = headers.get(REPO_HEADER)
+    repo = repo_hint(req.first_user_text, headers.get(REPO_HEADER))  # as the log keeps it
     if not repo:
-        m = _REPO.search(req.first_user_text) or _REPO.search(str(req.system or ""))
+        m = _REPO.search(str(req.system or ""))
         repo = m.group(1) if m else None
     return ScopeFacts(repo=repo, key=key_id, team=headers.get(TEAM_HEADER))
 

@@ -94,3 +94,5 @@ def test_preview_replays_scopes_from_the_logged_headers(tmp_path: Path) -> None:
            "output_tokens": 10, "status": 200, "rule_headers": {"x-router-repo": "acme/api"}}  # fmt: skip
     assert preview([row], [], rt)["moves"] == {"cheap -> dear": 1}
     assert preview([{**row, "rule_headers": None}], [], rt)["moved"] == 0
+    # The task's repository as the log keeps it (its first request's ``repo``) counts as well.
+    assert preview([{**row, "rule_headers": None, "repo": "acme/api"}], [], rt)["moved"] == 1
