@@ -57,14 +57,19 @@ def leave_after(r: RunningRouter, path: str, body: dict[str, Any], content_event
                     return
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/messages", {"model": "solo", "max_tokens": 100, "messages": HI}),
-        ("/v1/responses", {"model": "solo", "input": "hi"}),
-    ],
-    ids=["anthropic", "responses"],
-)
+def translated(model: str) -> pytest.MarkDecorator:
+    """The two client protocols an OpenAI backend serves through litellm, asking for ``model``."""
+    return pytest.mark.parametrize(
+        ("path", "body"),
+        [
+            ("/v1/messages", {"model": model, "max_tokens": 100, "messages": HI}),
+            ("/v1/responses", {"model": model, "input": "hi"}),
+        ],
+        ids=["anthropic", "responses"],
+    )
+
+
+@translated("solo")
 def test_translated_stream_is_closed_and_billed_when_the_client_leaves(
     router_factory: Factory, upstream: FakeUpstream, path: str, body: dict[str, Any]
 ) -> None:
@@ -92,14 +97,7 @@ def test_anthropic_stream_cut_short_estimates_output(router_factory: Factory, up
     assert rec["usage_estimated"] == 1 and rec["output_tokens"] >= 20
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/messages", {"model": "auto", "max_tokens": 100, "messages": HI}),
-        ("/v1/responses", {"model": "auto", "input": "hi"}),
-    ],
-    ids=["anthropic", "responses"],
-)
+@translated("auto")
 def test_translated_call_to_a_hung_backend_falls_back(
     router_factory: Factory, upstream: FakeUpstream, path: str, body: dict[str, Any]
 ) -> None:
