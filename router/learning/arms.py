@@ -3,7 +3,9 @@
 A task belongs to the arm of its first logged request (the arm is a function of the task id, so
 all its requests agree unless the control share changed mid-task). A task's verdict is the one
 ``router tasks`` shows: an explicit outcome first, else the latest inferred label
-(``router.telemetry.ledger.final_outcome``); inferred labels count as verdicts, unweighted. Tasks
+(``router.telemetry.ledger.final_outcome``). An explicit verdict counts 1 or 0; a label of the
+label model counts its calibrated P(success) (its confidence), so an unsure label moves a rate
+less; a label of the older hand-weighted signals counts 1 or 0. Tasks
 without a verdict count in ``tasks`` but not in the rates.
 
 Intervals are 95%: Wilson's for the success rate; for cost per completed task (a ratio of two
@@ -18,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.learning.labels.model import SOURCE as LABEL_MODEL
 from router.telemetry.ledger import final_outcome
 from router.telemetry.report import quantile
 
@@ -86,11 +89,23 @@ class TaskTally:
             a.tasks += 1
             v = final_outcome(verdicts.get(task, []))
             if v is not None:
-                a.success.append(1.0 if v["success"] else 0.0)
+                a.success.append(success_value(v))
                 a.cost.append(self.cost[task])
         for arm, values in (self.latency or {}).items():
             arms[arm].latency_ms = sorted(values)
         return dict(arms)
+
+
+def success_value(verdict: Mapping[str, Any]) -> float:
+    """How much a task's verdict counts as a completion (see the module's docstring)."""
+    score = verdict.get("score")
+    if (
+        not verdict.get("explicit")
+        and verdict.get("source") == LABEL_MODEL
+        and isinstance(score, int | float)
+    ):
+        return min(1.0, max(0.0, float(score)))
+    return 1.0 if verdict["success"] else 0.0
 
 
 def by_arm(
@@ -136,7 +151,7 @@ def summary(a: ArmTasks) -> dict[str, Any]:
     return {
         "tasks": a.tasks,
         "with_outcome": a.n,
-        "completed": int(completed),
+        "completed": round(completed, 3),
         "success_rate": round(completed / a.n, 6) if a.n else None,
         "success_ci95": [round(x, 6) for x in ci] if ci else None,
         "cost_per_completed_usd": round(cpc[0], 6) if cpc else None,

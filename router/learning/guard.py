@@ -22,6 +22,7 @@ A null is rejected only when ``d > 0`` and Λ ≥ 2/α (one side of a two-sided 
 conservative bound at the null's edge, and further inside the null the crossing is rarer still).
 τ is the tolerance itself (the size of harm worth detecting quickly). The approximations: the
 normal law of the means and plug-in variances (hence ``min_tasks`` per arm before any decision;
+a label's confidence makes a task count between 0 and 1, whose variance p(1−p) still bounds;
 success rates are smoothed by half a success and half a failure so that an arm at 0% or 100%
 has a variance), and independent tasks.
 """

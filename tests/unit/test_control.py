@@ -142,3 +142,18 @@ def test_a_tally_counts_each_request_once_across_overlapping_reads() -> None:
     assert set(tally.seen) == {"r4", "r5"}
     tally.add([{**rows[0], "policy_revision": "r2", "request_id": "x"}])  # another revision's row
     assert sum(tally.cost.values()) == 6.0
+
+
+def test_a_label_counts_its_confidence_an_explicit_outcome_counts_whole() -> None:
+    from router.learning.arms import success_value
+
+    assert success_value({"success": True, "explicit": True, "source": "explicit", "score": 0.2}) == 1.0
+    assert success_value({"success": True, "explicit": False, "source": "outcome_model", "score": 0.8}) == 0.8
+    assert (
+        success_value({"success": False, "explicit": False, "source": "outcome_model", "score": 0.3}) == 0.3
+    )
+    assert success_value({"success": True, "explicit": False, "source": "tests", "score": 0.5}) == 1.0
+    reqs = [{"task_id": "t", "arm": "treated", "cost_usd": 1.0}]
+    outs = [{"task_id": "t", "attempt": 1, "success": True, "explicit": False, "source": "outcome_model",
+             "score": 0.75, "ts": 1.0}]  # fmt: skip
+    assert by_arm(reqs, outs)["treated"].success == [0.75]
