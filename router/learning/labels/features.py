@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from router.learning.signals.conversation import Reading, slot
 from router.learning.signals.toolresult import test_summary
-from router.learning.signals.transcript import ToolCall, ToolResult
+from router.learning.signals.transcript import CALL_ITEMS, ToolCall, ToolResult
 
 #: Every feature the reader computes, in a fixed order (an artifact names the ones it uses).
 NAMES: Final = (
@@ -96,11 +96,7 @@ def read(message: Any, reading: Reading) -> Facts:
             tests = summary.ok
         too_long += any(w in r.text[:1024] for w in _TOO_LONG)
     role = message.get("role")
-    step = role == "assistant" or message.get("type") in (
-        "function_call",
-        "custom_tool_call",
-        "local_shell_call",
-    )
+    step = role == "assistant" or message.get("type") in CALL_ITEMS
     return Facts(
         step=step and not results,
         chars=chars,

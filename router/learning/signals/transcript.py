@@ -21,7 +21,7 @@ import orjson
 
 from router.learning.signals.fingerprint import stable_hash
 
-_CALL_ITEMS: Final = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
+CALL_ITEMS: Final = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
 _OUTPUT_ITEMS: Final = frozenset(
     {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
 )
@@ -180,7 +180,7 @@ def _text_protocol(role: Any, item: dict[str, Any], events: list[Event]) -> list
 
 def _item(item: dict[str, Any]) -> list[Event]:
     kind = item.get("type") if isinstance(item.get("type"), str) else None
-    if kind in _CALL_ITEMS:
+    if kind in CALL_ITEMS:
         if kind == "local_shell_call":
             return [_call(item.get("call_id"), "local_shell", item.get("action"))]
         args = item.get("arguments") if kind == "function_call" else item.get("input")
