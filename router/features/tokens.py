@@ -208,6 +208,11 @@ class TokenCounter:
         return self._encoding
 
     @property
+    def loaded(self) -> bool:
+        """Whether the encoding is loaded (the router loads it in the background at start)."""
+        return self._encoding is not None
+
+    @property
     def encoding_name(self) -> str:
         return self.encoding.name
 

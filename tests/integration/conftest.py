@@ -103,10 +103,10 @@ def start_router(
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("router did not start")
         time.sleep(0.02)
-    # litellm loads after the start (the first time in this process: seconds, more on a busy
-    # machine); tests with tight timeouts must not time its import.
+    # litellm and the tokenizer load after the start (the first time in this process: seconds,
+    # more on a busy machine); tests of timeouts and phases must not time their loading.
     deadline = time.monotonic() + 180
-    while not services.upstream.translation_ready:
+    while not (services.upstream.translation_ready and services.counter.loaded):
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the router's translation (litellm) did not load")
         time.sleep(0.02)
