@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from router.features.task import vector as taskfeatures
+from router.features.task.vector import task_vector, with_attempt
 from router.learning.training.commands import promote
 from router.learning.training.dataset import AttemptRow
 from router.learning.training.fit import fit
@@ -54,7 +54,7 @@ def attempts(n_tasks: int = 240, seed: int = 7) -> list[AttemptRow]:
         hard = i % 2 == 1
         words = [*rng.sample(HARD if hard else EASY, 4), *rng.sample(FILLER, 4)]
         rng.shuffle(words)
-        vector = taskfeatures.task_vector(f"Task {i}: fix the {' '.join(words)} problem.", SYSTEM, 1, None)
+        vector = task_vector(f"Task {i}: fix the {' '.join(words)} problem.", SYSTEM, 1, None)
         failed: list[str] = []
         difficulty = rng.gauss(0.0, TASK_EFFECT)
         for attempt in range(1, 4):
@@ -65,7 +65,7 @@ def attempts(n_tasks: int = 240, seed: int = 7) -> list[AttemptRow]:
             rows.append(
                 AttemptRow(
                     task_id=f"t{i}", attempt=attempt, model=model,
-                    vector=taskfeatures.with_attempt(vector, attempt), success=ok, label_source="explicit",
+                    vector=with_attempt(vector, attempt), success=ok, label_source="explicit",
                     cost=cost * rng.uniform(0.7, 1.3), n_calls=rng.randint(5, 30),
                     propensity=1 / len(MODELS), actions=list(MODELS), failed_before=list(failed),
                     ts=1_700_000_000.0 + i,

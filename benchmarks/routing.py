@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ class Pipeline:
     """The router's pre-call stages, built from the demo policy with a learned artifact."""
 
     def __init__(self, policy: Path | None = None) -> None:
-        from router.features.task import identity as tasks
+        from router.features.task.identity import client_key_hash
         from router.features.tokens import TokenCounter
         from router.policy.runtime import load_runtime
 
@@ -88,7 +88,7 @@ class Pipeline:
         #: Task vectors by task id, as the router keeps them in its task state (made once per task).
         self.vectors: dict[str, Any] = {}
         self.encoding = TokenCounter().encoding
-        self.key_hash = tasks.client_key_hash("bench")
+        self.key_hash = client_key_hash("bench")
         self.loop_threshold = self.runtime.policy.spec.tasks.loop_threshold
 
     def counter(self) -> Any:
@@ -98,19 +98,19 @@ class Pipeline:
 
     def sizer(self) -> Any:
         """A fresh counter and conversation memo, as the app builds them."""
-        from router.features.memo import Transcripts
+        from router.features.memo import ConversationMemo
         from router.features.promptsize import PromptSizer
 
-        return PromptSizer(self.counter(), Transcripts(_MEMORY))
+        return PromptSizer(self.counter(), ConversationMemo(_MEMORY))
 
     def run(
         self, raw: bytes, protocol: str, sizer: Any, first_turn: bool, out: dict[str, list[float]]
     ) -> Any:
         """One request through every stage, appending each stage's µs to ``out``; returns the request."""
-        from router.features import request as features
-        from router.features.task import context as taskcontext
-        from router.features.task import identity as tasks
-        from router.features.task import vector as taskfeatures
+        from router.features.pipeline import request_features
+        from router.features.task.context import vector_for, weak_label
+        from router.features.task.identity import task_id_of
+        from router.features.task.vector import Packed
         from router.learning import signals
         from router.protocols import WIRES
 
@@ -119,27 +119,27 @@ class Pipeline:
         t0 = clock()
         req = WIRES[protocol].parse(raw)
         t1 = clock()
-        task = tasks.task_id(req, None, self.key_hash)
+        task = task_id_of(req, None, self.key_hash)
         t2 = clock()
         req.tools_sha256(), req.system_sha256()
         t3 = clock()
         size = sizer.measure(req, task, len(raw))
-        feats = features.of(req, size.tokens, {})
+        feats = request_features(req, size.tokens, {})
         t4 = clock()
         if first_turn:
-            self.vectors[task] = taskfeatures.Packed(taskcontext.vector_for(req))  # as the tracker keeps it
-        feats.task_vector = self.vectors.get(task)
+            self.vectors[task] = Packed(vector_for(req))  # as the tracker keeps it
+        feats = replace(feats, task_vector=self.vectors.get(task))
         t5 = clock()
         signals.switches(req.protocol, req.messages, loop_threshold=self.loop_threshold, seen=size.facts)
         t6 = clock()
         if not size.settled and decider.size_matters(feats, size.low, size.high):
-            feats.prompt_tokens = sizer.settle(size)
+            feats = replace(feats, prompt_tokens=sizer.settle(size))
         t7 = clock()
         decider.decide(feats)
         t8 = clock()
         if not size.settled:
             sizer.settle(size)
-        taskcontext.weak_label(req, self.loop_threshold, size.repeat, size.facts)
+        weak_label(req, self.loop_threshold, size.repeat, size.facts)
         t9 = clock()
         marks = (t0, t1, t2, t3, t4, t5, t6, t7, t8)
         for stage, a, b in zip(STAGES, marks, marks[1:], strict=False):
@@ -237,14 +237,14 @@ def measure(
     warm = pipe.sizer()
     # The previous turn: the memo and the counter now hold this conversation, counted.
     previous = pipe.run(base, protocol, warm, True, _scratch())
-    snapshot = warm.transcripts.match(_task(pipe, previous), previous.messages, None, None).snapshot
+    snapshot = warm.memo.match(_task(pipe, previous), previous.messages, None, None).snapshot
 
     def next_turn(i: int) -> tuple[bytes, Any]:
         rng = random.Random(10_000 + i)
         tail = bodies.tool_turn(rng, len(messages) // 2 + i, max(400, size * 4 // max(1, len(messages))))
         # Each iteration is the turn after ``base`` (not after the previous iteration's turn, which
         # was a different continuation): put ``base`` back as the task's latest request, untimed.
-        warm.transcripts.remember(_task(pipe, previous), snapshot, replaces=snapshot)
+        warm.memo.remember(_task(pipe, previous), snapshot, replaces=snapshot)
         return _body(protocol, [*messages, *tail], tools), warm
 
     loop(first, first_turn, True)
@@ -253,9 +253,9 @@ def measure(
 
 
 def _task(pipe: Pipeline, req: Any) -> str:
-    from router.features.task import identity as tasks
+    from router.features.task.identity import task_id_of
 
-    return tasks.task_id(req, None, pipe.key_hash)
+    return task_id_of(req, None, pipe.key_hash)
 
 
 def _reseeded(messages: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:

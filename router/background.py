@@ -18,7 +18,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class BackgroundTasks:
+class Background:
     """One per app. The event loop keeps only weak references to tasks, so an untracked task can
     be garbage-collected mid-flight; this set keeps them alive until they finish."""
 

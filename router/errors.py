@@ -7,7 +7,9 @@ next candidate) may succeed where this one failed::
     RouterError                      500  api_error             (not retryable)
     ├── BadRequest                   400  invalid_request_error
     │   ├── ContextTooLarge          400  invalid_request_error (code context_length_exceeded)
-    │   └── UnknownModel             404  not_found_error       (code model_not_found)
+    │   ├── UnknownModel             404  not_found_error       (code model_not_found)
+    │   ├── TaskNotFound             404  not_found_error       (code task_not_found)
+    │   └── Unprocessable            422  invalid_request_error (a valid JSON body that fails its schema)
     ├── PayloadTooLarge              413  request_too_large
     ├── AuthenticationFailed         401  authentication_error
     ├── PermissionDenied             403  permission_error
@@ -83,6 +85,22 @@ class UnknownModel(BadRequest):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="model_not_found", param="model")
+
+
+class TaskNotFound(BadRequest):
+    """No request of this task is known (to the tracker or in the log)."""
+
+    status = 404
+    anthropic_type = "not_found_error"
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(
+            f"no request of task {task_id!r} is in the log", code="task_not_found", param="task_id"
+        )
+
+
+class Unprocessable(BadRequest):
+    status = 422
 
 
 class PayloadTooLarge(RouterError):

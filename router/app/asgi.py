@@ -10,24 +10,14 @@ dispatched here first. They stay declared on the FastAPI app too, which is what
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-
-if TYPE_CHECKING:
-    from router.http.proxy import Proxy
-
-#: Path → client protocol of the proxied endpoints.
-PROXIED: Mapping[str, str] = {
-    "/v1/chat/completions": OPENAI_CHAT,
-    "/v1/messages": ANTHROPIC,
-    "/v1/responses": OPENAI_RESPONSES,
-}
+from router.http.proxy import Proxy
+from router.protocols import PROXIED
 
 
 class RouterApp:

@@ -70,8 +70,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from router.learning.training.commands import train
+    from router.store.window import parse_duration
 
-    since = time.time() - _duration(args.since) if args.since else 0.0
+    since = time.time() - parse_duration(args.since) if args.since else 0.0
     train(args.store, args.config, args.out, since=since, min_attempts=args.min_attempts, force=args.force)
     return 0
 
@@ -109,14 +110,6 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         asyncio.run(_publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))
     print(f"{config}: rolled back from revision {old} to {new}; running routers reload it within a second")
     return 0
-
-
-def _duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
-    except (ValueError, IndexError):
-        raise SystemExit(f"router: bad duration {text!r} (e.g. 30m, 24h, 7d)") from None
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -295,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--config", default=os.environ.get("ROUTER_CONFIG", "policies/default.yaml"),
                     help="the policy the artifact is for: its objective and models (env ROUTER_CONFIG)")  # fmt: skip
     tr.add_argument("--out", required=True, help="artifact path, e.g. policies/learned/NAME.json")
-    tr.add_argument("--since", help="only requests this recent (e.g. 7d; default: the whole log)")
+    tr.add_argument(
+        "--since", help="only requests this recent: 90s, 15m, 2h, 7d, 1w (default: the whole log)"
+    )
     tr.add_argument("--min-attempts", type=int, default=10, metavar="N",
                     help="labelled attempts needed per model (default 10)")  # fmt: skip
     tr.add_argument("--force", action="store_true", help="train even below --min-attempts")

@@ -1,8 +1,8 @@
-"""The app factory: settings → services → ASGI app (FastAPI behind a direct proxy path). No module globals.
+"""The assembly: settings → services → ASGI app (FastAPI behind a direct proxy path). No module globals.
 
-Everything a request needs hangs off one ``Services`` object built here and kept on
-``app.state.services``; the lifespan opens the store, the writer and the HTTP pool, and at
-shutdown drains in-flight work and flushes the log.
+``Services`` holds what the process is built from; it is known here and nowhere else: each stage
+is handed the collaborators it uses. The lifespan opens the store, the writer and the HTTP pool,
+and at shutdown drains in-flight work and flushes the log.
 """
 
 from __future__ import annotations
@@ -17,25 +17,29 @@ from fastapi import FastAPI
 
 from router.app.asgi import RouterApp
 from router.app.settings import Settings
-from router.background import BackgroundTasks
-from router.features.memo import Transcripts
+from router.background import Background
+from router.features.memo import ConversationMemo
+from router.features.pipeline import Pipeline
 from router.features.promptsize import PromptSizer
+from router.features.task.context import TaskContext
 from router.features.task.tracker import TaskTracker
 from router.features.tokens import TokenCounter
 from router.forward.execute import Executor
 from router.forward.upstream import Upstream
-from router.http import admission
+from router.http.admission import Admission, restore_spend
+from router.http.api import register
 from router.http.auth import Auth
+from router.http.ops import register_ops
+from router.http.proxy import Proxy
 from router.learning.guard import Guard
-from router.policy.catalog import Catalog
-from router.policy.config import Policy
-from router.policy.decide import Decider
 from router.policy.revisions import Archive
-from router.policy.runtime import PolicyHistory, PolicyWatcher, Runtime, load_runtime
-from router.state import SharedState, StateConfig, open_state
+from router.policy.runtime import PolicyHistory, PolicyWatcher, RuntimeHolder, load_runtime
+from router.state import MemoryState, SharedState, StateConfig, open_state
 from router.store import Store, open_store
 from router.store.writer import LogWriter
 from router.telemetry import Telemetry, build_telemetry
+from router.telemetry.health import HealthCollector
+from router.telemetry.policy import PolicyCollector
 from router.ui import register_ui
 
 log = logging.getLogger("router.app.factory")
@@ -44,7 +48,7 @@ log = logging.getLogger("router.app.factory")
 @dataclass
 class Services:
     settings: Settings
-    runtime: Runtime
+    runtime: RuntimeHolder
     counter: TokenCounter
     sizer: PromptSizer
     upstream: Upstream
@@ -55,26 +59,9 @@ class Services:
     state: SharedState
     history: PolicyHistory
     telemetry: Telemetry = field(default_factory=Telemetry)
-    tasks: BackgroundTasks = field(default_factory=BackgroundTasks)
+    background: Background = field(default_factory=Background)
     tracker: TaskTracker = field(default_factory=TaskTracker)
     draining: bool = False
-
-    # Each request reads these once; a policy reload swaps the whole runtime in one assignment.
-    @property
-    def policy(self) -> Policy:
-        return self.runtime.policy
-
-    @property
-    def catalog(self) -> Catalog:
-        return self.runtime.catalog
-
-    @property
-    def decider(self) -> Decider:
-        return self.runtime.decider
-
-    def install(self, runtime: Runtime) -> None:
-        self.executor.use(runtime.catalog)
-        self.runtime = runtime
 
 
 def build_services(settings: Settings) -> Services:
@@ -91,38 +78,40 @@ def build_services(settings: Settings) -> Services:
         pool_size=64, pool_timeout_s=t / 2,
     )  # fmt: skip
     state = open_state(settings.redis_url, state_config)
+    executor = Executor(upstream, runtime.catalog, settings.timeouts, breakers=state.breakers)
     return Services(
         settings=settings,
-        runtime=runtime,
+        runtime=RuntimeHolder(runtime, on_install=lambda rt: executor.use(rt.catalog)),
         counter=counter,
-        sizer=PromptSizer(counter, Transcripts(settings.transcript_memory_bytes)),
+        sizer=PromptSizer(counter, ConversationMemo(settings.transcript_memory_bytes)),
         upstream=upstream,
-        executor=Executor(upstream, runtime.catalog, settings.timeouts, breakers=state.breakers),
+        executor=executor,
         store=store,
         writer=LogWriter(store),
         auth=Auth(settings.master_key, store),
         state=state,
         history=history,
-        telemetry=build_telemetry(settings),
+        telemetry=build_telemetry(trace_prompts=settings.trace_prompts),
         tracker=TaskTracker(settings.max_tasks),
     )
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> RouterApp:
     s = services or build_services(settings or Settings())
+    runtime = s.runtime
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await s.store.open()
-        task_budgets = s.policy.spec.objective.max_cost_per_task is not None
-        await admission.restore_spend(s.state, s.store, task_budgets)
+        task_budgets = runtime.current.policy.spec.objective.max_cost_per_task is not None
+        await restore_spend(s.state, s.store, task_budgets)
         await s.auth.start()
         await s.upstream.start()
-        s.writer.start(s.tasks)
-        watcher = PolicyWatcher(s.settings.config, s.install, s.runtime, s.history)
+        s.writer.start(s.background)
+        watcher = PolicyWatcher(s.settings.config, runtime.install, runtime.current, s.history)
 
         async def reload() -> None:
-            await asyncio.to_thread(watcher.check, s.runtime)
+            await asyncio.to_thread(watcher.check, runtime.current)
 
         async def promoted(version: str) -> None:
             # A promotion or rollback published by another replica: reload now, not at the next poll.
@@ -132,19 +121,22 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         # Loaded once serving, not before: seconds off every start (and restart after a crash).
         # A request that needs them first waits for them: the encoding (a second) to size
         # prompts, litellm (several) for cross-protocol calls only.
-        encoding = s.tasks.spawn_blocking(s.counter.count_text, "load the encoding", name="load-encoding")
+        encoding = s.background.spawn_blocking(
+            s.counter.count_text, "load the encoding", name="load-encoding"
+        )
         if s.settings.preload:
             await asyncio.gather(encoding, s.upstream.prepare_translation())
         else:
-            s.tasks.spawn(s.upstream.prepare_translation(), name="load-litellm")
+            s.background.spawn(s.upstream.prepare_translation(), name="load-litellm")
         watching = [
-            s.tasks.spawn(watcher.run(lambda: s.runtime), name="policy-watcher"),
-            s.tasks.spawn(s.state.policy.watch(promoted), name="policy-version"),
-            s.tasks.spawn(guard.run(lambda: s.runtime), name="policy-guard"),
+            s.background.spawn(watcher.run(lambda: runtime.current), name="policy-watcher"),
+            s.background.spawn(s.state.policy.watch(promoted), name="policy-version"),
+            s.background.spawn(guard.run(lambda: runtime.current), name="policy-guard"),
         ]
         if not await s.state.ping():
             log.warning("shared state unreachable at startup: running degraded (see /readyz)")
-        log.info("router ready: policy %s (%d models), store %s", s.policy.source, len(s.catalog.backends),
+        rt = runtime.current
+        log.info("router ready: policy %s (%d models), store %s", rt.policy.source, len(rt.catalog.backends),
                  s.settings.store.split("://", 1)[0])  # fmt: skip
         try:
             yield
@@ -153,7 +145,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             for task in watching:
                 task.cancel()
             await s.writer.close(s.settings.drain_timeout)
-            await s.tasks.drain(s.settings.drain_timeout)
+            await s.background.drain(s.settings.drain_timeout)
             await s.upstream.close()
             await s.store.close()
             await s.state.aclose()
@@ -164,17 +156,36 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         title="router", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.services = s
-    from router.http.api import register
-    from router.http.proxy import Proxy
-
-    proxy = Proxy(s)
-    register(app, s, proxy)
-    register_ui(
-        app,
-        store=s.store,
-        auth=s.auth,
-        runtime=lambda: s.runtime,
-        history=s.history,
-        config=s.settings.config,
+    tasks = TaskContext(
+        s.tracker, s.state.budgets, s.store, s.background,
+        shared=s.state.sessions if s.settings.redis_url else None,
+    )  # fmt: skip
+    # In-process budgets recall a forgotten scope's spend from the log; Redis keeps its own.
+    admission = Admission(
+        s.state.limits, s.state.budgets, s.store if isinstance(s.state, MemoryState) else None
     )
+    proxy = Proxy(
+        s.auth, Pipeline(s.sizer, tasks, s.background), admission,
+        s.executor, s.writer, s.telemetry, runtime, s.background,
+        max_body_bytes=s.settings.max_body_bytes, log_prompts=s.settings.log_prompts,
+        durable_log=s.settings.durable_log,
+    )  # fmt: skip
+    register(
+        app, proxy=proxy, auth=s.auth, counter=s.counter, runtime=runtime, tracker=s.tracker, store=s.store,
+        max_body_bytes=s.settings.max_body_bytes,
+    )  # fmt: skip
+    register_ops(
+        app, auth=s.auth, store=s.store, state=s.state, writer=s.writer, telemetry=s.telemetry,
+        runtime=runtime, history=s.history, upstream=s.upstream, draining=lambda: s.draining,
+        max_body_bytes=s.settings.max_body_bytes,
+    )  # fmt: skip
+    register_ui(
+        app, store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config
+    )  # fmt: skip
+    # Routes are labelled by the policy in force, which a reload may replace.
+    s.telemetry.use_policy(lambda: runtime.current.policy)
+    registry = getattr(getattr(s.telemetry, "metrics", None), "registry", None)
+    if registry is not None:
+        registry.register(HealthCollector(s.state, s.writer))
+        registry.register(PolicyCollector(lambda: runtime.current, s.history))
     return RouterApp(app, proxy)

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Match", "Snapshot", "Transcripts", "same"]
+__all__ = ["ConversationMemo", "Match", "Snapshot", "same"]
 
 #: Requests remembered per conversation: a side call (a title, a summary) or a retry sent between
 #: two turns must not make the router forget the main conversation.
@@ -113,7 +113,7 @@ def common_prefix(new: list[Any], old: list[Any]) -> int:
     return n
 
 
-class Transcripts:
+class ConversationMemo:
     """Per-conversation snapshots of the last requests, bounded by ``max_bytes`` (0 disables)."""
 
     def __init__(self, max_bytes: int, per_key: int = PER_KEY) -> None:

@@ -2,7 +2,7 @@
 
 Tokenizing is the router's most expensive step (tiktoken reads ~10 MB/s: 0.4 ms for a 4 KB
 tool result, 45 ms for a new 100k-token conversation). So ``measure`` only adds up what is
-already known — the counts of the conversation's earlier requests (``Transcripts``) and
+already known — the counts of the conversation's earlier requests (``ConversationMemo``) and
 ``TokenCounter``'s cache — and estimates the rest from its text length. The estimate carries
 hard bounds: an unknown text has at least 0 and at most as many tokens as UTF-8 bytes (a BPE
 token is at least one byte). ``settle`` counts the estimated parts exactly and remembers them,
@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from router.features.memo import NO_MATCH, Snapshot, Transcripts
+from router.features.memo import NO_MATCH, ConversationMemo, Snapshot
 from router.features.tokens import REPLY_PRIMING, TokenCounter, item_text, tools_text
 from router.protocols.common import OPENAI_CHAT, ClientRequest
 
@@ -83,11 +83,11 @@ class PromptSizer:
     def __init__(
         self,
         counter: TokenCounter,
-        transcripts: Transcripts,
+        memo: ConversationMemo,
         chars_per_token: float = DEFAULT_CHARS_PER_TOKEN,
     ) -> None:
         self.counter = counter
-        self.transcripts = transcripts
+        self.memo = memo
         self._lock = threading.Lock()
         # Characters and tokens of the texts counted so far (decayed): their ratio is the estimate's.
         self._chars = chars_per_token * 1000
@@ -103,7 +103,7 @@ class PromptSizer:
         # Chat's system prompt is a message; the others count it apart, as TokenCounter does.
         system = req.system if req.protocol != OPENAI_CHAT and req.system else None
         tools = req.tools or None
-        memo = self.transcripts
+        memo = self.memo
         match = memo.match(key, messages, system, tools) if key and memo.max_bytes else NO_MATCH
         old = match.snapshot
         counts: list[int | None] = [None] * len(messages)

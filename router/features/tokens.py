@@ -29,6 +29,7 @@ import orjson
 import tiktoken
 
 from router.features.bpe import default_encoding
+from router.protocols.common import ANTHROPIC, OPENAI_CHAT, ClientRequest
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -235,6 +236,14 @@ class TokenCounter:
             total += _safe_len(encode, text[start:end])
             start = end
         return total
+
+    def count_request(self, req: ClientRequest) -> int:
+        """A parsed request's whole prompt, in its protocol's shape."""
+        if req.protocol == OPENAI_CHAT:
+            return self.count_openai_chat(req.messages, req.tools or None)
+        if req.protocol == ANTHROPIC:
+            return self.count_anthropic(req.system, req.messages, req.tools or None)
+        return self.count_responses(req.system, req.messages, req.tools or None)
 
     def count_openai_chat(self, messages: Any, tools: Any = None) -> int:
         """Chat Completions ``messages`` (+ ``tools``)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from router.policy.catalog import Price
+from router.policy.catalog import Backend, Price
 from router.protocols.common import Usage
 
 
@@ -49,3 +49,17 @@ def cost_split(price: Price, usage: Usage) -> CostSplit:
         cache_read=round(read * price.cache_read, 10),
         cache_write=round(write * price.cache_write, 10),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one served request cost: the backend's usage (gaps estimated) at its prices."""
+
+    usage: Usage
+    estimated: bool
+    split: CostSplit
+
+
+def charge(backend: Backend, usage: Usage, prompt_tokens_est: int, content_events: int) -> Charge:
+    estimated = fill_missing(usage, prompt_tokens_est, content_events)
+    return Charge(usage, estimated, cost_split(backend.price, usage))

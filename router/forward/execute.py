@@ -42,7 +42,7 @@ _FAILURE_EVENTS = frozenset({"error", "response.failed"})
 
 
 @dataclass(slots=True)
-class Attempt:
+class Try:
     """One try, for the log's ``tries`` (``router.telemetry.tries`` reads them)."""
 
     model: str
@@ -78,7 +78,7 @@ class CommittedStream:
 
 @dataclass(slots=True)
 class Execution:
-    tries: list[Attempt] = field(default_factory=list)
+    tries: list[Try] = field(default_factory=list)
     backend: Backend | None = None
     retries: int = 0
 
@@ -120,13 +120,14 @@ class Executor:
         self.use(catalog)
 
     def use(self, catalog: Catalog) -> None:
-        """Switch to a reloaded catalog; in-flight calls keep the slots they hold."""
-        self.catalog = catalog
+        """Size the concurrency slots for a reloaded catalog; in-flight calls keep the slots they hold
+        (and the catalog of the runtime their request was admitted with)."""
         self._slots = {b.id: asyncio.Semaphore(b.max_concurrency) for b in catalog if b.max_concurrency}
 
     async def complete(
-        self, req: ClientRequest, decision: Decision, headers: dict[str, str], phases: Phases, ex: Execution
-    ) -> Reply:
+        self, req: ClientRequest, decision: Decision, catalog: Catalog, headers: dict[str, str], phases: Phases,
+        ex: Execution,
+    ) -> Reply:  # fmt: skip
         async def call(backend: Backend, deadline: float) -> Reply:
             slot = self._slots.get(backend.id)
             async with asyncio.timeout_at(_loop_deadline(deadline)):
@@ -142,11 +143,12 @@ class Executor:
             phases.byte()
             return reply
 
-        return await self._run(decision, phases, ex, call)
+        return await self._run(decision, catalog, phases, ex, call)
 
     async def open_stream(
-        self, req: ClientRequest, decision: Decision, headers: dict[str, str], phases: Phases, ex: Execution
-    ) -> CommittedStream:
+        self, req: ClientRequest, decision: Decision, catalog: Catalog, headers: dict[str, str], phases: Phases,
+        ex: Execution,
+    ) -> CommittedStream:  # fmt: skip
         wire = WIRES[req.protocol]
 
         async def call(backend: Backend, deadline: float) -> CommittedStream:
@@ -170,11 +172,12 @@ class Executor:
                 committed.release = slot.release
             return committed
 
-        return await self._run(decision, phases, ex, call)
+        return await self._run(decision, catalog, phases, ex, call)
 
     async def _run(
         self,
         decision: Decision,
+        catalog: Catalog,
         phases: Phases,
         ex: Execution,
         call: Callable[[Backend, float], Awaitable[T]],
@@ -186,11 +189,11 @@ class Executor:
         skipped: list[str] = []
         i = 0
         while i < len(order):
-            backend = ex.backend = self.catalog[order[i]]
+            backend = ex.backend = catalog[order[i]]
             i += 1
             if not await self.breakers.before_call(backend.id):
                 skipped.append(backend.id)
-                ex.tries.append(Attempt(backend.id, None, time.perf_counter(), None, "BreakerOpen"))
+                ex.tries.append(Try(backend.id, None, time.perf_counter(), None, "BreakerOpen"))
                 continue
             for retry in (False, True):
                 began = time.perf_counter()
@@ -201,12 +204,12 @@ class Executor:
                 except RouterError as exc:
                     last = exc
                 else:
-                    ex.tries.append(_attempt(backend, phases, began, 200))
+                    ex.tries.append(_try(backend, phases, began, 200))
                     await self.breakers.record_success(backend.id)
                     return result
                 # The backend's own status when it answered; else the router's (502 unreachable, 504 ...).
                 status = getattr(last, "upstream_status", None) or last.status
-                ex.tries.append(_attempt(backend, phases, began, status, last.kind))
+                ex.tries.append(_try(backend, phases, began, status, last.kind))
                 await self.breakers.record_failure(backend.id, last.retryable)
                 remaining = deadline - time.monotonic()
                 if retry or not last.retryable or i < len(order) or remaining <= 0:
@@ -221,7 +224,7 @@ class Executor:
             if last.code == "context_length_exceeded":
                 # Only a larger window can help; the decision's estimate was too low for this one.
                 window = backend.context_window
-                order = order[:i] + [m for m in order[i:] if self.catalog[m].context_window > window]
+                order = order[:i] + [m for m in order[i:] if catalog[m].context_window > window]
                 continue
             if not last.next_candidate or time.monotonic() >= deadline:
                 break
@@ -260,13 +263,11 @@ async def _until_content(
     return CommittedStream(backend, observer, held, events)
 
 
-def _attempt(
-    backend: Backend, phases: Phases, began: float, status: int | None, kind: str | None = None
-) -> Attempt:
+def _try(backend: Backend, phases: Phases, began: float, status: int | None, kind: str | None = None) -> Try:
     """The try that began at ``began``: its upstream call started then if ``phases`` saw a start since."""
     started = phases.upstream_start
     reached = started is not None and started >= began
-    return Attempt(backend.id, started if reached else None, time.perf_counter(), status, kind)
+    return Try(backend.id, started if reached else None, time.perf_counter(), status, kind)
 
 
 def _loop_deadline(monotonic_deadline: float) -> float:

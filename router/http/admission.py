@@ -12,53 +12,77 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from router.errors import RateLimited
 from router.http.auth import Principal
 from router.policy.decide import Decision
-from router.state import BudgetExceeded, MemoryState, Reservation, SharedState, StateUnavailable
+from router.state import (
+    BudgetExceeded,
+    Budgets,
+    MemoryState,
+    RateLimits,
+    Reservation,
+    SharedState,
+    StateUnavailable,
+)
+from router.state.memory import MemoryBudgets
 from router.store import Store
-from router.store.records import RequestRecord
-
-if TYPE_CHECKING:
-    from router.app.factory import Services
 
 log = logging.getLogger("router.http.admission")
 
 
-async def admit(
-    s: Services, principal: Principal, rec: RequestRecord, decision: Decision
-) -> Reservation | None:
-    if principal.key_id and (principal.rpm or principal.tpm):
+class Admission:
+    """``log``: where in-process budgets recall a scope's spend from (None with Redis, which keeps it)."""
+
+    def __init__(self, limits: RateLimits, budgets: Budgets, log: Store | None = None) -> None:
+        self.limits = limits
+        self.budgets = budgets
+        self.log = log
+
+    async def admit(
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
+    ) -> Reservation | None:
+        """Check the key's rate limits and hold the decision's estimated cost in every budget that
+        applies (``task_budget``: the policy's per-task limit, from the request's runtime)."""
         est = decision.estimate(decision.chosen)
-        tokens = (est.prompt_tokens + est.output_tokens) if est else 0
-        verdict = await s.state.limits.check_and_consume(
-            principal.key_id,
-            requests=1,
-            tokens=tokens if principal.tpm else 0,
-            rpm=principal.rpm,
-            tpm=principal.tpm,
-        )
-        if not verdict:
-            raise RateLimited(
-                f"this key's {verdict.reason} limit is reached",
-                retry_after=min(verdict.retry_after_s, 3600.0),
+        if principal.key_id and (principal.rpm or principal.tpm):
+            tokens = (est.prompt_tokens + est.output_tokens) if est else 0
+            verdict = await self.limits.check_and_consume(
+                principal.key_id,
+                requests=1,
+                tokens=tokens if principal.tpm else 0,
+                rpm=principal.rpm,
+                tpm=principal.tpm,
             )
-    limits: dict[str, float] = {}
-    if principal.key_id and principal.budget_usd is not None:
-        limits[f"key:{principal.key_id}"] = principal.budget_usd
-    task_budget = s.decider.policy.spec.objective.max_cost_per_task
-    if task_budget is not None and rec.task_id:
-        limits[f"task:{rec.task_id}"] = task_budget
-    if not limits:
-        return None
-    amount = rec.cost_est_usd or 0.0
-    await recall_spend(s.state, s.store, limits)
-    try:
-        return await s.state.budgets.reserve(list(limits), amount, limits)
-    except BudgetExceeded as exc:
-        raise refusal(exc) from None
+            if not verdict:
+                raise RateLimited(
+                    f"this key's {verdict.reason} limit is reached",
+                    retry_after=min(verdict.retry_after_s, 3600.0),
+                )
+        limits: dict[str, float] = {}
+        if principal.key_id and principal.budget_usd is not None:
+            limits[f"key:{principal.key_id}"] = principal.budget_usd
+        if task_budget is not None and task_id:
+            limits[f"task:{task_id}"] = task_budget
+        if not limits:
+            return None
+        amount = est.cost_usd if est else 0.0
+        if self.log is not None and isinstance(self.budgets, MemoryBudgets):
+            await recall_spend(self.budgets, self.log, limits)
+        try:
+            return await self.budgets.reserve(list(limits), amount, limits)
+        except BudgetExceeded as exc:
+            raise refusal(exc) from None
+
+    async def settle(self, reservation: Reservation, actual_usd: float | None) -> None:
+        """Turn the hold into spend (a failed request spends what it used, usually nothing)."""
+        try:
+            await self.budgets.settle(reservation, actual_usd or 0.0)
+        except StateUnavailable as exc:
+            # The hold expires by itself; the log keeps the real cost. Nothing to fail here.
+            log.warning(
+                "budget settle skipped (%s): reservation %s expires on its own", exc.reason, reservation.id
+            )
 
 
 #: What a client refused for money held by requests in flight is told to wait: they settle in
@@ -83,17 +107,15 @@ def refusal(exc: BudgetExceeded) -> RateLimited | BudgetExceeded:
 _COLUMN = {"key": "key_id", "task": "task_id"}
 
 
-async def recall_spend(state: SharedState, store: Store, scopes: Iterable[str]) -> None:
+async def recall_spend(budgets: MemoryBudgets, store: Store, scopes: Iterable[str]) -> None:
     """In-process budgets keep the most recent scopes (``StateConfig.local_max_entries``); one
     dropped for room, or seen for the first time since, starts again from the log."""
-    if not isinstance(state, MemoryState):
-        return
     for scope in scopes:
-        if state.budgets.forgotten(scope):
+        if budgets.forgotten(scope):
             kind, _, value = scope.partition(":")
             usd = await store.spend_of(_COLUMN[kind], value)
-            if state.budgets.forgotten(scope):  # not restored by a concurrent request meanwhile
-                state.budgets.restore({scope: usd})
+            if budgets.forgotten(scope):  # not restored by a concurrent request meanwhile
+                budgets.restore({scope: usd})
 
 
 async def restore_spend(state: SharedState, store: Store, task_budgets: bool) -> int:
@@ -109,14 +131,3 @@ async def restore_spend(state: SharedState, store: Store, task_budgets: bool) ->
         spent.update({f"task:{t}": usd for t, usd in (await store.spend_by("task_id")).items()})
     state.budgets.restore(spent)
     return len(spent)
-
-
-async def settle(s: Services, reservation: Reservation, actual_usd: float | None) -> None:
-    """Turn the hold into spend (a failed request spends what it used, usually nothing)."""
-    try:
-        await s.state.budgets.settle(reservation, actual_usd or 0.0)
-    except StateUnavailable as exc:
-        # The hold expires by itself; the log keeps the real cost. Nothing to fail here.
-        log.warning(
-            "budget settle skipped (%s): reservation %s expires on its own", exc.reason, reservation.id
-        )

@@ -1,10 +1,9 @@
-"""HTTP endpoints: the three proxied protocols, token counting, models, route preview, health."""
+"""HTTP endpoints: the three proxied protocols, token counting, models, route preview, outcomes."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
 
 import orjson
 from fastapi import FastAPI
@@ -13,50 +12,37 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.errors import BadRequest, RouterError
-from router.features import request as features
-from router.features.task.context import preview_task
-from router.http.ops import register_ops
+from router.features.task.tracker import TaskTracker
+from router.features.tokens import TokenCounter
+from router.http.auth import Auth
 from router.http.outcomes import post_outcome
-from router.http.proxy import Proxy, read_body, rule_headers
-from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, WIRES
+from router.http.proxy import Proxy, header_dict, read_body
+from router.http.replies import error_reply, json_reply
+from router.policy.runtime import RuntimeHolder
+from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, PROXIED, WIRES
 from router.protocols import anthropic as anthropic_protocol
-
-if TYPE_CHECKING:
-    from router.app.factory import Services
+from router.store import Store
 
 
-def _json(obj: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(obj), status, media_type="application/json")
-
-
-def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
+def register(
+    app: FastAPI, *, proxy: Proxy, auth: Auth, counter: TokenCounter, runtime: RuntimeHolder,
+    tracker: TaskTracker, store: Store, max_body_bytes: int,
+) -> None:  # fmt: skip
     started = int(time.time())
 
-    # router.app.asgi.RouterApp serves these three before FastAPI sees them; they are declared here for
-    # the OpenAPI document (and for the FastAPI app mounted on its own).
-    @app.post("/v1/chat/completions", tags=["proxy"])
-    async def chat_completions(request: Request) -> Response:
-        return await proxy.handle(request, OPENAI_CHAT)
-
-    @app.post("/v1/messages", tags=["proxy"])
-    async def messages(request: Request) -> Response:
-        return await proxy.handle(request, ANTHROPIC)
-
-    @app.post("/v1/responses", tags=["proxy"])
-    async def responses(request: Request) -> Response:
-        return await proxy.handle(request, OPENAI_RESPONSES)
+    # router.app.asgi.RouterApp serves the proxied paths before FastAPI sees them; they are declared
+    # here for the OpenAPI document (and for the FastAPI app mounted on its own).
+    for path, protocol in PROXIED.items():
+        app.add_api_route(path, _proxied(proxy, protocol), methods=["POST"], tags=["proxy"], name=protocol)
 
     @app.post("/v1/messages/count_tokens", tags=["proxy"])
     async def count_tokens(request: Request) -> Response:
         try:
-            await s.auth.check(request)
-            req = anthropic_protocol.parse(
-                await read_body(request, s.settings.max_body_bytes), count_only=True
-            )
+            await auth.check(request)
+            req = anthropic_protocol.parse(await read_body(request, max_body_bytes), count_only=True)
         except RouterError as err:
-            return _json(err.anthropic_body(), err.status)
-        n = s.counter.count_anthropic(req.system, req.messages, req.tools or None)
-        return _json({"input_tokens": n})
+            return error_reply(err, ANTHROPIC)
+        return json_reply({"input_tokens": counter.count_request(req)})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -65,69 +51,69 @@ def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
         err.status = exc.status_code
         if exc.status_code == 404:
             err.anthropic_type = "not_found_error"
-        body = err.anthropic_body() if request.url.path.startswith("/v1/messages") else err.openai_body()
-        return Response(orjson.dumps(body), exc.status_code, exc.headers, "application/json")
+        protocol = ANTHROPIC if request.url.path.startswith("/v1/messages") else OPENAI_CHAT
+        return error_reply(err, protocol, exc.headers)
 
     # With auth on, what the router serves and how it is configured is for callers only: the
     # route and backend list, and the API description. Health and metrics stay open.
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> Response:
         try:
-            await s.auth.check(request)
+            await auth.check(request)
         except RouterError as err:
-            return _json(err.openai_body(), err.status)
-        return _json(app.openapi())
+            return error_reply(err)
+        return json_reply(app.openapi())
 
     @app.get("/v1/models", tags=["info"])
     async def models(request: Request) -> Response:
         try:
-            await s.auth.check(request)
+            await auth.check(request)
         except RouterError as err:
-            return _json(err.openai_body(), err.status)
+            return error_reply(err)
+        policy, catalog = runtime.current.policy, runtime.current.catalog
         # One list that both SDKs accept: OpenAI reads id/object/owned_by, Anthropic type/id/display_name.
         # Limits in the fields clients read (OpenRouter's context_length, litellm's max_*_tokens):
         # a route gets the largest of its models', since the router sends what fits to one that takes it.
-        limits = {b.id: (b.context_window, b.max_output_tokens) for b in s.catalog.backends.values()}
-        for r in s.policy.routes:
+        limits = {b.id: (b.context_window, b.max_output_tokens) for b in catalog.backends.values()}
+        for r in policy.routes:
             if not any(c in r.match for c in "*?["):
                 ids = [*r.candidates, *([r.passthrough] if r.passthrough else []), *r.fallbacks]
                 limits.setdefault(r.match, (max(limits[i][0] for i in ids), max(limits[i][1] for i in ids)))
-        names = [r.match for r in s.policy.routes if r.match in limits]
-        names += [b for b in s.catalog.backends if b not in names]
+        names = [r.match for r in policy.routes if r.match in limits]
+        names += [b for b in catalog.backends if b not in names]
         data = [
             {"id": n, "object": "model", "type": "model", "display_name": n, "owned_by": "router",
              "created": started, "created_at": "1970-01-01T00:00:00Z", "context_length": limits[n][0],
              "max_input_tokens": limits[n][0], "max_output_tokens": limits[n][1]}
             for n in names
         ]  # fmt: skip
-        return _json(
+        return json_reply(
             {
                 "object": "list",
                 "data": data,
                 "has_more": False,
                 "first_id": names[0] if names else None,
                 "last_id": names[-1] if names else None,
-                "routes": [r.model_dump(exclude_defaults=True) for r in s.policy.routes],
+                "routes": [r.model_dump(exclude_defaults=True) for r in policy.routes],
             }
         )
 
     @app.post("/v1/route", tags=["info"])
     async def route(request: Request) -> Response:
-        """The decision the router would make for this body, without calling any backend."""
+        """The decision the proxy would make for this body now, without calling any backend."""
         protocol = request.query_params.get("protocol")
         try:
-            await s.auth.check(request)
-            raw = await read_body(request, s.settings.max_body_bytes)
+            principal = await auth.check(request)
+            raw = await read_body(request, max_body_bytes)
             protocol = protocol or _detect(raw, request)
             if protocol not in WIRES:
                 raise BadRequest(f"unknown protocol {protocol!r}; use one of {', '.join(WIRES)}")
             req = WIRES[protocol].parse(raw)
-            feats = features.extract(req, s.counter, rule_headers(request.headers))
-            preview_task(s, req, feats)
-            decision = s.decider.decide(feats)
+            decided = await proxy.preview(req, principal.key_id, header_dict(request), len(raw))
         except RouterError as err:
-            return _json(err.openai_body(), err.status)
-        return _json(
+            return error_reply(err)
+        decision, feats = decided.decision, decided.features
+        return json_reply(
             {
                 "protocol": protocol,
                 "requested_model": req.model,
@@ -139,54 +125,24 @@ def register(app: FastAPI, s: Services, proxy: Proxy) -> None:
                 "rules_applied": decision.rules_applied,
                 "prompt_tokens": feats.prompt_tokens,
                 "side_call": feats.side_call,
+                "task_id": decided.task.task_id,
+                "attempt": feats.attempt,
+                "pinned": feats.pinned,
+                "arm": decided.arm,
                 "candidates": [e.as_dict() for e in decision.candidates],
             }
         )
 
     @app.post("/v1/outcomes", tags=["outcomes"])
     async def outcomes(request: Request) -> Response:
-        return await post_outcome(request, s)
+        return await post_outcome(request, auth, tracker, store)
 
-    @app.get("/healthz", tags=["health"])
-    async def healthz() -> Response:
-        return _json({"status": "ok"})
 
-    @app.get("/readyz", tags=["health"])
-    async def readyz() -> Response:
-        if s.draining:
-            return _json({"status": "draining"}, 503)
-        # A degraded replica still serves: the log buffers while its store is down, and pins and
-        # rate limits fall back to local state while Redis is (budgets refuse with 503 meanwhile).
-        try:
-            async with asyncio.timeout(1.0):  # a hung store must not hang the health check
-                store_ok = await s.store.ping()
-        except TimeoutError:
-            store_ok = False
-        state_ok = await s.state.ping()
-        rejected = s.history.last_rejected
-        log_trouble = s.writer.trouble
-        body = {
-            "status": "ok"
-            if store_ok and state_ok and rejected is None and log_trouble is None
-            else "degraded",
-            "store": store_ok,
-            "shared_state": state_ok,
-            "log_buffered": s.writer.buffered,
-            # Cross-protocol calls wait for litellm until it has loaded (seconds after a start).
-            "translation_loaded": s.upstream.translation_ready,
-            # Answered requests not yet in the log: a failing store (a full disk) or a backlog.
-            "log_error": log_trouble,
-            "state_fail_open": dict(s.state.fail_open_counts),
-            "state_error": None if state_ok else s.state.last_error,
-            "policy": s.policy.name,
-            "scorer": s.decider.scorer.name,
-            "policy_revision": s.runtime.revision,
-            # The file on disk was refused: the router serves the previous revision meanwhile.
-            "policy_rejected": rejected.as_dict() if rejected else None,
-        }
-        return _json(body)
+def _proxied(proxy: Proxy, protocol: str) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await proxy.handle(request, protocol)
 
-    register_ops(app, s)
+    return endpoint
 
 
 def _detect(raw: bytes, request: Request) -> str:

@@ -1,6 +1,6 @@
-"""Operations endpoints: ``GET /metrics`` (Prometheus), ``GET /v1/tasks/{task_id}`` (the task ledger)
-``GET /v1/policy`` (the policy's revisions) and ``POST /v1/policy/preview`` (a policy edit tried on
-the logged traffic, ``router.learning.preview``).
+"""Operations endpoints: ``/healthz``, ``/readyz``, ``GET /metrics`` (Prometheus), ``GET /v1/tasks/{task_id}``
+(the task ledger), ``GET /v1/policy`` (the policy's revisions) and ``POST /v1/policy/preview`` (a
+policy edit tried on the logged traffic, ``router.learning.preview``).
 
 ``/metrics`` is open, like the health endpoints: it holds counts, timings and dollars per backend,
 never prompts or keys, and scrapers rarely carry credentials. The ledger names tasks and their
@@ -9,47 +9,77 @@ spend, and the policy names files and models, so they take the master key when o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from collections.abc import Callable
 
-import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, ConfigError, RouterError
+from router.errors import BadRequest, ConfigError, RouterError, TaskNotFound
 from router.features.task.identity import scoped
+from router.forward.upstream import Upstream
+from router.http.auth import Auth
 from router.http.proxy import read_body
+from router.http.replies import error_reply, json_reply
 from router.learning.preview import preview_posted
+from router.policy.runtime import PolicyHistory, RuntimeHolder
+from router.state import SharedState
+from router.store import Store
 from router.store.window import parse_duration
-from router.telemetry.health import HealthCollector
+from router.store.writer import LogWriter
+from router.telemetry import Telemetry
 from router.telemetry.ledger import load_task
 from router.telemetry.metrics import CONTENT_TYPE_LATEST
-from router.telemetry.policy import PolicyCollector
-
-if TYPE_CHECKING:
-    from router.app.factory import Services
 
 
-class TaskNotFound(BadRequest):
-    status = 404
+def register_ops(
+    app: FastAPI, *, auth: Auth, store: Store, state: SharedState, writer: LogWriter, telemetry: Telemetry,
+    runtime: RuntimeHolder, history: PolicyHistory, upstream: Upstream, draining: Callable[[], bool],
+    max_body_bytes: int,
+) -> None:  # fmt: skip
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> Response:
+        return json_reply({"status": "ok"})
 
-    def __init__(self, task_id: str) -> None:
-        super().__init__(
-            f"no request of task {task_id!r} is in the log", code="task_not_found", param="task_id"
-        )
-
-
-def register_ops(app: FastAPI, s: Services) -> None:
-    # Routes are labelled by the policy in force, which a reload may replace.
-    s.telemetry.use_policy(lambda: s.policy)
-    registry = getattr(getattr(s.telemetry, "metrics", None), "registry", None)
-    if registry is not None:
-        registry.register(HealthCollector(s))
-        registry.register(PolicyCollector(lambda: s.runtime, s.history))
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> Response:
+        if draining():
+            return json_reply({"status": "draining"}, 503)
+        # A degraded replica still serves: the log buffers while its store is down, and pins and
+        # rate limits fall back to local state while Redis is (budgets refuse with 503 meanwhile).
+        try:
+            async with asyncio.timeout(1.0):  # a hung store must not hang the health check
+                store_ok = await store.ping()
+        except TimeoutError:
+            store_ok = False
+        state_ok = await state.ping()
+        rt = runtime.current
+        rejected = history.last_rejected
+        log_trouble = writer.trouble
+        healthy = store_ok and state_ok and rejected is None and log_trouble is None
+        body = {
+            "status": "ok" if healthy else "degraded",
+            "store": store_ok,
+            "shared_state": state_ok,
+            "log_buffered": writer.buffered,
+            # Cross-protocol calls wait for litellm until it has loaded (seconds after a start).
+            "translation_loaded": upstream.translation_ready,
+            # Answered requests not yet in the log: a failing store (a full disk) or a backlog.
+            "log_error": log_trouble,
+            "state_fail_open": dict(state.fail_open_counts),
+            "state_error": None if state_ok else state.last_error,
+            "policy": rt.policy.name,
+            "scorer": rt.decider.scorer.name,
+            "policy_revision": rt.revision,
+            # The file on disk was refused: the router serves the previous revision meanwhile.
+            "policy_rejected": rejected.as_dict() if rejected else None,
+        }
+        return json_reply(body)
 
     @app.get("/metrics", tags=["ops"])
     async def metrics() -> Response:
-        body = s.telemetry.exposition()
+        body = telemetry.exposition()
         if body is None:
             return Response(b"metrics are not enabled\n", 404, media_type="text/plain")
         return Response(body, media_type=CONTENT_TYPE_LATEST)
@@ -58,34 +88,34 @@ def register_ops(app: FastAPI, s: Services) -> None:
     async def task(task_id: str, request: Request) -> Response:
         try:
             # A virtual key reads its own tasks' ledgers (ids scoped to it); the master key any.
-            principal = await s.auth.check(request)
-            ledger = await load_task(s.store, scoped(principal.key_id, task_id))
+            principal = await auth.check(request)
+            ledger = await load_task(store, scoped(principal.key_id, task_id))
             if ledger is None:
                 raise TaskNotFound(task_id)
         except RouterError as err:
-            return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
-        return Response(orjson.dumps(ledger), media_type="application/json")
+            return error_reply(err)
+        return json_reply(ledger)
 
     @app.get("/v1/policy", tags=["ops"])
     async def policy(request: Request) -> Response:
         """The revision in force, the ones before it, and the last refused reload."""
         try:
-            await s.auth.check(request, master_only=True)
+            await auth.check(request, master_only=True)
         except RouterError as err:
-            return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
-        return Response(orjson.dumps(s.history.describe(s.runtime)), media_type="application/json")
+            return error_reply(err)
+        return json_reply(history.describe(runtime.current))
 
     @app.post("/v1/policy/preview", tags=["ops"])
     async def policy_preview(request: Request) -> Response:
         """``router preview`` for a policy YAML posted as the body (``?since=7d``)."""
         try:
-            await s.auth.check(request, master_only=True)
-            text = await read_body(request, s.settings.max_body_bytes)
+            await auth.check(request, master_only=True)
+            text = await read_body(request, max_body_bytes)
             try:
                 seconds = parse_duration(request.query_params.get("since", "7d"))
-                report = await preview_posted(s.store, text, s.settings.config, seconds)
+                report = await preview_posted(store, text, history.archive.policy_path, seconds)
             except ConfigError as exc:
                 raise BadRequest(str(exc), code="invalid_policy") from None
         except RouterError as err:
-            return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
-        return Response(orjson.dumps(report), media_type="application/json")
+            return error_reply(err)
+        return json_reply(report)

@@ -10,22 +10,21 @@ overrides every weak label.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, ConfigError, RouterError
+from router.errors import ConfigError, RouterError, TaskNotFound, Unprocessable
 from router.features.task.identity import scoped
+from router.features.task.tracker import TaskTracker
+from router.http.auth import Auth
+from router.http.replies import error_reply, json_reply
 from router.protocols.common import load_json, validation_message
-from router.store import mask_url
+from router.store import Store, mask_url
 from router.store.records import OutcomeRecord
 from router.store.window import opened
-
-if TYPE_CHECKING:
-    from router.app.factory import Services
 
 EXPLICIT = "explicit"
 
@@ -40,19 +39,9 @@ class OutcomeIn(BaseModel):
     details: dict[str, Any] | None = None
 
 
-class Unprocessable(BadRequest):
-    status = 422
-
-
-class TaskNotFound(RouterError):
-    status = 404
-    openai_type = "invalid_request_error"
-    anthropic_type = "not_found_error"
-
-
-async def post_outcome(request: Request, s: Services) -> Response:
+async def post_outcome(request: Request, auth: Auth, tracker: TaskTracker, store: Store) -> Response:
     try:
-        principal = await s.auth.check(request)
+        principal = await auth.check(request)
         body = load_json(await request.body())
         try:
             out = OutcomeIn.model_validate(body)
@@ -60,10 +49,10 @@ async def post_outcome(request: Request, s: Services) -> Response:
             raise Unprocessable(validation_message(exc)) from None
         # Another key's task is not found, not forbidden: its existence is not for this key to learn.
         out.task_id = scoped(principal.key_id, out.task_id)
-        state = s.tracker.peek(out.task_id)
-        rows = [] if state is not None else await s.store.requests_for_task(out.task_id)
+        state = tracker.peek(out.task_id)
+        rows = [] if state is not None else await store.requests_for_task(out.task_id)
         if state is None and not rows:
-            raise TaskNotFound(f"unknown task {out.task_id!r}: no request of this task has been logged")
+            raise TaskNotFound(out.task_id)
         attempt = out.attempt or (state.attempt if state else max(r.get("attempt") or 1 for r in rows))
         details = dict(out.details or {})
         if out.source:
@@ -72,12 +61,11 @@ async def post_outcome(request: Request, s: Services) -> Response:
             task_id=out.task_id, attempt=attempt, success=out.success, score=out.score,
             source=EXPLICIT, details=details or None, ts=time.time(), explicit=True,
         )  # fmt: skip
-        await s.store.write_outcome(rec)
-        s.tracker.outcome(out.task_id, attempt, out.success)
+        await store.write_outcome(rec)
+        tracker.outcome(out.task_id, attempt, out.success)
     except RouterError as err:
-        return Response(orjson.dumps(err.openai_body()), err.status, media_type="application/json")
-    result = {"task_id": out.task_id, "attempt": attempt, "success": out.success, "recorded": True}
-    return Response(orjson.dumps(result), 200, media_type="application/json")
+        return error_reply(err)
+    return json_reply({"task_id": out.task_id, "attempt": attempt, "success": out.success, "recorded": True})
 
 
 async def record_outcome(

@@ -30,7 +30,7 @@ from typing import Any
 
 from router.errors import RouterError
 from router.features.request import Features
-from router.features.task import vector as taskfeatures
+from router.features.task.vector import from_json, with_attempt
 from router.forward.accounting import cost_split
 from router.learning.training import dataset, offpolicy
 from router.policy.catalog import Backend
@@ -137,9 +137,7 @@ def _learned_success(
         vec = vectors.get(task)
         if vec is None:
             continue
-        p = {
-            o.model: o.p_success for o in scorer.options(taskfeatures.with_attempt(vec, attempt), [old, new])
-        }
+        p = {o.model: o.p_success for o in scorer.options(with_attempt(vec, attempt), [old, new])}
         before.append(p[old])
         after.append(p[new])
         diff.append(p[new] - p[old])
@@ -202,7 +200,7 @@ def preview(
             continue
         t = tasks[task_id]
         if t.vector is None and r.get("task_features"):
-            t.vector = taskfeatures.from_json(r["task_features"])
+            t.vector = from_json(r["task_features"])
         t.repo = t.repo or r.get("repo")
         tally.requests += 1
         tally.tasks.add(task_id)
@@ -210,11 +208,15 @@ def preview(
         f = features_of(r, t.vector)
         side = f.side_call
         if not side:
-            f.pinned = t.pinned.get(f.attempt)
-            # A task starts a new attempt when the last one failed: its models count as failed.
-            f.failed_models = tuple(dict.fromkeys(m for a, m in sorted(t.pinned.items()) if a < f.attempt))
-            if t.warm is not None and t.warm[2] >= float(r["ts"]):
-                f.warm_model, f.warm_tokens = t.warm[0], t.warm[1]
+            warm = t.warm if t.warm is not None and t.warm[2] >= float(r["ts"]) else None
+            f = replace(
+                f,
+                pinned=t.pinned.get(f.attempt),
+                # A task starts a new attempt when the last one failed: its models count as failed.
+                failed_models=tuple(dict.fromkeys(m for a, m in sorted(t.pinned.items()) if a < f.attempt)),
+                warm_model=warm[0] if warm else None,
+                warm_tokens=warm[1] if warm else 0,
+            )
         logged_headers = r.get("rule_headers") or {}
         repo = logged_headers.get(REPO_HEADER) or t.repo
         facts = ScopeFacts(repo, r.get("key_id"), logged_headers.get(TEAM_HEADER))

@@ -20,29 +20,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from router.errors import ConfigError
+from router.features.request import RULE_FIELDS
 from router.learning.labels.model import LabelModel
 from router.learning.labels.model import default as default_labels
 from router.policy.interpolate import interpolate, named_path
 from router.policy.rules import Condition, compile_condition
 
 Protocol = Literal["openai", "anthropic", "openai_responses"]
-
-#: The features a rule may name; `headers.<name>` reads a request header (lower-case).
-RULE_FIELDS = frozenset(
-    {
-        "prompt_tokens",
-        "max_output_tokens",
-        "tools",
-        "n_tools",
-        "thinking",
-        "vision",
-        "stream",
-        "requested_model",
-        "protocol",
-        "n_messages",
-        "side_call",
-    }
-)
 
 
 class _Strict(BaseModel):

@@ -157,6 +157,7 @@ class Decider:
         eligible = [e for e in estimates if e.excluded is None]
         if not eligible:
             raise self._nothing_fits(features, estimates)
+        # The one place side calls (titles, summaries) are sent to the cheapest model that fits.
         scorer = self.scorer if not features.side_call else _CHEAPEST
         ranked, propensity, reason = scorer.rank(features, eligible)
         order = [e.model for e in ranked]

@@ -1,6 +1,6 @@
 """The learned policy: a trained artifact (data, not code) and the scorer that uses it.
 
-The artifact is JSON: per model, logistic weights over the task features (``taskfeatures``)
+The artifact is JSON: per model, logistic weights over the task features (``router.features.task.vector``)
 with a Platt calibration for P(success), and a log-linear model of an attempt's cost. It records
 its feature schema, the data it was trained on and its metrics. The policy file pins it by
 sha256; a changed file or a different feature schema is refused with an error saying which.
@@ -23,7 +23,7 @@ import orjson
 
 from router.errors import ConfigError
 from router.features.request import Features
-from router.features.task import vector as taskfeatures
+from router.features.task.vector import HASH_DIM, NUMERIC, arrays, dot, schema, with_attempt
 from router.policy.plan import Option, Plan, best_plan
 
 FORMAT = "router-learned/1"
@@ -43,7 +43,7 @@ class ModelParams:
     n: int
 
     def p_success(self, vec: Mapping[int, float]) -> float:
-        z = taskfeatures.dot(self.weights, vec)
+        z = dot(self.weights, vec)
         a, b = self.platt
         return _sigmoid(a * z + b)
 
@@ -84,12 +84,12 @@ class Artifact:
             raise ConfigError(f"{source}: not JSON: {exc}") from None
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ConfigError(f"{source}: not a learned-policy artifact (format {FORMAT!r} expected)")
-        if obj.get("feature_schema") != taskfeatures.schema():
+        if obj.get("feature_schema") != schema():
             raise ConfigError(
                 f"{source}: feature schema mismatch: artifact has {obj.get('feature_schema')!r}, this "
-                f"router computes {taskfeatures.schema()!r}; retrain with `router train`"
+                f"router computes {schema()!r}; retrain with `router train`"
             )
-        width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+        width = len(NUMERIC) + HASH_DIM
         models = {}
         for mid, m in (obj.get("models") or {}).items():
             weights = tuple(float(x) for x in m["weights"])
@@ -113,7 +113,7 @@ class Artifact:
     @functools.cached_property
     def arrays(self) -> _Arrays:
         """Every model's parameters stacked, so scoring all candidates is one product."""
-        k = len(taskfeatures.NUMERIC)
+        k = len(NUMERIC)
         names = tuple(self.models)
         cost = np.zeros((len(names), k))
         for i, m in enumerate(self.models.values()):
@@ -143,7 +143,7 @@ class _Arrays:
 
     def score(self, vec: Mapping[int, float]) -> tuple[np.ndarray, np.ndarray]:
         """(P(success), attempt cost) of every model, as ``ModelParams`` computes them one by one."""
-        idx, vals = taskfeatures.arrays(vec)
+        idx, vals = arrays(vec)
         z = self.weights[:, idx] @ vals if len(idx) else np.zeros(len(self.names))
         t = self.platt[:, 0] * z + self.platt[:, 1]
         e = np.exp(-np.abs(t))  # the stable sigmoid, as _sigmoid
@@ -231,7 +231,7 @@ class LearnedScorer:
         self, vec: Mapping[int, float], models: Sequence[str], attempt: int, failed: Sequence[str],
         per_call_cost: Mapping[str, float] | None, budget: float | None,
     ) -> tuple[Plan, tuple[Option, ...]]:  # fmt: skip
-        opts = self.options(taskfeatures.with_attempt(vec, attempt), models, per_call_cost)
+        opts = self.options(with_attempt(vec, attempt), models, per_call_cost)
         obj = self.objective
         plan = best_plan(
             opts,
@@ -247,7 +247,7 @@ class LearnedScorer:
         from router.policy.decide import CheapestScorer
 
         vec = features.task_vector
-        if vec is None or features.side_call:
+        if vec is None:  # side calls never get here: the Decider ranks them by cost alone
             return CheapestScorer().rank(features, estimates)
         plan, opts = self.plan(
             vec, [e.model for e in estimates], attempt=features.attempt, failed=features.failed_models,

@@ -68,6 +68,21 @@ class Runtime:
         return self.files.revision if self.files is not None else None
 
 
+class RuntimeHolder:
+    """The runtime in force. A request reads ``current`` once, when it is admitted, and uses that
+    snapshot to its end; a reload (``install``) swaps the whole runtime in one assignment, so it
+    never mixes two policies within a request."""
+
+    def __init__(self, runtime: Runtime, on_install: Callable[[Runtime], None] | None = None) -> None:
+        self.current = runtime
+        self._on_install = on_install
+
+    def install(self, runtime: Runtime) -> None:
+        if self._on_install is not None:
+            self._on_install(runtime)
+        self.current = runtime
+
+
 def _read(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()

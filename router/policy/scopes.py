@@ -39,7 +39,7 @@ def scope_facts(req: ClientRequest, headers: Mapping[str, str], key_id: str | No
     remote) in the first user message or the system prompt."""
     repo = repo_hint(req.first_user_text, headers.get(REPO_HEADER))  # as the log keeps it
     if not repo:
-        m = _REPO.search(str(req.system or ""))
+        m = _REPO.search(req.system_text)
         repo = m.group(1) if m else None
     return ScopeFacts(repo=repo, key=key_id, team=headers.get(TEAM_HEADER))
 

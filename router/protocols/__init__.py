@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,21 +28,35 @@ class Wire:
     error_body: Callable[[RouterError], dict[str, Any]]
     #: Appended to a backend's api_base to relay this protocol (litellm's api_base conventions).
     path: str
+    #: The router's own endpoint for clients of this protocol.
+    endpoint: str
 
 
 WIRES: dict[str, Wire] = {
     OPENAI_CHAT: Wire(
         OPENAI_CHAT, openai_chat.parse, openai_chat.usage_from, openai_chat.StreamObserver,
-        openai_chat.error_frame, RouterError.openai_body, "/chat/completions",
+        openai_chat.error_frame, RouterError.openai_body, "/chat/completions", "/v1/chat/completions",
     ),
     ANTHROPIC: Wire(
         ANTHROPIC, anthropic.parse, anthropic.usage_from, anthropic.StreamObserver,
-        anthropic.error_frame, RouterError.anthropic_body, "/v1/messages",
+        anthropic.error_frame, RouterError.anthropic_body, "/v1/messages", "/v1/messages",
     ),
     OPENAI_RESPONSES: Wire(
         OPENAI_RESPONSES, responses.parse, responses.usage_from, responses.StreamObserver,
-        responses.error_frame, RouterError.openai_body, "/responses",
+        responses.error_frame, RouterError.openai_body, "/responses", "/v1/responses",
     ),
 }  # fmt: skip
 
-__all__ = ["ANTHROPIC", "OPENAI_CHAT", "OPENAI_RESPONSES", "WIRES", "ClientRequest", "Usage", "Wire"]
+#: The proxied endpoints: path → client protocol.
+PROXIED: Mapping[str, str] = {w.endpoint: w.name for w in WIRES.values()}
+
+__all__ = [
+    "ANTHROPIC",
+    "OPENAI_CHAT",
+    "OPENAI_RESPONSES",
+    "PROXIED",
+    "WIRES",
+    "ClientRequest",
+    "Usage",
+    "Wire",
+]

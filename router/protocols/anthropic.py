@@ -96,6 +96,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         reasoning_effort=_effort(body.get("output_config")),
         vision=any(has_image(m.get("content")) for m in messages),
         first_user_text=text_of(first_user.get("content")) if first_user else "",
+        system_text=text_of(body.get("system")),
         session_hint=session_from_user_id(user_id) if isinstance(user_id, str) else None,
     )
 

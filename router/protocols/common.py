@@ -52,6 +52,8 @@ class ClientRequest:
     vision: bool = False
     #: The first user message's text: with the system prompt, the default task identity.
     first_user_text: str = ""
+    #: The system prompt's text, whatever its protocol's shape (a string, blocks, system messages).
+    system_text: str = ""
     #: A session id the client sent (Claude Code's metadata.user_id, Responses prompt_cache_key).
     session_hint: str | None = None
     #: OpenAI chat only: whether the client asked for the usage chunk.

@@ -95,6 +95,7 @@ def parse(raw: bytes) -> ClientRequest:
         thinking=req.reasoning_effort not in (None, "none", "minimal"),
         vision=any(has_image(m.get("content")) for m in messages),
         first_user_text=text_of(first_user.get("content")) if first_user else "",
+        system_text="\n".join(text_of(content) for content in system),
         session_hint=body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None,
         include_usage=bool((req.stream_options or {}).get("include_usage")),
     )

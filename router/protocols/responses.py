@@ -83,6 +83,7 @@ def parse(raw: bytes) -> ClientRequest:
         thinking=effort not in (None, "none", "minimal"),
         vision=any(has_image(i.get("content")) for i in items),
         first_user_text=text_of(first_user.get("content")) if first_user else "",
+        system_text=text_of(req.instructions),
         session_hint=req.prompt_cache_key,
     )
 

@@ -69,9 +69,9 @@ from router.state.types import (
     BudgetExceeded,
     Pin,
     Reservation,
+    Spend,
     StateConfig,
     StateUnavailable,
-    Usage,
     VersionCallback,
     Warm,
 )
@@ -90,9 +90,9 @@ __all__ = [
     "Reservation",
     "Sessions",
     "SharedState",
+    "Spend",
     "StateConfig",
     "StateUnavailable",
-    "Usage",
     "VersionCallback",
     "Warm",
     "open_state",
@@ -138,7 +138,7 @@ class Budgets(Protocol):
         """Drop the hold, spending nothing (the call failed). A no-op after settle."""
         ...
 
-    async def spent(self, scope: str) -> Usage: ...
+    async def spent(self, scope: str) -> Spend: ...
 
 
 class RateLimits(Protocol):

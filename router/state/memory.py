@@ -25,8 +25,8 @@ from router.state.types import (
     BudgetExceeded,
     Pin,
     Reservation,
+    Spend,
     StateConfig,
-    Usage,
     VersionCallback,
     Warm,
     to_nano,
@@ -186,12 +186,12 @@ class MemoryBudgets:
         for name, usd in spent_usd.items():
             self._scope(name).spent += to_nano(max(0.0, usd))
 
-    async def spent(self, scope: str) -> Usage:
+    async def spent(self, scope: str) -> Spend:
         entry = self._scopes.get(scope)
         if entry is None:
-            return Usage(0.0, 0.0)
+            return Spend(0.0, 0.0)
         entry.purge(self._clock())
-        return Usage(entry.spent / NANO, entry.reserved() / NANO)
+        return Spend(entry.spent / NANO, entry.reserved() / NANO)
 
 
 @dataclass

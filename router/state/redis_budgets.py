@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from router.state.memory import unique_scopes
 from router.state.redis_guard import Guard
 from router.state.redis_keys import Keys
-from router.state.types import NANO, BudgetExceeded, Reservation, StateConfig, Usage, to_nano
+from router.state.types import NANO, BudgetExceeded, Reservation, Spend, StateConfig, to_nano
 
 # Shared prelude: Redis-clock "now" in ms, and the purge of one scope's expired reservations
 # (bounded per call; leftovers go next time and meanwhile still count, i.e. err on the safe side).
@@ -172,7 +172,7 @@ class RedisBudgets:
         args = [reservation.id, str(actual), self._idle_ms]
         await self._guard.fail_closed("budgets", "budget accounting", lambda: self._close(keys, args))
 
-    async def spent(self, scope: str) -> Usage:
+    async def spent(self, scope: str) -> Spend:
         keys = list(self._keys.budget(scope))
         spent, reserved = await self._guard.fail_closed("budgets", "budget check", lambda: self._usage(keys))
-        return Usage(int(spent) / NANO, int(reserved) / NANO)
+        return Spend(int(spent) / NANO, int(reserved) / NANO)

@@ -36,7 +36,7 @@ class Warm(NamedTuple):
     until: float
 
 
-class Usage(NamedTuple):
+class Spend(NamedTuple):
     """Dollars of one budget scope: settled spend, and the sum of live reservations."""
 
     spent: float

@@ -7,13 +7,12 @@ no PostgreSQL driver.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any, Protocol
-from urllib.parse import unquote
 
 from router.errors import ConfigError
 from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
+from router.store.urls import mask_url, redact
 
 __all__ = [
     "KeyRecord",
@@ -25,10 +24,6 @@ __all__ = [
     "open_store",
     "redact",
 ]
-
-# Greedy up to the last "@": an unescaped "@" in a password must not leave its tail visible.
-_URL_PASSWORD = re.compile(r"(://[^:@/?#\s]*):(.*)@")
-_PARAM_PASSWORD = re.compile(r"(?i)(password\s*=\s*)([^&\s]*)")
 
 
 class Store(Protocol):
@@ -55,11 +50,6 @@ class Store(Protocol):
 
     async def write_outcome(self, rec: OutcomeRecord) -> None:
         """Insert or replace the outcome for (task_id, attempt, source)."""
-
-    async def get_request(self, request_id: str) -> dict[str, Any] | None: ...
-
-    async def recent_requests(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Newest first."""
 
     async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
         """Oldest first."""
@@ -89,20 +79,6 @@ class Store(Protocol):
 
     async def revoke_key(self, key_id: str, ts: float) -> bool:
         """Mark the key revoked at ``ts``; False when no such key or it was already revoked."""
-
-
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***``, fit for messages and logs."""
-    return _PARAM_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1:***@", url))
-
-
-def redact(text: str, url: str) -> str:
-    """``text`` (say, a driver's error message) with the URL's password removed wherever it appears."""
-    secrets = [m.group(2) for pattern in (_URL_PASSWORD, _PARAM_PASSWORD) for m in pattern.finditer(url)]
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***").replace(unquote(secret), "***")
-    return mask_url(text)
 
 
 def open_store(url: str) -> Store:

@@ -5,35 +5,36 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from router.store import mask_url, redact, schema
-from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
+from router.store import schema
+from router.store.records import StoreDataError
+from router.store.sql import SQLStore
+from router.store.urls import mask_url, redact
 
 # Serializes migrations across processes sharing a database (advisory locks are per database).
 _MIGRATION_LOCK = zlib.crc32(b"router.store.migrations")
-_MAX_LIMIT = 10_000
 
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[tuple[Any, ...]]]
 
 
-class PostgresStore:
+class PostgresStore(SQLStore):
     """The URL may carry a password: it only ever reaches libpq, never a message (see ``mask_url``)."""
+
+    dialect = "postgres"
 
     def __init__(
         self, url: str, *, min_size: int = 1, max_size: int = 4, connect_timeout: float = 5.0
     ) -> None:
+        super().__init__()
         self._url = url
         self._min_size = min_size
         self._max_size = max_size
         self._connect_timeout = connect_timeout
         self._pool: Pool | None = None
-        self._insert_requests = schema.insert_requests_sql("postgres")
-        self._upsert_outcome = schema.upsert_outcome_sql("postgres")
 
     def __repr__(self) -> str:
         return f"PostgresStore({mask_url(self._url)!r})"
@@ -131,16 +132,6 @@ class PostgresStore:
         except Exception:
             return False
 
-    async def write_requests(self, records: Sequence[RequestRecord]) -> None:
-        await self.write_rows([schema.encode_request(r) for r in records])
-
-    async def write_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        if rows:
-            await self._write(self._insert_requests, list(rows))
-
-    async def write_outcome(self, rec: OutcomeRecord) -> None:
-        await self._write(self._upsert_outcome, [schema.encode_outcome(rec)])
-
     async def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         try:
             async with self._db().connection() as conn, conn.transaction(), conn.cursor() as cur:
@@ -149,64 +140,12 @@ class PostgresStore:
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             raise StoreDataError(str(exc)) from exc
 
-    async def _query(self, table: schema.Table, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+    async def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         async with self._db().connection() as conn:
             cur = await conn.execute(sql, params)
-            return [schema.decode_row(table, row) for row in await cur.fetchall()]
+            return await cur.fetchall()
 
-    async def get_request(self, request_id: str) -> dict[str, Any] | None:
-        sql = schema.select_sql(schema.REQUESTS, "postgres", where="request_id")
-        rows = await self._query(schema.REQUESTS, sql, (request_id,))
-        return rows[0] if rows else None
-
-    async def recent_requests(self, limit: int = 100) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.REQUESTS, "postgres", order="ts DESC, request_id DESC", limit=True)
-        return await self._query(schema.REQUESTS, sql, (max(0, min(int(limit), _MAX_LIMIT)),))
-
-    async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.REQUESTS, "postgres", where="task_id", order="ts, request_id")
-        return await self._query(schema.REQUESTS, sql, (task_id,))
-
-    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.OUTCOMES, "postgres", where="task_id", order="attempt, source")
-        return await self._query(schema.OUTCOMES, sql, (task_id,))
-
-    async def requests_since(self, ts: float) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.REQUESTS, "postgres", where="ts", op=">=", order="ts, request_id")
-        return await self._query(schema.REQUESTS, sql, (ts,))
-
-    async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.OUTCOMES, "postgres", where="ts", op=">=", order="ts")
-        return await self._query(schema.OUTCOMES, sql, (ts,))
-
-    async def spend_by(self, column: str) -> dict[str, float]:
+    async def _execute(self, sql: str, params: tuple[Any, ...]) -> int:
         async with self._db().connection() as conn:
-            cur = await conn.execute(schema.spend_sql(column))
-            return {str(k): float(v) for k, v in await cur.fetchall()}
-
-    async def spend_of(self, column: str, value: str) -> float:
-        async with self._db().connection() as conn:
-            cur = await conn.execute(schema.spend_sql(column, "postgres"), (value,))
-            row = await cur.fetchone()
-        return float(row[1]) if row else 0.0
-
-    async def create_key(self, rec: KeyRecord) -> None:
-        await self._write(schema.insert_key_sql("postgres"), [schema.encode_key(rec)])
-
-    async def get_key_by_hash(self, key_hash: str) -> KeyRecord | None:
-        sql = schema.select_sql(schema.KEYS, "postgres", where="key_hash")
-        async with self._db().connection() as conn:
-            cur = await conn.execute(sql, (key_hash,))
-            row = await cur.fetchone()
-        return schema.decode_key(row) if row is not None else None
-
-    async def list_keys(self) -> list[KeyRecord]:
-        sql = schema.select_sql(schema.KEYS, "postgres", order="created_at, key_id")
-        async with self._db().connection() as conn:
-            cur = await conn.execute(sql)
-            return [schema.decode_key(r) for r in await cur.fetchall()]
-
-    async def revoke_key(self, key_id: str, ts: float) -> bool:
-        async with self._db().connection() as conn:
-            cur = await conn.execute(schema.revoke_key_sql("postgres"), (ts, key_id))
-            return cur.rowcount > 0
+            cur = await conn.execute(sql, params)
+            return cur.rowcount

@@ -194,7 +194,6 @@ def select_sql(
     dialect: Dialect,
     where: str | None = None,
     order: str | None = None,
-    limit: bool = False,
     op: str = "=",
 ) -> str:
     """``where`` is a column name compared (``op``: ``=`` or ``>=``) with one parameter."""
@@ -204,8 +203,6 @@ def select_sql(
         sql += f" WHERE {where} {op} {_ph(dialect)}"
     if order:
         sql += f" ORDER BY {order}"
-    if limit:
-        sql += f" LIMIT {_ph(dialect)}"
     return sql
 
 

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,22 +15,22 @@ from typing import Any, TypeVar
 from router.background import worker_pool
 from router.errors import ConfigError
 from router.store import schema
-from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
+from router.store.records import StoreDataError
+from router.store.sql import SQLStore
 
 T = TypeVar("T")
 
-_MAX_LIMIT = 10_000
 
-
-class SQLiteStore:
+class SQLiteStore(SQLStore):
     """Every database call runs on a single dedicated thread, so the one connection is never shared."""
 
+    dialect = "sqlite"
+
     def __init__(self, path: str) -> None:
+        super().__init__()
         self._path = path
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._insert_requests = schema.insert_requests_sql("sqlite")
-        self._upsert_outcome = schema.upsert_outcome_sql("sqlite")
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"
@@ -118,16 +118,14 @@ class SQLiteStore:
         except Exception:
             return False
 
-    async def write_requests(self, records: Sequence[RequestRecord]) -> None:
-        await self.write_rows([schema.encode_request(r) for r in records])
+    async def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        await self._run(self._write_sync, sql, rows)
 
-    async def write_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        if rows:
-            await self._run(self._write_sync, self._insert_requests, list(rows))
+    async def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return await self._run(lambda: self._db().execute(sql, params).fetchall())
 
-    async def write_outcome(self, rec: OutcomeRecord) -> None:
-        row = schema.encode_outcome(rec)
-        await self._run(self._write_sync, self._upsert_outcome, [row])
+    async def _execute(self, sql: str, params: tuple[Any, ...]) -> int:
+        return await self._run(lambda: self._db().execute(sql, params).rowcount)
 
     def _write_sync(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         conn = self._db()
@@ -142,61 +140,6 @@ class SQLiteStore:
         except BaseException:
             _rollback(conn)
             raise
-
-    def _query(self, table: schema.Table, sql: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
-        return [schema.decode_row(table, row) for row in self._db().execute(sql, params).fetchall()]
-
-    async def get_request(self, request_id: str) -> dict[str, Any] | None:
-        sql = schema.select_sql(schema.REQUESTS, "sqlite", where="request_id")
-        rows = await self._run(self._query, schema.REQUESTS, sql, (request_id,))
-        return rows[0] if rows else None
-
-    async def recent_requests(self, limit: int = 100) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.REQUESTS, "sqlite", order="ts DESC, request_id DESC", limit=True)
-        return await self._run(self._query, schema.REQUESTS, sql, (max(0, min(int(limit), _MAX_LIMIT)),))
-
-    async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.REQUESTS, "sqlite", where="task_id", order="ts, request_id")
-        return await self._run(self._query, schema.REQUESTS, sql, (task_id,))
-
-    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.OUTCOMES, "sqlite", where="task_id", order="attempt, source")
-        return await self._run(self._query, schema.OUTCOMES, sql, (task_id,))
-
-    async def requests_since(self, ts: float) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.REQUESTS, "sqlite", where="ts", op=">=", order="ts, request_id")
-        return await self._run(self._query, schema.REQUESTS, sql, (ts,))
-
-    async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
-        sql = schema.select_sql(schema.OUTCOMES, "sqlite", where="ts", op=">=", order="ts")
-        return await self._run(self._query, schema.OUTCOMES, sql, (ts,))
-
-    async def spend_by(self, column: str) -> dict[str, float]:
-        sql = schema.spend_sql(column)
-        rows = await self._run(lambda: self._db().execute(sql).fetchall())
-        return {str(k): float(v) for k, v in rows}
-
-    async def spend_of(self, column: str, value: str) -> float:
-        sql = schema.spend_sql(column, "sqlite")
-        rows = await self._run(lambda: self._db().execute(sql, (value,)).fetchall())
-        return float(rows[0][1]) if rows else 0.0
-
-    async def create_key(self, rec: KeyRecord) -> None:
-        await self._run(self._write_sync, schema.insert_key_sql("sqlite"), [schema.encode_key(rec)])
-
-    async def get_key_by_hash(self, key_hash: str) -> KeyRecord | None:
-        sql = schema.select_sql(schema.KEYS, "sqlite", where="key_hash")
-        rows = await self._run(lambda: self._db().execute(sql, (key_hash,)).fetchall())
-        return schema.decode_key(rows[0]) if rows else None
-
-    async def list_keys(self) -> list[KeyRecord]:
-        sql = schema.select_sql(schema.KEYS, "sqlite", order="created_at, key_id")
-        rows = await self._run(lambda: self._db().execute(sql).fetchall())
-        return [schema.decode_key(r) for r in rows]
-
-    async def revoke_key(self, key_id: str, ts: float) -> bool:
-        sql = schema.revoke_key_sql("sqlite")
-        return bool(await self._run(lambda: self._db().execute(sql, (ts, key_id)).rowcount > 0))
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -25,7 +25,7 @@ import random
 from collections import deque
 from typing import Any
 
-from router.background import BackgroundTasks
+from router.background import Background
 from router.store import Store, schema
 from router.store.records import RequestRecord, StoreDataError
 
@@ -121,7 +121,7 @@ class LogWriter:
         if len(self._buffer) >= self._batch_size:
             self._wake.set()
 
-    def start(self, tasks: BackgroundTasks) -> None:
+    def start(self, tasks: Background) -> None:
         if self._task is not None or self._closed:
             raise RuntimeError("log writer already started or closed")
         self._task = tasks.spawn(self._run(), name="log-writer")

@@ -1,6 +1,6 @@
 """Telemetry: OpenTelemetry traces and Prometheus metrics of proxied requests.
 
-The proxy calls two hooks and nothing else: ``started(record)`` when a request arrives and
+The proxy calls two hooks and nothing else: ``started(request)`` when a request arrives and
 ``finished(record, phases)`` once its log record is complete. Spans are built after the fact
 from the recorded phase timestamps, so tracing adds no work between the client and the backend.
 """
@@ -13,13 +13,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from router.store.records import RequestRecord
-from router.telemetry.metrics import RequestMetrics
+from router.telemetry.metrics import InFlight, RequestMetrics
 from router.telemetry.phases import Phases
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from router.app.settings import Settings
     from router.policy.config import Policy
     from router.telemetry.tracing import RequestTracer
 
@@ -29,7 +28,7 @@ log = logging.getLogger("router.telemetry")
 class Telemetry:
     """The no-op base: what runs when neither tracing nor metrics are configured."""
 
-    def started(self, record: RequestRecord | None = None) -> None:
+    def started(self, request: InFlight | None = None) -> None:
         pass
 
     def finished(self, record: RequestRecord, phases: Phases) -> None:
@@ -61,9 +60,9 @@ class RouterTelemetry(Telemetry):
         self.tracer = tracer
         self._failed_once = False
 
-    def started(self, record: RequestRecord | None = None) -> None:
-        if record is not None:
-            self._guard(self.metrics.started, record)
+    def started(self, request: InFlight | None = None) -> None:
+        if request is not None:
+            self._guard(self.metrics.started, request)
 
     def finished(self, record: RequestRecord, phases: Phases) -> None:
         self._guard(self.metrics.finished, record, phases)
@@ -97,8 +96,8 @@ class RouterTelemetry(Telemetry):
 
 
 def build_telemetry(
-    settings: Settings,
     *,
+    trace_prompts: bool = False,
     env: Mapping[str, str] | None = None,
     exporter: SpanExporter | None = None,
 ) -> RouterTelemetry:
@@ -109,7 +108,7 @@ def build_telemetry(
     metrics = RequestMetrics()
     tracer = None
     if exporter is not None or tracing.otlp_configured(os.environ if env is None else env):
-        tracer = tracing.build_tracer(exporter=exporter, prompts=settings.trace_prompts)
+        tracer = tracing.build_tracer(exporter=exporter, prompts=trace_prompts)
     return RouterTelemetry(metrics, tracer)
 
 

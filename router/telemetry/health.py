@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from router.state import SharedState
 from router.state.types import BreakerState
-
-if TYPE_CHECKING:
-    from router.app.factory import Services
+from router.store.writer import LogWriter
 
 
 class HealthCollector(Collector):
-    def __init__(self, services: Services) -> None:
-        self.s = services
+    def __init__(self, state: SharedState, writer: LogWriter) -> None:
+        self.state = state
+        self.writer = writer
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        state = self.s.state
+        state = self.state
         fail_open = CounterMetricFamily(
             "router_state_fail_open", "Shared-state calls served from local state because Redis was away.",
             labels=["component"],
@@ -37,7 +36,7 @@ class HealthCollector(Collector):
         yield GaugeMetricFamily(
             "router_state_degraded", "1 while Redis is unreachable.", value=int(state.degraded)
         )
-        w = self.s.writer
+        w = self.writer
         records = CounterMetricFamily("router_log_records", "Log records by fate.", labels=["fate"])
         for fate, n in (("written", w.written), ("dropped", w.dropped), ("rejected", w.rejected)):
             records.add_metric([fate], n)

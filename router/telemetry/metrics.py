@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -59,6 +59,16 @@ DECODE_RATE_BUCKETS = (1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 
 PREFILL_RATE_BUCKETS = (100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000)
 
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write", "reasoning")
+
+
+class InFlight(Protocol):
+    """A request being handled: whether it streams is known once it has been parsed."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def stream(self) -> bool: ...
 
 
 class RequestMetrics:
@@ -129,7 +139,7 @@ class RequestMetrics:
                                ("backend",), registry=r)  # fmt: skip
         # Records of requests in flight: the stream gauge counts the ones that asked to stream,
         # which is only known after parsing, hence records rather than two counters.
-        self._inflight: dict[str, RequestRecord] = {}
+        self._inflight: dict[str, InFlight] = {}
         inflight = self._inflight
         Gauge("router_inflight_requests", "Requests being handled now.", registry=r).set_function(
             lambda: len(inflight)
@@ -148,8 +158,8 @@ class RequestMetrics:
             child = self._children[(metric, values)] = metric.labels(*values)
         return child
 
-    def started(self, rec: RequestRecord) -> None:
-        self._inflight[rec.request_id] = rec
+    def started(self, request: InFlight) -> None:
+        self._inflight[request.request_id] = request
 
     def finished(self, rec: RequestRecord, phases: Phases) -> None:
         self._inflight.pop(rec.request_id, None)

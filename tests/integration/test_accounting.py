@@ -66,7 +66,7 @@ def traced(
     spans = InMemorySpanExporter()
 
     def hook(s: Services) -> None:
-        s.telemetry = build_telemetry(s.settings, env={}, exporter=spans)
+        s.telemetry = build_telemetry(trace_prompts=s.settings.trace_prompts, env={}, exporter=spans)
 
     return router_factory(accounting_policy(upstream.url), services_hook=hook), spans
 

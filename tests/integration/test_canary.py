@@ -217,7 +217,7 @@ def start(
     spans = InMemorySpanExporter()
 
     def hook(s: Services) -> None:
-        s.telemetry = build_telemetry(s.settings, env={}, exporter=spans)
+        s.telemetry = build_telemetry(trace_prompts=s.settings.trace_prompts, env={}, exporter=spans)
 
     upstream.clear()
     r = router_factory(canary_policy(upstream.url), services_hook=hook, master_key=c.master,

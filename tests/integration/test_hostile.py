@@ -587,16 +587,16 @@ def test_python_tags_in_a_policy_never_run(
 
 
 def artifact_bytes() -> bytes:
-    from router.features.task import vector as taskfeatures
+    from router.features.task.vector import HASH_DIM, NUMERIC, schema
     from router.policy.learned import FORMAT
 
-    width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+    width = len(NUMERIC) + HASH_DIM
     params = {
         "weights": [0.0] * width,
         "platt": [1.0, 0.0],
-        "cost_weights": [0.0] * len(taskfeatures.NUMERIC),
+        "cost_weights": [0.0] * len(NUMERIC),
     }
-    return orjson.dumps({"format": FORMAT, "feature_schema": taskfeatures.schema(), "models": {"m": params}})
+    return orjson.dumps({"format": FORMAT, "feature_schema": schema(), "models": {"m": params}})
 
 
 def learned_policy(tmp_path: Path, sha: str) -> Path:

@@ -10,7 +10,6 @@ import httpx
 import orjson
 import pytest
 
-from router.features import request as features
 from router.features.tokens import TokenCounter
 from router.protocols import openai_chat
 from tests.integration.conftest import RunningRouter
@@ -32,7 +31,7 @@ def body(turns: int) -> dict[str, Any]:
 def exact(b: dict[str, Any]) -> int:
     import orjson
 
-    return features.count_prompt_tokens(openai_chat.parse(orjson.dumps(b)), TokenCounter())
+    return TokenCounter().count_request(openai_chat.parse(orjson.dumps(b)))
 
 
 def post(router: RunningRouter, b: dict[str, Any], task: str) -> httpx.Response:

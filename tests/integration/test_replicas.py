@@ -136,9 +136,9 @@ def test_200_concurrent_requests_never_overspend_a_task_budget(pair, upstream, p
 
 def synthetic_artifact(path: Path) -> None:
     """A tiny trained artifact: 'large' succeeds, 'local-nano' does not."""
-    from router.features.task import vector as taskfeatures
+    from router.features.task.vector import task_vector
 
-    vec = taskfeatures.task_vector("fix the race condition")
+    vec = task_vector("fix the race condition")
     rows = [
         dataset.AttemptRow(f"t{i}", 1, model, vec, model == "local-large", "explicit", 0.01, 3, 1.0, [model])
         for i in range(12)

@@ -25,6 +25,7 @@ from tests.unit.test_store import (
     check_round_trip,
     expected_row,
     full_record,
+    stored,
 )
 
 pytestmark = pytest.mark.integration
@@ -76,7 +77,7 @@ async def test_migrations_are_idempotent(pg_url: str) -> None:
     second = PostgresStore(pg_url)
     await second.open()
     try:
-        assert await second.get_request("req-full") == expected_row(full_record())
+        assert await stored(second, "req-full") == expected_row(full_record())
     finally:
         await second.close()
     async with await psycopg.AsyncConnection.connect(pg_url) as conn:

@@ -49,7 +49,7 @@ class Router:
     async def records(self) -> list[dict[str, Any]]:
         """Every log row so far, oldest first."""
         await self.s.writer.flush()
-        return sorted(await self.s.store.recent_requests(1000), key=lambda r: r["ts"])
+        return await self.s.store.requests_since(0.0)
 
 
 @asynccontextmanager

@@ -50,7 +50,7 @@ async def test_rpm_limit_refuses_in_the_protocols_shape(
         key, key_id = await r.key(rpm=2)
         answers = [await r.post(protocol, key=key) for _ in range(3)]
         rows = await r.records()
-        served = called(fake, r.s.catalog)
+        served = called(fake, r.s.runtime.current.catalog)
     assert [a.status_code for a in answers] == [200, 200, 429]
     refused = answers[2]
     body = refused.json()
@@ -91,7 +91,7 @@ async def test_request_larger_than_the_tpm_limit_is_refused(fake: FakeUpstream, 
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
         key, _ = await r.key(tpm=50)
         answer = await r.post(key=key, max_tokens=MAX_TOKENS)
-        served = called(fake, r.s.catalog)
+        served = called(fake, r.s.runtime.current.catalog)
     assert answer.status_code == 429
     assert answer.headers["retry-after"] == "3600"  # waiting cannot help; capped at an hour
     assert served == []
@@ -114,7 +114,7 @@ async def test_budget_refuses_a_request_that_could_overspend(fake: FakeUpstream,
         key, key_id = await r.key(budget_usd=1e-5)  # less than one request's estimate
         answer = await r.post(ANTHROPIC, key=key, max_tokens=MAX_TOKENS)
         usage = await r.s.state.budgets.spent(f"key:{key_id}")
-        served = called(fake, r.s.catalog)
+        served = called(fake, r.s.runtime.current.catalog)
     assert answer.status_code == 403
     assert answer.json()["error"]["type"] == "permission_error"
     assert f"key:{key_id}" in answer.json()["error"]["message"]
@@ -224,7 +224,7 @@ async def test_settle_that_cannot_reach_the_state_is_logged_not_raised(
     held = Reservation(id="res-unreachable", scopes=("key:k",), amount_usd=0.01, expires_at=0.0)
     async with serving(tmp_path, [model("a", fake.url)], redis_url=redis_url) as r:
         with caplog.at_level(logging.WARNING, logger="router.http.admission"):
-            await admission.settle(r.s, held, 0.004)
+            await admission.Admission(r.s.state.limits, r.s.state.budgets).settle(held, 0.004)
     (message,) = [rec.getMessage() for rec in caplog.records if rec.name == "router.http.admission"]
     assert message.startswith("budget settle skipped (") and "reservation res-unreachable expires" in message
     assert "(None)" not in message

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from router.background import WORKER_NICENESS, BackgroundTasks, worker_pool
+from router.background import WORKER_NICENESS, Background, worker_pool
 
 
 def _niceness() -> int:
@@ -24,7 +24,7 @@ def test_worker_threads_run_nicer_than_the_thread_that_made_them() -> None:
 
 
 async def test_blocking_work_runs_on_a_worker_thread_and_is_drained() -> None:
-    tasks = BackgroundTasks()
+    tasks = Background()
     started = threading.Event()
 
     def work(x: int) -> tuple[int, str]:
@@ -40,7 +40,7 @@ async def test_blocking_work_runs_on_a_worker_thread_and_is_drained() -> None:
 
 
 async def test_a_failing_blocking_call_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
-    tasks = BackgroundTasks()
+    tasks = Background()
 
     def boom() -> None:
         raise ValueError("no")

@@ -13,7 +13,7 @@ import pytest
 
 from router.errors import MissingCredentials, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.fakeupstream import FakeUpstream
-from router.forward.execute import Attempt, RetryBudget, _pause
+from router.forward.execute import RetryBudget, Try, _pause
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from router.protocols.common import FAMILY
 from router.state import BreakerConfig
@@ -33,7 +33,7 @@ from tests.unit.requestpath import (
 NO_RETRIES = RetryBudget(ratio=0.0, cap=0.0)
 
 
-def statuses(tries: list[Attempt]) -> list[tuple[str, int | None]]:
+def statuses(tries: list[Try]) -> list[tuple[str, int | None]]:
     return [(t.model, t.status) for t in tries]
 
 
@@ -41,7 +41,7 @@ async def test_first_backend_serves(fake: FakeUpstream) -> None:
     cat = catalog(model("a", fake.url), model("b", fake.url))
     async with upstream() as up:
         phases, ex = fresh()
-        reply = await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+        reply = await executor(up, cat).complete(request(), decision("a", "b"), cat, {}, phases, ex)
     assert reply.obj["choices"][0]["message"]["content"]
     assert called(fake, cat) == ["a"]
     assert statuses(ex.tries) == [("a", 200)]
@@ -53,7 +53,7 @@ async def test_retryable_failure_moves_on_without_retrying(fake: FakeUpstream) -
     cat = catalog(model("a", fake.url, "status=503"), model("b", fake.url))
     async with upstream() as up:
         phases, ex = fresh()
-        await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+        await executor(up, cat).complete(request(), decision("a", "b"), cat, {}, phases, ex)
     # Another backend is left, so moving on beats pausing to retry the first.
     assert called(fake, cat) == ["a", "b"]
     assert statuses(ex.tries) == [("a", 503), ("b", 200)]
@@ -66,7 +66,7 @@ async def test_rejected_request_is_returned_not_retried_or_moved_on(fake: FakeUp
     async with upstream() as up:
         phases, ex = fresh()
         with pytest.raises(UpstreamError) as info:
-            await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+            await executor(up, cat).complete(request(), decision("a", "b"), cat, {}, phases, ex)
     assert info.value.status == 422
     assert "injected 422" in info.value.message
     assert called(fake, cat) == ["a"]
@@ -76,7 +76,7 @@ async def test_rate_limited_backend_moves_on(fake: FakeUpstream) -> None:
     cat = catalog(model("a", fake.url, "status=429"), model("b", fake.url))
     async with upstream() as up:
         phases, ex = fresh()
-        await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+        await executor(up, cat).complete(request(), decision("a", "b"), cat, {}, phases, ex)
     assert statuses(ex.tries) == [("a", 429), ("b", 200)]
     assert ex.tries[0].error_type == "RateLimited"
 
@@ -85,7 +85,7 @@ async def test_last_backend_is_retried_once(fake: FakeUpstream) -> None:
     cat = catalog(model("a", fake.url, "status=503"), model("b", fake.url, "fail_times=1,status=503"))
     async with upstream() as up:
         phases, ex = fresh()
-        await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+        await executor(up, cat).complete(request(), decision("a", "b"), cat, {}, phases, ex)
     assert called(fake, cat) == ["a", "b", "b"]
     assert statuses(ex.tries) == [("a", 503), ("b", 503), ("b", 200)]
     assert ex.retries == 1
@@ -96,7 +96,7 @@ async def test_last_backend_is_retried_only_once(fake: FakeUpstream) -> None:
     async with upstream() as up:
         phases, ex = fresh()
         with pytest.raises(UpstreamError) as info:
-            await executor(up, cat).complete(request(), decision("a"), {}, phases, ex)
+            await executor(up, cat).complete(request(), decision("a"), cat, {}, phases, ex)
     assert info.value.upstream_status == 500
     assert called(fake, cat) == ["a", "a"]
     assert ex.retries == 1
@@ -112,7 +112,7 @@ async def test_exhausted_retry_budget_stops_retries(fake: FakeUpstream) -> None:
         for _ in range(3):
             phases, ex = fresh()
             with pytest.raises(UpstreamError):
-                await run.complete(request(), decision("a"), {}, phases, ex)
+                await run.complete(request(), decision("a"), cat, {}, phases, ex)
             retries.append(ex.retries)
     # 1st: the banked retry is spent; 2nd: only 0.5 earned, no retry; 3rd: 1.0 again, a retry.
     assert retries == [1, 0, 1]
@@ -124,7 +124,7 @@ async def test_empty_retry_budget_never_retries(fake: FakeUpstream) -> None:
     async with upstream() as up:
         phases, ex = fresh()
         with pytest.raises(UpstreamError):
-            await executor(up, cat, budget=NO_RETRIES).complete(request(), decision("a"), {}, phases, ex)
+            await executor(up, cat, budget=NO_RETRIES).complete(request(), decision("a"), cat, {}, phases, ex)
     # The fake would have answered the second call: only the budget kept it from being made.
     assert called(fake, cat) == ["a"]
     assert ex.retries == 0
@@ -150,7 +150,7 @@ async def test_retry_after_longer_than_the_deadline_is_not_waited_for(fake: Fake
         phases, ex = fresh()
         started = time.monotonic()
         with pytest.raises(UpstreamError) as info:
-            await executor(up, cat).complete(request(), decision("a"), {}, phases, ex)
+            await executor(up, cat).complete(request(), decision("a"), cat, {}, phases, ex)
     assert time.monotonic() - started < 5.0
     assert info.value.retry_after == 30
     assert called(fake, cat) == ["a"]
@@ -162,7 +162,7 @@ async def test_retry_after_is_honoured(fake: FakeUpstream) -> None:
     async with upstream() as up:
         phases, ex = fresh()
         started = time.monotonic()
-        await executor(up, cat, backoff_s=0.0).complete(request(), decision("a"), {}, phases, ex)
+        await executor(up, cat, backoff_s=0.0).complete(request(), decision("a"), cat, {}, phases, ex)
     assert time.monotonic() - started >= 0.3  # the provider's pause, not the (zero) backoff
     assert called(fake, cat) == ["a", "a"]
 
@@ -190,7 +190,7 @@ async def test_context_length_error_falls_over_to_larger_windows_only(
     async with upstream() as up:
         phases, ex = fresh()
         order = decision("small", "same", "smaller", "larger", "largest")
-        await executor(up, cat).complete(request(protocol), order, {}, phases, ex)
+        await executor(up, cat).complete(request(protocol), order, cat, {}, phases, ex)
     assert called(fake, cat) == ["small", "larger", "largest"]
     assert statuses(ex.tries) == [("small", 400), ("larger", 400), ("largest", 200)]
 
@@ -200,7 +200,7 @@ async def test_context_length_error_with_no_larger_window_is_the_answer(fake: Fa
     async with upstream() as up:
         phases, ex = fresh()
         with pytest.raises(UpstreamError) as info:
-            await executor(up, cat).complete(request(), decision("a", "b"), {}, phases, ex)
+            await executor(up, cat).complete(request(), decision("a", "b"), cat, {}, phases, ex)
     assert info.value.status == 400
     assert info.value.code == "context_length_exceeded"
     assert called(fake, cat) == ["a"]
@@ -212,7 +212,7 @@ async def test_overall_deadline_ends_the_request_and_its_fallbacks(fake: FakeUps
         phases, ex = fresh()
         started = time.monotonic()
         with pytest.raises(UpstreamTimeout) as info:
-            await executor(up, cat).complete(request(), decision("slow", "fast"), {}, phases, ex)
+            await executor(up, cat).complete(request(), decision("slow", "fast"), cat, {}, phases, ex)
     assert time.monotonic() - started < 2.0
     assert info.value.which == "overall"
     assert info.value.code == "overall_timeout"
@@ -225,7 +225,7 @@ async def test_concurrency_slot_makes_calls_wait_their_turn(fake: FakeUpstream) 
     cat = catalog(model("one", fake.url, "ttft_ms=300", max_concurrency=1))
     async with upstream() as up:
         run = executor(up, cat)
-        await asyncio.gather(*(run.complete(request(), decision("one"), {}, *fresh()) for _ in range(2)))
+        await asyncio.gather(*(run.complete(request(), decision("one"), cat, {}, *fresh()) for _ in range(2)))
     arrivals = [r["time"] for r in calls(fake, cat["one"])]
     assert len(arrivals) == 2
     # The second call reached the provider only after the first one's 300 ms answer.
@@ -237,7 +237,7 @@ async def test_waiting_for_a_slot_counts_against_the_deadline(fake: FakeUpstream
     async with upstream(overall=0.8) as up:
         run = executor(up, cat, budget=NO_RETRIES)
         results = await asyncio.gather(
-            *(run.complete(request(), decision("one"), {}, *fresh()) for _ in range(2)),
+            *(run.complete(request(), decision("one"), cat, {}, *fresh()) for _ in range(2)),
             return_exceptions=True,
         )
     assert sum(isinstance(r, UpstreamTimeout) for r in results) == 1
@@ -250,7 +250,7 @@ async def test_a_failed_call_gives_its_slot_back(fake: FakeUpstream) -> None:
         run = executor(up, cat, budget=NO_RETRIES)
         for _ in range(3):
             with pytest.raises(UpstreamError) as info:
-                await run.complete(request(), decision("one"), {}, *fresh())
+                await run.complete(request(), decision("one"), cat, {}, *fresh())
             assert info.value.upstream_status == 503  # not a timeout waiting for a lost slot
     assert called(fake, cat) == ["one"] * 3
 
@@ -259,24 +259,26 @@ async def test_stream_holds_its_slot_until_released(fake: FakeUpstream) -> None:
     cat = catalog(model("one", fake.url, max_concurrency=1))
     async with upstream(overall=0.5) as up:
         run = executor(up, cat, budget=NO_RETRIES)
-        first = await run.open_stream(request(stream=True), decision("one"), {}, *fresh())
+        first = await run.open_stream(request(stream=True), decision("one"), cat, {}, *fresh())
         with pytest.raises(UpstreamTimeout):
-            await run.open_stream(request(stream=True), decision("one"), {}, *fresh())
+            await run.open_stream(request(stream=True), decision("one"), cat, {}, *fresh())
         async for _ in first.rest:
             pass
         first.release()
-        second = await run.open_stream(request(stream=True), decision("one"), {}, *fresh())
+        second = await run.open_stream(request(stream=True), decision("one"), cat, {}, *fresh())
         await second.rest.aclose()  # type: ignore[attr-defined]
         second.release()
     assert called(fake, cat) == ["one", "one"]
 
 
-async def test_use_swaps_the_catalog_and_its_slots(fake: FakeUpstream) -> None:
+async def test_use_sizes_the_slots_for_a_reloaded_catalog(fake: FakeUpstream) -> None:
     unlimited = catalog(model("one", fake.url, "ttft_ms=300"))
     async with upstream() as up:
         run = executor(up, catalog(model("one", fake.url, "ttft_ms=300", max_concurrency=1)))
         run.use(unlimited)
-        await asyncio.gather(*(run.complete(request(), decision("one"), {}, *fresh()) for _ in range(2)))
+        await asyncio.gather(
+            *(run.complete(request(), decision("one"), unlimited, {}, *fresh()) for _ in range(2))
+        )
     arrivals = [r["time"] for r in calls(fake, unlimited["one"])]
     assert len(arrivals) == 2 and arrivals[1] - arrivals[0] < 0.25
 
@@ -290,7 +292,7 @@ async def test_error_event_before_the_first_token_moves_on(fake: FakeUpstream, p
     async with upstream() as up:
         phases, ex = fresh()
         committed = await executor(up, cat).open_stream(
-            request(protocol, stream=True), decision("broken", "fine"), {}, phases, ex
+            request(protocol, stream=True), decision("broken", "fine"), cat, {}, phases, ex
         )
         async for _ in committed.rest:
             pass
@@ -307,7 +309,7 @@ async def test_error_event_after_the_first_token_is_past_the_commit_point(fake: 
     async with upstream() as up:
         phases, ex = fresh()
         committed = await executor(up, cat).open_stream(
-            request(stream=True), decision("late", "fine"), {}, phases, ex
+            request(stream=True), decision("late", "fine"), cat, {}, phases, ex
         )
         rest = [ev async for ev in committed.rest]
         committed.release()
@@ -321,7 +323,7 @@ async def test_first_token_timeout_moves_on_and_names_itself(fake: FakeUpstream)
     async with upstream(first_token=0.2, overall=10.0) as up:
         phases, ex = fresh()
         committed = await executor(up, cat).open_stream(
-            request(stream=True), decision("slow", "fine"), {}, phases, ex
+            request(stream=True), decision("slow", "fine"), cat, {}, phases, ex
         )
         await committed.rest.aclose()  # type: ignore[attr-defined]
     assert committed.backend.id == "fine"
@@ -333,7 +335,7 @@ async def test_first_token_timeout_is_reported_as_such(fake: FakeUpstream) -> No
     async with upstream(first_token=0.2, overall=10.0) as up:
         with pytest.raises(UpstreamTimeout) as info:
             await executor(up, cat, budget=NO_RETRIES).open_stream(
-                request(stream=True), decision("slow"), {}, *fresh()
+                request(stream=True), decision("slow"), cat, {}, *fresh()
             )
     assert info.value.which == "first_token"
 
@@ -343,7 +345,7 @@ async def test_stream_overall_deadline_before_first_token(fake: FakeUpstream) ->
     cat = catalog(model("slow", fake.url, "ttft_ms=1500"))
     async with upstream(first_token=5.0, overall=0.3) as up:
         with pytest.raises(UpstreamTimeout) as info:
-            await executor(up, cat).open_stream(request(stream=True), decision("slow"), {}, *fresh())
+            await executor(up, cat).open_stream(request(stream=True), decision("slow"), cat, {}, *fresh())
     assert info.value.which == "overall"
 
 
@@ -351,9 +353,9 @@ async def test_open_breaker_skips_its_backend(fake: FakeUpstream) -> None:
     cat = catalog(model("bad", fake.url, "status=503"), model("good", fake.url))
     async with upstream() as up:
         run = executor(up, cat, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
-        await run.complete(request(), decision("bad", "good"), {}, *fresh())
+        await run.complete(request(), decision("bad", "good"), cat, {}, *fresh())
         phases, ex = fresh()
-        await run.complete(request(), decision("bad", "good"), {}, phases, ex)
+        await run.complete(request(), decision("bad", "good"), cat, {}, phases, ex)
     assert [(t.model, t.error_type) for t in ex.tries] == [("bad", "BreakerOpen"), ("good", None)]
     assert called(fake, cat) == ["bad", "good", "good"]
 
@@ -363,9 +365,9 @@ async def test_every_breaker_open_is_service_unavailable(fake: FakeUpstream) -> 
     async with upstream() as up:
         run = executor(up, cat, budget=NO_RETRIES, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
         with pytest.raises(UpstreamError):
-            await run.complete(request(), decision("a", "b"), {}, *fresh())
+            await run.complete(request(), decision("a", "b"), cat, {}, *fresh())
         with pytest.raises(ServiceUnavailable, match="a, b"):
-            await run.complete(request(), decision("a", "b"), {}, *fresh())
+            await run.complete(request(), decision("a", "b"), cat, {}, *fresh())
     assert called(fake, cat) == ["a", "b"]
 
 
@@ -374,7 +376,7 @@ async def test_missing_key_moves_on(fake: FakeUpstream, monkeypatch: pytest.Monk
     cat = catalog(model("keyless", fake.url, api_key_env="ROUTER_TEST_UNSET_KEY"), model("open", fake.url))
     async with upstream() as up:
         phases, ex = fresh()
-        await executor(up, cat).complete(request(), decision("keyless", "open"), {}, phases, ex)
+        await executor(up, cat).complete(request(), decision("keyless", "open"), cat, {}, phases, ex)
     assert [(t.model, t.error_type) for t in ex.tries] == [("keyless", "MissingCredentials"), ("open", None)]
     assert called(fake, cat) == ["open"]
     assert MissingCredentials.next_candidate
@@ -386,7 +388,7 @@ async def test_each_failing_backend_is_tried_once_in_order(fake: FakeUpstream) -
     )
     async with upstream() as up:
         phases, ex = fresh()
-        await executor(up, cat).complete(request(), decision("a", "b", "c"), {}, phases, ex)
+        await executor(up, cat).complete(request(), decision("a", "b", "c"), cat, {}, phases, ex)
     assert called(fake, cat) == ["a", "b", "c"]
     assert statuses(ex.tries) == [("a", 500), ("b", 502), ("c", 200)]
 
@@ -395,7 +397,7 @@ async def test_a_retry_fits_in_less_than_a_second(fake: FakeUpstream) -> None:
     cat = catalog(model("a", fake.url, "fail_times=1,status=503"))
     async with upstream(overall=0.8) as up:
         phases, ex = fresh()
-        await executor(up, cat).complete(request(), decision("a"), {}, phases, ex)
+        await executor(up, cat).complete(request(), decision("a"), cat, {}, phases, ex)
     assert called(fake, cat) == ["a", "a"] and ex.retries == 1
 
 
@@ -413,9 +415,9 @@ async def test_tries_say_when_each_call_started_and_how_long_it_took(fake: FakeU
     cat = catalog(model("bad", fake.url, "status=503"), model("slow", fake.url, "ttft_ms=200"))
     async with upstream() as up:
         run = executor(up, cat, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
-        await run.complete(request(), decision("bad", "slow"), {}, *fresh())
+        await run.complete(request(), decision("bad", "slow"), cat, {}, *fresh())
         phases, ex = fresh()
-        await run.complete(request(), decision("bad", "slow"), {}, phases, ex)
+        await run.complete(request(), decision("bad", "slow"), cat, {}, phases, ex)
     skipped, served = (t.as_dict(phases.arrival) for t in ex.tries)
     assert skipped == {
         "model": "bad",
@@ -436,14 +438,16 @@ async def test_stream_error_before_the_first_token_names_the_backend(fake: FakeU
     async with upstream() as up:
         with pytest.raises(UpstreamError, match="backend 'broken' failed before its first token"):
             await executor(up, cat, budget=NO_RETRIES).open_stream(
-                request(stream=True), decision("broken"), {}, *fresh()
+                request(stream=True), decision("broken"), cat, {}, *fresh()
             )
 
 
 async def test_committed_stream_holds_the_events_up_to_the_first_token(fake: FakeUpstream) -> None:
     cat = catalog(model("a", fake.url, "chunks=3,text=alpha beta gamma"))
     async with upstream() as up:
-        committed = await executor(up, cat).open_stream(request(stream=True), decision("a"), {}, *fresh())
+        committed = await executor(up, cat).open_stream(
+            request(stream=True), decision("a"), cat, {}, *fresh()
+        )
         assert b"alpha" in committed.held[-1].raw  # the first content event closes the held part
         assert not any(b"beta" in ev.raw for ev in committed.held)
         assert not committed.observer.done

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from router.errors import ConfigError, RouterError
-from router.features import request as features
+from router.features.pipeline import request_features
 from router.features.tokens import TokenCounter
 from router.policy.config import RULE_FIELDS
 from router.policy.rules import compile_condition
@@ -278,7 +278,7 @@ def check_parse(protocol: str, raw: bytes) -> None:
     event("parsed")
     assert isinstance(req, ClientRequest) and req.protocol == protocol
     # Whatever parses must also survive everything the router computes from it before routing.
-    feats = features.extract(req, COUNTER, {})
+    feats = request_features(req, COUNTER.count_request(req), {})
     assert feats.prompt_tokens >= 0
     req.tools_sha256()
     req.system_sha256()

@@ -22,6 +22,7 @@ from router.http.auth import MASTER, OPEN, Auth, Principal
 from router.store import KeyRecord, Store, StoreDataError
 from router.store.sqlite import SQLiteStore
 from tests.unit.olddb import database_at
+from tests.unit.test_store import stored
 
 
 def request(key: str | None = None, header: str = "authorization") -> Request:
@@ -144,7 +145,7 @@ async def test_a_version_2_database_gains_the_keys_table(tmp_path: Path) -> None
     s = SQLiteStore(str(path))
     await s.open()
     try:
-        assert (await s.get_request("old") or {})["key_id"] is None
+        assert (await stored(s, "old") or {})["key_id"] is None
         await check_keys(s)
     finally:
         await s.close()

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from router.errors import ConfigError
-from router.features.task import vector as taskfeatures
+from router.features.task.vector import task_vector, to_json
 from router.learning.training import dataset, offpolicy
 from router.learning.training.fit import fit
 from router.policy import plan as plan_module
@@ -152,9 +152,7 @@ def rows_for(n: int, seed: int = 0) -> list[dataset.AttemptRow]:
     rows = []
     for i in range(n):
         hard = i % 2 == 0
-        vec = taskfeatures.task_vector(
-            ("fix the race deadlock " if hard else "fix the typo docstring ") + str(i)
-        )
+        vec = task_vector(("fix the race deadlock " if hard else "fix the typo docstring ") + str(i))
         for model, cost in (("cheap", 0.01), ("strong", 0.04)):
             ok = (model == "strong") or not hard
             if rng.random() < 0.05:
@@ -174,8 +172,8 @@ def test_fit_is_calibrated_and_separates_tasks() -> None:
         if b["n"] >= 15:
             assert abs(b["predicted"] - b["observed"]) < 0.25, b
     artifact = Artifact.from_bytes(orjson.dumps(art), source="t", expected_sha256=None)
-    hard = taskfeatures.task_vector("fix the race deadlock 999")
-    easy = taskfeatures.task_vector("fix the typo docstring 999")
+    hard = task_vector("fix the race deadlock 999")
+    easy = task_vector("fix the typo docstring 999")
     assert artifact.models["cheap"].p_success(hard) < 0.3 < 0.7 < artifact.models["cheap"].p_success(easy)
     scorer = LearnedScorer(artifact, Objective(max_attempts=1))
     assert scorer.plan(hard, ["cheap", "strong"])[0].models == ("strong",)
@@ -187,7 +185,7 @@ def test_fit_is_calibrated_and_separates_tasks() -> None:
 def test_the_scorer_remembers_plans_per_attempt_within_a_bound() -> None:
     artifact = Artifact.from_bytes(orjson.dumps(fit(rows_for(20))), source="t", expected_sha256=None)
     scorer = LearnedScorer(artifact, Objective(max_attempts=2), memory=2)
-    hard = taskfeatures.task_vector("fix the race deadlock 1")
+    hard = task_vector("fix the race deadlock 1")
     first = scorer.plan(hard, ["cheap", "strong"])
     again = scorer.plan(hard, ["cheap", "strong"])  # the same question, answered from memory
     assert again[0] is first[0] and again[1] is first[1]
@@ -216,7 +214,7 @@ def test_artifact_refuses_wrong_hash_and_schema() -> None:
 
 
 def test_dataset_labels_explicit_over_weak_and_abandoned() -> None:
-    vec = taskfeatures.to_json(taskfeatures.task_vector("x"))
+    vec = to_json(task_vector("x"))
     req = {"task_id": "a", "attempt": 1, "chosen_model": "m", "status": 200, "ts": 100.0, "cost_usd": 0.1,
            "task_features": vec, "propensity": 0.5, "candidates": [{"model": "m"}, {"model": "n"}]}  # fmt: skip
     weak = {"task_id": "a", "attempt": 1, "success": False, "source": "tests", "explicit": False, "ts": 101}

@@ -111,18 +111,18 @@ def test_success_by_the_learned_model_when_the_policy_pins_one(tmp_path: Path) -
 
     import orjson
 
-    from router.features.task import vector as taskfeatures
+    from router.features.task.vector import task_vector, to_json
     from router.learning.training import dataset
     from router.learning.training.fit import fit
 
-    vec = taskfeatures.task_vector("fix the race condition")
+    vec = task_vector("fix the race condition")
     trained = [dataset.AttemptRow(f"t{i}", 1, m, vec, m == "b", "explicit", 0.01, 3, 1.0, [m])
                for i in range(12) for m in ("a", "b")]  # fmt: skip
     raw = orjson.dumps(fit(trained))
     (tmp_path / "learned.json").write_bytes(raw)
     learned = {"artifact": "learned.json", "sha256": hashlib.sha256(raw).hexdigest()}
     rt = runtime(tmp_path, ["a", "b"], learned=learned)
-    rows = [row(i, "a", task=f"t{i}", task_features=taskfeatures.to_json(vec)) for i in range(1, 6)]
+    rows = [row(i, "a", task=f"t{i}", task_features=to_json(vec)) for i in range(1, 6)]
     p = preview(rows, [], rt)
     assert p["moves"] == {"a -> b": 5}  # the learned model expects b to complete the task, a not
     s = p["success"]["learned_model"]

@@ -9,8 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from router.features import request as features
-from router.features.memo import Transcripts
+from router.features.memo import ConversationMemo
 from router.features.promptsize import PromptSizer
 from router.features.tokens import TokenCounter
 from router.protocols import anthropic, openai_chat, responses
@@ -23,11 +22,11 @@ def encoding() -> Any:
 
 
 def sizer(encoding: Any, memory: int = 10_000_000) -> PromptSizer:
-    return PromptSizer(TokenCounter(encoding=encoding), Transcripts(memory))
+    return PromptSizer(TokenCounter(encoding=encoding), ConversationMemo(memory))
 
 
 def exact(req: ClientRequest, encoding: Any) -> int:
-    return features.count_prompt_tokens(req, TokenCounter(encoding=encoding))
+    return TokenCounter(encoding=encoding).count_request(req)
 
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
@@ -85,7 +84,9 @@ def test_counts_reach_the_token_counter_cache_too(encoding: Any) -> None:
     req = chat_req(conversation(3))
     s.settle(s.measure(req, "t", 10_000))
     # Another conversation key (no memo), same counter: every part is known from its cache.
-    other = PromptSizer(s.counter, Transcripts(10_000_000)).measure(chat_req(conversation(3)), "u", 10_000)
+    other = PromptSizer(s.counter, ConversationMemo(10_000_000)).measure(
+        chat_req(conversation(3)), "u", 10_000
+    )
     assert other.settled and other.tokens == exact(req, encoding)
 
 

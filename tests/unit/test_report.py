@@ -233,3 +233,19 @@ def test_missing_sqlite_log_is_an_error_not_a_new_file(
     assert main(["report", "--store", f"sqlite:///{missing}"]) == 2
     assert "no such file" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_train_reads_durations_as_report_does(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `router train --since 1w` once failed ("bad duration") while `router report --since 1w` worked.
+    config = str(Path(__file__).resolve().parents[2] / "policies/examples/local.yaml")
+    train = ["train", "--store", store_url, "--config", config, "--out", str(tmp_path / "a.json")]
+    assert main(["report", "--store", store_url, "--since", "1w", "--json"]) == 0
+    try:
+        main([*train, "--since", "1w"])
+    except ValueError as exc:  # the log is too small to fit: the duration was read
+        assert "no labelled attempts" in str(exc)
+    capsys.readouterr()
+    assert main([*train, "--since", "1q"]) == 2
+    assert "duration '1q'" in capsys.readouterr().err

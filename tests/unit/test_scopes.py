@@ -58,11 +58,14 @@ def test_the_control_arm_comes_before_any_scope(tmp_path: Path) -> None:
     assert arm == "control" and decider.decide(feats()).chosen == "cheap"
 
 
+REMOTE = "remote: git@github.com:acme/api.git\n"
+
+
 def test_the_repository_comes_from_the_header_or_the_conversation() -> None:
     req = ClientRequest(
         protocol="openai_chat", body={}, model="auto", stream=False, messages=[],
-        system="remote: git@github.com:acme/api.git\n", tools=[], max_output_tokens=None, temperature=None,
-        top_p=None, first_user_text="Fix the bug",
+        system=REMOTE, tools=[], max_output_tokens=None, temperature=None, top_p=None,
+        first_user_text="Fix the bug", system_text=REMOTE,
     )  # fmt: skip
     assert scope_facts(req, {}, "key_1") == ScopeFacts(repo="acme/api", key="key_1", team=None)
     assert scope_facts(req, {"x-router-repo": "acme/web", "x-router-team": "t"}, None).repo == "acme/web"

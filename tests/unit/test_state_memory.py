@@ -25,9 +25,9 @@ from router.state import (
     MemoryState,
     Reservation,
     SharedState,
+    Spend,
     StateConfig,
     StateUnavailable,
-    Usage,
     open_state,
 )
 from router.state.memory import TTLCache
@@ -88,25 +88,25 @@ async def check_budgets(state: SharedState, env: Env) -> None:
     limits = {"key": 1.0, "task": 0.5}
     r1 = await b.reserve(["key", "task", "key"], 0.3, limits)
     assert r1.scopes == ("key", "task")  # a repeated scope is charged once
-    assert await b.spent("key") == Usage(0.0, 0.3)
+    assert await b.spent("key") == Spend(0.0, 0.3)
 
     with pytest.raises(BudgetExceeded) as info:
         await b.reserve(["key", "task"], 0.3, limits)
     assert info.value.scope == "task" and info.value.reserved_usd == pytest.approx(0.3)
     assert info.value.status == 403 and info.value.code == "budget_exceeded"
-    assert await b.spent("key") == Usage(0.0, 0.3)  # all or nothing: "key" was not charged
+    assert await b.spent("key") == Spend(0.0, 0.3)  # all or nothing: "key" was not charged
 
     r2 = await b.reserve(["key", "other"], 0.6, limits)  # "other" has no limit but is counted
-    assert await b.spent("other") == Usage(0.0, 0.6)
+    assert await b.spent("other") == Spend(0.0, 0.6)
     await b.settle(r1, 0.25)
-    assert await b.spent("key") == Usage(0.25, 0.6)
-    assert await b.spent("task") == Usage(0.25, 0.0)
+    assert await b.spent("key") == Spend(0.25, 0.6)
+    assert await b.spent("task") == Spend(0.25, 0.0)
     await b.settle(r1, 0.25)  # once only
     await b.release(r1)
-    assert await b.spent("task") == Usage(0.25, 0.0)
+    assert await b.spent("task") == Spend(0.25, 0.0)
     await b.release(r2)
-    assert await b.spent("key") == Usage(0.25, 0.0)
-    assert await b.spent("other") == Usage(0.0, 0.0)
+    assert await b.spent("key") == Spend(0.25, 0.0)
+    assert await b.spent("other") == Spend(0.0, 0.0)
 
     await b.reserve(["task"], 0.25, limits)  # exactly up to the limit
     with pytest.raises(BudgetExceeded):
@@ -114,8 +114,8 @@ async def check_budgets(state: SharedState, env: Env) -> None:
 
     r3 = await b.reserve(["over"], 0.1, {"over": 1.0})
     await b.settle(r3, 0.4)  # the actual cost may exceed the hold
-    assert await b.spent("over") == Usage(0.4, 0.0)
-    assert await b.spent("never-used") == Usage(0.0, 0.0)
+    assert await b.spent("over") == Spend(0.4, 0.0)
+    assert await b.spent("never-used") == Spend(0.0, 0.0)
     with pytest.raises(ValueError):
         await b.reserve(["key"], -1.0, limits)
 
@@ -127,10 +127,10 @@ async def check_reservation_expiry(state: SharedState, env: Env, ttl: float) -> 
     with pytest.raises(BudgetExceeded):
         await b.reserve(["s"], 0.3, {"s": 1.0})
     await env.advance(ttl + env.slack + 0.05)
-    assert await b.spent("s") == Usage(0.0, 0.0)
+    assert await b.spent("s") == Spend(0.0, 0.0)
     await b.reserve(["s"], 0.3, {"s": 1.0})
     await b.settle(lapsing, 0.5)  # a late settle still records what was really spent
-    assert await b.spent("s") == Usage(0.5, 0.3)
+    assert await b.spent("s") == Spend(0.5, 0.3)
 
 
 async def check_no_overspend(states: Sequence[SharedState], n: int = 200, limit: float = 0.5) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from router.background import BackgroundTasks
+from router.background import Background
 from router.errors import ConfigError
 from router.store import Store, StoreDataError, mask_url, open_store, redact, schema
 from router.store.records import OutcomeRecord, RequestRecord
@@ -221,7 +221,7 @@ async def test_migrations_are_idempotent(tmp_path: Path) -> None:
     await first.close()
     second = SQLiteStore(path)
     await second.open()
-    assert await second.get_request("req-full") == expected_row(full_record())
+    assert await stored(second, "req-full") == expected_row(full_record())
     await second.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == schema.SCHEMA_VERSION
@@ -236,21 +236,26 @@ async def test_concurrent_opens_migrate_once(tmp_path: Path) -> None:
         assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == schema.SCHEMA_VERSION
 
 
+async def stored(store: Store, request_id: str) -> dict[str, Any] | None:
+    """One request's logged row, read as the log's readers read it."""
+    return next((r for r in await store.requests_since(0.0) if r["request_id"] == request_id), None)
+
+
 async def check_round_trip(store: Store) -> None:
     """Shared with the PostgreSQL integration test: every field, then an all-defaults record."""
     rec = full_record()
     await store.write_requests([rec])
-    got = await store.get_request(rec.request_id)
+    got = await stored(store, rec.request_id)
     assert got == expected_row(rec)
     assert got is not None
     assert got["stream"] is True and got["side_call"] is True and got["usage_estimated"] is True
     assert isinstance(got["ttft_ms"], float) and isinstance(got["input_tokens"], int)
     minimal = RequestRecord(request_id="req-min", ts=5.0)
     await store.write_requests([minimal])
-    got = await store.get_request("req-min")
+    got = await stored(store, "req-min")
     assert got == expected_row(minimal)
     assert got["candidates"] is None and got["stream"] is False and got["status"] is None
-    assert await store.get_request("nope") is None
+    assert await stored(store, "nope") is None
 
 
 async def test_round_trip(store: SQLiteStore) -> None:
@@ -265,9 +270,8 @@ async def check_batch_and_queries(store: Store) -> None:
     ]  # fmt: skip
     await store.write_requests(recs)
     await store.write_requests(recs[:10])  # a retried batch: already-stored ids are skipped
-    recent = await store.recent_requests(limit=5)
-    assert [r["request_id"] for r in recent] == ["r299", "r298", "r297", "r296", "r295"]
-    assert len(await store.recent_requests(limit=1000)) == 300
+    assert [r["request_id"] for r in await store.requests_since(1295.0)] == [f"r{i}" for i in range(295, 300)]
+    assert len(await store.requests_since(0.0)) == 300
     even = await store.requests_for_task("t-even")
     assert [r["request_id"] for r in even] == [f"r{i:03d}" for i in range(0, 300, 2)]
     # What in-process budgets restart from: the retried batch is not counted twice.
@@ -333,7 +337,7 @@ async def check_bad_record_rolls_back(store: Store) -> None:
     bad = RequestRecord(request_id="bad", ts=1.0, input_tokens=2**70)
     with pytest.raises(StoreDataError, match="input_tokens"):
         await store.write_requests([RequestRecord(request_id="good", ts=1.0), bad])
-    assert await store.get_request("good") is None  # all or nothing per batch
+    assert await stored(store, "good") is None  # all or nothing per batch
 
 
 async def test_unencodable_record_raises_store_data_error(store: SQLiteStore) -> None:
@@ -351,7 +355,7 @@ async def test_memory_store() -> None:
     s = open_store("sqlite:///:memory:")
     await s.open()
     await s.write_requests([RequestRecord(request_id="m", ts=1.0)])
-    assert (await s.get_request("m") or {}).get("ts") == 1.0
+    assert (await stored(s, "m") or {}).get("ts") == 1.0
     await s.close()
 
 
@@ -446,12 +450,6 @@ class FakeStore:
     async def write_outcome(self, rec: OutcomeRecord) -> None:
         pass
 
-    async def get_request(self, request_id: str) -> dict[str, Any] | None:
-        return None
-
-    async def recent_requests(self, limit: int = 100) -> list[dict[str, Any]]:
-        return []
-
     async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
         return []
 
@@ -490,7 +488,7 @@ async def test_writer_batches_by_size() -> None:
 
 
 async def test_writer_loop_wakes_when_a_batch_is_full() -> None:
-    fake, tasks = FakeStore(), BackgroundTasks()
+    fake, tasks = FakeStore(), Background()
     w = LogWriter(fake, batch_size=3, flush_interval=60)
     w.start(tasks)
     for r in recs(3):
@@ -502,7 +500,7 @@ async def test_writer_loop_wakes_when_a_batch_is_full() -> None:
 
 
 async def test_writer_flushes_at_close() -> None:
-    fake, tasks = FakeStore(), BackgroundTasks()
+    fake, tasks = FakeStore(), Background()
     w = LogWriter(fake, batch_size=100, flush_interval=60)
     w.start(tasks)
     for r in recs(7):
@@ -518,7 +516,7 @@ async def test_writer_flushes_at_close() -> None:
 
 
 async def test_writer_retries_after_store_failures() -> None:
-    fake, tasks = FakeStore(fail_times=2), BackgroundTasks()
+    fake, tasks = FakeStore(fail_times=2), Background()
     w = LogWriter(fake, batch_size=2, flush_interval=0.01, retry_base=0.01, retry_cap=0.05)
     w.start(tasks)
     for r in recs(5):
@@ -552,7 +550,7 @@ async def test_overflow_drops_oldest_and_counts() -> None:
 
 
 async def test_close_gives_up_at_timeout_and_counts_losses() -> None:
-    fake, tasks = FakeStore(fail_times=10**9), BackgroundTasks()
+    fake, tasks = FakeStore(fail_times=10**9), Background()
     w = LogWriter(fake, batch_size=2, flush_interval=0.01, retry_base=0.01, retry_cap=0.02)
     w.start(tasks)
     for r in recs(5):
@@ -584,7 +582,7 @@ async def test_writer_with_real_sqlite_rejects_only_the_bad_record(store: SQLite
         w.submit(r)
     await w.flush()
     assert w.written == 3 and w.rejected == 1
-    assert sorted(r["request_id"] for r in await store.recent_requests()) == ["r0", "r2", "r3"]
+    assert sorted(r["request_id"] for r in await store.requests_since(0.0)) == ["r0", "r2", "r3"]
 
 
 async def test_a_record_that_cannot_be_encoded_is_rejected_at_submit(
@@ -610,7 +608,7 @@ def test_writer_validates_settings() -> None:
 
 
 async def test_background_tasks_log_failures_and_forget_finished(caplog: pytest.LogCaptureFixture) -> None:
-    tasks = BackgroundTasks()
+    tasks = Background()
 
     async def boom() -> None:
         raise ValueError("kaput")
@@ -629,7 +627,7 @@ async def test_background_tasks_log_failures_and_forget_finished(caplog: pytest.
 
 
 async def test_drain_waits_then_cancels_leftovers() -> None:
-    tasks = BackgroundTasks()
+    tasks = Background()
     cleaned: list[str] = []
 
     async def quick() -> None:

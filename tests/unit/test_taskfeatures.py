@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from router.app.settings import Settings
-from router.features.task import vector as taskfeatures
 from router.features.task.tracker import TaskTracker
+from router.features.task.vector import Packed, arrays, task_vector, to_json, with_attempt
 from router.learning.training.fit import fit
 from router.policy.learned import Artifact, LearnedScorer, Objective
 from tests.unit.test_plan import rows_for
@@ -27,17 +27,17 @@ def issues(n: int) -> list[str]:
 
 
 def test_a_packed_vector_reads_as_the_dict_it_was_made_from() -> None:
-    vec = taskfeatures.task_vector(issues(1)[0], "You are a coding agent.", 12, "astropy/astropy")
-    packed = taskfeatures.Packed(vec)
+    vec = task_vector(issues(1)[0], "You are a coding agent.", 12, "astropy/astropy")
+    packed = Packed(vec)
     assert packed == vec and dict(packed.items()) == vec
     assert len(packed) == len(vec) and list(packed) == sorted(vec)
     first = min(vec)
     assert packed[first] == vec[first] and packed.get(-1) is None and first in packed
     with pytest.raises(KeyError):
         packed[10**6]
-    assert taskfeatures.to_json(packed) == taskfeatures.to_json(vec)
-    assert taskfeatures.with_attempt(packed, 2) == taskfeatures.with_attempt(vec, 2)
-    idx, vals = taskfeatures.arrays(packed)
+    assert to_json(packed) == to_json(vec)
+    assert with_attempt(packed, 2) == with_attempt(vec, 2)
+    idx, vals = arrays(packed)
     assert dict(zip(idx.tolist(), vals.tolist(), strict=True)) == vec
     with pytest.raises(ValueError):
         vals[0] = 1.0  # shared with the scorer's memory: read-only
@@ -47,12 +47,12 @@ def test_the_scorer_answers_the_same_for_a_packed_vector() -> None:
     artifact = Artifact.from_bytes(orjson.dumps(fit(rows_for(40))), source="t", expected_sha256=None)
     scorer = LearnedScorer(artifact, Objective(max_attempts=3))
     for text in ("fix the race deadlock 7", "fix the typo docstring 8", *issues(5)):
-        vec = taskfeatures.task_vector(text)
+        vec = task_vector(text)
         for attempt in (1, 2):
             plan, opts = scorer.plan(vec, ["cheap", "strong"], attempt=attempt)
-            plan_p, opts_p = scorer.plan(taskfeatures.Packed(vec), ["cheap", "strong"], attempt=attempt)
+            plan_p, opts_p = scorer.plan(Packed(vec), ["cheap", "strong"], attempt=attempt)
             assert plan_p == plan and opts_p == opts
-        assert artifact.models["cheap"].p_success(taskfeatures.Packed(vec)) == pytest.approx(
+        assert artifact.models["cheap"].p_success(Packed(vec)) == pytest.approx(
             artifact.models["cheap"].p_success(vec), rel=1e-12
         )
 
@@ -60,7 +60,7 @@ def test_the_scorer_answers_the_same_for_a_packed_vector() -> None:
 def test_a_remembered_task_costs_a_few_kilobytes() -> None:
     # Real issues hash to ~200 features; the tracker remembers up to 100k tasks.
     texts = issues(100)
-    features = sum(len(taskfeatures.task_vector(t)) for t in texts)
+    features = sum(len(task_vector(t)) for t in texts)
 
     def bytes_per_feature(make: Callable[[str], object]) -> float:
         tracemalloc.start()
@@ -73,8 +73,8 @@ def test_a_remembered_task_costs_a_few_kilobytes() -> None:
         assert len(kept) == len(texts)
         return (after - before) / features
 
-    assert bytes_per_feature(lambda t: taskfeatures.Packed(taskfeatures.task_vector(t))) < 16
-    assert bytes_per_feature(taskfeatures.task_vector) > 60  # a dict of Python numbers: why it is packed
+    assert bytes_per_feature(lambda t: Packed(task_vector(t))) < 16
+    assert bytes_per_feature(task_vector) > 60  # a dict of Python numbers: why it is packed
 
 
 def test_the_tracker_forgets_the_least_recently_seen_task_past_its_bound() -> None:

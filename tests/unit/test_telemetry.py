@@ -14,7 +14,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.app.settings import Settings
 from router.policy.config import load_policy
 from router.store.records import RequestRecord
 from router.telemetry import RouterTelemetry, Telemetry, build_telemetry
@@ -194,9 +193,8 @@ def test_otlp_is_configured_only_by_the_standard_variables() -> None:
     assert not otlp_configured(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}
     )
-    settings = Settings(config=LOCAL_POLICY)
-    assert build_telemetry(settings, env={}).tracer is None
-    with_otlp = build_telemetry(settings, env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    assert build_telemetry(env={}).tracer is None
+    with_otlp = build_telemetry(env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
     assert with_otlp.tracer is not None
     with_otlp.close()
 
@@ -277,7 +275,7 @@ def test_each_app_has_its_own_registry() -> None:
 
 
 def test_routes_are_labelled_by_the_policy_pattern_not_the_clients_string() -> None:
-    t = build_telemetry(Settings(config=LOCAL_POLICY), env={})
+    t = build_telemetry(env={})
     policy = load_policy(LOCAL_POLICY)
     t.use_policy(lambda: policy)
     assert t.metrics.route_of("claude-sonnet-4-6-whatever") == "claude-*"

@@ -29,7 +29,7 @@ def client_key_hash(presented_key: str) -> str:
     return hashlib.sha256(("router-key:" + presented_key).encode()).hexdigest()[:16]
 
 
-def task_id(req: ClientRequest, header_value: str | None, key_hash: str) -> str:
+def task_id_of(req: ClientRequest, header_value: str | None, key_hash: str) -> str:
     if header_value and _CLIENT_TASK_ID.match(header_value):
         return header_value
     if req.session_hint and _CLIENT_TASK_ID.match(req.session_hint):

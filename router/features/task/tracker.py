@@ -13,7 +13,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from router.protocols.common import ClientRequest, text_of
 
@@ -47,15 +47,9 @@ def is_side_call(req: ClientRequest, max_tokens: int = 1024) -> bool:
     """Title generation, summaries, compaction, quota checks: short tool-less calls beside the loop."""
     if req.tools:
         return False
-    # A list is OpenAI's system messages (each a string or parts) or Anthropic's blocks (dicts).
-    system = (
-        text_of(req.system)
-        if not isinstance(req.system, list)
-        else " ".join(text_of([s] if isinstance(s, dict) else s) for s in req.system)
-    )
     last = req.messages[-1] if req.messages else {}
     last_text = text_of(last.get("content")) if isinstance(last, dict) else ""
-    if _SIDE_CALL_TEXT.search(system[:4000]) or _SIDE_CALL_TEXT.search(last_text[-4000:]):
+    if _SIDE_CALL_TEXT.search(req.system_text[:4000]) or _SIDE_CALL_TEXT.search(last_text[-4000:]):
         return True
     return (
         req.max_output_tokens is not None and req.max_output_tokens <= max_tokens and len(req.messages) <= 2
@@ -88,13 +82,22 @@ class TaskTracker:
 
     def begin(self, task_id: str, req: ClientRequest, attempt_header: str | None) -> TaskState:
         """The task's state for this request, opening a new attempt when one has begun."""
-        state = self.get(task_id)
+        return self._advance(self.get(task_id), req, attempt_header)
+
+    def preview(self, task_id: str, req: ClientRequest, attempt_header: str | None) -> TaskState:
+        """What ``begin`` would return, as a copy: the tracker is left as it is."""
+        known = self._tasks.get(task_id)
+        state = TaskState() if known is None else replace(known, failed_models=list(known.failed_models))
+        return self._advance(state, req, attempt_header)
+
+    @classmethod
+    def _advance(cls, state: TaskState, req: ClientRequest, attempt_header: str | None) -> TaskState:
         if attempt_header and attempt_header.isdigit():
             n = max(1, min(int(attempt_header), 1000))
             if n != state.attempt:
-                self._new_attempt(state, n)
+                cls._new_attempt(state, n)
         elif state.failed_open and is_restart(req):
-            self._new_attempt(state, state.attempt + 1)
+            cls._new_attempt(state, state.attempt + 1)
         return state
 
     @staticmethod

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from router.features.request import Features, extract
+from router.features.pipeline import request_features
+from router.features.request import Features
 from router.features.task.context import vector_for
 from router.features.task.vector import Vector
 from router.features.tokens import TokenCounter
@@ -70,5 +71,5 @@ def arrive(task: Task, counter: TokenCounter) -> Arrival:
     """Parse the first request and compute its features and task vector as the proxy would."""
     headers = {"x-router-repo": task.repo}
     req = openai_chat.parse(first_request(task))
-    features = extract(req, counter, headers)
+    features = request_features(req, counter.count_request(req), headers)
     return Arrival(task.id, task.repo, features, vector_for(req, headers["x-router-repo"]))

@@ -17,7 +17,7 @@ from scipy import sparse
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
-from router.features.task import vector as taskfeatures
+from router.features.task.vector import HASH_DIM, NUMERIC
 from router.learning.evals.arrival import Arrival
 from router.learning.evals.loader import Dataset
 from router.learning.evals.simulate import Chooser
@@ -137,7 +137,7 @@ def best_cascade(candidates: Sequence[Cascade], floor: float | None = None) -> C
 
 
 def _matrix(vectors: Sequence[Mapping[int, float]]) -> sparse.csr_matrix:
-    width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+    width = len(NUMERIC) + HASH_DIM
     rows, cols, vals = [], [], []
     for i, vec in enumerate(vectors):
         for j, v in vec.items():

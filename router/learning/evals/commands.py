@@ -78,7 +78,7 @@ def run_eval(args: argparse.Namespace) -> int:
     import orjson
     from rich.console import Console
 
-    from router.learning.evals import loader, report, runner
+    from router.learning.evals import loader, render, runner
 
     settings = settings_from(args)
     started = time.monotonic()
@@ -90,18 +90,18 @@ def run_eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"--folds {settings.folds}: {train.source} has only {len(train.tasks)} tasks")
         result = runner.cross_validate(train, settings)
     result["policy"]["setup"]["seconds"] = round(time.monotonic() - started, 1)
-    clean = report.jsonable(result)
+    clean = render.jsonable(result)
     if args.out is not None:
         out: Path = args.out
-        images = report.plots(result, out)
-        (out / "report.md").write_text(report.markdown(result, images), encoding="utf-8")
+        images = render.plots(result, out)
+        (out / "report.md").write_text(render.markdown(result, images), encoding="utf-8")
         (out / "report.json").write_bytes(orjson.dumps(clean, option=orjson.OPT_INDENT_2))
     if args.json:
         sys.stdout.write(orjson.dumps(clean).decode() + "\n")
     else:
         # A pipe gets the full table too, not 80 columns of wrapped cells.
         console = Console() if sys.stdout.isatty() else Console(width=170)
-        report.print_table(result, console)
+        render.print_table(result, console)
         if args.out is not None:
             console.print(f"wrote {args.out}/report.md, report.json, cost_success.png, share_of_calls.png")
     return 0

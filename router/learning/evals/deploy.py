@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from router.features.task import vector as taskfeatures
+from router.features.task.vector import to_json
 from router.learning.evals.arrival import REQUESTED_MODEL, Arrival
 from router.learning.evals.loader import Dataset, Model
 from router.learning.training import dataset
@@ -97,7 +97,7 @@ def log_records(
     outcomes: list[dict[str, Any]] = []
     ts = 1_700_000_000.0
     for tid in task_ids:
-        vec = taskfeatures.to_json(arrivals[tid].vector)
+        vec = to_json(arrivals[tid].vector)
         for m in models:
             o = data.outcome(tid, m)
             ts += 1.0

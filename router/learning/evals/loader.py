@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,12 +72,6 @@ class Dataset:
 
     def outcome(self, task_id: str, model_id: str) -> Outcome:
         return self.outcomes[(task_id, model_id)]
-
-    def subset(self, task_ids: Iterable[str]) -> Dataset:
-        keep = set(task_ids)
-        tasks = [t for t in self.tasks if t.id in keep]
-        outcomes = {k: v for k, v in self.outcomes.items() if k[0] in keep}
-        return Dataset(self.source, tasks, self.models, outcomes)
 
 
 def load(directory: str | Path) -> Dataset:

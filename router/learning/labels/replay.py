@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import orjson
 
-from router.features.memo import Transcripts
+from router.features.memo import ConversationMemo
 from router.features.promptsize import PromptSizer
 from router.features.task.context import weak_label
 from router.features.tokens import TokenCounter
@@ -133,7 +133,7 @@ class Turn:
 def replay(t: Trajectory, shape: str, model: LabelModel, loop_threshold: int = 3) -> list[Turn]:
     """Every request of ``t`` through the proxy's path (parser, memo, switch signals, label)."""
     wire = WIRES[OPENAI_CHAT]
-    sizer = PromptSizer(TokenCounter(), Transcripts(_MEMO_BYTES))
+    sizer = PromptSizer(TokenCounter(), ConversationMemo(_MEMO_BYTES))
     out: list[Turn] = []
     for turn, raw in enumerate(requests(t, shape), 1):
         req = wire.parse(raw)

@@ -197,12 +197,3 @@ def _item(item: dict[str, Any]) -> list[Event]:
 def message_events(item: Any) -> list[Event]:
     """Tool calls and results of one message (or input item)."""
     return _item(item) if isinstance(item, dict) else []
-
-
-def tool_events(items: Any) -> list[Event]:
-    """Tool calls and results in conversation order."""
-    out: list[Event] = []
-    for item in items if isinstance(items, list | tuple) else ():
-        if isinstance(item, dict):
-            out.extend(_item(item))
-    return out

@@ -18,8 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.features.task import vector as taskfeatures
-from router.features.task.vector import Vector
+from router.features.task.vector import Vector, from_json, with_attempt
 from router.learning.labels.model import SOURCE as MODEL_SOURCE
 
 #: The weight of an inferred label that carries no calibrated probability (older hand-weighted
@@ -85,7 +84,7 @@ def build(
         if not task:
             continue
         if r.get("task_features") and task not in vectors:
-            vectors[task] = taskfeatures.from_json(r["task_features"])
+            vectors[task] = from_json(r["task_features"])
         by_attempt[(task, int(r.get("attempt") or 1))].append(r)
     labels: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
     for o in outcomes:
@@ -113,7 +112,7 @@ def build(
                 task_id=task,
                 attempt=attempt,
                 model=model,
-                vector=taskfeatures.with_attempt(vectors[task], attempt),
+                vector=with_attempt(vectors[task], attempt),
                 success=label[0],
                 label_source=label[1],
                 cost=sum(r.get("cost_usd") or 0.0 for r in reqs),

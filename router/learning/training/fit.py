@@ -25,7 +25,7 @@ from scipy import sparse
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 
-from router.features.task import vector as taskfeatures
+from router.features.task.vector import HASH_DIM, NUMERIC, schema
 from router.learning.training import pooled, taskeffect
 from router.learning.training.dataset import AttemptRow
 from router.policy.learned import FORMAT
@@ -45,7 +45,7 @@ def fit_model(
 
     ``shared`` is (shared weights, these rows' out-of-fold shared scores), when there is one.
     """
-    width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+    width = len(NUMERIC) + HASH_DIM
     y = np.array([r.success for r in rows], dtype=int)
     # Inferred labels count by their confidence; explicit outcomes fully (dataset.label_weight).
     w = np.array([r.weight for r in rows], dtype=np.float64)
@@ -77,12 +77,12 @@ def fit_model(
         weights[0] = _smoothed_logit(k, n)
         oof = np.full(n, 1 / (1 + math.exp(-weights[0])))
     costs = np.array([max(r.cost, 1e-6) for r in rows])
-    dense_numeric = x[:, : len(taskfeatures.NUMERIC)].toarray()
+    dense_numeric = x[:, : len(NUMERIC)].toarray()
     if n >= 3:
         ridge = Ridge(alpha=1.0, fit_intercept=False).fit(dense_numeric, np.log(costs))
         cost_weights = ridge.coef_
     else:
-        cost_weights = np.zeros(len(taskfeatures.NUMERIC))
+        cost_weights = np.zeros(len(NUMERIC))
         cost_weights[0] = float(np.log(costs).mean())
     params = {
         "weights": [round(float(w), 6) for w in weights],
@@ -99,7 +99,7 @@ def fit_model(
 def matrix(rows: Sequence[AttemptRow]) -> sparse.csr_matrix:
     """The rows' task vectors as a sparse matrix: the hashed text is sparse, and dense solvers
     are far slower on it (and oversubscribe BLAS threads on small machines)."""
-    width = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
+    width = len(NUMERIC) + HASH_DIM
     indptr, indices, values = [0], [], []
     for r in rows:
         for i, v in sorted(r.vector.items()):
@@ -139,7 +139,7 @@ def fit(rows: Sequence[AttemptRow], *, c: float = 0.5) -> dict[str, Any]:
     task_sd = taskeffect.estimate(pooled.task_groups(rows), p, y)
     return {
         "format": FORMAT,
-        "feature_schema": taskfeatures.schema(),
+        "feature_schema": schema(),
         "trained_at": time.time(),
         "data": {
             "attempts": len(rows),

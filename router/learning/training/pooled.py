@@ -18,7 +18,7 @@ from scipy import sparse
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
 
-from router.features.task import vector as taskfeatures
+from router.features.task.vector import NUMERIC
 from router.learning.training.dataset import AttemptRow
 
 #: Inverse regularisation strengths tried; the best out-of-fold log loss wins.
@@ -26,7 +26,7 @@ C_GRID = (0.02, 0.05, 0.2)
 FOLDS = 5
 #: Fewer distinct tasks than this and the score is left at zero (intercepts only).
 MIN_TASKS = 10
-_ATTEMPT = taskfeatures.NUMERIC.index("attempt")
+_ATTEMPT = NUMERIC.index("attempt")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from router.features.memo import Snapshot, Transcripts, common_prefix, same
+from router.features.memo import ConversationMemo, Snapshot, common_prefix, same
 
 
 def chat(n: int, seed: str = "") -> list[dict[str, Any]]:
@@ -29,7 +29,7 @@ def fresh(value: Any) -> Any:
 
 
 def test_a_growing_conversation_shares_its_whole_previous_request() -> None:
-    memo = Transcripts(10_000)
+    memo = ConversationMemo(10_000)
     first = chat(6)
     memo.remember("t", snapshot(first))
     nxt = fresh(first) + chat(2, seed=" new")
@@ -40,7 +40,7 @@ def test_a_growing_conversation_shares_its_whole_previous_request() -> None:
 
 
 def test_an_edited_history_shares_only_what_precedes_the_edit() -> None:
-    memo = Transcripts(10_000)
+    memo = ConversationMemo(10_000)
     memo.remember("t", snapshot(chat(6)))
     edited = chat(6)
     edited[3]["content"] = "rewritten"
@@ -50,7 +50,7 @@ def test_an_edited_history_shares_only_what_precedes_the_edit() -> None:
 
 
 def test_a_resent_request_is_a_repeat_and_a_changed_system_or_tools_is_not() -> None:
-    memo = Transcripts(10_000)
+    memo = ConversationMemo(10_000)
     tools = [{"name": "read", "input_schema": {"type": "object"}}]
     memo.remember("t", snapshot(chat(4), system="be brief", tools=tools))
     assert memo.match("t", chat(4), "be brief", fresh(tools)).repeat
@@ -80,7 +80,7 @@ def anthropic_turn(n: int) -> list[dict[str, Any]]:
 
 
 def test_the_cache_marker_moving_to_the_last_message_keeps_the_prefix() -> None:
-    memo = Transcripts(10_000)
+    memo = ConversationMemo(10_000)
     memo.remember("t", snapshot(anthropic_turn(5)))
     nxt = anthropic_turn(7)  # the marker left message 4 for message 6
     assert nxt[4] != memo.match("t", nxt, None, None).snapshot.messages[4]  # type: ignore[union-attr]
@@ -103,7 +103,7 @@ def test_same_ignores_only_cache_markers() -> None:
 
 
 def test_a_task_keeps_its_last_few_requests_and_the_longest_prefix_wins() -> None:
-    memo = Transcripts(100_000, per_key=3)
+    memo = ConversationMemo(100_000, per_key=3)
     main = chat(10)
     memo.remember("t", snapshot(main))
     side = [{"role": "user", "content": "write a title for this conversation"}]
@@ -117,7 +117,7 @@ def test_a_task_keeps_its_last_few_requests_and_the_longest_prefix_wins() -> Non
 
 
 def test_siblings_differing_in_their_last_message_still_find_an_older_repeat() -> None:
-    memo = Transcripts(100_000, per_key=4)
+    memo = ConversationMemo(100_000, per_key=4)
     base = chat(9)
     siblings = [[*base, {"role": "user", "content": f"retry {i}"}] for i in range(3)]
     for messages in siblings:  # the newest is "retry 2"
@@ -131,7 +131,7 @@ def test_siblings_differing_in_their_last_message_still_find_an_older_repeat() -
 
 
 def test_a_request_that_continues_another_replaces_it() -> None:
-    memo = Transcripts(100_000)
+    memo = ConversationMemo(100_000)
     first = snapshot(chat(4), weight=40)
     memo.remember("t", first)
     second = snapshot(chat(6), weight=60)
@@ -140,7 +140,7 @@ def test_a_request_that_continues_another_replaces_it() -> None:
 
 
 def test_memory_is_bounded_by_bytes_least_recently_used_first() -> None:
-    memo = Transcripts(1_000)
+    memo = ConversationMemo(1_000)
     for key in "abc":
         memo.remember(key, snapshot(chat(4, seed=key), weight=400))
     assert memo.bytes <= 1_000
@@ -156,7 +156,7 @@ def test_memory_is_bounded_by_bytes_least_recently_used_first() -> None:
 
 
 def test_one_task_alone_over_the_bound_keeps_its_newest_request() -> None:
-    memo = Transcripts(1_000)
+    memo = ConversationMemo(1_000)
     for i in range(3):
         memo.remember("t", snapshot(chat(4, seed=str(i)), weight=400))
     assert memo.bytes == 800 and len(memo) == 2
@@ -164,15 +164,15 @@ def test_one_task_alone_over_the_bound_keeps_its_newest_request() -> None:
 
 
 def test_zero_or_negative_bounds() -> None:
-    memo = Transcripts(0)
+    memo = ConversationMemo(0)
     memo.remember("t", snapshot(chat(2), weight=1))
     assert memo.match("t", chat(2), None, None).snapshot is None
     with pytest.raises(ValueError):
-        Transcripts(-1)
+        ConversationMemo(-1)
 
 
 def test_counts_filled_from_threads_while_requests_match() -> None:
-    memo = Transcripts(10_000_000)
+    memo = ConversationMemo(10_000_000)
     base = chat(200)
     snap = Snapshot(base, [None] * 200, None, None, None, None, 1_000)
     memo.remember("t", snap)

@@ -1,0 +1,130 @@
+"""A parsed request → its Features → the decision: one path for the proxy and ``/v1/route``.
+
+``decide`` sizes the prompt (``promptsize``), places the request in its task (``task.context``:
+attempt, pin, signed history, warm cache, budget left), builds the ``Features`` once and asks the
+request's runtime for a decision. ``preview`` is the same decision with nothing remembered: the
+conversation memo, the task tracker and the outcome log stay as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from router.background import Background
+from router.features.promptsize import INLINE_CHARS, PromptSize, PromptSizer
+from router.features.request import Features
+from router.features.task.context import TaskContext, TaskView
+from router.policy.decide import Decider, Decision
+from router.policy.runtime import Runtime
+from router.policy.scopes import scope_facts
+from router.protocols.common import ClientRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    features: Features
+    task: TaskView
+    decision: Decision
+    #: A short prompt part left to count exactly once the reply is out (``Pipeline.finish``).
+    unsettled: PromptSize | None = None
+    #: The conversation memo knew the prompt's leading messages.
+    remembered: bool = False
+    #: The prompt had to be counted exactly before deciding (the estimate's bounds mattered).
+    counted: bool = False
+    #: The task's arm when the policy has a control arm ("control" or "treated"), else None.
+    arm: str | None = None
+
+
+class Pipeline:
+    def __init__(self, sizer: PromptSizer, tasks: TaskContext, background: Background) -> None:
+        self.sizer = sizer
+        self.tasks = tasks
+        self.background = background
+
+    async def decide(
+        self, rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
+        attempt_header: str | None, body_bytes: int,
+    ) -> Decided:  # fmt: skip
+        """``key_id``: the caller's virtual key, if any; ``headers``: those rules may read (no
+        secrets); ``body_bytes``: the raw body's size, the memory the conversation memo charges for it."""
+        size = self.sizer.measure(req, task_id, body_bytes)
+        repo = headers.get("x-router-repo")
+        view = await self.tasks.enter(
+            rt.policy, req, task_id, attempt_header, size.tokens, repo, size.repeat, size.facts
+        )
+        feats = request_features(req, size.tokens, headers, view)
+        arm, decider = _decider(rt, req, task_id, key_id, headers)
+        unsettled = None
+        counted = not size.settled and decider.size_matters(feats, size.low, size.high)
+        if not size.settled:
+            if counted:
+                # A hard limit is never decided on a guess.
+                feats = replace(feats, prompt_tokens=self.sizer.settle(size))
+            elif size.pending_chars <= INLINE_CHARS:
+                unsettled = size  # counted once the reply is out, not while the client waits
+            else:
+                self.background.spawn_blocking(self.sizer.settle, size, name="count-tokens")
+        return Decided(feats, view, decider.decide(feats), unsettled, size.remembered > 0, counted, arm)
+
+    async def preview(
+        self, rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
+        attempt_header: str | None, body_bytes: int,
+    ) -> Decided:  # fmt: skip
+        """The decision ``decide`` would make now, on the exact prompt size, remembering nothing."""
+        size = self.sizer.measure(req, None, body_bytes)
+        if not size.settled:
+            self.sizer.settle(size)
+        repo = headers.get("x-router-repo")
+        view = await self.tasks.preview(rt.policy, req, task_id, attempt_header, size.tokens, repo)
+        feats = request_features(req, size.tokens, headers, view)
+        arm, decider = _decider(rt, req, task_id, key_id, headers)
+        return Decided(feats, view, decider.decide(feats), arm=arm)
+
+    def finish(self, rt: Runtime, decided: Decided, served_by: str | None, input_tokens: int | None) -> None:
+        """Once the request has ended: count what ``decide`` left for after the reply (for the
+        conversation's next turn), and pin the task to the backend that served its main-loop request."""
+        if decided.unsettled is not None:
+            self.sizer.settle(decided.unsettled)
+        if served_by is not None and not decided.task.side_call:
+            backend = rt.catalog[served_by]
+            self.tasks.served(
+                decided.task, backend.id, input_tokens or decided.features.prompt_tokens, backend.cache_ttl_s,
+                rt.policy.spec.tasks.abandon_after_s,
+            )  # fmt: skip
+
+
+def _decider(
+    rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str]
+) -> tuple[str | None, Decider]:
+    """The task's arm and the decider for it (the control arm's, a matching scope's, or the policy's)."""
+    return rt.arm_for(task_id, scope_facts(req, headers, key_id) if rt.scopes else None)
+
+
+def request_features(
+    req: ClientRequest, prompt_tokens: int, headers: Mapping[str, str], task: TaskView | None = None
+) -> Features:
+    """The request's features; without ``task``, those of a fresh task's first request."""
+    extra: dict[str, Any] = {}
+    if task is not None:
+        extra = {
+            "side_call": task.side_call, "task_vector": task.vector, "attempt": task.attempt,
+            "failed_models": task.failed_models, "pinned": task.pinned, "switch_reason": task.switch_reason,
+            "signed_history": task.signed_history, "task_budget_left": task.budget_left,
+            "warm_model": task.warm_model, "warm_tokens": task.warm_tokens,
+        }  # fmt: skip
+    return Features(
+        protocol=req.protocol,
+        requested_model=req.model,
+        prompt_tokens=prompt_tokens,
+        max_output_tokens=req.max_output_tokens,
+        tools=bool(req.tools),
+        n_tools=len(req.tools),
+        thinking=req.thinking,
+        vision=req.vision,
+        stream=req.stream,
+        n_messages=len(req.messages),
+        headers=headers,
+        **extra,
+    )

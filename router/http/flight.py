@@ -1,0 +1,110 @@
+"""One proxied request on its way: what each stage returned, and the log record made from it.
+
+The stages (auth, parse, the feature pipeline, admission, execution, accounting) return values;
+the proxy keeps them in the request's ``Flight`` and, when the request has ended however it
+ended, ``record`` assembles the one log row from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from router.features.pipeline import Decided
+from router.features.task.vector import to_json
+from router.forward.accounting import Charge
+from router.forward.execute import Execution
+from router.policy.runtime import Runtime
+from router.protocols import ClientRequest
+from router.state import Reservation
+from router.store.records import RequestRecord
+from router.telemetry.phases import Phases
+
+
+@dataclass(slots=True)
+class Flight:
+    request_id: str
+    ts: float
+    protocol: str
+    endpoint: str
+    client: str | None
+    #: The runtime snapshot the request was admitted with, used to its end.
+    rt: Runtime
+    key_id: str | None = None
+    req: ClientRequest | None = None
+    #: The prompt as logged, when the operator opted in (taken before any backend saw the body).
+    prompt: str | None = None
+    task_id: str | None = None
+    decided: Decided | None = None
+    held: Reservation | None = None
+    execution: Execution | None = None
+    charge: Charge | None = None
+    status: int | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    closed: bool = False
+
+    @property
+    def stream(self) -> bool:
+        return self.req is not None and self.req.stream
+
+    @property
+    def model(self) -> str | None:
+        """The backend that served (or was tried last); before any try, the one chosen."""
+        if self.execution is not None and self.execution.backend is not None:
+            return self.execution.backend.id
+        return self.decided.decision.chosen if self.decided is not None else None
+
+    def ended(self, status: int, error_type: str | None = None, error_message: str | None = None) -> None:
+        self.status, self.error_type, self.error_message = status, error_type, error_message
+
+
+def prompt_text(req: ClientRequest) -> str:
+    return orjson.dumps({"system": req.system, "messages": req.messages}).decode()
+
+
+def record(f: Flight, phases: Phases) -> RequestRecord:
+    """The request's log row, from what its stages returned."""
+    rec = RequestRecord(
+        request_id=f.request_id, ts=f.ts, protocol=f.protocol, endpoint=f.endpoint, client=f.client,
+        key_id=f.key_id, task_id=f.task_id, chosen_model=f.model, status=f.status,
+        error_type=f.error_type, error_message=f.error_message, prompt=f.prompt,
+    )  # fmt: skip
+    for name, value in phases.summary().items():
+        setattr(rec, name, value)
+    if (req := f.req) is not None:
+        rec.requested_model, rec.stream = req.model, req.stream
+        rec.temperature, rec.top_p, rec.max_tokens = req.temperature, req.top_p, req.max_output_tokens
+        rec.reasoning_effort, rec.thinking_budget = req.reasoning_effort, req.thinking_budget
+        rec.tools_sha256, rec.system_sha256 = req.tools_sha256(), req.system_sha256()
+        rec.n_messages, rec.n_tools = len(req.messages), len(req.tools)
+    if (decided := f.decided) is not None:
+        task, feats, decision = decided.task, decided.features, decided.decision
+        rec.attempt, rec.side_call = task.attempt, task.side_call
+        if task.new_vector and task.vector is not None:
+            rec.task_features, rec.repo = to_json(task.vector), task.repo
+        rec.prompt_tokens_est = feats.prompt_tokens
+        rec.policy_revision, rec.arm = f.rt.revision, decided.arm
+        logged = f.rt.logged_headers
+        if logged:
+            rec.rule_headers = {h: v for h in logged if (v := feats.headers.get(h)) is not None}
+        rec.decision_id, rec.policy = decision.decision_id, decision.policy
+        rec.decision_reason, rec.propensity = decision.reason, decision.propensity
+        rec.candidates = [e.as_dict() for e in decision.candidates]
+        est = decision.estimate(decision.chosen)
+        rec.cost_est_usd = est.cost_usd if est else None
+    if (ex := f.execution) is not None:
+        rec.tries = [t.as_dict(phases.arrival) for t in ex.tries]
+        if ex.backend is not None:  # known before the call: a failed request keeps its backend
+            rec.backend_model = ex.backend.litellm_model
+    if (c := f.charge) is not None:
+        u, split = c.usage, c.split
+        rec.provider_model, rec.usage_estimated = u.provider_model, c.estimated
+        rec.response_id, rec.finish_reasons = u.response_id, u.finish_reasons or None
+        rec.input_tokens, rec.output_tokens = u.input_tokens, u.output_tokens
+        rec.cache_read_tokens, rec.cache_write_tokens = u.cache_read_tokens, u.cache_write_tokens
+        rec.reasoning_tokens = u.reasoning_tokens
+        rec.cost_usd, rec.cost_input_usd, rec.cost_output_usd = split.total, split.input, split.output
+        rec.cost_cache_read_usd, rec.cost_cache_write_usd = split.cache_read, split.cache_write
+    return rec

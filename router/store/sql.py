@@ -1,0 +1,80 @@
+"""The log store's queries, written once for both SQL databases.
+
+A backend supplies three primitives on its own connection handling — ``_write`` (rows in one
+transaction; ``StoreDataError`` when the rows themselves are refused), ``_fetch`` (rows of a
+query) and ``_execute`` (a statement's row count) — and its dialect; everything else is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from router.store import schema
+from router.store.records import KeyRecord, OutcomeRecord, RequestRecord
+
+
+class SQLStore:
+    dialect: schema.Dialect
+
+    def __init__(self) -> None:
+        self._insert_requests = schema.insert_requests_sql(self.dialect)
+        self._upsert_outcome = schema.upsert_outcome_sql(self.dialect)
+
+    async def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        raise NotImplementedError
+
+    async def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    async def _execute(self, sql: str, params: tuple[Any, ...]) -> int:
+        raise NotImplementedError
+
+    async def _select(
+        self, table: schema.Table, where: str | None, param: Any, order: str, op: str = "="
+    ) -> list[dict[str, Any]]:
+        sql = schema.select_sql(table, self.dialect, where=where, order=order, op=op)
+        return [schema.decode_row(table, row) for row in await self._fetch(sql, (param,) if where else ())]
+
+    async def write_requests(self, records: Sequence[RequestRecord]) -> None:
+        await self.write_rows([schema.encode_request(r) for r in records])
+
+    async def write_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if rows:
+            await self._write(self._insert_requests, list(rows))
+
+    async def write_outcome(self, rec: OutcomeRecord) -> None:
+        await self._write(self._upsert_outcome, [schema.encode_outcome(rec)])
+
+    async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
+        return await self._select(schema.REQUESTS, "task_id", task_id, "ts, request_id")
+
+    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
+        return await self._select(schema.OUTCOMES, "task_id", task_id, "attempt, source")
+
+    async def requests_since(self, ts: float) -> list[dict[str, Any]]:
+        return await self._select(schema.REQUESTS, "ts", ts, "ts, request_id", op=">=")
+
+    async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
+        return await self._select(schema.OUTCOMES, "ts", ts, "ts", op=">=")
+
+    async def spend_by(self, column: str) -> dict[str, float]:
+        return {str(k): float(v) for k, v in await self._fetch(schema.spend_sql(column))}
+
+    async def spend_of(self, column: str, value: str) -> float:
+        rows = await self._fetch(schema.spend_sql(column, self.dialect), (value,))
+        return float(rows[0][1]) if rows else 0.0
+
+    async def create_key(self, rec: KeyRecord) -> None:
+        await self._write(schema.insert_key_sql(self.dialect), [schema.encode_key(rec)])
+
+    async def get_key_by_hash(self, key_hash: str) -> KeyRecord | None:
+        rows = await self._fetch(schema.select_sql(schema.KEYS, self.dialect, where="key_hash"), (key_hash,))
+        return schema.decode_key(rows[0]) if rows else None
+
+    async def list_keys(self) -> list[KeyRecord]:
+        rows = await self._fetch(schema.select_sql(schema.KEYS, self.dialect, order="created_at, key_id"))
+        return [schema.decode_key(r) for r in rows]
+
+    async def revoke_key(self, key_id: str, ts: float) -> bool:
+        return await self._execute(schema.revoke_key_sql(self.dialect), (ts, key_id)) > 0

@@ -1,0 +1,109 @@
+"""The tree's layering: no import cycles (type-only and function-level imports included), and
+the assembly (``router.app``) is imported by nothing below it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the router modules it imports anywhere in its text."""
+    files = {}
+    for path in (ROOT / "router").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        files[".".join(parts)] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                targets += [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+        graph[module] = {r for t in targets if (r := resolve(t)) and r != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_only_the_assembly_knows_the_app() -> None:
+    graph = import_graph()
+    upward = {m: sorted(t for t in ts if t.startswith("router.app")) for m, ts in graph.items()}
+    assert {m: ts for m, ts in upward.items() if ts and not m.startswith("router.app")} == {}
+
+
+def test_telemetry_and_the_lower_half_never_import_the_http_layer() -> None:
+    graph = import_graph()
+    lower = ("router.telemetry", "router.policy", "router.forward", "router.store", "router.state",
+             "router.protocols", "router.features", "router.learning")  # fmt: skip
+    bad = {
+        m: sorted(t for t in ts if t.startswith("router.http"))
+        for m, ts in graph.items()
+        if m.startswith(lower)
+    }
+    assert {m: ts for m, ts in bad.items() if ts} == {}
