@@ -135,7 +135,7 @@ def register(
 
     @app.post("/v1/outcomes", tags=["outcomes"])
     async def outcomes(request: Request) -> Response:
-        return await post_outcome(request, auth, tracker, store)
+        return await post_outcome(request, auth, tracker, store, runtime.current)
 
 
 def _proxied(proxy: Proxy, protocol: str) -> Callable[[Request], Awaitable[Response]]:

@@ -5,11 +5,18 @@
 earlier one. Signals the router reads from the conversation (test summaries, exit codes,
 loops) are stored beside it with their own source; at training time an explicit outcome
 overrides every weak label.
+
+A failure is answered with what the learned policy recommends next (``next``): another attempt,
+on which model, with what chance of completing the task and at what expected cost — or stop,
+when the next attempt is expected to be worth less than it costs (``LearnedScorer.recommend``).
+A harness (CI, a batch runner) can ask this; if it retries anyway, the router serves the best
+plan that remains. Without a learned policy, or without the task's features, ``next`` is null.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -17,10 +24,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.errors import ConfigError, RouterError, TaskNotFound, Unprocessable
+from router.features.task import vector as taskfeatures
 from router.features.task.identity import scoped
-from router.features.task.tracker import TaskTracker
+from router.features.task.tracker import TaskState, TaskTracker
 from router.http.auth import Auth
 from router.http.replies import error_reply, json_reply
+from router.policy.learned import LearnedScorer
+from router.policy.runtime import Runtime
 from router.protocols.common import load_json, validation_message
 from router.store import Store, mask_url
 from router.store.records import OutcomeRecord
@@ -39,7 +49,10 @@ class OutcomeIn(BaseModel):
     details: dict[str, Any] | None = None
 
 
-async def post_outcome(request: Request, auth: Auth, tracker: TaskTracker, store: Store) -> Response:
+async def post_outcome(
+    request: Request, auth: Auth, tracker: TaskTracker, store: Store, runtime: Runtime
+) -> Response:
+    """``runtime``: the policy in force, for the recommendation that answers a failure."""
     try:
         principal = await auth.check(request)
         body = load_json(await request.body())
@@ -65,7 +78,34 @@ async def post_outcome(request: Request, auth: Auth, tracker: TaskTracker, store
         tracker.outcome(out.task_id, attempt, out.success)
     except RouterError as err:
         return error_reply(err)
-    return json_reply({"task_id": out.task_id, "attempt": attempt, "success": out.success, "recorded": True})
+    result: dict[str, Any] = {"task_id": out.task_id, "attempt": attempt, "success": out.success, "recorded": True}
+    if not out.success:
+        known = _known(state, rows, attempt)
+        scorer = runtime.arm_for(out.task_id)[1].scorer
+        if known is None or not isinstance(scorer, LearnedScorer):
+            result["next"] = None
+        else:
+            vec, failed = known
+            models = [m for m in runtime.policy.models if m in scorer.artifact.models]
+            result["next"] = scorer.recommend(vec, models, attempt=attempt + 1, failed=failed).as_dict()
+    return json_reply(result)
+
+
+def _known(
+    state: TaskState | None, rows: list[dict[str, Any]], attempt: int
+) -> tuple[Mapping[int, float], list[str]] | None:
+    """The task's vector and the models that failed it up to ``attempt``, from memory or the log."""
+    if state is not None and state.vector is not None:
+        failed = list(state.failed_models)
+        if state.pinned and state.attempt == attempt and state.pinned not in failed:
+            failed.append(state.pinned)
+        return state.vector, failed
+    rows = [r for r in rows if not r.get("side_call") and r.get("chosen_model")]
+    features = next((r["task_features"] for r in rows if r.get("task_features")), None)
+    if features is None:
+        return None
+    failed = list(dict.fromkeys(r["chosen_model"] for r in rows if (r.get("attempt") or 1) <= attempt))
+    return taskfeatures.from_json(features), failed
 
 
 async def record_outcome(

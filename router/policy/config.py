@@ -138,13 +138,49 @@ class Exploration(_Strict):
 
 
 class ObjectiveSpec(_Strict):
-    """What the learned policy optimises: cost per completed task, within these constraints."""
+    """What the learned policy optimises: ``value · P(success) − E[cost]`` per task, stopping
+    when another attempt is worth less than it costs.
+
+    The value of a completed task is given (``value_per_completed_usd``) or found by ``router train``
+    as the one at which the policy completes ``target_success`` of the training tasks. With
+    neither, each task is valued at its own least cost per completed task (never stops).
+    """
 
     max_attempts: int = Field(default=3, ge=1, le=10)
+    value_per_completed_usd: float | None = Field(default=None, gt=0)
+    #: A fleet-wide share of tasks completed (not a per-task floor).
+    target_success: float | None = Field(default=None, gt=0, lt=1)
+    #: Deprecated: read as target_success, with a warning saying so.
     min_success: float | None = Field(default=None, ge=0, le=1)
     #: Per-task budget in USD; as it runs out the plan steps down to cheaper models.
     max_cost_per_task: float | None = Field(default=None, gt=0)
     exploration: Exploration = Exploration()
+
+    @model_validator(mode="after")
+    def _one_value(self) -> ObjectiveSpec:
+        given = [
+            n
+            for n in ("value_per_completed_usd", "target_success", "min_success")
+            if getattr(self, n) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"give one of value_per_completed_usd, target_success (got {' and '.join(given)})"
+            )
+        return self
+
+    @property
+    def target(self) -> float | None:
+        return self.target_success if self.target_success is not None else self.min_success
+
+
+#: What an old file's ``min_success`` becomes, and why.
+MIN_SUCCESS_DEPRECATED = (
+    "objective.min_success is deprecated: it was applied per task, where after one failure it buys "
+    "expensive escalation; it is read as objective.target_success: {v:g} (the share of all tasks "
+    "completed, calibrated by `router train`). Write `target_success: {v:g}` or "
+    "`value_per_completed_usd: <USD a completed task is worth>` instead"
+)
 
 
 class TasksSpec(_Strict):
@@ -266,6 +302,10 @@ class Policy:
         self.routes = spec.routes
         self.defaults = spec.defaults
         self.objective = spec.objective
+        #: Things the operator should change, for the loader to log.
+        self.warnings: list[str] = []
+        if spec.objective.min_success is not None:
+            self.warnings.append(f"{source}: " + MIN_SUCCESS_DEPRECATED.format(v=spec.objective.min_success))
         self.learned_path = (
             (Path(source).parent / spec.learned.artifact).resolve() if spec.learned is not None else None
         )

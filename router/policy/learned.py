@@ -2,9 +2,11 @@
 
 The artifact is JSON: per model, logistic weights over the task features (``router.features.task.vector``)
 with a Platt calibration for P(success), and a log-linear model of an attempt's cost. It records
-its feature schema, the data it was trained on and its metrics. The policy file pins it by
-sha256; a changed file or a different feature schema is refused with an error saying which.
-Nothing is unpickled, ever.
+its feature schema, the data it was trained on, its metrics and the value curve (what share of
+the training tasks the policy expects to complete at each value of a completed task), from which
+a policy's ``target_success`` becomes a value. The policy file pins it by sha256; a changed file,
+an older format or a different feature schema is refused with an error saying which. Nothing is
+unpickled, ever.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from router.features.request import Features
 from router.features.task.vector import HASH_DIM, NUMERIC, arrays, dot, schema, with_attempt
 from router.policy.plan import Option, Plan, best_plan
 
-FORMAT = "router-learned/1"
+FORMAT = "router-learned/2"
 #: Calls in an agent attempt, assumed for a model the log has not seen yet.
 TYPICAL_CALLS = 20
 #: Plans remembered per scorer (one per task attempt in flight is enough; entries are small).
@@ -60,6 +62,23 @@ class Artifact:
     meta: dict[str, Any] = field(default_factory=dict)
     #: Spread of the unseen per-task difficulty on the logit scale (0: failures independent).
     task_sd: float = 0.0
+    #: max_attempts → ((value, expected share of training tasks completed), ...), value ascending.
+    value_curves: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+
+    def value_for(self, target_success: float, max_attempts: int) -> float:
+        """The least value of a completed task at which the policy expects to complete
+        ``target_success`` of the training tasks (the largest value tried if none reaches it)."""
+        curve = self.value_curves.get(max_attempts)
+        if not curve:
+            known = ", ".join(map(str, sorted(self.value_curves))) or "none"
+            raise ConfigError(
+                f"objective.target_success: the artifact has no value curve for max_attempts={max_attempts} "
+                f"(it has: {known}); retrain with `router train --config` this policy"
+            )
+        for value, success in curve:
+            if success >= target_success:
+                return value
+        return curve[-1][0]
 
     def expected_output(self, model: str, prompt_tokens: int) -> int | None:
         """The median output tokens of a call, learned from the log (None: no history)."""
@@ -82,7 +101,13 @@ class Artifact:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise ConfigError(f"{source}: not JSON: {exc}") from None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        if isinstance(obj, dict) and str(obj.get("format", "")).startswith("router-learned/"):
+            if obj["format"] != FORMAT:
+                raise ConfigError(
+                    f"{source}: artifact format {obj['format']!r}, this router reads {FORMAT!r} "
+                    "(per-model task terms and a value curve); retrain with `router train`"
+                )
+        else:
             raise ConfigError(f"{source}: not a learned-policy artifact (format {FORMAT!r} expected)")
         if obj.get("feature_schema") != schema():
             raise ConfigError(
@@ -108,7 +133,8 @@ class Artifact:
         task_sd = obj.get("task_effect_sd", 0.0)
         if not isinstance(task_sd, int | float) or not 0 <= task_sd <= 10:
             raise ConfigError(f"{source}: task_effect_sd: expected a number in [0, 10], got {task_sd!r}")
-        return cls(digest, models, obj["feature_schema"], meta, float(task_sd))
+        curves = _value_curves(obj.get("value_curve"), source)
+        return cls(digest, models, obj["feature_schema"], meta, float(task_sd), curves)
 
     @functools.cached_property
     def arrays(self) -> _Arrays:
@@ -155,15 +181,47 @@ class _Arrays:
 
 @dataclass(frozen=True, slots=True)
 class Objective:
-    """The knobs of the objective, from the policy file."""
+    """The knobs of the objective, from the policy file; ``value`` is USD per completed task
+    (given, or calibrated from a target), None for each task's least cost per completed task."""
 
     max_attempts: int = 3
-    min_success: float | None = None
+    value: float | None = None
     max_cost_per_task: float | None = None
 
 
+def _value_curves(raw: Any, source: str) -> dict[int, tuple[tuple[float, float], ...]]:
+    if raw is None:
+        return {}
+    try:
+        curves = {
+            int(k): tuple(sorted((float(v), float(s)) for v, s, *_ in points)) for k, points in raw.items()
+        }
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigError(
+            f"{source}: value_curve: expected {{max_attempts: [[value, success, cost], ...]}}"
+        ) from None
+    return curves
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    """What the policy recommends after a failed attempt: another one (on ``model``), or stop."""
+
+    retry: bool
+    model: str | None
+    #: Of the plan from here: the chance the task still gets done, and what that costs on average.
+    expected_success: float
+    expected_cost_usd: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"retry": self.retry, "model": self.model, "expected_success": round(self.expected_success, 4),
+                "expected_cost_usd": round(self.expected_cost_usd, 6)}  # fmt: skip
+
+
 class LearnedScorer:
-    """Orders candidates by the plan with the least expected cost per completed task."""
+    """Orders candidates by the plan worth most under the objective (the first model of that plan
+    first). A request that arrives when stopping was recommended is served by the best plan anyway:
+    the client decided to try again."""
 
     def __init__(self, artifact: Artifact, objective: Objective, memory: int = PLAN_MEMORY) -> None:
         self.artifact = artifact
@@ -237,11 +295,23 @@ class LearnedScorer:
             opts,
             attempts_left=max(1, obj.max_attempts - attempt + 1),
             already_failed=failed,
-            min_success=obj.min_success,
+            value=obj.value,
             budget=budget if budget is not None else obj.max_cost_per_task,
             task_sd=self.artifact.task_sd,
         )
         return plan, tuple(opts)
+
+    def recommend(
+        self, vec: Mapping[int, float], models: Sequence[str], *, attempt: int, failed: Sequence[str],
+        budget: float | None = None,
+    ) -> Next:  # fmt: skip
+        """After ``attempt - 1`` attempts failed on ``failed``: is attempt ``attempt`` worth making?"""
+        if attempt > self.objective.max_attempts:
+            return Next(False, None, 0.0, 0.0)
+        plan, _ = self.plan(vec, models, attempt=attempt, failed=failed, budget=budget)
+        if not plan.worth_trying(self.objective.value):
+            return Next(False, None, 0.0, 0.0)
+        return Next(True, plan.models[0], plan.success, plan.expected_cost)
 
     def rank(self, features: Features, estimates: list[Any]) -> tuple[list[Any], float, str]:
         from router.policy.decide import CheapestScorer

@@ -1,4 +1,4 @@
-"""The objective: the plan with the least expected cost per completed task. Pure arithmetic.
+"""The objective: the plan worth most, ``V · success − cost``. Pure arithmetic.
 
 For a candidate m, ``p_m`` is the probability an attempt on m succeeds and ``c_m`` the expected
 cost of that attempt. A plan is the sequence of models tried, one attempt each, until one
@@ -7,9 +7,13 @@ succeeds or the retry limit is reached:
     cost(plan)    = Σ_k c_k · Π_{j<k} (1 - p_j)
     success(plan) = 1 - Π_k (1 - p_k)
 
-and the quantity minimised is ``cost / success``: the money spent per task that gets done,
-failed attempts included. Plans are enumerated exactly (a handful of candidates, a retry
-limit of two or three), subject to a success floor and a budget.
+and what it is worth is ``V · success − cost``, with ``V`` what a completed task is worth to the
+operator (``value_per_completed_usd``, or the value at which the fleet meets a success target,
+calibrated on training data). Stopping is a plan too: it is worth 0, so another attempt is made
+only when its expected gain beats its cost (``Plan.gain``). Without a value, each task is valued
+at its own least cost per completed task (the cheapest plan per success, which never stops).
+Plans are enumerated exactly (a handful of candidates, a retry limit of two or three), within a
+per-task budget.
 
 Failures of one task are not independent: a task one model failed is likely harder for the next.
 With a task effect (``task_sd`` > 0, learned with the artifact), each task has an unseen
@@ -52,6 +56,13 @@ class Plan:
     def cost_per_completed(self) -> float:
         return self.expected_cost / self.success if self.success > 0 else float("inf")
 
+    def gain(self, value: float | None) -> float:
+        """What the plan is worth beyond stopping now; without a value, any plan is worth making."""
+        return math.inf if value is None else value * self.success - self.expected_cost
+
+    def worth_trying(self, value: float | None) -> bool:
+        return self.gain(value) > 0
+
 
 def evaluate(options: Sequence[Option], already_failed: Sequence[str] = (), task_sd: float = 0.0) -> Plan:
     """The expected cost and success of trying ``options`` in order."""
@@ -77,15 +88,15 @@ def best_plan(
     *,
     attempts_left: int,
     already_failed: Sequence[str] = (),
-    min_success: float | None = None,
+    value: float | None = None,
     budget: float | None = None,
     allow_repeats: bool = True,
     task_sd: float = 0.0,
 ) -> Plan:
-    """The plan of at most ``attempts_left`` attempts with the least cost per completed task.
+    """The plan of one to ``attempts_left`` attempts worth most (``value · success − cost``).
 
-    With a success floor, only plans that reach it qualify; if none does, the plan with the
-    highest success wins (the floor is a goal, not a reason to refuse work). With a budget,
+    Stopping is the alternative: when the plan returned is not ``worth_trying(value)``, no
+    attempt is. Without a value, the plan with the least cost per completed task. With a budget,
     plans whose expected cost exceeds it are dropped while any fits — a nearly spent budget
     steps down to cheaper models instead of failing.
     """
@@ -96,10 +107,26 @@ def best_plan(
     options = shortlist(options)
     rows = _sequences(len(options), max(1, attempts_left), allow_repeats)
     cost, success = _score(options, rows, already_failed, task_sd, failed_options)
-    i = _choose(cost, success, rows.lengths, budget, min_success)
+    i = _choose(cost, success, rows.lengths, budget, value)
     return Plan(
         tuple(options[j].model for j in rows.index[i, : rows.lengths[i]]), float(cost[i]), float(success[i])
     )
+
+
+def outcomes_by_value(
+    options: Sequence[Option], values: np.ndarray, *, attempts_left: int, task_sd: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(expected success, expected cost) of the plan ``best_plan`` makes at each value, 0 where it
+    stops: every plan is scored once, then chosen for every value at once (for calibrating a target)."""
+    options = shortlist(options)
+    rows = _sequences(len(options), max(1, attempts_left), True)
+    cost, success = _score(options, rows, (), task_sd, ())
+    # Rounded as _choose rounds; ties go to the shorter, then cheaper, plan (lexsort's order).
+    order = np.lexsort((rows.lengths, cost))
+    worth = np.round(values[:, None] * success[None, order] - cost[None, order], 12)
+    best = order[np.argmax(worth, axis=1)]
+    go = worth.max(axis=1) > 0
+    return np.where(go, success[best], 0.0), np.where(go, cost[best], 0.0)
 
 
 @dataclass(frozen=True)
@@ -180,23 +207,20 @@ def _choose(
     success: np.ndarray,
     lengths: np.ndarray,
     budget: float | None,
-    min_success: float | None,
+    value: float | None,
 ) -> int:
-    """The row ``best_plan`` picks; among equal keys the first enumerated, as ``min``/``max`` would."""
+    """The row ``best_plan`` picks; among equal keys the shortest, then the cheapest, then the first."""
     ok = np.ones(len(cost), dtype=bool) if budget is None else cost <= budget
     if not ok.any():  # nothing within the budget: the cheapest plan
         return int(np.argmin(cost))
-    if min_success is not None:
-        meeting = ok & (success >= min_success)
-        if not meeting.any():  # nothing reaches the success floor: the most likely to succeed
-            rows = np.flatnonzero(ok)
-            # Orders of the same models succeed equally but for rounding: the cheapest order wins.
-            return int(rows[np.lexsort((cost[rows], -np.round(success[rows], 12)))[0]])
-        ok = meeting
     rows = np.flatnonzero(ok)
     s, c = success[rows], cost[rows]
-    per_completed = np.divide(c, s, out=np.full(len(rows), np.inf), where=s > 0)
-    return int(rows[np.lexsort((lengths[rows], c, per_completed))[0]])
+    if value is not None:
+        # Rounded, so that orders of the same models (equal but for rounding) tie on worth.
+        key = -np.round(value * s - c, 12)
+    else:
+        key = np.divide(c, s, out=np.full(len(rows), np.inf), where=s > 0)
+    return int(rows[np.lexsort((lengths[rows], c, key))[0]])
 
 
 def shortlist(options: Sequence[Option], k: int = 7) -> Sequence[Option]:

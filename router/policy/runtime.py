@@ -100,13 +100,19 @@ def scorer_for(policy: Policy, raw: bytes | None = None) -> Scorer | None:
     unknown = sorted(set(artifact.models) - set(policy.models))
     if unknown:
         log.warning("learned artifact knows models not in the catalog (ignored): %s", ", ".join(unknown))
-    o = spec.objective
-    objective = Objective(
-        max_attempts=o.max_attempts,
-        min_success=o.min_success,
-        max_cost_per_task=o.max_cost_per_task,
-    )
-    return LearnedScorer(artifact, objective)
+    return LearnedScorer(artifact, objective_for(policy, artifact))
+
+
+def objective_for(policy: Policy, artifact: Artifact) -> Objective:
+    """The policy's objective, its target (if any) turned into a value with the artifact's curve."""
+    o = policy.spec.objective
+    value = o.value_per_completed_usd
+    if o.target is not None:
+        try:
+            value = artifact.value_for(o.target, o.max_attempts)
+        except ConfigError as exc:
+            raise ConfigError(f"{policy.source}: {exc}") from None
+    return Objective(max_attempts=o.max_attempts, value=value, max_cost_per_task=o.max_cost_per_task)
 
 
 def load_runtime(path: str | Path, lookup: PriceLookup | None = None) -> Runtime:
@@ -125,6 +131,8 @@ def build_runtime(
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text: {exc}") from None
     policy = parse_policy(decoded, source=source, env=os.environ)
+    for warning in policy.warnings:
+        log.warning("%s", warning)
     if policy.learned_path is not None and policy.spec.learned is not None:
         policy.learned_path = (path.parent / policy.spec.learned.artifact).resolve()
     artifact = _read(policy.learned_path, "learned artifact") if policy.learned_path is not None else None

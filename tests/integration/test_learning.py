@@ -108,6 +108,7 @@ def run_task(router: RunningRouter, text: str, hard: bool, task_id: str) -> tupl
         assert r.status_code == 200, r.text
         if ok:
             return True, 2 * attempt
+        assert "next" in r.json(), r.json()  # a failure is answered with a recommendation (or null)
     return False, 6
 
 
@@ -163,6 +164,28 @@ def test_learning_lowers_cost_per_completed_task(
     assert by_model["large"]["p_success"] > by_model["nano"]["p_success"]
     assert {"p_success", "attempt_cost_usd", "cost_per_completed_usd"} <= set(by_model["nano"])
     assert route["chosen"] == "large", route
+
+    # A harness asks after a failure whether another attempt is worth it, and on which model.
+    task = "next-after-failure"
+    client = openai.OpenAI(
+        base_url=learned_router.url + "/v1", api_key="agent-key", max_retries=0, timeout=20
+    )
+    first = client.chat.completions.with_raw_response.create(
+        model="auto", messages=hard_body["messages"], tools=[BASH], extra_headers={"x-router-task-id": task}
+    )
+    tried = first.headers["x-router-model"]
+    r = httpx.post(
+        learned_router.url + "/v1/outcomes", json={"task_id": task, "success": False, "attempt": 1}
+    )
+    nxt = r.json()["next"]
+    assert nxt["retry"] is True and nxt["model"] in {"nano", "mini", "large"}, nxt
+    assert 0 < nxt["expected_success"] <= 1 and nxt["expected_cost_usd"] > 0, nxt
+    # The recommendation is the one the router then serves for the next attempt.
+    again = client.chat.completions.with_raw_response.create(
+        model="auto", messages=hard_body["messages"], tools=[BASH],
+        extra_headers={"x-router-task-id": task, "x-router-attempt": "2"},
+    )  # fmt: skip
+    assert again.headers["x-router-model"] == nxt["model"], (tried, nxt)
 
     # 4. Fresh tasks of the same kind: the learned policy against the starting one (no exploration).
     cheapest_router = router_factory(baseline_policy)

@@ -144,3 +144,18 @@ def test_committed_schema_is_current_and_every_shipped_policy_points_at_it_and_p
     typo = yaml.safe_load((ROOT / "policies/examples/local.yaml").read_text())
     typo["models"][0]["context_windw"] = 1
     assert list(validator.iter_errors(typo))  # the editor flags what the router would refuse
+
+
+def test_objective_takes_a_value_or_a_target_and_reads_old_floors_as_targets() -> None:
+    assert (
+        parse(BASE + "objective: {value_per_completed_usd: 0.5}\n").objective.value_per_completed_usd == 0.5
+    )
+    assert parse(BASE + "objective: {target_success: 0.8}\n").objective.target == 0.8
+    with pytest.raises(ConfigError, match="give one of value_per_completed_usd, target_success"):
+        parse(BASE + "objective: {target_success: 0.8, value_per_completed_usd: 1}\n")
+    old = parse(BASE + "objective: {min_success: 0.7}\n")
+    assert old.objective.target == 0.7
+    [warning] = old.warnings
+    assert "p.yaml: objective.min_success is deprecated" in warning
+    assert "Write `target_success: 0.7`" in warning and "value_per_completed_usd" in warning
+    assert parse(BASE).warnings == []

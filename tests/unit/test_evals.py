@@ -18,7 +18,7 @@ from router.learning.evals import baselines as bl
 from router.learning.evals import deploy, loader, runner
 from router.learning.evals.loader import DataError, Dataset
 from router.learning.evals.metrics import combine, summarize
-from router.learning.evals.simulate import replay
+from router.learning.evals.simulate import Verifier, replay
 from router.learning.training import dataset, taskeffect
 from router.policy.plan import Option, best_plan, evaluate
 
@@ -189,17 +189,53 @@ def test_cascades_are_chosen_by_cost_per_completed_under_a_floor(tiny: Dataset) 
     assert bl.best_cascade(cands, floor=0.9).models == ("cheap", "strong")
 
 
-def test_combine_means_and_spreads() -> None:
+def test_combine_pools_ratios_over_folds() -> None:
     folds = [
-        {"tasks": 2, "resolved_rate": 0.5, "cost_per_task": 1.0, "cost_per_completed": 2.0, "mean_attempts": 1.0,
-         "share_of_calls": {"a": 1.0}, "share_of_attempts": {"a": 1.0}},
-        {"tasks": 2, "resolved_rate": 1.0, "cost_per_task": 3.0, "cost_per_completed": 3.0, "mean_attempts": 2.0,
-         "share_of_calls": {"a": 0.0}, "share_of_attempts": {"a": 0.5}},
+        {"tasks": 4, "resolved": 1, "cost": 4.0, "resolved_rate": 0.25, "cost_per_task": 1.0,
+         "cost_per_completed": 4.0, "mean_attempts": 1.0, "share_of_calls": {"a": 1.0}, "share_of_attempts": {"a": 1.0}},
+        {"tasks": 4, "resolved": 3, "cost": 12.0, "resolved_rate": 0.75, "cost_per_task": 3.0,
+         "cost_per_completed": 4.0, "mean_attempts": 2.0, "share_of_calls": {"a": 0.0}, "share_of_attempts": {"a": 0.5}},
+        {"tasks": 2, "resolved": 2, "cost": 2.0, "resolved_rate": 1.0, "cost_per_task": 1.0,
+         "cost_per_completed": 1.0, "mean_attempts": 1.0, "share_of_calls": {"a": 0.5}, "share_of_attempts": {"a": 1.0}},
     ]  # fmt: skip
     m = combine(folds)
-    assert (m["resolved_rate"], m["cost_per_task"], m["tasks"], m["folds"]) == (0.75, 2.0, 4, 2)
-    assert m["std"]["resolved_rate"] == pytest.approx(0.25)
-    assert m["share_of_calls"] == {"a": 0.5}
+    assert (m["tasks"], m["folds"], m["resolved"], m["cost"]) == (10, 3, 6, 18.0)
+    assert m["resolved_rate"] == pytest.approx(0.6) and m["cost_per_task"] == pytest.approx(1.8)
+    # Sum of cost over sum of completions ($18 / 6), not the mean of the per-fold ratios ($3).
+    assert m["cost_per_completed"] == pytest.approx(3.0)
+    assert m["std"]["cost_per_completed"] == pytest.approx(np.std([4.0, 4.0, 1.0]))
+    assert m["share_of_calls"] == {"a": pytest.approx(0.5)}
+
+
+def test_a_noisy_verifier_ends_tasks_on_false_accepts_and_discards_false_rejects(tiny: Dataset) -> None:
+    cascade = bl.sequence(["cheap", "strong"])
+    # Accepts everything: the cheap model's wrong result on t2 ends the task unresolved.
+    yes = Verifier(false_accept=0.999999, false_reject=0.0)
+    [t2] = replay(tiny, ["t2"], cascade, retries=1, verifier=yes)
+    assert t2.models == ("cheap",) and not t2.resolved
+    # Rejects every right result: the cheap model's right result on t1 is discarded, the strong
+    # one's too; the task ends unresolved having paid for both.
+    no = Verifier(false_accept=0.0, false_reject=0.999999)
+    [t1] = replay(tiny, ["t1"], cascade, retries=1, verifier=no)
+    assert t1.models == ("cheap", "strong") and not t1.resolved and t1.cost == pytest.approx(1.1)
+    # Verdicts are seeded per task, attempt and model: every chooser sees the same one.
+    half = Verifier(0.5, 0.5, seed=3)
+    assert [half.accepts("t", 1, "m", True) for _ in range(3)] == [half.accepts("t", 1, "m", True)] * 3
+    # A cascade's expected outcome under noise, as the replay averages it.
+    [c] = [
+        c for c in bl.cascades(tiny, ["t1", "t2"], 2, Verifier(0.2, 0.1)) if c.models == ("cheap", "strong")
+    ]
+    # t1: cheap right, accepted 0.9; else (0.1) strong right, accepted 0.9 → 0.9 + 0.1 × 0.9.
+    # t2: cheap wrong, rejected 0.8 → strong right, accepted 0.9 → 0.72.
+    assert c.resolved_rate == pytest.approx((0.99 + 0.72) / 2)
+    assert c.cost_per_task == pytest.approx((0.1 + 0.1 * 1.0 + 0.2 + 0.8 * 1.0) / 2)
+
+
+def test_always_cheapest_chooses_among_competent_models(tiny: Dataset) -> None:
+    # cheap resolves 1/3 of the tasks, strong 2/3: at 40%, only strong is competent.
+    assert bl.competent(tiny, tiny.task_ids, 0.40) == ["strong"]
+    assert bl.competent(tiny, tiny.task_ids, 0.30) == ["cheap", "strong"]
+    assert bl.competent(tiny, tiny.task_ids, 0.90) == ["cheap", "strong"]  # none is: all of them
 
 
 # --- the learned policy's path ----------------------------------------------------------------------
@@ -279,18 +315,21 @@ def slice_of_shipped(root: Path, n_tasks: int, models: list[str]) -> Path:
 def test_cross_validation_on_a_slice(tmp_path: Path) -> None:
     models = ["deepseek-v3.2-reasoner", "gpt-5-mini-medium", "gemini-3-pro-preview", "claude-opus-4-5"]
     data = loader.load(slice_of_shipped(tmp_path / "slice", 40, models))
-    settings = runner.Settings(retries=1, folds=2, frontier=(None, 0.7), floors=(0.65,), strong_shares=(0.5,),
-                               workers=1)  # fmt: skip
+    settings = runner.Settings(retries=1, folds=2, frontier=(0.05, 1.0), targets=(0.65,), strong_shares=(0.5,),
+                               workers=1, target_success=0.6)  # fmt: skip
     report = runner.cross_validate(data, settings)
     assert set(report) == {"policy", "baselines", "oracle", "frontier"}
     keys = {"resolved_rate", "cost_per_task", "cost_per_completed", "mean_attempts", "share_of_calls", "std"}
     assert keys <= set(report["policy"]) and keys <= set(report["oracle"])
     assert {f"single:{m}" for m in models} | {"random", "always-cheapest", "always-strongest", "routellm@50%",
                                                "cascade", "cascade@65%"} == set(report["baselines"])  # fmt: skip
-    assert [p["min_success"] for p in report["frontier"]] == [None, 0.7]
+    assert [p["value"] for p in report["frontier"]] == [0.05, 1.0]
+    # The target was turned into a value on each fold's training tasks.
+    assert all(v is not None and v > 0 for v in report["policy"]["objective"]["value_chosen_on_training"])
     for name, m in [("policy", report["policy"]), ("oracle", report["oracle"]), *report["baselines"].items()]:
         assert 0 <= m["resolved_rate"] <= report["oracle"]["resolved_rate"] + 1e-9, name
-        assert 1 <= m["mean_attempts"] <= 2, name
+        # The policy may stop before its first attempt (a value too small to pay for one).
+        assert (0 if name == "policy" else 1) <= m["mean_attempts"] <= 2, name
         assert sum(m["share_of_calls"].values()) == pytest.approx(1.0), name
     assert report["policy"]["setup"]["folds"] == 2 and report["policy"]["setup"]["tasks"] == 40
     assert "b_cascades" in report["policy"]["targets"]
@@ -312,7 +351,11 @@ def test_cli_prints_one_json_object_and_writes_the_report(tmp_path: Path) -> Non
 
 
 def test_cli_rejects_bad_knobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", "--train", str(tmp_path), "--min-success", "1.5"]) == 2
-    assert "--min-success" in capsys.readouterr().err
+    assert main(["eval", "--train", str(tmp_path), "--target-success", "1.5"]) == 2
+    assert "--target-success" in capsys.readouterr().err
+    assert main(["eval", "--train", str(tmp_path), "--target-success", "0.7", "--value-usd", "1"]) == 2
+    assert "give one" in capsys.readouterr().err
+    assert main(["eval", "--train", str(tmp_path), "--verifier-noise", "0.2"]) == 2
+    assert "FA,FR" in capsys.readouterr().err
     assert main(["eval", "--train", str(tmp_path / "nowhere")]) == 2
     assert "not a directory" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -11,7 +12,7 @@ import pytest
 
 from router.errors import ConfigError
 from router.features.task.vector import task_vector, to_json
-from router.learning.training import dataset, offpolicy
+from router.learning.training import dataset, offpolicy, value
 from router.learning.training.fit import fit
 from router.policy import plan as plan_module
 from router.policy.learned import Artifact, LearnedScorer, Objective
@@ -37,13 +38,32 @@ def test_best_plan_minimises_cost_per_completed_task() -> None:
     assert best_plan(hard, attempts_left=3).models[0] == "strong"
 
 
-def test_success_floor_and_budget() -> None:
-    plan = best_plan([CHEAP, STRONG], attempts_left=2, min_success=0.9)
-    assert plan.success >= 0.9
-    # A floor no plan reaches: the most successful plan, not a refusal.
-    assert best_plan([CHEAP], attempts_left=1, min_success=0.99).models == ("cheap",)
-    # A budget that only the cheap model fits steps down to it.
-    assert best_plan([STRONG, CHEAP], attempts_left=1, budget=2.0, min_success=0.8).models == ("cheap",)
+def test_stopping_is_right_when_the_next_attempt_is_worth_less_than_it_costs() -> None:
+    # Worth $3 a completed task. After "cheap" failed, a repeat succeeds 0.5 × 0.35 = 0.175 of the
+    # time (gain 3 × 0.175 − 1 = −0.475) and "strong" 0.9 (3 × 0.9 − 4 = −1.3): stop.
+    after = best_plan([CHEAP, STRONG], attempts_left=1, already_failed=["cheap"], value=3.0)
+    assert after.gain(3.0) == pytest.approx(3.0 * 0.175 - 1.0)
+    assert not after.worth_trying(3.0)
+    # Fresh, cheap is worth it: 3 × 0.5 − 1 = 0.5 > 0, and more than strong's 3 × 0.9 − 4 < 0.
+    fresh = best_plan([CHEAP, STRONG], attempts_left=1, value=3.0)
+    assert fresh.models == ("cheap",) and fresh.gain(3.0) == pytest.approx(0.5)
+
+
+def test_escalating_is_right_when_a_completed_task_is_worth_enough() -> None:
+    # Worth $10: after cheap failed, strong gains 10 × 0.9 − 4 = 5 > 0 (and beats a repeat of cheap,
+    # 10 × 0.175 − 1 = 0.75); from scratch, cheap then strong (10 × 0.95 − 3 = 6.5) beats strong alone
+    # (10 × 0.9 − 4 = 5) and cheap alone (10 × 0.5 − 1 = 4).
+    after = best_plan([CHEAP, STRONG], attempts_left=1, already_failed=["cheap"], value=10.0)
+    assert after.models == ("strong",) and after.gain(10.0) == pytest.approx(5.0)
+    fresh = best_plan([CHEAP, STRONG], attempts_left=2, value=10.0, allow_repeats=False)
+    assert fresh.models == ("cheap", "strong") and fresh.gain(10.0) == pytest.approx(6.5)
+    # Without a value, any plan is worth making (the least cost per completed task, as before).
+    assert best_plan([CHEAP, STRONG], attempts_left=1, already_failed=["cheap"]).worth_trying(None)
+
+
+def test_budget_steps_down() -> None:
+    # A budget that only the cheap model fits steps down to it, whatever the value.
+    assert best_plan([STRONG, CHEAP], attempts_left=1, budget=2.0, value=100.0).models == ("cheap",)
 
 
 def test_failed_models_count_less() -> None:
@@ -79,7 +99,7 @@ def _reference_correlated(
 
 
 def _reference_best_plan(
-    options: list[Option], attempts_left: int, already_failed: list[str], min_success: float | None,
+    options: list[Option], attempts_left: int, already_failed: list[str], value: float | None,
     budget: float | None, allow_repeats: bool, task_sd: float = 0.0,
 ) -> Plan:  # fmt: skip
     """best_plan's rules, spelled out: every plan evaluated, then filtered and ranked."""
@@ -94,11 +114,8 @@ def _reference_best_plan(
     ]
     if budget is not None:
         plans = [p for p in plans if p.expected_cost <= budget] or [min(plans, key=lambda p: p.expected_cost)]
-    if min_success is not None:
-        meeting = [p for p in plans if p.success >= min_success]
-        if not meeting:
-            return max(plans, key=lambda p: (round(p.success, 12), -p.expected_cost))
-        plans = meeting
+    if value is not None:
+        return min(plans, key=lambda p: (-round(p.gain(value), 12), p.expected_cost, len(p.models)))
     return min(plans, key=lambda p: (p.cost_per_completed, p.expected_cost, len(p.models)))
 
 
@@ -112,7 +129,7 @@ def test_best_plan_agrees_with_enumerating_every_plan() -> None:
         kwargs = {
             "attempts_left": rng.randint(1, 3),
             "already_failed": rng.sample([o.model for o in options], rng.randint(0, k)),
-            "min_success": rng.choice([None, 0.5, 0.95]),
+            "value": rng.choice([None, 0.5, 2.0, 10.0]),
             "budget": rng.choice([None, 0.7, 1.5, 3.0]),
             "allow_repeats": rng.random() < 0.5,
         }
@@ -127,7 +144,7 @@ def test_best_plan_with_a_task_effect_agrees_with_the_arithmetic_node_by_node() 
         kwargs = {
             "attempts_left": rng.randint(1, 3),
             "already_failed": rng.sample([o.model for o in options], rng.randint(0, k)),
-            "min_success": rng.choice([None, 0.6, 0.99]),
+            "value": rng.choice([None, 1.0, 5.0]),
             "budget": rng.choice([None, 0.5, 2.0]),
             "allow_repeats": rng.random() < 0.5,
             "task_sd": rng.uniform(0.5, 2.5),
@@ -291,3 +308,87 @@ def test_offpolicy_success_and_its_interval_stay_probabilities() -> None:
     est = offpolicy.evaluate(rows, lambda r: "a", snips=False)
     assert 0.0 <= est.ci_success[0] <= est.ci_success[1] <= 1.0
     assert est.success == 1.0  # 3 matched x weight 10 / 10 rows = 3.0 unclamped
+
+
+def test_value_for_a_target_is_the_least_value_whose_expected_share_reaches_it() -> None:
+    artifact = Artifact.from_bytes(orjson.dumps(fit(rows_for(40))), source="t", expected_sha256=None)
+    # A hand-made curve: at $1 the policy expects to complete 60% of tasks, at $2 75%, at $4 85%.
+    curved = dataclasses.replace(artifact, value_curves={2: ((1.0, 0.6), (2.0, 0.75), (4.0, 0.85))})
+    assert curved.value_for(0.6, 2) == 1.0
+    assert curved.value_for(0.7, 2) == 2.0
+    assert curved.value_for(0.99, 2) == 4.0  # out of reach: the largest value tried
+    with pytest.raises(ConfigError, match="no value curve for max_attempts=3"):
+        curved.value_for(0.7, 3)
+
+
+def test_training_calibrates_the_value_to_a_target_on_its_own_tasks() -> None:
+    rows = rows_for(60)
+    artifact = Artifact.from_bytes(orjson.dumps(fit(rows, max_attempts=2)), source="t", expected_sha256=None)
+    shares = [s for _, s in artifact.value_curves[2]]
+    assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] > 0.85  # more value, more done
+    # The curve plans each task on the probabilities it is given (out-of-fold, where the log has
+    # them): two hand-made tasks, an easy and a hard one, both models seen.
+    tasks = [{"cheap": 0.9, "strong": 0.95}, {"cheap": 0.1, "strong": 0.8}]
+    vectors = [
+        task_vector("fix the typo docstring 1"),
+        task_vector("fix the race 2"),
+    ]
+    curve = value.curve(artifact, tasks, vectors, max_attempts=2)
+    calibrated = dataclasses.replace(artifact, value_curves={2: tuple((v, s) for v, s, _ in curve)})
+    target = 0.85
+    chosen = calibrated.value_for(target, 2)
+
+    # Replanning both tasks at that value, on the same probabilities, meets the target on average,
+    # and at the next value down the grid it does not.
+    def share(v: float) -> float:
+        done = 0.0
+        for seen, vec in zip(tasks, vectors, strict=True):
+            costs = {
+                o.model: o.attempt_cost
+                for o in LearnedScorer(artifact, Objective()).options(vec, ["cheap", "strong"])
+            }
+            opts = [Option(m, p, costs[m]) for m, p in seen.items()]
+            plan = best_plan(opts, attempts_left=2, value=v, task_sd=artifact.task_sd)
+            done += plan.success if plan.worth_trying(v) else 0.0
+        return done / len(tasks)
+
+    assert share(chosen) >= target - 1e-6
+    below = max(v for v, _, _ in curve if v < chosen)
+    assert share(below) < target
+
+
+def test_outcomes_by_value_agree_with_best_plan() -> None:
+    rng = random.Random(7)
+    for _ in range(60):
+        options = [
+            Option(f"m{i}", rng.uniform(0.05, 0.95), rng.uniform(0.1, 3.0)) for i in range(rng.randint(1, 4))
+        ]
+        values = np.array([0.1, 1.0, 3.0, 10.0, 100.0])
+        sd, n = rng.choice([0.0, 1.5]), rng.randint(1, 3)
+        success, cost = plan_module.outcomes_by_value(options, values, attempts_left=n, task_sd=sd)
+        for v, s, c in zip(values, success, cost, strict=True):
+            plan = best_plan(options, attempts_left=n, value=float(v), task_sd=sd)
+            go = plan.worth_trying(float(v))
+            assert s == pytest.approx(plan.success if go else 0.0) and c == pytest.approx(
+                plan.expected_cost if go else 0.0
+            )
+
+
+def test_older_artifacts_are_refused_with_retrain() -> None:
+    obj = orjson.loads(orjson.dumps(fit(rows_for(20))))
+    obj["format"] = "router-learned/1"
+    with pytest.raises(ConfigError, match=r"router-learned/1.*retrain with `router train`"):
+        Artifact.from_bytes(orjson.dumps(obj), source="a.json", expected_sha256=None)
+
+
+def test_recommend_stops_when_another_attempt_is_not_worth_it() -> None:
+    artifact = Artifact.from_bytes(orjson.dumps(fit(rows_for(60))), source="t", expected_sha256=None)
+    hard = task_vector("fix the race deadlock 999")
+    # Worth a lot: after cheap failed, escalate to strong.
+    rich = LearnedScorer(artifact, Objective(max_attempts=3, value=10.0))
+    nxt = rich.recommend(hard, ["cheap", "strong"], attempt=2, failed=["cheap"])
+    assert nxt.retry and nxt.model == "strong" and nxt.expected_cost_usd > 0
+    # Worth less than strong's attempt costs: stop. And past the retry limit, always stop.
+    poor = LearnedScorer(artifact, Objective(max_attempts=3, value=0.01))
+    assert poor.recommend(hard, ["cheap", "strong"], attempt=2, failed=["cheap"]).retry is False
+    assert rich.recommend(hard, ["cheap", "strong"], attempt=4, failed=["cheap", "strong"]).retry is False

@@ -20,7 +20,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from router.features.task.vector import HASH_DIM, NUMERIC
 from router.learning.evals.arrival import Arrival
 from router.learning.evals.loader import Dataset
-from router.learning.evals.simulate import Chooser
+from router.learning.evals.simulate import EXACT, Chooser, Verifier
 from router.policy.decide import Decider
 
 
@@ -82,6 +82,12 @@ def oracle(data: Dataset) -> Chooser:
     return choose
 
 
+def competent(data: Dataset, task_ids: Sequence[str], min_resolved: float) -> list[str]:
+    """The models resolving at least ``min_resolved`` of ``task_ids`` (all of them if none does)."""
+    rates = training_rates(data, task_ids)
+    return [m for m, (p, _) in rates.items() if p >= min_resolved] or list(rates)
+
+
 def training_rates(data: Dataset, task_ids: Sequence[str]) -> dict[str, tuple[float, float]]:
     """Per model: (resolved rate, mean cost per task) on ``task_ids``."""
     out = {}
@@ -111,20 +117,32 @@ class Cascade:
         return " → ".join(self.models)
 
 
-def cascades(data: Dataset, task_ids: Sequence[str], max_len: int) -> list[Cascade]:
-    """Every fixed sequence of distinct models up to ``max_len`` long, scored on ``task_ids``."""
+def cascades(
+    data: Dataset, task_ids: Sequence[str], max_len: int, verifier: Verifier = EXACT
+) -> list[Cascade]:
+    """Every fixed sequence of distinct models up to ``max_len`` long, scored on ``task_ids``.
+
+    With a noisy verifier, in expectation over its verdicts: a step goes on when its result is
+    rejected (a wrong one rightly, a right one falsely) and completes the task when a right one is
+    accepted.
+    """
     models = data.model_ids
     s = np.array([[data.outcome(t, m).resolved for m in models] for t in task_ids], dtype=np.float64)
     c = np.array([[data.outcome(t, m).cost for m in models] for t in task_ids], dtype=np.float64)
+    fa, fr = verifier.false_accept, verifier.false_reject
+    done = s * (1.0 - fr)
+    going = s * fr + (1.0 - s) * (1.0 - fa)
     out: list[Cascade] = []
     for length in range(1, max_len + 1):
         for seq in itertools.permutations(range(len(models)), length):
             alive = np.ones(len(task_ids))
             cost = np.zeros(len(task_ids))
+            resolved = np.zeros(len(task_ids))
             for j in seq:
                 cost += alive * c[:, j]
-                alive = alive * (1.0 - s[:, j])
-            out.append(Cascade(tuple(models[j] for j in seq), float(1.0 - alive.mean()), float(cost.mean())))
+                resolved += alive * done[:, j]
+                alive = alive * going[:, j]
+            out.append(Cascade(tuple(models[j] for j in seq), float(resolved.mean()), float(cost.mean())))
     return out
 
 

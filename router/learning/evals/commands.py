@@ -41,9 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retries", type=int, default=None, help="retries after a failed attempt (default 0)")
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
     p.add_argument("--seed", type=int, default=0, help="fold shuffle and random baseline (default 0)")
-    p.add_argument("--min-success", type=float, help="success floor the policy enforces from its predictions")
+    p.add_argument("--target-success", type=float, help="share of all tasks to complete: the value of a completed task is calibrated on the training folds")  # fmt: skip
+    p.add_argument("--value-usd", type=float, help="what a completed task is worth (USD): the policy maximises value × P(success) − cost")  # fmt: skip
     p.add_argument("--max-cost-per-task", type=float, help="per-task budget in USD the policy plans within")
-    p.add_argument("--config", help="take the objective (max_attempts, min_success, max_cost_per_task) from this policy file; flags override")  # fmt: skip
+    p.add_argument("--verifier-noise", metavar="FA,FR", help="outcomes reach the policy through a verifier that accepts a wrong result with probability FA and rejects a right one with FR (default 0,0)")  # fmt: skip
+    p.add_argument("--config", help="take the objective (max_attempts, value_per_completed_usd or target_success, max_cost_per_task) from this policy file; flags override")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--out", type=Path, help="write report.md, report.json and PNG plots here")
     p.add_argument("--workers", type=int, default=None, help="processes for the folds (default: up to 2)")
@@ -52,26 +54,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def settings_from(args: argparse.Namespace) -> Settings:
     from router.learning.evals import runner
 
-    retries, min_success, budget = args.retries, args.min_success, args.max_cost_per_task
+    retries, value, target, budget = args.retries, args.value_usd, args.target_success, args.max_cost_per_task
     if args.config:
         from router.policy.config import load_policy
 
         o = load_policy(args.config).spec.objective
         retries = o.max_attempts - 1 if retries is None else retries
-        min_success = o.min_success if min_success is None else min_success
+        if value is None and target is None:
+            value, target = o.value_per_completed_usd, o.target
         budget = o.max_cost_per_task if budget is None else budget
     retries = 0 if retries is None else retries
     if not 0 <= retries <= 9:
         raise ConfigError(f"--retries: expected 0-9, got {retries}")
     if args.folds < 2:
         raise ConfigError(f"--folds: expected at least 2, got {args.folds}")
-    if min_success is not None and not 0 <= min_success <= 1:
-        raise ConfigError(f"--min-success: expected a share in [0, 1], got {min_success}")
+    if value is not None and target is not None:
+        raise ConfigError("--value-usd and --target-success: give one (a target is turned into a value)")
+    if target is not None and not 0 < target < 1:
+        raise ConfigError(f"--target-success: expected a share in (0, 1), got {target}")
+    if value is not None and value <= 0:
+        raise ConfigError(f"--value-usd: expected dollars > 0, got {value}")
     if budget is not None and budget <= 0:
         raise ConfigError(f"--max-cost-per-task: expected dollars > 0, got {budget}")
     extra: dict[str, Any] = {} if args.workers is None else {"workers": max(1, args.workers)}
-    return runner.Settings(retries=retries, folds=args.folds, seed=args.seed, min_success=min_success,
-                           max_cost_per_task=budget, **extra)  # fmt: skip
+    return runner.Settings(retries=retries, folds=args.folds, seed=args.seed, value=value, target_success=target,
+                           max_cost_per_task=budget, noise=_noise(args.verifier_noise), **extra)  # fmt: skip
+
+
+def _noise(raw: str | None) -> tuple[float, float]:
+    if raw is None:
+        return (0.0, 0.0)
+    try:
+        fa, fr = (float(x) for x in raw.split(","))
+    except ValueError:
+        raise ConfigError(f"--verifier-noise: expected FA,FR (two probabilities), got {raw!r}") from None
+    if not (0 <= fa < 1 and 0 <= fr < 1):
+        raise ConfigError(f"--verifier-noise: expected probabilities in [0, 1), got {raw!r}")
+    return (fa, fr)
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from router.learning.training.fit import fit
 from router.policy.catalog import Catalog, build_catalog
 from router.policy.config import Policy, PolicyFile
 from router.policy.decide import Decider, Scorer
+from router.policy.learned import LearnedScorer
 from router.policy.runtime import scorer_for
 from router.store.records import OutcomeRecord, RequestRecord
 
@@ -38,7 +39,8 @@ class Knobs:
     """The objective block of the policy file."""
 
     max_attempts: int = 1
-    min_success: float | None = None
+    #: USD per completed task (None: each task's least cost per completed task).
+    value: float | None = None
     max_cost_per_task: float | None = None
 
 
@@ -69,7 +71,7 @@ def policy_for(
         "routes": [{"match": REQUESTED_MODEL, "candidates": [m.id for m in models]}],
         "objective": {
             "max_attempts": knobs.max_attempts,
-            "min_success": knobs.min_success,
+            "value_per_completed_usd": knobs.value,
             "max_cost_per_task": knobs.max_cost_per_task,
         },
     }
@@ -119,11 +121,13 @@ def _row(record: object, columns: tuple[str, ...]) -> dict[str, Any]:
     return {c: getattr(record, c) for c in columns}
 
 
-def train(data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival]) -> bytes:
+def train(
+    data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival], max_attempts: int = 1
+) -> bytes:
     """The artifact ``router train`` would write from these tasks' log."""
     requests, outcomes = log_records(data, task_ids, arrivals)
     rows = dataset.build(requests, outcomes, now=float("inf"))
-    return orjson.dumps(fit(rows), option=orjson.OPT_INDENT_2)
+    return orjson.dumps(fit(rows, max_attempts=max_attempts), option=orjson.OPT_INDENT_2)
 
 
 class Deployment:
@@ -152,21 +156,27 @@ def price_decider(models: Sequence[Model]) -> Decider:
 
 
 class Router:
-    """Chooses the model of each attempt with ``Decider.decide``, as the proxy does at an attempt's start."""
+    """Stops when the policy recommends it (``LearnedScorer.recommend``, as ``POST /v1/outcomes``
+    answers a failure), else chooses the model of the attempt with ``Decider.decide``, as the proxy
+    does at an attempt's start."""
 
     def __init__(self, decider: Decider, arrivals: Mapping[str, Arrival], budget: float | None) -> None:
         self.decider = decider
         self.arrivals = arrivals
         self.budget = budget
+        self.models = list(decider.policy.models)
+        scorer = decider.scorer
+        self.scorer = scorer if isinstance(scorer, LearnedScorer) else None
 
-    def __call__(self, task_id: str, attempt: int, failed: tuple[str, ...], spent: float) -> str:
+    def __call__(self, task_id: str, attempt: int, failed: tuple[str, ...], spent: float) -> str | None:
         base = self.arrivals[task_id].features
+        vec = self.arrivals[task_id].vector
+        budget = None if self.budget is None else max(self.budget - spent, 0.0)
+        if self.scorer is not None:
+            advice = self.scorer.recommend(vec, self.models, attempt=attempt, failed=failed, budget=budget)
+            if not advice.retry:
+                return None
         features = dataclasses.replace(
-            base,
-            task_vector=self.arrivals[task_id].vector,
-            attempt=attempt,
-            failed_models=failed,
-            pinned=None,
-            task_budget_left=None if self.budget is None else max(self.budget - spent, 0.0),
+            base, task_vector=vec, attempt=attempt, failed_models=failed, pinned=None, task_budget_left=budget
         )
         return self.decider.decide(features).chosen

@@ -1,7 +1,9 @@
-"""Metrics of a replay, and their mean ± std across folds.
+"""Metrics of a replay, and their values over all folds (± the std across folds).
 
 ``resolved_rate``: tasks resolved / tasks. ``cost_per_task``: USD spent / tasks, failed attempts
-included. ``cost_per_completed``: USD spent / tasks resolved — what one done task costs.
+included. ``cost_per_completed``: USD spent / tasks resolved — what one done task costs. Over
+folds the three are pooled ratios (sums over every fold's tasks), not means of per-fold ratios:
+a mean of ratios overweights the folds that happened to complete few tasks.
 ``mean_attempts``: attempts / tasks. ``share_of_calls``: each model's share of the LLM calls
 (agent steps) made; ``share_of_attempts``: its share of the attempts.
 """
@@ -35,6 +37,8 @@ def summarize(runs: Sequence[TaskRun], models: Sequence[str]) -> dict[str, Any]:
     total_calls = sum(calls.values()) or 1
     return {
         "tasks": n,
+        "resolved": resolved,
+        "cost": cost,
         "resolved_rate": resolved / n,
         "cost_per_task": cost / n,
         "cost_per_completed": cost / resolved if resolved else math.inf,
@@ -48,11 +52,14 @@ def combine(folds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean of each metric across folds, with the standard deviation under ``std``."""
     if not folds:
         raise ValueError("no folds to combine")
-    out: dict[str, Any] = {"tasks": sum(f["tasks"] for f in folds), "folds": len(folds)}
+    tasks, resolved, cost = (sum(f[k] for f in folds) for k in ("tasks", "resolved", "cost"))
+    out: dict[str, Any] = {"tasks": tasks, "folds": len(folds), "resolved": resolved, "cost": cost}
+    pooled = {"resolved_rate": resolved / tasks, "cost_per_task": cost / tasks,
+              "cost_per_completed": cost / resolved if resolved else math.inf}  # fmt: skip
     std: dict[str, float] = {}
     for key in SCALARS:
         values = [f[key] for f in folds]
-        out[key] = statistics.fmean(values)
+        out[key] = pooled.get(key, statistics.fmean(values))
         std[key] = statistics.pstdev(values) if len(values) > 1 and all(map(math.isfinite, values)) else 0.0
     for key in SHARES:
         models = folds[0][key].keys()

@@ -45,8 +45,12 @@ def rows(report: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], str]]:
 
 def _objective(o: dict[str, Any]) -> str:
     parts = [f"max_attempts={o['max_attempts']}"]
-    if o.get("min_success") is not None:
-        parts.append(f"min_success={o['min_success']:g}")
+    if o.get("value_per_completed_usd") is not None:
+        parts.append(f"value=${o['value_per_completed_usd']:g}")
+    if o.get("target_success") is not None:
+        values = [v for v in o.get("value_chosen_on_training") or [] if v is not None]
+        found = f" (value ${min(values):.3g}–{max(values):.3g})" if values else ""
+        parts.append(f"target_success={o['target_success']:g}{found}")
     if o.get("max_cost_per_task") is not None:
         parts.append(f"max_cost_per_task={o['max_cost_per_task']:g}")
     return ", ".join(parts)
@@ -83,16 +87,24 @@ def print_table(report: dict[str, Any], console: Console) -> None:
                   _pm(m, "cost_per_completed", "{:.4f}"), _pm(m, "mean_attempts", "{:.2f}"), chosen,
                   style=style)  # fmt: skip
     console.print(t)
-    f = Table(title="policy frontier (success floor swept)")
-    for col in ("min_success", "resolved", "$ / task", "$ / completed", "attempts"):
-        f.add_column(col, justify="right", overflow="fold")
-    for pt in report["frontier"]:
-        knob = "none" if pt["min_success"] is None else f"{pt['min_success']:g}"
-        f.add_row(knob, _pm(pt, "resolved_rate", "{:.1%}"), _pm(pt, "cost_per_task", "{:.4f}"),
-                  _pm(pt, "cost_per_completed", "{:.4f}"), _pm(pt, "mean_attempts", "{:.2f}"))  # fmt: skip
-    console.print(f)
+    for key, title in _frontiers(report):
+        f = Table(title=title)
+        for col in ("value $", "resolved", "$ / task", "$ / completed", "attempts"):
+            f.add_column(col, justify="right", overflow="fold")
+        for pt in report[key]:
+            f.add_row(f"{pt['value']:g}", _pm(pt, "resolved_rate", "{:.1%}"), _pm(pt, "cost_per_task", "{:.4f}"),
+                      _pm(pt, "cost_per_completed", "{:.4f}"), _pm(pt, "mean_attempts", "{:.2f}"))  # fmt: skip
+        console.print(f)
     for line in target_lines(report):
         console.print(line)
+
+
+def _frontiers(report: dict[str, Any]) -> list[tuple[str, str]]:
+    fa, fr = report["policy"]["setup"].get("verifier_noise") or (0.0, 0.0)
+    if "frontier_exact" not in report:
+        return [("frontier", "policy frontier (value of a completed task swept), verifier exact")]
+    return [("frontier_exact", "policy frontier (value swept), verifier exact (noise 0,0)"),
+            ("frontier", f"policy frontier (value swept), verifier noise {fa:g},{fr:g}")]  # fmt: skip
 
 
 def target_lines(report: dict[str, Any]) -> list[str]:
@@ -103,20 +115,20 @@ def target_lines(report: dict[str, Any]) -> list[str]:
         out.append(
             f"target (a) cheap end: policy {a['policy_resolved_rate']:.1%} at ${a['policy_cost_per_task']:.4f}/task "
             f"vs {a['reference']} {a['reference_resolved_rate']:.1%} at ${a['reference_cost_per_task']:.4f} "
-            f"({a['resolved_gain_points']:+.1f} points at {a['cost_ratio']:.2f}× the cost; wanted ≥ +3.0 at "
-            f"≤ 1.20×): {'MET' if a['met'] else 'not met'}"
+            f"({a['resolved_gain_points']:+.1f} points at {a['cost_ratio']:.2f}× the cost; wanted ≥ +1.0 at "
+            f"≤ 1.10×): {'MET' if a['met'] else 'not met'}"
         )
-    if "b_cascades" in tg:
-        for r in tg["b_cascades"]["floors"]:
-            pol = (
-                "no operating point reached it on the training folds"
-                if r["policy_resolved_rate"] is None
-                else f"policy {r['policy_resolved_rate']:.1%} at ${r['policy_cost_per_completed']:.4f}/completed"
-            )
+    for key, label in (("b_cascades", "(b)"), ("c_noisy_cascades", "(c)")):
+        if key not in tg:
+            continue
+        fa, fr = tg[key]["verifier_noise"]
+        noise = f", verifier noise {fa:g},{fr:g}" if key.startswith("c") else ""
+        for r in tg[key]["targets"]:
             out.append(
-                f"target (b) floor {r['floor']:.0%}: {pol} vs best cascade {r['cascade_resolved_rate']:.1%} at "
-                f"${r['cascade_cost_per_completed']:.4f} (oracle {r['oracle_resolved_rate']:.1%} at "
-                f"${r['oracle_cost_per_completed']:.4f}): {'dominates' if r['met'] else 'does not dominate'}"
+                f"target {label} success {r['target']:.0%}{noise}: policy {r['policy_resolved_rate']:.1%} at "
+                f"${r['policy_cost_per_completed']:.4f}/completed vs cascade {r['cascade']} "
+                f"{r['cascade_resolved_rate']:.1%} at ${r['cascade_cost_per_completed']:.4f} "
+                f"({r['cost_ratio']:.2f}×; wanted ≤ 1.05× at ≥ its resolved): {'MET' if r['met'] else 'not met'}"
             )
     return out
 
@@ -128,7 +140,7 @@ def markdown(report: dict[str, Any], images: dict[str, str]) -> str:
         "",
         f"{setup['mode']} on `{setup['data']}`: {setup['tasks']} tasks × {setup['models']} models, "
         f"retries {setup['retries']}, seed {setup['seed']}. Every number is measured on held-out tasks "
-        "(mean ± std across folds); what a row chose on the training folds is in the last column. "
+        "(pooled over folds ± std across folds); what a row chose on the training folds is in the last column. "
         f"Fitted task effect (logit sd) per fold: {', '.join(f'{x:g}' for x in setup.get('task_effect_sd', []))}.",
         "",
         "## Targets",
@@ -143,12 +155,12 @@ def markdown(report: dict[str, Any], images: dict[str, str]) -> str:
     for name, m, chosen in rows(report):
         lines.append(f"| {name} | {_pm(m, 'resolved_rate', '{:.1%}')} | {_pm(m, 'cost_per_task', '{:.4f}')} | "
                      f"{_pm(m, 'cost_per_completed', '{:.4f}')} | {_pm(m, 'mean_attempts', '{:.2f}')} | {chosen} |")  # fmt: skip
-    lines += ["", "## Policy frontier", "", "| min_success | resolved | $ / task | $ / completed | attempts |",
-              "|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for pt in report["frontier"]:
-        knob = "none" if pt["min_success"] is None else f"{pt['min_success']:g}"
-        lines.append(f"| {knob} | {_pm(pt, 'resolved_rate', '{:.1%}')} | {_pm(pt, 'cost_per_task', '{:.4f}')} | "
-                     f"{_pm(pt, 'cost_per_completed', '{:.4f}')} | {_pm(pt, 'mean_attempts', '{:.2f}')} |")  # fmt: skip
+    for key, title in _frontiers(report):
+        lines += ["", f"## {title}", "", "| value $ | resolved | $ / task | $ / completed | attempts |",
+                  "|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for pt in report[key]:
+            lines.append(f"| {pt['value']:g} | {_pm(pt, 'resolved_rate', '{:.1%}')} | {_pm(pt, 'cost_per_task', '{:.4f}')} | "
+                         f"{_pm(pt, 'cost_per_completed', '{:.4f}')} | {_pm(pt, 'mean_attempts', '{:.2f}')} |")  # fmt: skip
     for title, name in images.items():
         lines += ["", f"## {title}", "", f"![{title}]({name})"]
     return "\n".join(lines) + "\n"
@@ -174,7 +186,7 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, str]:
                     xytext=(3, 2), textcoords="offset points")  # fmt: skip
     front = sorted(report["frontier"], key=lambda p: p["cost_per_task"])
     ax.plot([p["cost_per_task"] for p in front], [p["resolved_rate"] for p in front], "-o", color="tab:blue",
-            lw=2, ms=4, label="policy frontier (success floor swept)", zorder=4)  # fmt: skip
+            lw=2, ms=4, label="policy frontier (value of a completed task swept)", zorder=4)  # fmt: skip
     p = report["policy"]
     ax.scatter([p["cost_per_task"]], [p["resolved_rate"]], marker="*", s=260, color="tab:blue",
                edgecolor="black", zorder=5, label="policy (objective as given)")  # fmt: skip
@@ -214,8 +226,7 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, str]:
     images["Cost vs success"] = "cost_success.png"
 
     fig, ax = plt.subplots(figsize=(11, 6))
-    lines = [("policy", p), *[(f"floor {f['min_success']:g}" if f["min_success"] is not None else "floor none", f)
-                              for f in report["frontier"]]]  # fmt: skip
+    lines = [("policy", p), *[(f"value ${f['value']:g}", f) for f in report["frontier"]]]
     totals: dict[str, float] = {}
     for _, m in lines:
         for model, share in m["share_of_calls"].items():
@@ -235,7 +246,7 @@ def plots(report: dict[str, Any], out: Path) -> dict[str, str]:
     ax.set_xlim(0, 1)
     ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
     ax.set_xlabel("share of LLM calls (agent steps) per model")
-    ax.set_title("Where the policy sends the work: the objective as given, and each success floor")
+    ax.set_title("Where the policy sends the work: the objective as given, and each value")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(out / "share_of_calls.png", dpi=130)

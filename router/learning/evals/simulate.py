@@ -5,10 +5,17 @@ task, the attempt number, the models that already failed it and the money spent 
 return ``None`` to stop (a fixed cascade that has run out of models). The data holds one run per
 task × model, so an attempt on a model already tried repeats that run's outcome and cost: a
 repeat is never free and never luckier than the first time.
+
+With a noisy verifier, the chooser learns each attempt's outcome only through it: a wrong result
+is accepted with probability ``false_accept`` and a right one rejected with ``false_reject``
+(seeded per task, attempt and model, so every chooser sees the same verdict on the same attempt).
+An accepted attempt ends the task, resolved only if its result was right; a rejected one counts as
+a failure to the chooser, and its work is discarded.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,7 +40,27 @@ class TaskRun:
         return len(self.models)
 
 
-def run_task(data: Dataset, task_id: str, choose: Chooser, retries: int) -> TaskRun:
+@dataclass(frozen=True, slots=True)
+class Verifier:
+    """How the chooser learns an attempt's outcome (perfectly, by default)."""
+
+    false_accept: float = 0.0
+    false_reject: float = 0.0
+    seed: int = 0
+
+    def accepts(self, task_id: str, attempt: int, model: str, resolved: bool) -> bool:
+        if not (self.false_accept or self.false_reject):
+            return resolved
+        draw = random.Random(f"{self.seed}:{task_id}:{attempt}:{model}").random()
+        return draw >= self.false_reject if resolved else draw < self.false_accept
+
+
+EXACT = Verifier()
+
+
+def run_task(
+    data: Dataset, task_id: str, choose: Chooser, retries: int, verifier: Verifier = EXACT
+) -> TaskRun:
     models: list[str] = []
     calls: list[int] = []
     failed: list[str] = []
@@ -47,16 +74,18 @@ def run_task(data: Dataset, task_id: str, choose: Chooser, retries: int) -> Task
         models.append(model)
         calls.append(o.calls)
         cost += o.cost
-        if o.resolved:
-            resolved = True
+        if verifier.accepts(task_id, attempt, model, o.resolved):
+            resolved = o.resolved
             break
         if model not in failed:
             failed.append(model)
     return TaskRun(task_id, tuple(models), tuple(calls), resolved, cost)
 
 
-def replay(data: Dataset, task_ids: Sequence[str], choose: Chooser, retries: int) -> list[TaskRun]:
+def replay(
+    data: Dataset, task_ids: Sequence[str], choose: Chooser, retries: int, verifier: Verifier = EXACT
+) -> list[TaskRun]:
     """Every task in ``task_ids`` under ``choose``, with up to ``retries`` retries after a failure."""
     if retries < 0:
         raise ValueError("retries must be ≥ 0")
-    return [run_task(data, t, choose, retries) for t in task_ids]
+    return [run_task(data, t, choose, retries, verifier) for t in task_ids]

@@ -21,7 +21,8 @@ from router.learning.training import dataset, offpolicy
 from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
 from router.policy.config import Policy, load_policy
-from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.policy.learned import Artifact, LearnedScorer
+from router.policy.runtime import objective_for
 from router.state import StateConfig, open_state
 from router.store.window import opened
 
@@ -50,8 +51,7 @@ class TooFewLabels(ConfigError):
 def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
     """The new artifact as the router would run it, without exploration."""
     artifact = Artifact.from_bytes(raw, source="(new artifact)", expected_sha256=None)
-    o = policy.spec.objective
-    return LearnedScorer(artifact, Objective(o.max_attempts, o.min_success, o.max_cost_per_task))
+    return LearnedScorer(artifact, objective_for(policy, artifact))
 
 
 def train(
@@ -73,7 +73,7 @@ def train(
             f" need {min_attempts} per model): label tasks with `router outcome TASK_ID --success|--failure`"
             " or POST /v1/outcomes, let the policy explore, or pass --force"
         )
-    artifact = fit(rows)
+    artifact = fit(rows, max_attempts=policy.spec.objective.max_attempts)
     artifact["output_tokens"] = fit_output_tokens(requests)
     raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
     scorer = scorer_for_evaluation(raw, policy)
@@ -120,7 +120,15 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
     console.print(f"[bold]data[/]: {d['attempts']} attempts of {d['tasks']} tasks, "
                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d['from_ts']))} → "
                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d['to_ts']))}; labels {d['labels']}")  # fmt: skip
-    console.print(f"[bold]calibration[/]: Brier {m['brier']} (base rate alone: {m['brier_base_rate']})")
+    console.print(f"[bold]calibration[/]: Brier {m['brier']} (base rate alone: {m['brier_base_rate']}), "
+                  f"AUC {m.get('auc')}")  # fmt: skip
+    pw = m.get("pairwise") or {}
+    if pw:
+        console.print(
+            "[bold]pairwise[/] (tasks where exactly one of two models succeeded; does the higher "
+            f"probability point to it?): all pairs {_share(pw['all'])}, close pairs (success rates "
+            f"within 5 points) {_share(pw['close'])}"
+        )
     rel = Table("bin", "n", "predicted", "observed", title="reliability (out-of-fold)")
     for b in m["reliability"]:
         rel.add_row(b["bin"], str(b["n"]), f"{b['predicted']:.2f}", f"{b['observed']:.2f}")
@@ -142,6 +150,10 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
     console.print(
         f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>"
     )
+
+
+def _share(p: dict[str, Any]) -> str:
+    return "n/a" if p.get("accuracy") is None else f"{p['accuracy']:.1%} of {p['n']}"
 
 
 def _fmt(x: float | None, f: str) -> str:

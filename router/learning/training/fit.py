@@ -1,10 +1,10 @@
 """Fitting: per model, a calibrated P(success | task) and a model of an attempt's cost.
 
 Difficulty is learned once from every model's attempts (``pooled``: a shared linear score of the
-task features); each model then gets its own intercept and slope on that score, fitted on
-out-of-fold scores so the probabilities the planner multiplies are honest. Its weights are
-exported over the task features as before (slope × shared weights, intercept on the bias), so
-the artifact reads the same. When the log is too small for a shared score, each model gets an
+task features); each model then gets its own level and slope on that score and its own task terms
+shrunk towards it (``permodel``), fitted on out-of-fold scores so the probabilities the planner
+multiplies are honest. Its weights are exported over the task features (slope × shared weights +
+its deviation, level on the bias). When the log is too small for a shared score, each model gets an
 L2-regularised logistic regression of its own, Platt-calibrated on cross-validated scores.
 A ridge regression of log attempt cost on the task's shape features gives each model's cost;
 models with too little data fall back to smoothed rates. How much one task's outcomes go
@@ -21,14 +21,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 from scipy import sparse
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from threadpoolctl import threadpool_limits
 
-from router.features.task.vector import HASH_DIM, NUMERIC, schema
-from router.learning.training import pooled, taskeffect
+from router.features.task.vector import HASH_DIM, NUMERIC, Vector, schema
+from router.learning.training import metrics, permodel, pooled, taskeffect, value
 from router.learning.training.dataset import AttemptRow
-from router.policy.learned import FORMAT
+from router.policy.learned import FORMAT, Artifact
 
 MIN_ROWS_FOR_MODEL = 8
 
@@ -39,11 +41,13 @@ def _smoothed_logit(successes: float, n: float) -> float:
 
 
 def fit_model(
-    rows: Sequence[AttemptRow], c: float = 0.5, shared: tuple[np.ndarray, np.ndarray] | None = None
-) -> tuple[dict[str, Any], np.ndarray]:
+    rows: Sequence[AttemptRow], c: float = 0.5,
+    shared: tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray] | None = None,
+) -> tuple[dict[str, Any], np.ndarray]:  # fmt: skip
     """Parameters for one model and its out-of-fold probabilities (for calibration metrics).
 
-    ``shared`` is (shared weights, these rows' out-of-fold shared scores), when there is one.
+    ``shared`` is (shared weights, these rows' out-of-fold shared scores, the deviations'
+    directions, their strength, these rows' out-of-fold probabilities at it), when there is one.
     """
     width = len(NUMERIC) + HASH_DIM
     y = np.array([r.success for r in rows], dtype=int)
@@ -54,13 +58,10 @@ def fit_model(
     weights = np.zeros(width)
     platt = (1.0, 0.0)
     if n >= MIN_ROWS_FOR_MODEL and 2 <= k <= n - 2 and shared is not None:
-        shared_weights, score = shared
-        # Two parameters per model: its level and how much the shared difficulty moves it.
-        lr = LogisticRegression(C=10.0).fit(score.reshape(-1, 1), y, sample_weight=w)
-        slope, level = float(lr.coef_[0][0]), float(lr.intercept_[0])
-        weights = slope * shared_weights
-        weights[0] += level
-        oof = lr.predict_proba(score.reshape(-1, 1))[:, 1]
+        shared_weights, score, basis, c_dev, oof = shared
+        own = permodel.fit_one(np.asarray(x @ basis), score, y, c_dev, w)
+        weights = own.slope * shared_weights + basis @ own.deviation
+        weights[0] += own.level
     elif n >= MIN_ROWS_FOR_MODEL and 2 <= k <= n - 2:
         # The bias is feature 0, so no separate intercept: the weights then carry everything.
         clf = LogisticRegression(C=c, fit_intercept=False, max_iter=2000)
@@ -120,23 +121,62 @@ def reliability(p: np.ndarray, y: np.ndarray, bins: int = 5) -> list[dict[str, A
     return out
 
 
-def fit(rows: Sequence[AttemptRow], *, c: float = 0.5) -> dict[str, Any]:
-    """The artifact (a JSON-ready dict) for these attempt rows."""
+def fit(rows: Sequence[AttemptRow], *, c: float = 0.5, max_attempts: int | None = None) -> dict[str, Any]:
+    """The artifact (a JSON-ready dict) for these attempt rows, with value curves for the retry
+    limits in ``value.ATTEMPTS`` and ``max_attempts``."""
     if not rows:
         raise ValueError("no labelled attempts in the log: send traffic and outcomes first")
-    shared = pooled.shared_score(rows, matrix(rows))
+    # Many small fits: BLAS threads only contend, badly so on a small shared machine.
+    with threadpool_limits(1):
+        return _fit(rows, c, max_attempts)
+
+
+def _fit(rows: Sequence[AttemptRow], c: float, max_attempts: int | None) -> dict[str, Any]:
+    x = matrix(rows)
+    groups = pooled.task_groups(rows)
+    shared = pooled.shared_score(rows, x, groups)
     per_model: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
         per_model[r.model].append(i)
+    y = np.array([r.success for r in rows], dtype=np.float64)
+    c_dev, dev_oof, basis = 0.0, np.zeros(len(rows)), np.zeros((x.shape[1], 0))
+    if shared.c is not None:
+        names = sorted(per_model)
+        model_of = np.array([names.index(r.model) for r in rows])
+        basis = permodel.directions(x, groups)
+        w = np.array([r.weight for r in rows], dtype=np.float64)
+        c_dev, dev_oof = permodel.choose_strength(np.asarray(x @ basis), shared.oof, y, model_of, groups, w)
     models: dict[str, Any] = {}
     p = np.zeros(len(rows))
     for model, idx in sorted(per_model.items()):
-        given = (shared.weights, shared.oof[idx]) if shared.c is not None else None
+        given = (
+            (shared.weights, shared.oof[idx], basis, c_dev, dev_oof[idx]) if shared.c is not None else None
+        )
         params, oof = fit_model([rows[i] for i in idx], c=c, shared=given)
         models[model] = params
         p[idx] = oof
-    y = np.array([r.success for r in rows], dtype=np.float64)
-    task_sd = taskeffect.estimate(pooled.task_groups(rows), p, y)
+    task_sd = taskeffect.estimate(groups, p, y)
+    artifact = _artifact(rows, models, p, y, groups, shared.c, c_dev, task_sd)
+    # The curves are the policy's own expectations, so they need the artifact as the router reads it.
+    loaded = Artifact.from_bytes(orjson.dumps(artifact), source="(new artifact)", expected_sha256=None)
+    first: dict[int, Vector] = {}
+    seen: dict[int, dict[str, float]] = defaultdict(dict)
+    for g, r, p_oof in zip(groups, rows, p, strict=True):
+        first.setdefault(int(g), r.vector)
+        if r.attempt == 1:
+            seen[int(g)].setdefault(r.model, float(p_oof))
+    attempts = {*value.ATTEMPTS, *([max_attempts] if max_attempts else [])}
+    order = sorted(first)
+    artifact["value_curve"] = value.curves(
+        loaded, [seen[g] for g in order], [first[g] for g in order], attempts
+    )
+    return artifact
+
+
+def _artifact(
+    rows: Sequence[AttemptRow], models: dict[str, Any], p: np.ndarray, y: np.ndarray, groups: np.ndarray,
+    c_shared: float | None, c_dev: float, task_sd: float,
+) -> dict[str, Any]:  # fmt: skip
     return {
         "format": FORMAT,
         "feature_schema": schema(),
@@ -151,9 +191,11 @@ def fit(rows: Sequence[AttemptRow], *, c: float = 0.5) -> dict[str, Any]:
         "metrics": {
             "brier": round(float(np.mean((p - y) ** 2)), 4),
             "brier_base_rate": round(float(np.mean((y.mean() - y) ** 2)), 4),
+            "auc": metrics.auc(p, y),
+            "pairwise": metrics.pairwise(p, y, groups, [r.model for r in rows]),
             "reliability": reliability(p, y),
         },
-        "shared_score": {"c": shared.c},
+        "shared_score": {"c": c_shared, "deviation_c": c_dev},
         "task_effect_sd": task_sd,
         "models": models,
     }

@@ -49,10 +49,10 @@ def task_groups(rows: Sequence[AttemptRow]) -> np.ndarray:
     return np.array([ids.setdefault(task_key(r.vector), len(ids)) for r in rows], dtype=int)
 
 
-def shared_score(rows: Sequence[AttemptRow], x: sparse.csr_matrix) -> SharedScore:
+def shared_score(rows: Sequence[AttemptRow], x: sparse.csr_matrix, groups: np.ndarray) -> SharedScore:
+    """``groups``: ``task_groups(rows)``."""
     width = x.shape[1]
     y = np.array([r.success for r in rows], dtype=int)
-    groups = task_groups(rows)
     n_tasks = int(groups.max()) + 1 if len(groups) else 0
     if n_tasks < MIN_TASKS or y.min() == y.max():
         return SharedScore(np.zeros(width), np.zeros(len(rows)), None)
