@@ -115,18 +115,22 @@ def best_plan(
 
 def outcomes_by_value(
     options: Sequence[Option], values: np.ndarray, *, attempts_left: int, task_sd: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(expected success, expected cost) of the plan ``best_plan`` makes at each value, 0 where it
-    stops: every plan is scored once, then chosen for every value at once (for calibrating a target)."""
+    already_failed: Sequence[str] = (),
+) -> tuple[np.ndarray, np.ndarray, list[str | None]]:  # fmt: skip
+    """Of the plan ``best_plan`` makes at each value: its expected success and cost (0 where it
+    stops) and its first model (None: stop). Every plan is scored once, then chosen for every value
+    at once (for calibrating a target over many tasks and values)."""
+    failed_options = [o for o in options if o.model in already_failed]
     options = shortlist(options)
     rows = _sequences(len(options), max(1, attempts_left), True)
-    cost, success = _score(options, rows, (), task_sd, ())
-    # Rounded as _choose rounds; ties go to the shorter, then cheaper, plan (lexsort's order).
+    cost, success = _score(options, rows, already_failed, task_sd, failed_options)
+    # Rounded as _choose rounds; ties go to the cheaper, then shorter, plan (lexsort's order).
     order = np.lexsort((rows.lengths, cost))
     worth = np.round(values[:, None] * success[None, order] - cost[None, order], 12)
     best = order[np.argmax(worth, axis=1)]
     go = worth.max(axis=1) > 0
-    return np.where(go, success[best], 0.0), np.where(go, cost[best], 0.0)
+    first = [options[rows.index[b, 0]].model if g else None for b, g in zip(best, go, strict=True)]
+    return np.where(go, success[best], 0.0), np.where(go, cost[best], 0.0), first
 
 
 @dataclass(frozen=True)

@@ -326,35 +326,44 @@ def test_training_calibrates_the_value_to_a_target_on_its_own_tasks() -> None:
     artifact = Artifact.from_bytes(orjson.dumps(fit(rows, max_attempts=2)), source="t", expected_sha256=None)
     shares = [s for _, s in artifact.value_curves[2]]
     assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] > 0.85  # more value, more done
-    # The curve plans each task on the probabilities it is given (out-of-fold, where the log has
-    # them): two hand-made tasks, an easy and a hard one, both models seen.
-    tasks = [{"cheap": 0.9, "strong": 0.95}, {"cheap": 0.1, "strong": 0.8}]
+    # The curve replays each task as the log recorded it, planning on out-of-fold probabilities:
+    # two hand-made tasks, an easy one and one only "strong" solves.
+    tasks = [
+        {"cheap": value.Logged(0.9, True, 0.01), "strong": value.Logged(0.95, True, 0.04)},
+        {"cheap": value.Logged(0.3, False, 0.01), "strong": value.Logged(0.8, True, 0.05)},
+    ]
     vectors = [
         task_vector("fix the typo docstring 1"),
         task_vector("fix the race 2"),
     ]
     curve = value.curve(artifact, tasks, vectors, max_attempts=2)
-    calibrated = dataclasses.replace(artifact, value_curves={2: tuple((v, s) for v, s, _ in curve)})
-    target = 0.85
-    chosen = calibrated.value_for(target, 2)
 
-    # Replanning both tasks at that value, on the same probabilities, meets the target on average,
-    # and at the next value down the grid it does not.
     def share(v: float) -> float:
-        done = 0.0
-        for seen, vec in zip(tasks, vectors, strict=True):
-            costs = {
-                o.model: o.attempt_cost
-                for o in LearnedScorer(artifact, Objective()).options(vec, ["cheap", "strong"])
-            }
-            opts = [Option(m, p, costs[m]) for m, p in seen.items()]
-            plan = best_plan(opts, attempts_left=2, value=v, task_sd=artifact.task_sd)
-            done += plan.success if plan.worth_trying(v) else 0.0
+        """The replay spelled out: plan, try, replan after a failure, stop when nothing is worth it."""
+        done = 0
+        for logged, vec in zip(tasks, vectors, strict=True):
+            scorer = LearnedScorer(artifact, Objective())
+            costs = {o.model: o.attempt_cost for o in scorer.options(vec, ["cheap", "strong"])}
+            opts = [Option(m, seen.p_success, costs[m]) for m, seen in logged.items()]
+            failed: list[str] = []
+            for left in (2, 1):
+                plan = best_plan(
+                    opts, attempts_left=left, already_failed=failed, value=v, task_sd=artifact.task_sd
+                )
+                if not plan.worth_trying(v):
+                    break
+                model = plan.models[0]
+                if logged[model].success and model not in failed:
+                    done += 1
+                    break
+                failed.append(model)
         return done / len(tasks)
 
-    assert share(chosen) >= target - 1e-6
-    below = max(v for v, _, _ in curve if v < chosen)
-    assert share(below) < target
+    assert [s for _, s, _ in curve] == [share(v) for v, _, _ in curve]
+    assert 0.0 in [s for _, s, _ in curve] and 1.0 in [s for _, s, _ in curve]
+    calibrated = dataclasses.replace(artifact, value_curves={2: tuple((v, s) for v, s, _ in curve)})
+    chosen = calibrated.value_for(0.9, 2)
+    assert share(chosen) >= 0.9 and share(max(v for v, _, _ in curve if v < chosen)) < 0.9
 
 
 def test_outcomes_by_value_agree_with_best_plan() -> None:
@@ -365,10 +374,14 @@ def test_outcomes_by_value_agree_with_best_plan() -> None:
         ]
         values = np.array([0.1, 1.0, 3.0, 10.0, 100.0])
         sd, n = rng.choice([0.0, 1.5]), rng.randint(1, 3)
-        success, cost = plan_module.outcomes_by_value(options, values, attempts_left=n, task_sd=sd)
-        for v, s, c in zip(values, success, cost, strict=True):
-            plan = best_plan(options, attempts_left=n, value=float(v), task_sd=sd)
+        failed = rng.sample([o.model for o in options], rng.randint(0, len(options)))
+        success, cost, first = plan_module.outcomes_by_value(
+            options, values, attempts_left=n, task_sd=sd, already_failed=failed
+        )
+        for v, s, c, f in zip(values, success, cost, first, strict=True):
+            plan = best_plan(options, attempts_left=n, value=float(v), task_sd=sd, already_failed=failed)
             go = plan.worth_trying(float(v))
+            assert f == (plan.models[0] if go else None)
             assert s == pytest.approx(plan.success if go else 0.0) and c == pytest.approx(
                 plan.expected_cost if go else 0.0
             )

@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cost-per-task", type=float, help="per-task budget in USD the policy plans within")
     p.add_argument("--verifier-noise", metavar="FA,FR", help="outcomes reach the policy through a verifier that accepts a wrong result with probability FA and rejects a right one with FR (default 0,0)")  # fmt: skip
     p.add_argument("--config", help="take the objective (max_attempts, value_per_completed_usd or target_success, max_cost_per_task) from this policy file; flags override")  # fmt: skip
+    p.add_argument("--targets", action="store_true", help="the issue's targets in one table: --retries 0, --retries 2, and --retries 2 with --verifier-noise 0.2,0.1 (three cross-validations)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--out", type=Path, help="write report.md, report.json and PNG plots here")
     p.add_argument("--workers", type=int, default=None, help="processes for the folds (default: up to 2)")
@@ -102,6 +103,8 @@ def run_eval(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     started = time.monotonic()
     train = loader.load(args.train or _relative(default_data_dir()))
+    if args.targets:
+        return _targets(train, settings, args.json)
     if args.test is not None:
         result = runner.train_test(train, loader.load(args.test), settings)
     else:
@@ -123,4 +126,32 @@ def run_eval(args: argparse.Namespace) -> int:
         render.print_table(result, console)
         if args.out is not None:
             console.print(f"wrote {args.out}/report.md, report.json, cost_success.png, share_of_calls.png")
+    return 0
+
+
+#: What ``--targets`` runs: (retries, verifier noise).
+TARGET_RUNS = ((0, (0.0, 0.0)), (2, (0.0, 0.0)), (2, (0.2, 0.1)))
+
+
+def _targets(train: Any, settings: Settings, as_json: bool) -> int:
+    """The three cross-validations the issue's targets are stated on, and one table of them."""
+    import dataclasses
+
+    import orjson
+
+    from router.learning.evals import report, runner
+
+    results = []
+    for retries, noise in TARGET_RUNS:
+        started = time.monotonic()
+        run = dataclasses.replace(settings, retries=retries, noise=noise, value=None, target_success=None)
+        result = runner.cross_validate(train, run)
+        result["policy"]["setup"]["seconds"] = round(time.monotonic() - started, 1)
+        results.append(result)
+    if as_json:
+        sys.stdout.write(
+            orjson.dumps(report.jsonable([r["policy"]["targets"] for r in results])).decode() + "\n"
+        )
+    else:
+        sys.stdout.write(report.targets_table(results))
     return 0

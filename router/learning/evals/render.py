@@ -133,6 +133,48 @@ def target_lines(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _frontier_md(points: list[dict[str, Any]]) -> list[str]:
+    lines = ["| value $ | resolved | $ / task | $ / completed | attempts |", "|---:|---:|---:|---:|---:|"]
+    for pt in points:
+        lines.append(f"| {pt['value']:g} | {_pm(pt, 'resolved_rate', '{:.1%}')} | {_pm(pt, 'cost_per_task', '{:.4f}')} | "
+                     f"{_pm(pt, 'cost_per_completed', '{:.4f}')} | {_pm(pt, 'mean_attempts', '{:.2f}')} |")  # fmt: skip
+    return lines
+
+
+def targets_table(reports: list[dict[str, Any]]) -> str:
+    """The issue's targets as one markdown table (``router eval --targets``), then each frontier."""
+    lines = ["| target | wanted | policy | reference | ratio | |", "|---|---|---|---|---:|---|"]
+    for rep in reports:
+        tg = rep["policy"]["targets"]
+        if "a_cheap_end" in tg:
+            a = tg["a_cheap_end"]
+            lines.append(
+                f"| (a) single shot, cheap end | ≥ {a['reference']} + 1 point at ≤ 1.10× its $/task | "
+                f"{a['policy_resolved_rate']:.1%} at ${a['policy_cost_per_task']:.4f}/task | "
+                f"{a['reference_resolved_rate']:.1%} at ${a['reference_cost_per_task']:.4f} | "
+                f"{a['resolved_gain_points']:+.1f} pt, {a['cost_ratio']:.2f}× | {'met' if a['met'] else 'not met'} |"
+            )
+        for key, label in (("b_cascades", "(b)"), ("c_noisy_cascades", "(c)")):
+            for r in (tg.get(key) or {}).get("targets", []):
+                noise = " noise 0.2,0.1" if key.startswith("c") else ""
+                lines.append(
+                    f"| {label} retries 2{noise}, target {r['target']:.0%} | ≤ 1.05× cascade's $/completed at ≥ "
+                    f"its resolved | {r['policy_resolved_rate']:.1%} at ${r['policy_cost_per_completed']:.4f} | "
+                    f"{r['cascade']}: {r['cascade_resolved_rate']:.1%} at ${r['cascade_cost_per_completed']:.4f} | "
+                    f"{r['cost_ratio']:.2f}× | {'met' if r['met'] else 'not met'} |"
+                )
+    for rep in reports:
+        setup = rep["policy"]["setup"]
+        for key, title in _frontiers(rep):
+            lines += [
+                "",
+                f"retries {setup['retries']}, {title} ({setup['seconds']} s):",
+                "",
+                *_frontier_md(rep[key]),
+            ]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(report: dict[str, Any], images: dict[str, str]) -> str:
     setup = report["policy"]["setup"]
     lines = [
@@ -156,11 +198,7 @@ def markdown(report: dict[str, Any], images: dict[str, str]) -> str:
         lines.append(f"| {name} | {_pm(m, 'resolved_rate', '{:.1%}')} | {_pm(m, 'cost_per_task', '{:.4f}')} | "
                      f"{_pm(m, 'cost_per_completed', '{:.4f}')} | {_pm(m, 'mean_attempts', '{:.2f}')} | {chosen} |")  # fmt: skip
     for key, title in _frontiers(report):
-        lines += ["", f"## {title}", "", "| value $ | resolved | $ / task | $ / completed | attempts |",
-                  "|---:|---:|---:|---:|---:|"]  # fmt: skip
-        for pt in report[key]:
-            lines.append(f"| {pt['value']:g} | {_pm(pt, 'resolved_rate', '{:.1%}')} | {_pm(pt, 'cost_per_task', '{:.4f}')} | "
-                         f"{_pm(pt, 'cost_per_completed', '{:.4f}')} | {_pm(pt, 'mean_attempts', '{:.2f}')} |")  # fmt: skip
+        lines += ["", f"## {title}", "", *_frontier_md(report[key])]
     for title, name in images.items():
         lines += ["", f"## {title}", "", f"![{title}]({name})"]
     return "\n".join(lines) + "\n"

@@ -160,11 +160,11 @@ def _fit(rows: Sequence[AttemptRow], c: float, max_attempts: int | None) -> dict
     # The curves are the policy's own expectations, so they need the artifact as the router reads it.
     loaded = Artifact.from_bytes(orjson.dumps(artifact), source="(new artifact)", expected_sha256=None)
     first: dict[int, Vector] = {}
-    seen: dict[int, dict[str, float]] = defaultdict(dict)
+    seen: dict[int, dict[str, value.Logged]] = defaultdict(dict)
     for g, r, p_oof in zip(groups, rows, p, strict=True):
         first.setdefault(int(g), r.vector)
         if r.attempt == 1:
-            seen[int(g)].setdefault(r.model, float(p_oof))
+            seen[int(g)].setdefault(r.model, value.Logged(float(p_oof), r.success, r.cost))
     attempts = {*value.ATTEMPTS, *([max_attempts] if max_attempts else [])}
     order = sorted(first)
     artifact["value_curve"] = value.curves(
