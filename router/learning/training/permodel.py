@@ -58,7 +58,9 @@ def directions(x: sparse.csr_matrix, groups: np.ndarray) -> np.ndarray:
     return np.asarray(svd.components_.T)
 
 
-def fit_one(z: np.ndarray, score: np.ndarray, y: np.ndarray, c: float, w: np.ndarray | None = None) -> ModelFit:
+def fit_one(
+    z: np.ndarray, score: np.ndarray, y: np.ndarray, c: float, w: np.ndarray | None = None
+) -> ModelFit:
     """The penalised maximum-likelihood level, slope and deviation (in the directions' space ``z``).
 
     One logistic regression over [shared score, z] with an unpenalised intercept: the score's
