@@ -78,7 +78,12 @@ async def post_outcome(
         tracker.outcome(out.task_id, attempt, out.success)
     except RouterError as err:
         return error_reply(err)
-    result: dict[str, Any] = {"task_id": out.task_id, "attempt": attempt, "success": out.success, "recorded": True}
+    result: dict[str, Any] = {
+        "task_id": out.task_id,
+        "attempt": attempt,
+        "success": out.success,
+        "recorded": True,
+    }
     if not out.success:
         known = _known(state, rows, attempt)
         scorer = runtime.arm_for(out.task_id)[1].scorer

@@ -139,7 +139,7 @@ def _targets(train: Any, settings: Settings, as_json: bool) -> int:
 
     import orjson
 
-    from router.learning.evals import report, runner
+    from router.learning.evals import render, runner
 
     results = []
     for retries, noise in TARGET_RUNS:
@@ -150,8 +150,8 @@ def _targets(train: Any, settings: Settings, as_json: bool) -> int:
         results.append(result)
     if as_json:
         sys.stdout.write(
-            orjson.dumps(report.jsonable([r["policy"]["targets"] for r in results])).decode() + "\n"
+            orjson.dumps(render.jsonable([r["policy"]["targets"] for r in results])).decode() + "\n"
         )
     else:
-        sys.stdout.write(report.targets_table(results))
+        sys.stdout.write(render.targets_table(results))
     return 0
