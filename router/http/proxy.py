@@ -60,6 +60,12 @@ def rule_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k not in SECRET_HEADERS}
 
 
+def task_of(req: ClientRequest, key_id: str | None, all_headers: Mapping[str, str]) -> str:
+    """The request's task, as stored for its caller (``identity.scoped``)."""
+    key_hash = client_key_hash(presented_key(all_headers))
+    return scoped(key_id, task_id_of(req, all_headers.get("x-router-task-id"), key_hash))
+
+
 def header_dict(request: Request) -> dict[str, str]:
     """The request's headers, read once: Starlette's ``Headers`` scans the list per lookup."""
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in request.scope["headers"]}
@@ -133,7 +139,7 @@ class Proxy:
             if self.log_prompts:
                 f.prompt = prompt_text(req)
             headers = rule_headers(all_headers)
-            f.task_id = scoped(principal.key_id, self.task_id(req, all_headers))
+            f.task_id = task_of(req, principal.key_id, all_headers)
             f.decided = decided = await self.pipeline.decide(
                 f.rt, req, f.task_id, f.key_id, headers, all_headers.get("x-router-attempt"), len(raw)
             )
@@ -163,16 +169,10 @@ class Proxy:
         self, req: ClientRequest, key_id: str | None, all_headers: dict[str, str], body_bytes: int
     ) -> Decided:
         """The decision this request would get now, without calling any backend or remembering it."""
-        task_id = scoped(key_id, self.task_id(req, all_headers))
         return await self.pipeline.preview(
-            self.runtime.current, req, task_id, key_id, rule_headers(all_headers),
+            self.runtime.current, req, task_of(req, key_id, all_headers), key_id, rule_headers(all_headers),
             all_headers.get("x-router-attempt"), body_bytes,
         )  # fmt: skip
-
-    @staticmethod
-    def task_id(req: ClientRequest, all_headers: Mapping[str, str]) -> str:
-        key_hash = client_key_hash(presented_key(all_headers))
-        return task_id_of(req, all_headers.get("x-router-task-id"), key_hash)
 
     def _stream(
         self, wire: Wire, req: ClientRequest, c: CommittedStream, phases: Phases, f: Flight
