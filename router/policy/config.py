@@ -195,7 +195,7 @@ class TasksSpec(_Strict):
     label_model: LearnedRef | None = None
     #: Leave the pinned model (once per attempt, where another may take over) when the attempt's
     #: P(success) falls below this. Off by default: on real agent runs the label is not sharp
-    #: enough to act on alone (README, "Outcome labels").
+    #: enough to act on alone (docs/learning.md, "Outcome labels").
     escalate_below: float | None = Field(default=None, gt=0, lt=1)
 
 
