@@ -4,6 +4,7 @@ hand, the learned policy's training path, and a cross-validation run on a tiny s
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -15,7 +16,7 @@ import pytest
 
 from router.app.cli import main
 from router.learning.evals import baselines as bl
-from router.learning.evals import deploy, loader, runner
+from router.learning.evals import deploy, loader, render, runner
 from router.learning.evals.loader import DataError, Dataset
 from router.learning.evals.metrics import combine, summarize
 from router.learning.evals.simulate import Verifier, replay
@@ -333,6 +334,16 @@ def test_cross_validation_on_a_slice(tmp_path: Path) -> None:
         assert sum(m["share_of_calls"].values()) == pytest.approx(1.0), name
     assert report["policy"]["setup"]["folds"] == 2 and report["policy"]["setup"]["tasks"] == 40
     assert "b_cascades" in report["policy"]["targets"]
+    # With a noisy verifier the same run reports target (c), and the frontier at no noise beside it.
+    noisy = runner.cross_validate(data, dataclasses.replace(settings, noise=(0.2, 0.1)))
+    [row] = noisy["policy"]["targets"]["c_noisy_cascades"]["targets"]
+    assert row["target"] == 0.65 and row["met"] == (
+        row["policy_resolved_rate"] >= row["cascade_resolved_rate"] and row["cost_ratio"] <= 1.05
+    )
+    assert [p["value"] for p in noisy["frontier_exact"]] == [0.05, 1.0]
+    noisy["policy"]["setup"]["seconds"] = 1.0
+    table = render.targets_table([noisy])
+    assert "| (c) retries 2 noise 0.2,0.1, target 65% |" in table and "verifier noise 0.2,0.1" in table
 
 
 def test_cli_prints_one_json_object_and_writes_the_report(tmp_path: Path) -> None:
