@@ -6,12 +6,20 @@ attempt costs exactly what its cost weight says, whatever the task.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from router.errors import ConfigError
+from router.features.request import Features
 from router.features.task import vector as taskfeatures
+from router.learning.training import dataset
+from router.learning.training.fit import fit
+from router.policy.decide import Estimate
 from router.policy.learned import TYPICAL_CALLS, Artifact, LearnedScorer, ModelParams, Objective
 from router.policy.plan import Option
 
@@ -111,3 +119,76 @@ def test_remembered_plans_change_with_the_failures_and_the_budget() -> None:
     failed, _ = scorer.plan(TASK, list(MODELS), failed=("strong",))
     poor, _ = scorer.plan(TASK, list(MODELS), budget=0.06)
     assert (plain.models, failed.models, poor.models) == (("strong",), ("mid",), ("mid",))
+
+
+def features(**task: Any) -> Features:
+    return Features(
+        protocol="openai_chat", requested_model="auto", prompt_tokens=100, max_output_tokens=None,
+        tools=True, n_tools=1, thinking=False, vision=False, stream=False, n_messages=3, **task,
+    )  # fmt: skip
+
+
+def estimates(per_call: dict[str, float]) -> list[Estimate]:
+    return [Estimate(m, 100, 10, 0, cost) for m, cost in per_call.items()]
+
+
+def test_rank_puts_the_plans_first_model_first_and_explains_the_plan() -> None:
+    scorer = LearnedScorer(artifact(), every_attempt_worth_making(max_attempts=3))
+    # Per-call costs in the opposite order of the artifact's: the plan, not the call, decides.
+    ranked, propensity, reason = scorer.rank(
+        features(task_vector=TASK), estimates({"strong": 0.001, "mid": 0.002, "cheap": 0.003})
+    )
+    assert [e.model for e in ranked] == ["cheap", "mid", "strong"]  # first, then by cost per success
+    assert propensity == 1.0
+    assert reason == "plan cheap → mid → strong: expected $0.1237 per completed task, success 93%"
+    by_model = {e.model: e for e in ranked}
+    assert (by_model["cheap"].p_success, by_model["cheap"].attempt_cost_usd) == (0.3, 0.01)
+    # 0.01 / 0.3, 0.05 / 0.5, 0.2 / 0.8
+    assert [by_model[m].score for m in ("cheap", "mid", "strong")] == [0.033333, 0.1, 0.25]
+    assert all(e.score == e.cost_per_completed_usd for e in ranked)
+
+
+def test_rank_plans_from_the_tasks_attempt_failures_and_budget() -> None:
+    scorer = LearnedScorer(artifact(), every_attempt_worth_making(max_attempts=3))
+    cost = estimates({"strong": 0.001, "mid": 0.002, "cheap": 0.003})
+    last = scorer.rank(features(task_vector=TASK, attempt=3, failed_models=("cheap", "mid")), cost)
+    assert last[0][0].model == "strong" and last[2].startswith("plan strong: ")
+    broke = scorer.rank(features(task_vector=TASK, attempt=3, task_budget_left=0.06), cost)
+    assert broke[2].startswith("plan mid: ")
+
+
+def test_rank_without_a_task_is_the_cheapest_call() -> None:
+    # (Side calls never reach the scorer: the decider ranks them by cost; test_side_calls.py.)
+    scorer = LearnedScorer(artifact(), every_attempt_worth_making(max_attempts=3))
+    ranked, _, reason = scorer.rank(features(), estimates({"strong": 0.001, "mid": 0.002, "cheap": 0.003}))
+    assert [e.model for e in ranked] == ["strong", "mid", "cheap"]
+    assert reason.startswith("cheapest")
+
+
+def test_artifact_load_checks_the_pinned_hash(tmp_path: Path) -> None:
+    good = tmp_path / "artifact.json"
+    good.write_bytes(orjson.dumps(fit(training_rows())))
+    digest = hashlib.sha256(good.read_bytes()).hexdigest()
+    assert Artifact.load(good, digest).sha256 == digest
+    assert Artifact.load(good, digest.upper()).sha256 == digest
+    with pytest.raises(ConfigError, match="sha256 mismatch"):
+        Artifact.load(good, "0" * 64)
+    with pytest.raises(ConfigError, match=r"missing\.json: cannot read learned artifact"):
+        Artifact.load(tmp_path / "missing.json", None)
+
+
+def training_rows() -> list[dataset.AttemptRow]:
+    vec = taskfeatures.task_vector("fix the failing test")
+    return [
+        dataset.AttemptRow(f"t{i}", 1, m, vec, m == "strong", "explicit", 0.01, 3, 1.0, [m])
+        for i in range(6)
+        for m in ("cheap", "strong")
+    ]
+
+
+def test_expected_output_from_the_fitted_median() -> None:
+    art = dataclasses.replace(artifact(), meta={"output_tokens": {"mid": {"q50": [1.0, 0.5]}}})
+    scorer = LearnedScorer(art, Objective())
+    # log1p(out) = 1 + 0.5 · log1p(99) → out = e^(1 + 0.5 ln 100) − 1 = 10e − 1
+    assert scorer.expected_output("mid", 99) == round(10 * math.e - 1)
+    assert scorer.expected_output("cheap", 99) is None
