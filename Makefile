@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test serve lint typecheck unit clean bench
+.PHONY: demo test serve lint typecheck unit coverage mutation clean bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,5 +35,14 @@ bench: $(BIN)/.installed
 unit: $(BIN)/.installed
 	$(BIN)/pytest -q tests/unit -m 'not integration'
 
+# How much of the request path the unit tests alone run.
+coverage: $(BIN)/.installed
+	$(BIN)/pytest -q tests/unit -m 'not integration' --cov=router.forward.execute --cov=router.forward.upstream \
+		--cov=router.http.admission --cov=router.forward.accounting --cov-report=term-missing
+
+# Mutation testing of the critical decision code (tens of minutes; not in CI). PARTS=planner etc.
+mutation: $(BIN)/.installed
+	$(BIN)/python -m tests.mutation $(PARTS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache router.db
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache router.db mutants .coverage
