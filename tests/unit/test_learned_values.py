@@ -44,11 +44,9 @@ def artifact(models: dict[str, tuple[float, float]] = MODELS, task_sd: float = 0
 
 
 def every_attempt_worth_making(max_attempts: int) -> Objective:
-    """An objective under which more success is always worth its cost, so a plan uses every
-    attempt it may: a very valuable task (or, before values, an unreachable success floor)."""
-    names = {f.name for f in dataclasses.fields(Objective)}
-    knob: dict[str, Any] = {"value": 1e6} if "value" in names else {"min_success": 0.9999}
-    return Objective(max_attempts=max_attempts, **knob)
+    """A task worth so much that more success is always worth its cost: a plan uses every attempt
+    it may."""
+    return Objective(max_attempts=max_attempts, value=1e6)
 
 
 def test_options_are_the_artifacts_success_and_cost() -> None:
