@@ -234,3 +234,17 @@ async def test_shared_budgets_are_not_restored_from_the_log(tmp_path: Path) -> N
     """Redis keeps its own spend across restarts; only the in-process state starts from the log."""
     shared = open_state(f"redis://127.0.0.1:{closed_port()}/0")
     assert await admission.restore_spend(shared, open_store(f"sqlite:///{tmp_path / 'none.db'}"), True) == 0
+
+
+async def test_a_restart_keeps_what_each_key_spent(fake: FakeUpstream, tmp_path: Path) -> None:
+    """In-process budgets start again from the spend in the log (same store, new process state)."""
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        key, key_id = await r.key(budget_usd=1.0)
+        await r.post(key=key, max_tokens=MAX_TOKENS)
+        await settled(r, f"key:{key_id}")
+        (row,) = await r.records()
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as again:
+        usage = await again.s.state.budgets.spent(f"key:{key_id}")
+        untouched = await again.s.state.budgets.spent("key:never-used")
+    assert usage.spent == pytest.approx(row["cost_usd"], abs=1e-9) and usage.reserved == 0
+    assert untouched.spent == 0

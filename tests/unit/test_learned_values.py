@@ -20,7 +20,7 @@ from router.features.task import vector as taskfeatures
 from router.learning.training import dataset
 from router.learning.training.fit import fit
 from router.policy.decide import Estimate
-from router.policy.learned import TYPICAL_CALLS, Artifact, LearnedScorer, ModelParams, Objective
+from router.policy.learned import FORMAT, TYPICAL_CALLS, Artifact, LearnedScorer, ModelParams, Objective
 from router.policy.plan import Option
 
 WIDTH = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
@@ -190,3 +190,50 @@ def test_expected_output_from_the_fitted_median() -> None:
     # log1p(out) = 1 + 0.5 · log1p(99) → out = e^(1 + 0.5 ln 100) − 1 = 10e − 1
     assert scorer.expected_output("mid", 99) == round(10 * math.e - 1)
     assert scorer.expected_output("cheap", 99) is None
+
+
+def artifact_json(**changes: Any) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "format": FORMAT,
+        "feature_schema": taskfeatures.schema(),
+        "models": {"m": {"weights": [0.0] * WIDTH, "platt": [2, -1], "cost_weights": [-3]}},
+        "task_effect_sd": 1.5,
+        "trained_on": 42,
+    }
+    obj.update(changes)
+    return obj
+
+
+def test_artifact_is_read_field_by_field() -> None:
+    art = Artifact.from_bytes(orjson.dumps(artifact_json()), source="a.json", expected_sha256=None)
+    m = art.models["m"]
+    assert (m.platt, m.cost_weights, m.calls_per_attempt, m.n) == ((2.0, -1.0), (-3.0,), 1.0, 0)
+    assert art.task_sd == 1.5 and art.meta["trained_on"] == 42 and "models" not in art.meta
+    assert art.schema == taskfeatures.schema()
+    assert m.p_success(TASK) == pytest.approx(1 / (1 + math.e))  # σ(2·0 − 1)
+    assert m.attempt_cost(TASK) == pytest.approx(math.exp(-3))
+
+
+@pytest.mark.parametrize(
+    ("obj", "message"),
+    [
+        (b"{not json", r"^a\.json: not JSON: "),
+        (orjson.dumps([1]), r"^a\.json: not a learned-policy artifact \(format 'router-learned/"),
+        (orjson.dumps(artifact_json(format="router-learned/0")), r"artifact format 'router-learned/0', this"),
+        (orjson.dumps(artifact_json(feature_schema={"version": 0})), r"^a\.json: feature schema mismatch: "),
+        (
+            orjson.dumps(
+                artifact_json(models={"m": {"weights": [0.0], "platt": [1, 0], "cost_weights": []}})
+            ),
+            rf"^a\.json: models\.m\.weights: expected {WIDTH} values, got 1$",
+        ),
+        (
+            orjson.dumps(artifact_json(task_effect_sd=11)),
+            r"task_effect_sd: expected a number in \[0, 10\], got 11",
+        ),
+        (orjson.dumps(artifact_json(task_effect_sd="1")), r"task_effect_sd: expected a number"),
+    ],
+)
+def test_artifact_refusals_name_the_file_and_the_field(obj: bytes, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Artifact.from_bytes(obj, source="a.json", expected_sha256=None)
