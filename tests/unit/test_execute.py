@@ -429,8 +429,9 @@ async def test_tries_say_when_each_call_started_and_how_long_it_took(fake: FakeU
     assert served["model"] == "slow" and served["status"] == 200 and served["error_type"] is None
     assert 0 <= served["start_ms"] < 150  # the call began as soon as the breaker said skip
     assert 200 <= served["ms"] < 2000  # the provider's 200 ms before answering, in milliseconds
-    started = ex.tries[1].start
+    started, ended = ex.tries[1].start, ex.tries[1].end
     assert started is not None and served["start_ms"] == round((started - phases.arrival) * 1000, 3)
+    assert served["ms"] == round((ended - started) * 1000, 3)  # milliseconds to the microsecond
 
 
 async def test_stream_error_before_the_first_token_names_the_backend(fake: FakeUpstream) -> None:
