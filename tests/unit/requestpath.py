@@ -8,6 +8,7 @@ Backends point at the fake provider; a backend's behaviour rides in its model na
 from __future__ import annotations
 
 import itertools
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -124,6 +125,14 @@ def called(fake: FakeUpstream, cat: Catalog) -> list[str]:
     ids = {b.wire_model: b.id for b in cat}
     models = (r["body"].get("model") for r in fake.requests() if isinstance(r["body"], dict))
     return [ids[m] for m in models if m in ids]
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
 
 
 def fresh() -> tuple[Phases, Execution]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from router.state import Reservation, open_state
 from router.store import open_store
 from tests.polling import eventually
 from tests.unit.inprocess import MASTER, Router, serving
-from tests.unit.requestpath import called, model
+from tests.unit.requestpath import called, closed_port, model
 
 #: Small enough that a short prompt plus this many output tokens is ~110 estimated tokens.
 MAX_TOKENS = 100
@@ -30,6 +29,15 @@ MAX_TOKENS = 100
 
 def hand_cost(row: dict[str, Any]) -> float:
     return row["input_tokens"] * 1e-6 + row["output_tokens"] * 2e-6
+
+
+async def spend_once(r: Router) -> tuple[dict[str, Any], str]:
+    """One request on a new key with room to spare, settled: its log row and the key's id."""
+    key, key_id = await r.key(budget_usd=1.0)
+    await r.post(key=key, max_tokens=MAX_TOKENS)
+    await settled(r, f"key:{key_id}")
+    rows = await r.records()
+    return rows[-1], key_id
 
 
 async def settled(r: Router, scope: str) -> Any:
@@ -123,10 +131,7 @@ async def test_budget_refuses_a_request_that_could_overspend(fake: FakeUpstream,
 
 async def test_budget_counts_what_was_really_spent(fake: FakeUpstream, tmp_path: Path) -> None:
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
-        probe, probe_id = await r.key(budget_usd=1.0)
-        await r.post(key=probe, max_tokens=MAX_TOKENS)
-        await settled(r, f"key:{probe_id}")
-        (row,) = await r.records()
+        row, _ = await spend_once(r)
         estimate, cost = row["cost_est_usd"], row["cost_usd"]
         # Room for one estimate plus half a real cost: the second identical request must not fit.
         key, key_id = await r.key(budget_usd=estimate + cost / 2)
@@ -138,9 +143,7 @@ async def test_budget_counts_what_was_really_spent(fake: FakeUpstream, tmp_path:
 
 async def test_concurrent_requests_cannot_overspend_together(fake: FakeUpstream, tmp_path: Path) -> None:
     async with serving(tmp_path, [model("a", fake.url, "ttft_ms=200")], master_key=MASTER) as r:
-        probe, _ = await r.key(budget_usd=1.0)
-        await r.post(key=probe, max_tokens=MAX_TOKENS)
-        (row,) = await r.records()
+        row, _ = await spend_once(r)
         key, key_id = await r.key(budget_usd=1.5 * row["cost_est_usd"])
         answers = await asyncio.gather(*(r.post(key=key, max_tokens=MAX_TOKENS) for _ in range(2)))
         await settled(r, f"key:{key_id}")
@@ -182,13 +185,6 @@ async def test_open_mode_without_limits_holds_nothing(fake: FakeUpstream, tmp_pa
         answer = await r.post(max_tokens=MAX_TOKENS)
         (row,) = await r.records()
     assert answer.status_code == 200 and row["key_id"] is None
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 async def test_unreachable_state_refuses_budgets_but_not_rate_limits(
@@ -239,10 +235,7 @@ async def test_shared_budgets_are_not_restored_from_the_log(tmp_path: Path) -> N
 async def test_a_restart_keeps_what_each_key_spent(fake: FakeUpstream, tmp_path: Path) -> None:
     """In-process budgets start again from the spend in the log (same store, new process state)."""
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
-        key, key_id = await r.key(budget_usd=1.0)
-        await r.post(key=key, max_tokens=MAX_TOKENS)
-        await settled(r, f"key:{key_id}")
-        (row,) = await r.records()
+        row, key_id = await spend_once(r)
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as again:
         usage = await again.s.state.budgets.spent(f"key:{key_id}")
         untouched = await again.s.state.budgets.spent("key:never-used")

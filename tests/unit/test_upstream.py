@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from router.errors import RateLimited, UpstreamError, UpstreamTimeout
 from router.fakeupstream import FakeUpstream
 from router.forward.upstream import _error_text, _retry_after, provider_body, relay_base
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from tests.unit.requestpath import calls, catalog, model, request, upstream
+from tests.unit.requestpath import calls, catalog, closed_port, model, request, upstream
 
 # -- the provider's body ---------------------------------------------------------------------------------
 
@@ -163,10 +161,7 @@ async def test_reply_that_is_not_json(fake: FakeUpstream) -> None:
 
 
 async def test_unreachable_backend(fake: FakeUpstream) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cat = catalog(model("gone", f"http://127.0.0.1:{port}"))
+    cat = catalog(model("gone", f"http://127.0.0.1:{closed_port()}"))
     async with upstream() as up:
         with pytest.raises(UpstreamError, match="'gone' unreachable: Client") as info:
             await up.complete(request(), cat["gone"], {})
