@@ -237,3 +237,22 @@ def test_artifact_is_read_field_by_field() -> None:
 def test_artifact_refusals_name_the_file_and_the_field(obj: bytes, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Artifact.from_bytes(obj, source="a.json", expected_sha256=None)
+
+
+def test_after_a_failure_the_policy_recommends_escalating_or_stopping() -> None:
+    valuable = LearnedScorer(artifact(), Objective(max_attempts=3, value=1e6))
+    # cheap failed; two attempts left: mid then strong (1 − 0.5·0.2 = 0.9 for 0.05 + 0.5·0.2).
+    go = valuable.recommend(TASK, list(MODELS), attempt=2, failed=("cheap",))
+    assert go.as_dict() == {"retry": True, "model": "mid", "expected_success": 0.9, "expected_cost_usd": 0.15}
+    # A task worth a cent: no attempt pays for itself (cheap: 0.01·0.3 < 0.01), so stop.
+    cheap_task = LearnedScorer(artifact(), Objective(max_attempts=3, value=0.01))
+    stop = cheap_task.recommend(TASK, list(MODELS), attempt=2, failed=("cheap",))
+    assert stop.as_dict() == {
+        "retry": False,
+        "model": None,
+        "expected_success": 0.0,
+        "expected_cost_usd": 0.0,
+    }
+    # No attempts left, whatever the task is worth.
+    assert not valuable.recommend(TASK, list(MODELS), attempt=4, failed=("cheap",)).retry
+    assert valuable.recommend(TASK, list(MODELS), attempt=3, failed=("cheap",)).model == "strong"
