@@ -9,6 +9,7 @@ through the same handler, so a JSON log has no plain lines mixed in.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any
 
@@ -42,7 +43,20 @@ class JsonFormatter(logging.Formatter):
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
-    """Ours, so that configuring again replaces it and leaves anyone else's (a test harness's) alone."""
+    """Ours, so that configuring again replaces it and leaves anyone else's (a test harness's) alone.
+
+    It writes to ``sys.stderr`` as it is when a record is emitted (as ``logging.lastResort`` does),
+    not as it was when configured: a harness that swapped stderr and closed its copy since must
+    not turn every later line into a "Logging error".
+    """
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 def configure(level: str = "info", fmt: str = "text") -> None:
