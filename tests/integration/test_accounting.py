@@ -307,7 +307,6 @@ def test_retries_and_fallbacks_agree_across_log_trace_metrics_and_report(
         assert r["queue_ms"] == pytest.approx(first["start_ms"], abs=0.002)
         assert r["retry_ms"] == pytest.approx(last["start_ms"] - first["start_ms"], abs=0.002)
         assert r["retry_ms"] >= first["ms"]  # the failed try is retry time, not queue time
-        assert r["queue_ms"] < r["retry_ms"]
     # The jittered back-off (0.25 s × 0.5..1.5) before retrying the only backend left.
     assert retried["retry_ms"] >= retried["tries"][0]["ms"] + 125
     assert failed["retry_ms"] >= failed["tries"][0]["ms"] + 125
