@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from router.errors import RateLimited
+from router.errors import PayloadTooLarge, RateLimited
 from router.http.auth import Principal
 from router.policy.decide import Decision
 from router.state import (
@@ -54,6 +54,12 @@ class Admission:
                 rpm=principal.rpm,
                 tpm=principal.tpm,
             )
+            if not verdict and verdict.reason == "too_large":
+                # Waiting cannot help a request that alone exceeds the limit: say so, never "retry later".
+                raise PayloadTooLarge(
+                    f"this request's estimated {tokens} tokens exceed this key's tokens-per-minute limit "
+                    f"of {principal.tpm}: shorten the request or raise the key's limit"
+                )
             if not verdict:
                 raise RateLimited(
                     f"this key's {verdict.reason} limit is reached",
