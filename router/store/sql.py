@@ -7,6 +7,7 @@ query) and ``_execute`` (a statement's row count) — and its dialect; everythin
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,21 +15,26 @@ from router.store import schema
 from router.store.records import KeyRecord, OutcomeRecord, RequestRecord
 
 
-class SQLStore:
+class SQLStore(ABC):
+    """The queries both SQL stores share; each dialect supplies how a statement is run."""
+
     dialect: schema.Dialect
 
     def __init__(self) -> None:
         self._insert_requests = schema.insert_requests_sql(self.dialect)
         self._upsert_outcome = schema.upsert_outcome_sql(self.dialect)
 
+    @abstractmethod
     async def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        raise NotImplementedError
+        """Implemented by each dialect."""
 
+    @abstractmethod
     async def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
+        """Implemented by each dialect."""
 
+    @abstractmethod
     async def _execute(self, sql: str, params: tuple[Any, ...]) -> int:
-        raise NotImplementedError
+        """Implemented by each dialect."""
 
     async def _select(
         self, table: schema.Table, where: str | None, param: Any, order: str, op: str = "="
