@@ -4,7 +4,7 @@ or block list) and the Responses API's ``instructions`` — read from the log of
 
 A side call is tool-less and either names a side-call task in its system prompt (first 4000
 characters) or its last message (last 4000), or asks for few output tokens (at most the policy's
-``tasks.side_call_max_tokens``, 1024 by default) with a short history (at most two messages).
+``tasks.side_call_max_tokens``, 1024 by default) with a short history (at most two messages besides the system prompt).
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ async def test_token_boundary_and_message_count(fake: FakeUpstream, tmp_path: Pa
         "1025 tokens, one message": body(shape, None, one, 1025),
         "128 tokens, two messages": body(shape, None, two, 128),
         "128 tokens, three messages": body(shape, None, LOOP, 128),
+        # A system prompt is not part of the history, whichever way the protocol carries it.
+        "128 tokens, two messages and a system prompt": body(shape, NEUTRAL, two, 128),
         "no limit, one message": body(shape, None, one, None),
         "8 tokens with tools": body(shape, None, one, 8, tools=True),
     }
@@ -145,6 +147,7 @@ async def test_token_boundary_and_message_count(fake: FakeUpstream, tmp_path: Pa
         "1025 tokens, one message": False,
         "128 tokens, two messages": True,
         "128 tokens, three messages": False,
+        "128 tokens, two messages and a system prompt": True,
         "no limit, one message": False,
         "8 tokens with tools": False,
     }

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from router.protocols.common import ClientRequest, text_of
 
+_SYSTEM_ROLES = ("system", "developer")
 _SIDE_CALL_TEXT = re.compile(
     r"\b(title|summar(y|ize|ise)|compact|topic|one[- ]line|commit message|quota check)\b", re.IGNORECASE
 )
@@ -51,9 +52,11 @@ def is_side_call(req: ClientRequest, max_tokens: int = 1024) -> bool:
     last_text = text_of(last.get("content")) if isinstance(last, dict) else ""
     if _SIDE_CALL_TEXT.search(req.system_text[:4000]) or _SIDE_CALL_TEXT.search(last_text[-4000:]):
         return True
-    return (
-        req.max_output_tokens is not None and req.max_output_tokens <= max_tokens and len(req.messages) <= 2
-    )
+    if req.max_output_tokens is None or req.max_output_tokens > max_tokens:
+        return False
+    # OpenAI carries the system prompt as a message, Anthropic beside them: count the history only.
+    history = [m for m in req.messages if not (isinstance(m, dict) and m.get("role") in _SYSTEM_ROLES)]
+    return len(history) <= 2
 
 
 def is_restart(req: ClientRequest) -> bool:
