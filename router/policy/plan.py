@@ -64,16 +64,34 @@ class Plan:
         return self.gain(value) > 0
 
 
-def evaluate(options: Sequence[Option], already_failed: Sequence[str] = (), task_sd: float = 0.0) -> Plan:
-    """The expected cost and success of trying ``options`` in order."""
+def evaluate(
+    options: Sequence[Option], already_failed: Sequence[str | Option] = (), task_sd: float = 0.0
+) -> Plan:
+    """The expected cost and success of trying ``options`` in order, after ``already_failed``.
+
+    With a task effect every failure seen says how hard the task is, including failures of
+    models outside this plan (as ``best_plan`` weighs them): such a model is given as its
+    ``Option`` (its chance is needed); a name is enough for a model in the plan.
+    """
+    failed_names = [f.model if isinstance(f, Option) else f for f in already_failed]
     if task_sd > 0:
         distinct = list({o.model: o for o in options}.values())
         index = {d.model: i for i, d in enumerate(distinct)}
         seq = tuple(index[o.model] for o in options)
-        failed_options = [o for o in distinct if o.model in already_failed]
-        costs, successes = _score(distinct, _rows([seq], len(seq)), already_failed, task_sd, failed_options)
+        known = {
+            **{f.model: f for f in already_failed if isinstance(f, Option)},
+            **{d.model: d for d in distinct},
+        }
+        unknown = [m for m in failed_names if m not in known]
+        if unknown:
+            raise ValueError(
+                f"failed model(s) {', '.join(unknown)} not in the plan: pass their Option, so that the "
+                "task effect can weigh their failure"
+            )
+        failed_options = [known[m] for m in dict.fromkeys(failed_names)]
+        costs, successes = _score(distinct, _rows([seq], len(seq)), failed_names, task_sd, failed_options)
         return Plan(tuple(o.model for o in options), float(costs[0]), float(successes[0]))
-    failed = set(already_failed)
+    failed = set(failed_names)
     cost, fail_all = 0.0, 1.0
     for o in options:
         p = o.p_success * (REPEAT_FACTOR if o.model in failed else 1.0)

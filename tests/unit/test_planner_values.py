@@ -10,7 +10,15 @@ import math
 import numpy as np
 import pytest
 
-from router.policy.plan import NODES, REPEAT_FACTOR, Option, _quadrature, conditional_success, evaluate
+from router.policy.plan import (
+    NODES,
+    REPEAT_FACTOR,
+    Option,
+    _quadrature,
+    best_plan,
+    conditional_success,
+    evaluate,
+)
 
 A = Option("A", 0.5, 1.0)
 B = Option("B", 0.8, 3.0)
@@ -140,3 +148,23 @@ def test_a_failure_seen_makes_the_task_look_harder() -> None:
     assert fresh == pytest.approx(0.7, abs=0.015)
     # With a task effect, C's failure lowers D's chance too; without one, it does not.
     assert after_c_failed.success < independent.success - 0.05
+
+
+def test_a_failure_outside_the_plan_counts_as_best_plan_counts_it() -> None:
+    """C failed; the plan left is D alone. With a task effect C's failure says the task is hard, so
+    ``evaluate`` must agree with ``best_plan``, which weighs it (it used to be ignored: C is not in
+    the plan scored)."""
+    chosen = best_plan([C, D], attempts_left=1, already_failed=("C",), allow_repeats=False, task_sd=2.0)
+    assert chosen.models == ("D",)
+    got = evaluate([D], (C,), task_sd=2.0)
+    assert got.success == pytest.approx(chosen.success, abs=1e-12)
+    assert got.expected_cost == pytest.approx(chosen.expected_cost, abs=1e-12)
+    assert got.success < evaluate([D], (), task_sd=2.0).success - 0.05
+
+
+def test_a_failed_model_whose_chance_is_unknown_is_refused_with_a_task_effect() -> None:
+    # Silently ignoring the failure overstates success; without its chance it cannot be weighed.
+    with pytest.raises(ValueError, match="C"):
+        evaluate([D], ("C",), task_sd=2.0)
+    # Without a task effect a failure elsewhere changes nothing, so a name is enough.
+    assert evaluate([D], ("C",)).success == pytest.approx(0.7)
