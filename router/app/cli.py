@@ -73,7 +73,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from router.store.window import parse_duration
 
     since = time.time() - parse_duration(args.since) if args.since else 0.0
-    train(args.store, args.config, args.out, since=since, min_attempts=args.min_attempts, force=args.force)
+    train(args.store, args.config, args.out, since=since, min_attempts=args.min_attempts, force=args.force,
+          min_scope_attempts=args.min_scope_attempts)  # fmt: skip
     return 0
 
 
@@ -294,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--min-attempts", type=int, default=10, metavar="N",
                     help="labelled attempts needed per model (default 10)")  # fmt: skip
     tr.add_argument("--force", action="store_true", help="train even below --min-attempts")
+    tr.add_argument("--min-scope-attempts", type=int, default=100, metavar="N",
+                    help="labelled attempts a scope needs for its own learned effects (default 100)")  # fmt: skip
     tr.set_defaults(func=cmd_train)
 
     pv = command("preview", "decide the logged requests again under a new policy: moves, cost, success, risks",

@@ -37,7 +37,7 @@ from router.policy.catalog import Backend
 from router.policy.decide import Decider, estimate
 from router.policy.learned import LearnedScorer
 from router.policy.runtime import Runtime, build_runtime
-from router.policy.scopes import REPO_HEADER, TEAM_HEADER, ScopeFacts
+from router.policy.scopes import logged_facts
 from router.protocols.common import Usage
 from router.store import Store
 
@@ -217,10 +217,7 @@ def preview(
                 warm_model=warm[0] if warm else None,
                 warm_tokens=warm[1] if warm else 0,
             )
-        logged_headers = r.get("rule_headers") or {}
-        repo = logged_headers.get(REPO_HEADER) or t.repo
-        facts = ScopeFacts(repo, r.get("key_id"), logged_headers.get(TEAM_HEADER))
-        chosen_by = runtime.arm_for(task_id, facts)[1]
+        chosen_by = runtime.arm_for(task_id, logged_facts(r, t.repo))[1]
         try:
             new = calm.get(id(chosen_by), chosen_by).decide(f).chosen
         except RouterError as err:

@@ -249,19 +249,14 @@ class ScopeMatch(_Strict):
 
 
 class Scope(_Strict):
-    """Tasks matching ``match`` are decided with these routes, rules or objective instead."""
+    """Tasks matching ``match`` are decided with these routes, rules or objective instead. A scope
+    with none of them names tasks for the learned model's per-scope effects (``router train``)."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
     match: ScopeMatch
     routes: list[Route] | None = None
     rules: list[Rule] | None = None
     objective: ObjectiveSpec | None = None
-
-    @model_validator(mode="after")
-    def _overrides(self) -> Scope:
-        if self.routes is None and self.rules is None and self.objective is None:
-            raise ValueError("a scope needs at least one of routes, rules, objective")
-        return self
 
 
 class PolicyFile(_Strict):

@@ -64,6 +64,8 @@ class Artifact:
     task_sd: float = 0.0
     #: max_attempts → ((value, expected share of training tasks completed), ...), value ascending.
     value_curves: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    #: Scope name → its learned effects (``router.learning.training.scopes``): only the kept ones.
+    scopes: dict[str, ScopeEffects] = field(default_factory=dict)
 
     def value_for(self, target_success: float, max_attempts: int) -> float:
         """The least value of a completed task at which the policy expects to complete
@@ -134,7 +136,8 @@ class Artifact:
         if not isinstance(task_sd, int | float) or not 0 <= task_sd <= 10:
             raise ConfigError(f"{source}: task_effect_sd: expected a number in [0, 10], got {task_sd!r}")
         curves = _value_curves(obj.get("value_curve"), source)
-        return cls(digest, models, obj["feature_schema"], meta, float(task_sd), curves)
+        scopes = _scope_effects(obj.get("scopes"), source)
+        return cls(digest, models, obj["feature_schema"], meta, float(task_sd), curves, scopes)
 
     @functools.cached_property
     def arrays(self) -> _Arrays:
@@ -167,11 +170,16 @@ class _Arrays:
     platt: np.ndarray
     cost_weights: np.ndarray
 
-    def score(self, vec: Mapping[int, float]) -> tuple[np.ndarray, np.ndarray]:
-        """(P(success), attempt cost) of every model, as ``ModelParams`` computes them one by one."""
+    def score(
+        self, vec: Mapping[int, float], offsets: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """(P(success), attempt cost) of every model, as ``ModelParams`` computes them one by one;
+        ``offsets``: a scope's shift of each model's calibrated logit."""
         idx, vals = arrays(vec)
         z = self.weights[:, idx] @ vals if len(idx) else np.zeros(len(self.names))
         t = self.platt[:, 0] * z + self.platt[:, 1]
+        if offsets is not None:
+            t = t + offsets
         e = np.exp(-np.abs(t))  # the stable sigmoid, as _sigmoid
         p = np.where(t >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
         dense = idx < self.cost_weights.shape[1]
@@ -187,6 +195,37 @@ class Objective:
     max_attempts: int = 3
     value: float | None = None
     max_cost_per_task: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeEffects:
+    """A scope's shift of the success logit: ``common`` for every model plus each model's own."""
+
+    #: The scope's ``match`` it was trained under (a scope matching other tasks now is not given it).
+    match: dict[str, str]
+    common: float
+    models: dict[str, float]
+
+    def of(self, model: str) -> float:
+        return self.common + self.models.get(model, 0.0)
+
+
+def _scope_effects(raw: Any, source: str) -> dict[str, ScopeEffects]:
+    if raw is None:
+        return {}
+    try:
+        return {
+            str(name): ScopeEffects(
+                {str(k): str(v) for k, v in e["match"].items()},
+                float(e["common"]),
+                {str(m): float(v) for m, v in e["models"].items()},
+            )
+            for name, e in raw.items()
+        }
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"{source}: scopes: expected {{name: {{match: {{...}}, common: number, models: {{model: number}}}}}}"
+        ) from None
 
 
 def _value_curves(raw: Any, source: str) -> dict[int, tuple[tuple[float, float], ...]]:
@@ -223,10 +262,16 @@ class LearnedScorer:
     first). A request that arrives when stopping was recommended is served by the best plan anyway:
     the client decided to try again."""
 
-    def __init__(self, artifact: Artifact, objective: Objective, memory: int = PLAN_MEMORY) -> None:
+    def __init__(
+        self, artifact: Artifact, objective: Objective, memory: int = PLAN_MEMORY,
+        scope: ScopeEffects | None = None,
+    ) -> None:  # fmt: skip
         self.artifact = artifact
         self.objective = objective
         self.name = f"learned:{artifact.sha256[:12]}"
+        #: The scope's effects this scorer applies (one scorer per scope: ``router.policy.scopes``).
+        self.scope = scope
+        self._offsets = np.array([scope.of(m) for m in artifact.arrays.names]) if scope is not None else None
         self._memory = memory
         # Keyed by the vector's identity (the task state holds one vector per task); each entry
         # keeps its vector alive, so an id is never reused while its entry is remembered.
@@ -245,7 +290,7 @@ class LearnedScorer:
     ) -> list[Option]:
         known = {m: p for m, p in self.artifact.models.items() if m in models}
         arrays = self.artifact.arrays
-        p, cost = arrays.score(vec)
+        p, cost = arrays.score(vec, self._offsets)
         out = [Option(m, float(p[i]), float(cost[i])) for i, m in enumerate(arrays.names) if m in known]
         if len(out) < len(models):
             # A model the log has not seen: an even chance, at its call estimate times a typical

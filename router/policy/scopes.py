@@ -1,7 +1,8 @@
 """Scopes: per-repository, per-key and per-team overrides of routes, rules and objective.
 
 Each scope is the main policy with its ``routes``, ``rules`` or ``objective`` replaced, decided
-by a decider of its own (the same catalog and learned model). The first scope whose ``match``
+by a decider of its own (the same catalog and learned model, shifted by the scope's own effects
+when ``router train`` kept some: ``router.learning.training.scopes``). The first scope whose ``match``
 holds decides a request; the control arm, when there is one, comes before any scope (the
 reference stays one policy for every task). A scope's name is in the log's ``policy`` column
 (``<policy>/<scope>/<scorer>``).
@@ -10,16 +11,21 @@ reference stays one policy for every task). A scope's name is in the log's ``pol
 from __future__ import annotations
 
 import fnmatch
+import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from router.errors import ConfigError
 from router.features.task.vector import repo_hint
 from router.policy.catalog import Catalog
-from router.policy.config import Policy, ScopeMatch
+from router.policy.config import Policy, Scope, ScopeMatch
 from router.policy.decide import Decider
+from router.policy.learned import LearnedScorer
 from router.protocols.common import ClientRequest
+
+log = logging.getLogger("router.policy")
 
 REPO_HEADER = "x-router-repo"
 TEAM_HEADER = "x-router-team"
@@ -44,8 +50,25 @@ def scope_facts(req: ClientRequest, headers: Mapping[str, str], key_id: str | No
     return ScopeFacts(repo=repo, key=key_id, team=headers.get(TEAM_HEADER))
 
 
+def logged_facts(row: Mapping[str, Any], task_repo: str | None = None) -> ScopeFacts:
+    """The facts of a logged request: the headers its record kept, else the task's repository as
+    the log keeps it (``task_repo``: the ``repo`` column of the task's first request)."""
+    headers = row.get("rule_headers") or {}
+    return ScopeFacts(headers.get(REPO_HEADER) or task_repo, row.get("key_id"), headers.get(TEAM_HEADER))
+
+
 def _holds(pattern: str | None, value: str | None) -> bool:
     return pattern is None or (value is not None and fnmatch.fnmatchcase(value, pattern))
+
+
+def holds(match: ScopeMatch, facts: ScopeFacts) -> bool:
+    """Whether every glob of ``match`` holds for ``facts``."""
+    return _holds(match.repo, facts.repo) and _holds(match.key, facts.key) and _holds(match.team, facts.team)
+
+
+def first_scope(scopes: Sequence[Scope], facts: ScopeFacts) -> Scope | None:
+    """The scope that decides a request with these facts (the first whose match holds)."""
+    return next((s for s in scopes if holds(s.match, facts)), None)
 
 
 @dataclass(frozen=True)
@@ -55,8 +78,25 @@ class ScopedDecider:
     decider: Decider
 
     def matches(self, facts: ScopeFacts) -> bool:
-        m = self.match
-        return _holds(m.repo, facts.repo) and _holds(m.key, facts.key) and _holds(m.team, facts.team)
+        return holds(self.match, facts)
+
+
+def with_effects(scorer: object, scope: Scope) -> object:
+    """The scope's scorer with the scope's learned effects, when the artifact kept some for it
+    under the same ``match`` (one trained for other tasks would shift the wrong ones)."""
+    if not isinstance(scorer, LearnedScorer):
+        return scorer
+    effects = scorer.artifact.scopes.get(scope.name)
+    if effects is None:
+        return scorer
+    if effects.match != scope.match.model_dump(exclude_none=True):
+        log.warning(
+            "scope %s: the learned artifact's effects were trained for match %s, the scope now matches %s: "
+            "not applied (retrain with `router train`)", scope.name, effects.match,
+            scope.match.model_dump(exclude_none=True),
+        )  # fmt: skip
+        return scorer
+    return LearnedScorer(scorer.artifact, scorer.objective, scope=effects)
 
 
 def build_scopes(
@@ -74,6 +114,6 @@ def build_scopes(
             if getattr(scope, key) is not None:
                 update[key] = getattr(scope, key)
         scoped = Policy(policy.spec.model_copy(update=update), f"{policy.source}: scopes[{i}]")
-        decider = Decider(scoped, catalog, scorer_for(scoped))  # type: ignore[arg-type]
+        decider = Decider(scoped, catalog, with_effects(scorer_for(scoped), scope))  # type: ignore[arg-type]
         out.append(ScopedDecider(scope.name, scope.match, decider))
     return tuple(out)

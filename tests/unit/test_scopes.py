@@ -77,7 +77,6 @@ def test_the_repository_comes_from_the_header_or_the_conversation() -> None:
     ("scopes", "message"),
     [
         ([{"name": "x", "match": {}, "objective": {}}], "scopes[0].match: Value error, give at least one of repo, key, team"),
-        ([{"name": "x", "match": {"repo": "a/*"}}], "scopes[0]: Value error, a scope needs at least one of routes"),
         ([{"name": "x", "match": {"repo": "a/*"}, "routes": [{"match": "auto", "passthrough": "gone"}]}],
          "scopes[0]: routes[0] (match 'auto').passthrough[0]: unknown model id 'gone'"),
         ([SCOPES[0], SCOPES[0]], "scopes[1].name: duplicate scope name 'acme'"),
@@ -99,3 +98,11 @@ def test_preview_replays_scopes_from_the_logged_headers(tmp_path: Path) -> None:
     assert preview([{**row, "rule_headers": None}], [], rt)["moved"] == 0
     # The task's repository as the log keeps it (its first request's ``repo``) counts as well.
     assert preview([{**row, "rule_headers": None, "repo": "acme/api"}], [], rt)["moved"] == 1
+
+
+def test_a_scope_may_only_name_tasks_for_the_learned_models_effects(tmp_path: Path) -> None:
+    """Without routes, rules or objective it decides as the policy does (``router train`` may give it
+    learned effects of its own: tests/unit/test_scope_effects.py)."""
+    rt = load_runtime(write(tmp_path / "p.yaml", [{"name": "x", "match": {"repo": "a/*"}}]))
+    decider = rt.arm_for("t1", ScopeFacts(repo="a/b"))[1]
+    assert decider is rt.scopes[0].decider and decider.decide(feats()).chosen == "cheap"

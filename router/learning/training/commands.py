@@ -18,6 +18,7 @@ from rich.table import Table
 from router.errors import ConfigError
 from router.learning.labels import fromlog
 from router.learning.training import dataset, offpolicy
+from router.learning.training import scopes as scoped
 from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
 from router.policy.config import Policy, load_policy
@@ -57,6 +58,7 @@ def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
 def train(
     store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None, *,
     min_attempts: int = MIN_ATTEMPTS_PER_MODEL, force: bool = False,
+    min_scope_attempts: int = scoped.MIN_ATTEMPTS,
 ) -> dict[str, Any]:  # fmt: skip
     console = console or Console()
     policy = load_policy(config)
@@ -73,7 +75,8 @@ def train(
             f" need {min_attempts} per model): label tasks with `router outcome TASK_ID --success|--failure`"
             " or POST /v1/outcomes, let the policy explore, or pass --force"
         )
-    artifact = fit(rows, max_attempts=policy.spec.objective.max_attempts)
+    artifact = fit(rows, max_attempts=policy.spec.objective.max_attempts, scopes=policy.spec.scopes,
+                   min_scope_attempts=min_scope_attempts)  # fmt: skip
     artifact["output_tokens"] = fit_output_tokens(requests)
     raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
     scorer = scorer_for_evaluation(raw, policy)
@@ -147,9 +150,16 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
                   _fmt(e["cost_per_completed"], "${:.5f}"), _ci(e["ci_cost_per_completed"], "${:.5f}"),
                   str(e["matched"]))  # fmt: skip
     console.print(t)
+    for r in a.get("scope_report") or []:
+        console.print(_scope_line(r), highlight=False, soft_wrap=True)  # one line each, for grep
     console.print(
         f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>"
     )
+
+
+def _scope_line(r: dict[str, Any]) -> str:
+    return scoped.ScopeResult(r["scope"], r["tasks"], r["attempts"], r["kept"], r["reason"],
+                              r["log_loss_global"], r["log_loss_scoped"]).line()  # fmt: skip
 
 
 def _share(p: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from router.features.task.vector import Vector, from_json, with_attempt
 from router.learning.labels.model import SOURCE as MODEL_SOURCE
+from router.policy.scopes import ScopeFacts, logged_facts
 
 #: The weight of an inferred label that carries no calibrated probability (older hand-weighted
 #: signals, an abandoned attempt): they agreed with real verdicts little better than chance.
@@ -44,6 +45,8 @@ class AttemptRow:
     ts: float = 0.0
     #: How much the label counts in training (1 for an explicit outcome).
     weight: float = 1.0
+    #: What scopes match on (``router.policy.scopes``), as the attempt's first main-loop call logged it.
+    facts: ScopeFacts = field(default_factory=ScopeFacts)
 
 
 def label_weight(outcome: Mapping[str, Any]) -> float:
@@ -79,12 +82,15 @@ def build(
     now = time.time() if now is None else now
     by_attempt: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
     vectors: dict[str, Vector] = {}
+    repos: dict[str, str] = {}
     for r in requests:
         task = r.get("task_id")
         if not task:
             continue
         if r.get("task_features") and task not in vectors:
             vectors[task] = from_json(r["task_features"])
+        if r.get("repo") and task not in repos:
+            repos[task] = r["repo"]
         by_attempt[(task, int(r.get("attempt") or 1))].append(r)
     labels: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
     for o in outcomes:
@@ -121,6 +127,7 @@ def build(
                 actions=actions,
                 ts=float(first["ts"]),
                 weight=label[2],
+                facts=logged_facts(first, repos.get(task)),
             )
         )
     failed: dict[str, list[str]] = defaultdict(list)

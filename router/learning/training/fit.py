@@ -29,7 +29,9 @@ from threadpoolctl import threadpool_limits
 
 from router.features.task.vector import HASH_DIM, NUMERIC, Vector, schema
 from router.learning.training import metrics, permodel, pooled, taskeffect, value
+from router.learning.training import scopes as scoped
 from router.learning.training.dataset import AttemptRow
+from router.policy.config import Scope
 from router.policy.learned import FORMAT, Artifact
 
 MIN_ROWS_FOR_MODEL = 8
@@ -121,17 +123,29 @@ def reliability(p: np.ndarray, y: np.ndarray, bins: int = 5) -> list[dict[str, A
     return out
 
 
-def fit(rows: Sequence[AttemptRow], *, c: float = 0.5, max_attempts: int | None = None) -> dict[str, Any]:
+def fit(
+    rows: Sequence[AttemptRow], *, c: float = 0.5, max_attempts: int | None = None,
+    scopes: Sequence[Scope] = (), min_scope_attempts: int = scoped.MIN_ATTEMPTS,
+) -> dict[str, Any]:  # fmt: skip
     """The artifact (a JSON-ready dict) for these attempt rows, with value curves for the retry
-    limits in ``value.ATTEMPTS`` and ``max_attempts``."""
+    limits in ``value.ATTEMPTS`` and ``max_attempts``, and the effects of the policy's ``scopes``
+    that improve held-out log loss (``scope_report`` says, per scope, why kept or not)."""
     if not rows:
         raise ValueError("no labelled attempts in the log: send traffic and outcomes first")
     # Many small fits: BLAS threads only contend, badly so on a small shared machine.
     with threadpool_limits(1):
-        return _fit(rows, c, max_attempts)
+        artifact, p, groups = _fit(rows, c, max_attempts)
+    if scopes:
+        # On the out-of-fold probabilities: offsets fitted to in-sample ones would learn nothing.
+        results = scoped.fit_scopes(scopes, rows, p, groups, min_attempts=min_scope_attempts)
+        artifact["scopes"] = scoped.to_artifact(scopes, results)
+        artifact["scope_report"] = [r.as_dict() for r in results]
+    return artifact
 
 
-def _fit(rows: Sequence[AttemptRow], c: float, max_attempts: int | None) -> dict[str, Any]:
+def _fit(
+    rows: Sequence[AttemptRow], c: float, max_attempts: int | None
+) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
     x = matrix(rows)
     groups = pooled.task_groups(rows)
     shared = pooled.shared_score(rows, x, groups)
@@ -170,7 +184,7 @@ def _fit(rows: Sequence[AttemptRow], c: float, max_attempts: int | None) -> dict
     artifact["value_curve"] = value.curves(
         loaded, [seen[g] for g in order], [first[g] for g in order], attempts
     )
-    return artifact
+    return artifact, p, groups
 
 
 def _artifact(
