@@ -217,3 +217,35 @@ def test_router_train_reports_each_scope_and_the_scorer_applies_the_kept_ones(
         rt = load_runtime(policy(tmp_path / "p.yaml", moved, {"artifact": str(out), "sha256": sha}))
     assert p_cheap(rt.arm_for("t", ScopeFacts(repo="acme/api"))[1].scorer) == glob
     assert "scope acme: the learned artifact's effects were trained for match" in caplog.text
+
+
+def test_scopelog_writes_recorded_runs_as_a_log_with_a_scope_per_repository_owner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from router.learning.evals import scopelog
+    from router.learning.training.commands import read_log
+    from router.policy.config import load_policy
+    from tests.unit.test_evals import OUTCOMES as OUTCOMES_3
+    from tests.unit.test_evals import TASKS as TASKS_3
+    from tests.unit.test_evals import write_data
+
+    data = write_data(tmp_path / "data", tasks=[*TASKS_3, {**TASKS_3[0], "instance_id": "t4", "repo": "p/q"}],
+                      outcomes={**OUTCOMES_3, ("t4", "cheap"): (1, 0.1, 5), ("t4", "strong"): (0, 1.0, 5)})  # fmt: skip
+    out = tmp_path / "out"
+    for flags in ([], ["--no-repo-feature"]):
+        assert scopelog.main([str(out), "--data", str(data), *flags]) == 0
+        assert capsys.readouterr().out.startswith(f"wrote {out / 'log.db'} (8 attempts of 4 tasks)")
+        scopes = load_policy(out / "policy.yaml").spec.scopes
+        assert [(s.name, s.match.repo) for s in scopes] == [("o", "o/*"), ("p", "p/*")]
+        requests, outcomes = asyncio.run(read_log(f"sqlite:///{out / 'log.db'}"))
+        rows = dataset.build(requests, outcomes)
+        assert {(r.task_id, r.facts.repo) for r in rows if r.model == "cheap"} == {
+            ("t1#cheap", "o/r"),
+            ("t2#cheap", "o/r"),
+            ("t3#cheap", "o/s"),
+            ("t4#cheap", "p/q"),
+        }
+        # The repository's hashed feature is in the task vector unless left out.
+        repo_bucket = len(taskfeatures.NUMERIC) + taskfeatures._bucket("repo:o/r")[0]
+        t1 = next(r for r in rows if r.task_id == "t1#cheap")
+        assert (t1.vector.get(repo_bucket, 0.0) >= 1.0) == (not flags)
