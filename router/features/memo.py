@@ -44,6 +44,9 @@ class Snapshot:
     weight: int
     #: Per message, what a reader made of it (the signals' reading), None until read.
     facts: list[Any] = field(default_factory=list)
+    #: ``(k, tokens)``: the provider's own count of a prompt made of this request's first ``k``
+    #: messages with its system and tools (an earlier request of the conversation, as served).
+    anchor: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

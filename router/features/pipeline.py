@@ -27,8 +27,9 @@ class Decided:
     features: Features
     task: TaskView
     decision: Decision
-    #: A short prompt part left to count exactly once the reply is out (``Pipeline.finish``).
-    unsettled: PromptSize | None = None
+    #: The prompt's size as measured; what is still pending is dealt with once the request has
+    #: ended (``Pipeline.finish``). None for a preview.
+    size: PromptSize | None = None
     #: The conversation memo knew the prompt's leading messages.
     remembered: bool = False
     #: The prompt had to be counted exactly before deciding (the estimate's bounds mattered).
@@ -56,17 +57,11 @@ class Pipeline:
         )
         feats = request_features(req, size.tokens, headers, view)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
-        unsettled = None
         counted = not size.settled and decider.size_matters(feats, size.low, size.high)
-        if not size.settled:
-            if counted:
-                # A hard limit is never decided on a guess.
-                feats = replace(feats, prompt_tokens=self.sizer.settle(size))
-            elif size.pending_chars <= INLINE_CHARS:
-                unsettled = size  # counted once the reply is out, not while the client waits
-            else:
-                self.background.spawn_blocking(self.sizer.settle, size, name="count-tokens")
-        return Decided(feats, view, decider.decide(feats), unsettled, size.remembered > 0, counted, arm)
+        if counted:
+            # A hard limit is never decided on a guess.
+            feats = replace(feats, prompt_tokens=self.sizer.settle(size))
+        return Decided(feats, view, decider.decide(feats), size, size.remembered > 0, counted, arm)
 
     async def preview(
         self, rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
@@ -82,11 +77,22 @@ class Pipeline:
         arm, decider = _decider(rt, req, task_id, key_id, headers)
         return Decided(feats, view, decider.decide(feats), arm=arm)
 
-    def finish(self, rt: Runtime, decided: Decided, served_by: str | None, input_tokens: int | None) -> None:
-        """Once the request has ended: count what ``decide`` left for after the reply (for the
-        conversation's next turn), and pin the task to the backend that served its main-loop request."""
-        if decided.unsettled is not None:
-            self.sizer.settle(decided.unsettled)
+    def finish(
+        self, rt: Runtime, decided: Decided, served_by: str | None, input_tokens: int | None,
+        reported_input_tokens: int | None = None,
+    ) -> None:  # fmt: skip
+        """Once the request has ended: size the prompt exactly for the conversation's next turn
+        (the provider's reported count, ``reported_input_tokens``, or else a count of what
+        ``decide`` left pending), and pin the task to the backend that served its main-loop request."""
+        size = decided.size
+        if size is not None:
+            if reported_input_tokens and size.snapshot is not None:  # a 0 is no count of a prompt
+                self.sizer.reported(size, reported_input_tokens)
+            elif not size.settled:
+                if size.pending_chars <= INLINE_CHARS:
+                    self.sizer.settle(size)  # cheaper here than handing it to a thread
+                else:
+                    self.background.spawn_blocking(self.sizer.settle, size, name="count-tokens")
         if served_by is not None and not decided.task.side_call:
             backend = rt.catalog[served_by]
             self.tasks.served(

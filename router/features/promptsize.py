@@ -9,6 +9,13 @@ token is at least one byte). ``settle`` counts the estimated parts exactly and r
 so the next turn knows them; the proxy runs it off the request path, or before deciding when
 the bounds straddle something the decision depends on (``Decider.size_matters``).
 
+Once a request has been served, the provider's reported input tokens are its exact size
+(``reported``): the conversation's next turn starts from that count (the *anchor*) and estimates
+only the messages added since, and nothing is tokenized unless a decision depends on the bounds.
+Counting every new tool output with tiktoken was a tenth of the router's CPU on real agent traffic,
+to learn a number the provider states anyway. The anchor is in the provider's tokens, which are
+also what limits its context window and what it bills.
+
 Estimate and exact count agree on everything but the text tokens: both read an item through
 ``tokens.item_text`` (overheads, images, tool calls, ...).
 """
@@ -62,6 +69,8 @@ class PromptSize:
     remembered: int = 0
     pending: list[_Unknown] = field(default_factory=list)
     snapshot: Snapshot | None = None
+    #: ``exact`` starts from a provider's count of an earlier request (``Snapshot.anchor``).
+    anchored: bool = False
 
     @property
     def settled(self) -> bool:
@@ -116,26 +125,33 @@ class PromptSizer:
             messages, counts, system, old.system_tokens if old and match.same_system else None,
             tools, old.tools_tokens if old and match.same_tools else None, weight, facts,
         )  # fmt: skip
-        size = PromptSize(
-            REPLY_PRIMING, REPLY_PRIMING, REPLY_PRIMING, REPLY_PRIMING, match.repeat, match.prefix, [], snap
-        )
+        size = PromptSize(0, 0, 0, 0, match.repeat, match.prefix, [], snap)
+        # The provider counted an earlier request this one extends (same system and tools, its
+        # first k messages unchanged): only what follows them is looked at.
+        anchor = old.anchor if old is not None and match.same_system and match.same_tools else None
+        if anchor is not None and anchor[0] <= match.prefix:
+            start, size.exact, size.anchored = anchor[0], anchor[1], True
+            snap.anchor = anchor  # kept if this request gets no count of its own (a failure)
+        else:
+            # Only the new tail is looked at one by one (and earlier messages still being counted).
+            start = match.prefix if None not in counts[: match.prefix] else 0
+            size.exact = REPLY_PRIMING
         ratio = self.chars_per_token
-        # Only the new tail is looked at one by one (and earlier messages still being counted).
-        n = len(messages)
-        todo = range(match.prefix, n) if None not in counts[: match.prefix] else range(n)
-        for i in todo:
+        for i in range(start, len(messages)):
             if counts[i] is None:
                 counts[i] = self.counter.peek_item(messages[i])
                 if counts[i] is None:
                     self._estimate(size, i, messages[i], ratio)
-        size.exact += sum(filter(None, counts))  # the known counts (a None is pending, a 0 adds nothing)
-        if system is not None:
-            snap.system_tokens = self._part(size, _SYSTEM, system, snap.system_tokens, ratio)
-        if tools is not None:
-            snap.tools_tokens = self._part(size, _TOOLS, tools, snap.tools_tokens, ratio)
-        size.tokens += size.exact - REPLY_PRIMING
-        size.low += size.exact - REPLY_PRIMING
-        size.high += size.exact - REPLY_PRIMING
+        # The known counts (a None is pending, a 0 adds nothing); an anchor covers those before it.
+        size.exact += sum(filter(None, counts[start:] if size.anchored else counts))
+        if not size.anchored:
+            if system is not None:
+                snap.system_tokens = self._part(size, _SYSTEM, system, snap.system_tokens, ratio)
+            if tools is not None:
+                snap.tools_tokens = self._part(size, _TOOLS, tools, snap.tools_tokens, ratio)
+        size.tokens += size.exact
+        size.low += size.exact
+        size.high += size.exact
         if key and memo.max_bytes:
             extends = old is not None and match.prefix == len(old.messages)
             memo.remember(key, snap, replaces=old if extends else None)
@@ -163,6 +179,20 @@ class PromptSizer:
         size.tokens += fixed + guess
         size.low += fixed
         size.high += fixed + utf8
+
+    def reported(self, size: PromptSize, input_tokens: int) -> None:
+        """The provider's count of the prompt it was sent: the conversation's next turn starts there.
+
+        What was pending stays uncounted (the anchor covers it); when the estimate started from an
+        anchor too, the difference teaches the chars-per-token ratio in the provider's tokens."""
+        snap = size.snapshot
+        if snap is None:
+            return
+        snap.anchor = (len(snap.messages), input_tokens)
+        if size.anchored and size.pending:
+            tokens = input_tokens - size.exact - sum(u.fixed for u in size.pending)
+            if tokens > 0:
+                self._learn(size.pending_chars, tokens)
 
     def settle(self, size: PromptSize) -> int:
         """Count the pending parts exactly, remember their counts, return the exact total."""
@@ -195,10 +225,13 @@ class PromptSizer:
         if not left:
             size.tokens = size.low = size.high = size.exact
         if tokens > 0:
-            with self._lock:
-                self._chars += chars
-                self._tokens += tokens
-                if self._chars > _HORIZON_CHARS:
-                    self._chars /= 2
-                    self._tokens /= 2
+            self._learn(chars, tokens)
         return size.tokens
+
+    def _learn(self, chars: int, tokens: int) -> None:
+        with self._lock:
+            self._chars += chars
+            self._tokens += tokens
+            if self._chars > _HORIZON_CHARS:
+                self._chars /= 2
+                self._tokens /= 2

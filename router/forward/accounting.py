@@ -58,8 +58,11 @@ class Charge:
     usage: Usage
     estimated: bool
     split: CostSplit
+    #: The prompt's tokens as the provider reported them (None: not reported, ``usage`` estimates them).
+    reported_input_tokens: int | None = None
 
 
 def charge(backend: Backend, usage: Usage, prompt_tokens_est: int, content_events: int) -> Charge:
+    reported = usage.input_tokens
     estimated = fill_missing(usage, prompt_tokens_est, content_events)
-    return Charge(usage, estimated, cost_split(backend.price, usage))
+    return Charge(usage, estimated, cost_split(backend.price, usage), reported)

@@ -260,8 +260,10 @@ class Proxy:
         phases.finish()
         if f.decided is not None:
             served_by = f.model if f.status == 200 else None
-            input_tokens = f.charge.usage.input_tokens if f.charge is not None else None
-            self.pipeline.finish(f.rt, f.decided, served_by, input_tokens)
+            c = f.charge
+            input_tokens = c.usage.input_tokens if c is not None else None
+            reported = c.reported_input_tokens if c is not None and served_by is not None else None
+            self.pipeline.finish(f.rt, f.decided, served_by, input_tokens, reported)
         if f.held is not None:
             cost = f.charge.split.total if f.charge is not None else None
             self.background.spawn(self.admission.settle(f.held, cost), name="settle-budget")

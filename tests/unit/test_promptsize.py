@@ -195,3 +195,73 @@ def test_what_readers_made_of_a_message_is_kept_for_the_next_turn(encoding: Any)
     edited = conversation(3)
     edited[2]["content"] = "another task"
     assert set(s.measure(chat_req(edited), "t", 10_000).facts or ()) == {None}
+
+
+# The provider's reported count of a served request anchors the conversation's next turn.
+
+REPORTED = 5_000  # deliberately far from the tiktoken count: the anchor is the provider's word
+
+
+def new_messages_exactly(req: ClientRequest, k: int, encoding: Any) -> int:
+    counter = TokenCounter(encoding=encoding)
+    return sum(counter.count_item(m) for m in req.messages[k:])
+
+
+def test_the_next_turn_starts_from_the_providers_count_of_the_last(encoding: Any) -> None:
+    s = sizer(encoding)
+    first = chat_req(conversation(5))
+    s.reported(s.measure(first, "t", 10_000), REPORTED)
+    assert s.counter.cache_size == 0  # nothing was tokenized
+    nxt = chat_req(conversation(5) + tool_turn(5))
+    size = s.measure(nxt, "t", 10_000)
+    k = len(first.messages)
+    assert size.anchored and size.exact == REPORTED
+    assert sorted(u.slot for u in size.pending) == [k, k + 1]  # only the new messages
+    assert REPORTED < size.low <= size.tokens <= size.high
+    # Counted exactly (a limit near), the anchor stays and only the new messages are tokenized.
+    assert s.settle(size) == REPORTED + new_messages_exactly(nxt, k, encoding)
+    # The same request again is exactly what the provider said.
+    s.reported(s.measure(first, "u", 10_000), REPORTED)
+    again = s.measure(first, "u", 10_000)
+    assert again.settled and again.tokens == again.low == again.high == REPORTED
+
+
+def test_a_turn_without_a_count_keeps_the_anchor_for_the_next(encoding: Any) -> None:
+    s = sizer(encoding)
+    first = chat_req(conversation(2))
+    s.reported(s.measure(first, "t", 10_000), REPORTED)
+    s.measure(chat_req(conversation(2) + tool_turn(2)), "t", 10_000)  # failed: no usage reported
+    size = s.measure(chat_req(conversation(2) + tool_turn(2) + tool_turn(3)), "t", 10_000)
+    k = len(first.messages)
+    assert size.anchored and size.exact == REPORTED
+    assert sorted(u.slot for u in size.pending) == [k, k + 1, k + 2, k + 3]
+
+
+@pytest.mark.parametrize("change", ["tools", "edit", "other task"])
+def test_the_anchor_is_not_used_for_another_prompt(encoding: Any, change: str) -> None:
+    s = sizer(encoding)
+    s.reported(s.measure(chat_req(conversation(3)), "t", 10_000), REPORTED)
+    msgs = conversation(3) + tool_turn(3)
+    key = "t"
+    if change == "edit":
+        msgs[1] = {"role": "user", "content": "Another task"}
+    elif change == "other task":
+        key = "u"
+    req = chat_req(msgs)
+    if change == "tools":
+        req = openai_chat.parse(orjson.dumps({"model": "auto", "messages": msgs}))
+    size = s.measure(req, key, 10_000)
+    assert not size.anchored
+    assert s.settle(size) == exact(req, encoding)
+
+
+def test_the_chars_per_token_ratio_is_learned_from_the_providers_counts(encoding: Any) -> None:
+    s = sizer(encoding)
+    s.reported(s.measure(chat_req(conversation(1)), "t", 10_000), REPORTED)
+    before = s.chars_per_token
+    big = "x" * 40_000
+    size = s.measure(chat_req(conversation(1) + tool_turn(1, result=big)), "t", 10_000)
+    # The provider counted one token per character of the new text (and the fixed overheads).
+    fixed = sum(u.fixed for u in size.pending)
+    s.reported(size, REPORTED + fixed + size.pending_chars)
+    assert s.chars_per_token < before
