@@ -14,10 +14,14 @@ from typing import Any
 
 import pytest
 
+from router.errors import RateLimited
 from router.fakeupstream import FakeUpstream
 from router.http import admission
+from router.http.admission import Admission
+from router.http.auth import Principal
+from router.policy.decide import Decision, Estimate
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from router.state import Reservation, open_state
+from router.state import BudgetExceeded, MemoryState, Reservation, StateConfig, open_state
 from router.store import open_store
 from tests.polling import eventually
 from tests.unit.inprocess import MASTER, Router, serving
@@ -242,3 +246,54 @@ async def test_a_restart_keeps_what_each_key_spent(fake: FakeUpstream, tmp_path:
         untouched = await again.s.state.budgets.spent("key:never-used")
     assert usage.spent == pytest.approx(row["cost_usd"], abs=1e-9) and usage.reserved == 0
     assert untouched.spent == 0
+
+
+def decision(cost_usd: float) -> Decision:
+    """A decision for model "a" whose estimate costs ``cost_usd``."""
+    est = Estimate(model="a", prompt_tokens=10, output_tokens=MAX_TOKENS, cached_tokens=0, cost_usd=cost_usd)
+    return Decision(decision_id="d", policy="p", order=["a"], candidates=[est], reason="by hand")
+
+
+async def test_retry_after_is_at_most_an_hour() -> None:
+    """A key limited over a long window is told to come back within the hour, not in a day."""
+    state = MemoryState(StateConfig(rate_window_s=86400.0))
+    daily = Principal(key_id="k", name="agent", rpm=1)
+    gate = Admission(state.limits, state.budgets)
+    await gate.admit(daily, None, decision(0.0), None)
+    with pytest.raises(RateLimited) as refused:
+        await gate.admit(daily, None, decision(0.0), None)
+    assert refused.value.retry_after == 3600.0
+
+
+def test_a_request_that_fits_once_holds_settle_is_told_to_wait() -> None:
+    """Spend plus this request exactly at the limit fits (reserving refuses only above it): a 429."""
+    fits = admission.refusal(BudgetExceeded("key:k", 0.75, spent_usd=0.5, reserved_usd=0.25, amount_usd=0.25))
+    assert isinstance(fits, RateLimited) and fits.code == "budget_held" and fits.retry_after == 1.0
+    never = admission.refusal(BudgetExceeded("key:k", 0.75, spent_usd=0.5, reserved_usd=0.25, amount_usd=0.5))
+    assert isinstance(never, BudgetExceeded)
+
+
+async def test_scopes_forgotten_for_room_start_again_from_the_log(fake: FakeUpstream, tmp_path: Path) -> None:
+    """In-process budgets that dropped a key's and a task's scope look their spend up in the log,
+    once, even for two requests at the same time; scopes still held are not looked up again."""
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        key, key_id = await r.key(budget_usd=1.0)
+        await r.post(key=key, headers={"x-router-task-id": "repo:issue-7"}, max_tokens=MAX_TOKENS)
+        (row,) = await r.records()
+        task = row["task_id"]  # the key's namespace, then the client's id: the separator comes twice
+        state = MemoryState(StateConfig(local_max_entries=2))
+        for other in ("key:x", "key:y", "key:z"):  # fill the room, so that scopes were dropped
+            state.budgets.restore({other: 0.25})
+        gate = Admission(state.limits, state.budgets, r.s.store)
+        who = Principal(key_id=key_id, name="agent", budget_usd=1.0)
+        held = await asyncio.gather(*(gate.admit(who, task, decision(0.001), 1.0) for _ in range(2)))
+        recalled = [await state.budgets.spent(s) for s in (f"key:{key_id}", f"task:{task}")]
+        for reservation in held:
+            assert reservation is not None
+            await gate.settle(reservation, 0.0005)
+        await gate.admit(who, task, decision(0.001), 1.0)
+        after = [await state.budgets.spent(s) for s in (f"key:{key_id}", f"task:{task}")]
+    cost = row["cost_usd"]
+    assert cost > 0 and task.endswith("/repo:issue-7")
+    assert [(u.spent, u.reserved) for u in recalled] == [(pytest.approx(cost), pytest.approx(0.002))] * 2
+    assert [(u.spent, u.reserved) for u in after] == [(pytest.approx(cost + 0.001), pytest.approx(0.001))] * 2
