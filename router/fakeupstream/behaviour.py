@@ -12,6 +12,8 @@ requests per model string, 500 unless ``status`` says otherwise), ``break_after`
 connection after K content deltas), ``stall_after``/``stall_ms`` (pause once mid-stream),
 ``malformed`` (invalid JSON / SSE data), ``truncate`` (stream stops after its last content delta),
 ``big_kb`` (a reply of about that many KB), ``text`` (literal reply), ``tool`` (auto|never|always),
+``tool_arg`` (the value of every string argument of a tool call, ``ls`` unless set: an agent whose
+shell tool runs it can be made to run a given command, such as its own completion marker),
 ``cached`` (cached prompt tokens to report), ``context_window`` (answer the provider's own
 context-length error, 400, when the prompt has more tokens than this), ``error_after`` (a stream
 sends the provider's error event after K content deltas, then ends without its final event).
@@ -54,6 +56,7 @@ class Behaviour:
     big_kb: int = 0
     text: str | None = None
     tool: ToolMode = "auto"
+    tool_arg: str | None = None
     cached: int | None = None
     context_window: int | None = None
     error_after: int | None = None
@@ -141,6 +144,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "big_kb": _non_negative_int,
     "text": _text,
     "tool": _tool,
+    "tool_arg": _text,
     "cached": _non_negative_int,
     "context_window": _non_negative_int,
     "error_after": _non_negative_int,

@@ -89,8 +89,8 @@ class Reply:
     usage: Usage
 
 
-def example_value(schema: Any) -> Any:
-    """A value that satisfies a JSON schema well enough for a fake tool call."""
+def example_value(schema: Any, text: str = "ls") -> Any:
+    """A value that satisfies a JSON schema well enough for a fake tool call; strings are ``text``."""
     if not isinstance(schema, Mapping):
         return None
     if isinstance(schema.get("enum"), list) and schema["enum"]:
@@ -99,28 +99,28 @@ def example_value(schema: Any) -> Any:
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), None)
     if kind == "string":
-        return "ls"
+        return text
     if kind in ("integer", "number"):
         return 1
     if kind == "boolean":
         return True
     if kind == "array":
         # Codex's shell tool takes its command as a list of strings: ["ls"] runs, null would not.
-        item = example_value(schema.get("items"))
+        item = example_value(schema.get("items"), text)
         return [] if item is None else [item]
     if kind == "object":
-        return example_arguments(schema)
+        return example_arguments(schema, text)
     return None
 
 
-def example_arguments(schema: Mapping[str, Any]) -> dict[str, Any]:
+def example_arguments(schema: Mapping[str, Any], text: str = "ls") -> dict[str, Any]:
     """Arguments with a value for each required property of an object schema."""
     props = schema.get("properties")
     props = props if isinstance(props, Mapping) else {}
     required = schema.get("required")
     if not isinstance(required, list):
         return {}
-    return {name: example_value(props.get(name)) for name in required if isinstance(name, str)}
+    return {name: example_value(props.get(name), text) for name in required if isinstance(name, str)}
 
 
 def split_text(text: str, chunks: int) -> list[str]:
@@ -208,7 +208,8 @@ class Planner:
         if behaviour.tool == "auto" and prompt.tool_result is not None:
             return None
         tool = prompt.tools[0]
-        arguments = example_arguments(tool.schema)
+        text = "ls" if behaviour.tool_arg is None else behaviour.tool_arg
+        arguments = example_arguments(tool.schema, text)
         arguments_json = orjson.dumps(arguments).decode()
         return ToolCall(tool.name, arguments, arguments_json, split_text(arguments_json, behaviour.chunks))
 

@@ -20,6 +20,13 @@ from router.app.factory import Services, build_services, create_app
 from router.app.serve import uvicorn_config
 from router.app.settings import Settings
 from router.fakeupstream import FakeUpstream
+from tests.integration.agentkit import install_npm_agents
+
+
+@pytest.fixture(scope="session")
+def npm_agents() -> Path:
+    """``bin`` of the npm coding agents (Claude Code, Codex CLI, opencode, Qwen Code), installed once."""
+    return install_npm_agents()
 
 
 @pytest.fixture(scope="session")

@@ -1,56 +1,31 @@
 """Real coding agents, headless, through the router to the local upstream.
 
-Claude Code and Codex CLI come from npm; they are installed once into ``.agents/`` (pinned
-versions). Without npm these tests skip and say why.
+Claude Code and Codex CLI come from npm, installed once into ``.agents/`` with the other npm agents
+(``agentkit``; pinned versions). Without npm these tests skip and say why. opencode, Qwen Code,
+aider and mini-swe-agent are run in ``test_agents_more.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.integration.agentkit import agent_env
 from tests.integration.conftest import RunningRouter
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-AGENTS = ROOT / ".agents"
-PACKAGES = ["@openai/codex@0.171.0", "@anthropic-ai/claude-code@2.1.197"]
 
-
-@pytest.fixture(scope="session")
-def agent_bin() -> Path:
-    bin_dir = AGENTS / "node_modules" / ".bin"
-    if not (bin_dir / "codex").exists() or not (bin_dir / "claude").exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.skip("npm is not installed: cannot install Claude Code and Codex CLI")
-        AGENTS.mkdir(exist_ok=True)
-        subprocess.run([npm, "install", "--prefix", str(AGENTS), "--no-audit", "--no-fund", *PACKAGES],
-                       check=True, capture_output=True, timeout=600)  # fmt: skip
-    return bin_dir
-
-
-def agent_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE"))}
-    env.update(
-        HOME=str(tmp_path), DISABLE_TELEMETRY="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", **extra
-    )
-    return env
-
-
-def test_claude_code_headless(router: RunningRouter, agent_bin: Path, tmp_path: Path) -> None:
+def test_claude_code_headless(router: RunningRouter, npm_agents: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "hello.py").write_text("print('hi')\n")
     env = agent_env(tmp_path, ANTHROPIC_BASE_URL=router.url, ANTHROPIC_API_KEY="sk-ant-router")
     proc = subprocess.run(
-        [str(agent_bin / "claude"), "-p", "list the files here", "--output-format", "json"],
+        [str(npm_agents / "claude"), "-p", "list the files here", "--output-format", "json"],
         cwd=work, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -70,7 +45,7 @@ def test_claude_code_headless(router: RunningRouter, agent_bin: Path, tmp_path: 
     assert all(r["ttft_ms"] is not None for r in main if r["stream"])
 
 
-def test_codex_cli_tool_turn(router: RunningRouter, agent_bin: Path, tmp_path: Path) -> None:
+def test_codex_cli_tool_turn(router: RunningRouter, npm_agents: Path, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "README.md").write_text("# demo\n")
@@ -79,7 +54,7 @@ def test_codex_cli_tool_turn(router: RunningRouter, agent_bin: Path, tmp_path: P
     provider = f'{{name="router",base_url="{router.url}/v1",wire_api="responses",env_key="ROUTER_KEY"}}'
     env = agent_env(tmp_path, CODEX_HOME=str(codex_home), ROUTER_KEY="router-key")
     proc = subprocess.run(
-        [str(agent_bin / "codex"), "exec", "--json", "--skip-git-repo-check", "-c", "model_provider=router",
+        [str(npm_agents / "codex"), "exec", "--json", "--skip-git-repo-check", "-c", "model_provider=router",
          "-c", f"model_providers.router={provider}", "-m", "auto", "list the files"],
         cwd=work, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
     )  # fmt: skip

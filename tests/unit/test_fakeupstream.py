@@ -109,6 +109,10 @@ def test_tool_choice_between_call_and_text() -> None:
     with_tools = Prompt(model="m", head=b"", items=[b"{}"], tools=tools, tool_result=None)
     call = planner.plan(with_tools, Behaviour()).tool_call
     assert call is not None and call.arguments == {"command": "ls"}
+    # tool_arg sets the string arguments: an agent's shell tool runs the command a test chose.
+    told = planner.plan(with_tools, merge(Behaviour(), parse_spec("tool_arg=echo DONE"))).tool_call
+    assert told is not None and told.arguments == {"command": "echo DONE"}
+    assert told.arguments_json == '{"command":"echo DONE"}'
     assert planner.plan(with_tools, Behaviour(tool="never")).tool_call is None
     after = Prompt(model="m", head=b"", items=[b"{}"], tools=tools, tool_result="x" * 50)
     reply = planner.plan(after, Behaviour())
