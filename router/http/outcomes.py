@@ -29,6 +29,8 @@ from router.features.task.identity import scoped
 from router.features.task.tracker import TaskState, TaskTracker
 from router.http.auth import Auth
 from router.http.replies import error_reply, json_reply
+from router.policy.control import CONTROL
+from router.policy.decide import Decider
 from router.policy.learned import LearnedScorer
 from router.policy.runtime import Runtime
 from router.protocols.common import load_json, validation_message
@@ -63,7 +65,8 @@ async def post_outcome(
         # Another key's task is not found, not forbidden: its existence is not for this key to learn.
         out.task_id = scoped(principal.key_id, out.task_id)
         state = tracker.peek(out.task_id)
-        rows = [] if state is not None else await store.requests_for_task(out.task_id)
+        # Read even when the task is in memory: the log says which route and scope decided it.
+        rows = await store.requests_for_task(out.task_id)
         if state is None and not rows:
             raise TaskNotFound(out.task_id)
         attempt = out.attempt or (state.attempt if state else max(r.get("attempt") or 1 for r in rows))
@@ -86,14 +89,34 @@ async def post_outcome(
     }
     if not out.success:
         known = _known(state, rows, attempt)
-        scorer = runtime.arm_for(out.task_id)[1].scorer
+        decider, allowed = deciding(runtime, out.task_id, rows)
+        scorer = decider.scorer
         if known is None or not isinstance(scorer, LearnedScorer):
             result["next"] = None
         else:
             vec, failed = known
-            models = [m for m in runtime.policy.models if m in scorer.artifact.models]
+            models = [m for m in allowed if m in scorer.artifact.models]
             result["next"] = scorer.recommend(vec, models, attempt=attempt + 1, failed=failed).as_dict()
     return json_reply(result)
+
+
+def deciding(runtime: Runtime, task_id: str, rows: list[dict[str, Any]]) -> tuple[Decider, list[str]]:
+    """The decider in force for the task and the models its route allows, as its latest logged
+    decision shows them: the scope that decided (the log's ``policy`` column names it) and the route
+    of the model the client asked for. Without a logged decision: the task's arm, every model."""
+    arm, decider = runtime.arm_for(task_id)
+    main = [r for r in rows if not r.get("side_call") and r.get("policy")]
+    latest = max(main, key=lambda r: r.get("ts") or 0.0, default=None)
+    if latest is None:
+        return decider, list(decider.policy.models)
+    if arm is None or arm != CONTROL:
+        # The log keeps "<policy>[/<scope>]/<scorer>": the decider whose policy name is its prefix.
+        named = latest["policy"].rsplit("/", 1)[0]
+        decider = next((s.decider for s in runtime.scopes if s.decider.policy.name == named), decider)
+    route = decider.policy.route_for(latest.get("requested_model") or "")
+    if route is None:
+        return decider, list(decider.policy.models)
+    return decider, [route.passthrough] if route.passthrough else list(route.candidates)
 
 
 def _known(

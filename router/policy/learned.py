@@ -2,9 +2,12 @@
 
 The artifact is JSON: per model, logistic weights over the task features (``router.features.task.vector``)
 with a Platt calibration for P(success), and a log-linear model of an attempt's cost. It records
-its feature schema, the data it was trained on, its metrics and the value curve (what share of
-the training tasks the policy expects to complete at each value of a completed task), from which
-a policy's ``target_success`` becomes a value. The policy file pins it by sha256; a changed file,
+its feature schema, the data it was trained on, its metrics, the fixed orders of models no other
+beats on the training log (the prior plans, ``router.policy.prior``), the operating points (per
+value and target: the margin a task's own plan must clear to leave the prior plan) and the value
+curve (what share of the training tasks the policy expects to complete at each value of a
+completed task). The scorer follows what is left of the prior plan unless the task's own plan
+clears the margin. The policy file pins it by sha256; a changed file,
 an older format or a different feature schema is refused with an error saying which. Nothing is
 unpickled, ever.
 """
@@ -26,9 +29,10 @@ import orjson
 from router.errors import ConfigError
 from router.features.request import Features
 from router.features.task.vector import HASH_DIM, NUMERIC, arrays, dot, schema, with_attempt
-from router.policy.plan import Option, Plan, best_plan
+from router.policy import prior as priors
+from router.policy.plan import Option, Plan, best_plan, evaluate
 
-FORMAT = "router-learned/2"
+FORMAT = "router-learned/3"
 #: Calls in an agent attempt, assumed for a model the log has not seen yet.
 TYPICAL_CALLS = 20
 #: Plans remembered per scorer (one per task attempt in flight is enough; entries are small).
@@ -67,20 +71,10 @@ class Artifact:
     #: Scope name → its learned effects (``router.learning.training.scopes``): only the kept ones.
     scopes: dict[str, ScopeEffects] = field(default_factory=dict)
 
-    def value_for(self, target_success: float, max_attempts: int) -> float:
-        """The least value of a completed task at which the policy expects to complete
-        ``target_success`` of the training tasks (the largest value tried if none reaches it)."""
-        curve = self.value_curves.get(max_attempts)
-        if not curve:
-            known = ", ".join(map(str, sorted(self.value_curves))) or "none"
-            raise ConfigError(
-                f"objective.target_success: the artifact has no value curve for max_attempts={max_attempts} "
-                f"(it has: {known}); retrain with `router train --config` this policy"
-            )
-        for value, success in curve:
-            if success >= target_success:
-                return value
-        return curve[-1][0]
+    #: max_attempts → the fixed orders no other beats on the training log (``router.policy.prior``).
+    frontiers: dict[int, tuple[priors.FixedPlan, ...]] = field(default_factory=dict)
+    #: max_attempts → operating points (prior plan, deviation margin) measured by ``router train``.
+    points: dict[int, tuple[priors.Point, ...]] = field(default_factory=dict)
 
     def expected_output(self, model: str, prompt_tokens: int) -> int | None:
         """The median output tokens of a call, learned from the log (None: no history)."""
@@ -107,7 +101,7 @@ class Artifact:
             if obj["format"] != FORMAT:
                 raise ConfigError(
                     f"{source}: artifact format {obj['format']!r}, this router reads {FORMAT!r} "
-                    "(per-model task terms and a value curve); retrain with `router train`"
+                    "(a prior plan from the training log and per-task deviation margins); retrain with `router train`"
                 )
         else:
             raise ConfigError(f"{source}: not a learned-policy artifact (format {FORMAT!r} expected)")
@@ -137,7 +131,10 @@ class Artifact:
             raise ConfigError(f"{source}: task_effect_sd: expected a number in [0, 10], got {task_sd!r}")
         curves = _value_curves(obj.get("value_curve"), source)
         scopes = _scope_effects(obj.get("scopes"), source)
-        return cls(digest, models, obj["feature_schema"], meta, float(task_sd), curves, scopes)
+        frontiers = priors.frontier_from_json(obj.get("prior_plans"), source)
+        points = priors.points_from_json(obj.get("operating_points"), source)
+        return cls(digest, models, obj["feature_schema"], meta, float(task_sd), curves, scopes=scopes,
+                   frontiers=frontiers, points=points)  # fmt: skip
 
     @functools.cached_property
     def arrays(self) -> _Arrays:
@@ -195,6 +192,12 @@ class Objective:
     max_attempts: int = 3
     value: float | None = None
     max_cost_per_task: float | None = None
+    #: The best fixed order on the training log for this objective (None: plan each task alone),
+    #: and by how much (a share of ``value``) a task's own plan must beat it to leave it.
+    prior: tuple[str, ...] | None = None
+    margin: float = math.inf
+    #: The success target the value stands for, when the policy gives one.
+    target: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +260,17 @@ class Next:
                 "expected_cost_usd": round(self.expected_cost_usd, 6)}  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A plan chosen for a task: the plan served, the options it came from, whether another
+    attempt is recommended, and whether the plan is what is left of the prior plan."""
+
+    plan: Plan
+    options: tuple[Option, ...]
+    go: bool
+    prior: bool
+
+
 class LearnedScorer:
     """Orders candidates by the plan worth most under the objective (the first model of that plan
     first). A request that arrives when stopping was recommended is served by the best plan anyway:
@@ -275,9 +289,7 @@ class LearnedScorer:
         self._memory = memory
         # Keyed by the vector's identity (the task state holds one vector per task); each entry
         # keeps its vector alive, so an id is never reused while its entry is remembered.
-        self._plans: OrderedDict[Hashable, tuple[Mapping[int, float], Plan, tuple[Option, ...]]] = (
-            OrderedDict()
-        )
+        self._plans: OrderedDict[Hashable, tuple[Mapping[int, float], Choice]] = OrderedDict()
 
     def expected_output(self, model: str, prompt_tokens: int) -> int | None:
         return self.artifact.expected_output(model, prompt_tokens)
@@ -308,7 +320,18 @@ class LearnedScorer:
         failed: Sequence[str] = (), per_call_cost: Mapping[str, float] | None = None,
         budget: float | None = None,
     ) -> tuple[Plan, tuple[Option, ...]]:  # fmt: skip
-        """The best plan for this task and attempt, and the options it was chosen from.
+        """The plan to serve for this task and attempt, and the options it was chosen from."""
+        chosen = self.choose(
+            vec, models, attempt=attempt, failed=failed, per_call_cost=per_call_cost, budget=budget
+        )
+        return chosen.plan, chosen.options
+
+    def choose(
+        self, vec: Mapping[int, float], models: Sequence[str], *, attempt: int = 1,
+        failed: Sequence[str] = (), per_call_cost: Mapping[str, float] | None = None,
+        budget: float | None = None,
+    ) -> Choice:  # fmt: skip
+        """The plan for this task and attempt: what is left of the prior plan, or the task's own.
 
         Every call of an attempt asks the same question (the task's vector, the same candidates),
         so answers are remembered (LRU): the plan search is then paid once per attempt, not per
@@ -323,28 +346,42 @@ class LearnedScorer:
         found = self._plans.get(key)
         if found is not None and found[0] is vec:
             self._plans.move_to_end(key)
-            return found[1], found[2]
-        plan, opts = self._search(vec, models, attempt, failed, per_call_cost, budget)
-        self._plans[key] = (vec, plan, opts)
+            return found[1]
+        chosen = self._search(vec, models, attempt, failed, per_call_cost, budget)
+        self._plans[key] = (vec, chosen)
         if len(self._plans) > self._memory:
             self._plans.popitem(last=False)
-        return plan, opts
+        return chosen
 
     def _search(
         self, vec: Mapping[int, float], models: Sequence[str], attempt: int, failed: Sequence[str],
         per_call_cost: Mapping[str, float] | None, budget: float | None,
-    ) -> tuple[Plan, tuple[Option, ...]]:  # fmt: skip
-        opts = self.options(with_attempt(vec, attempt), models, per_call_cost)
+    ) -> Choice:  # fmt: skip
+        opts = tuple(self.options(with_attempt(vec, attempt), models, per_call_cost))
         obj = self.objective
-        plan = best_plan(
-            opts,
-            attempts_left=max(1, obj.max_attempts - attempt + 1),
-            already_failed=failed,
-            value=obj.value,
-            budget=budget if budget is not None else obj.max_cost_per_task,
-            task_sd=self.artifact.task_sd,
+        left = max(1, obj.max_attempts - attempt + 1)
+        limit = budget if budget is not None else obj.max_cost_per_task
+        sd = self.artifact.task_sd
+        best = best_plan(
+            opts, attempts_left=left, already_failed=failed, value=obj.value, budget=limit, task_sd=sd
         )
-        return plan, tuple(opts)
+        own = Choice(best, opts, best.worth_trying(obj.value), prior=False)
+        if obj.prior is None or obj.value is None:
+            return own
+        by_model = {o.model: o for o in opts}
+        rest_models = priors.remainder(obj.prior, failed, models, left)
+        failed_opts = [by_model[m] for m in failed if m in by_model]
+        rest = evaluate([by_model[m] for m in rest_models], failed_opts, sd) if rest_models else None
+        if rest is not None and limit is not None and rest.expected_cost > limit:
+            return own  # what is left of the prior plan does not fit the budget: the task's own plan
+        if priors.deviates(best, rest, obj.value, obj.margin):
+            return own
+        # The prior plan says stop: a client that retries anyway is served the task's own best.
+        return (
+            Choice(rest, opts, True, prior=True)
+            if rest is not None
+            else Choice(best, opts, False, prior=True)
+        )
 
     def recommend(
         self, vec: Mapping[int, float], models: Sequence[str], *, attempt: int, failed: Sequence[str],
@@ -353,9 +390,10 @@ class LearnedScorer:
         """After ``attempt - 1`` attempts failed on ``failed``: is attempt ``attempt`` worth making?"""
         if attempt > self.objective.max_attempts:
             return Next(False, None, 0.0, 0.0)
-        plan, _ = self.plan(vec, models, attempt=attempt, failed=failed, budget=budget)
-        if not plan.worth_trying(self.objective.value):
+        chosen = self.choose(vec, models, attempt=attempt, failed=failed, budget=budget)
+        if not chosen.go:
             return Next(False, None, 0.0, 0.0)
+        plan = chosen.plan
         return Next(True, plan.models[0], plan.success, plan.expected_cost)
 
     def rank(self, features: Features, estimates: list[Any]) -> tuple[list[Any], float, str]:
@@ -364,10 +402,11 @@ class LearnedScorer:
         vec = features.task_vector
         if vec is None:  # side calls never get here: the Decider ranks them by cost alone
             return CheapestScorer().rank(features, estimates)
-        plan, opts = self.plan(
+        chosen = self.choose(
             vec, [e.model for e in estimates], attempt=features.attempt, failed=features.failed_models,
             per_call_cost={e.model: e.cost_usd for e in estimates}, budget=features.task_budget_left,
         )  # fmt: skip
+        plan, opts = chosen.plan, chosen.options
         by_model = {o.model: o for o in opts}
         for e in estimates:
             o = by_model[e.model]
@@ -378,7 +417,7 @@ class LearnedScorer:
         first = plan.models[0]
         ranked = sorted(estimates, key=lambda e: (e.model != first, e.score))
         reason = (
-            f"plan {' → '.join(plan.models)}: expected ${plan.cost_per_completed:.4f} per completed task, "
+            f"{'prior plan' if chosen.prior else 'plan'} {' → '.join(plan.models)}: expected ${plan.cost_per_completed:.4f} per completed task, "
             f"success {plan.success:.0%}"
         )
         return ranked, 1.0, reason

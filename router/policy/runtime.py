@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from router.errors import ConfigError
+from router.policy import prior as priors
 from router.policy.catalog import Catalog, PriceLookup, build_catalog
 from router.policy.config import Policy, parse_policy
 from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_control, control_path
@@ -104,15 +106,37 @@ def scorer_for(policy: Policy, raw: bytes | None = None) -> Scorer | None:
 
 
 def objective_for(policy: Policy, artifact: Artifact) -> Objective:
-    """The policy's objective, its target (if any) turned into a value with the artifact's curve."""
+    """The policy's objective with its prior plan: the best fixed order on the training log for a
+    value or a target (a target also gives the value that stands for it), and the margin a task's
+    own plan must clear to leave it, as ``router train`` measured them (``router.policy.prior``).
+    Without a value or a target there is no prior plan: each task is planned alone at its own least
+    cost per completed task (a deviation cannot be weighed without a value, and where the task
+    features say much, as in the learning loop's test, a fixed order would throw that away)."""
     o = policy.spec.objective
     value = o.value_per_completed_usd
-    if o.target is not None:
-        try:
-            value = artifact.value_for(o.target, o.max_attempts)
-        except ConfigError as exc:
-            raise ConfigError(f"{policy.source}: {exc}") from None
-    return Objective(max_attempts=o.max_attempts, value=value, max_cost_per_task=o.max_cost_per_task)
+    k = o.max_attempts
+    frontier = artifact.frontiers.get(k)
+    if o.target is not None and frontier is None:
+        known = ", ".join(map(str, sorted(artifact.frontiers))) or "none"
+        raise ConfigError(
+            f"{policy.source}: objective: the artifact has no prior plans for max_attempts={k} (it has: {known}); "
+            "retrain with `router train --config` this policy"
+        )
+    prior: tuple[str, ...] | None = None
+    margin = math.inf
+    if frontier is not None and o.target is not None:
+        point = priors.nearest(artifact.points.get(k, ()), target=o.target)
+        prior = priors.for_target(frontier, o.target).models
+        # A target `router train` did not measure keeps to its prior plan (no margin was validated).
+        value = point.value if point is not None else priors.value_of_target(frontier, o.target)
+        margin = point.margin if point is not None else math.inf
+    elif frontier is not None and value is not None:
+        prior = priors.for_value(frontier, value).models
+        point = priors.nearest(artifact.points.get(k, ()), value=value)
+        margin = point.margin if point is not None else math.inf
+    return Objective(
+        max_attempts=k, value=value, max_cost_per_task=o.max_cost_per_task, prior=prior, margin=margin
+    )
 
 
 def load_runtime(path: str | Path, lookup: PriceLookup | None = None) -> Runtime:

@@ -220,6 +220,13 @@ def test_artifact_is_read_field_by_field() -> None:
         (b"{not json", r"^a\.json: not JSON: "),
         (orjson.dumps([1]), r"^a\.json: not a learned-policy artifact \(format 'router-learned/"),
         (orjson.dumps(artifact_json(format="router-learned/0")), r"artifact format 'router-learned/0', this"),
+        # The last format without prior plans: refused, saying to retrain.
+        (orjson.dumps(artifact_json(format="router-learned/2")), r"'router-learned/2'.*prior plan.*retrain"),
+        (orjson.dumps(artifact_json(prior_plans={"2": [["m", 0.5]]})), r"^a\.json: prior_plans: expected"),
+        (
+            orjson.dumps(artifact_json(operating_points={"2": [{"value": 1}]})),
+            r"^a\.json: operating_points: expected",
+        ),
         (orjson.dumps(artifact_json(feature_schema={"version": 0})), r"^a\.json: feature schema mismatch: "),
         (
             orjson.dumps(

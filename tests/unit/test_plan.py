@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 
@@ -11,10 +10,11 @@ import orjson
 import pytest
 
 from router.errors import ConfigError
-from router.features.task.vector import task_vector, to_json
+from router.features.task.vector import Vector, task_vector, to_json
 from router.learning.training import dataset, offpolicy, value
 from router.learning.training.fit import fit
 from router.policy import plan as plan_module
+from router.policy import prior as prior_module
 from router.policy.learned import Artifact, LearnedScorer, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
 
@@ -310,60 +310,82 @@ def test_offpolicy_success_and_its_interval_stay_probabilities() -> None:
     assert est.success == 1.0  # 3 matched x weight 10 / 10 rows = 3.0 unclamped
 
 
-def test_value_for_a_target_is_the_least_value_whose_expected_share_reaches_it() -> None:
-    artifact = Artifact.from_bytes(orjson.dumps(fit(rows_for(40))), source="t", expected_sha256=None)
-    # A hand-made curve: at $1 the policy expects to complete 60% of tasks, at $2 75%, at $4 85%.
-    curved = dataclasses.replace(artifact, value_curves={2: ((1.0, 0.6), (2.0, 0.75), (4.0, 0.85))})
-    assert curved.value_for(0.6, 2) == 1.0
-    assert curved.value_for(0.7, 2) == 2.0
-    assert curved.value_for(0.99, 2) == 4.0  # out of reach: the largest value tried
-    with pytest.raises(ConfigError, match="no value curve for max_attempts=3"):
-        curved.value_for(0.7, 3)
-
-
-def test_training_calibrates_the_value_to_a_target_on_its_own_tasks() -> None:
+def test_training_writes_prior_plans_and_operating_points_per_retry_limit() -> None:
     rows = rows_for(60)
-    artifact = Artifact.from_bytes(orjson.dumps(fit(rows, max_attempts=2)), source="t", expected_sha256=None)
+    artifact = Artifact.from_bytes(
+        orjson.dumps(fit(rows, max_attempts=2, target=0.83)), source="t", expected_sha256=None
+    )
+    assert set(artifact.frontiers) == {1, 2, 3} and set(artifact.points) == {1, 2, 3}
+    # The frontier: more success always costs more, and no order longer than the retry limit.
+    for k, plans in artifact.frontiers.items():
+        assert all(len(p.models) <= k for p in plans)
+        assert [p.cost for p in plans] == sorted(p.cost for p in plans)
+        assert [p.success for p in plans] == sorted(p.success for p in plans)
+    assert any(p.target == 0.83 for p in artifact.points[2])  # the policy's own target is measured
     shares = [s for _, s in artifact.value_curves[2]]
-    assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] > 0.85  # more value, more done
-    # The curve replays each task as the log recorded it, planning on out-of-fold probabilities:
-    # two hand-made tasks, an easy one and one only "strong" solves.
+    assert shares[0] == 0.0 and shares[-1] > 0.85  # more value, more done
+
+
+def test_the_replay_follows_the_prior_plan_and_leaves_it_only_past_the_margin() -> None:
+    artifact = Artifact.from_bytes(
+        orjson.dumps(fit(rows_for(60), max_attempts=2)), source="t", expected_sha256=None
+    )
+    # Two hand-made tasks, an easy one and one only "strong" solves, replayed as the log has them.
     tasks = [
         {"cheap": value.Logged(0.9, True, 0.01), "strong": value.Logged(0.95, True, 0.04)},
         {"cheap": value.Logged(0.3, False, 0.01), "strong": value.Logged(0.8, True, 0.05)},
     ]
-    vectors = [
-        task_vector("fix the typo docstring 1"),
-        task_vector("fix the race 2"),
+    vectors = [task_vector("fix the typo docstring 1"), task_vector("fix the race 2")]
+    ops = [
+        value._Op(v, None, prior) for v in (0.02, 0.1, 1.0) for prior in ((), ("cheap",), ("strong", "cheap"))
     ]
-    curve = value.curve(artifact, tasks, vectors, max_attempts=2)
+    scorer = LearnedScorer(artifact, Objective())
 
-    def share(v: float) -> float:
-        """The replay spelled out: plan, try, replan after a failure, stop when nothing is worth it."""
-        done = 0
-        for logged, vec in zip(tasks, vectors, strict=True):
-            scorer = LearnedScorer(artifact, Objective())
-            costs = {o.model: o.attempt_cost for o in scorer.options(vec, ["cheap", "strong"])}
-            opts = [Option(m, seen.p_success, costs[m]) for m, seen in logged.items()]
-            failed: list[str] = []
-            for left in (2, 1):
-                plan = best_plan(
-                    opts, attempts_left=left, already_failed=failed, value=v, task_sd=artifact.task_sd
+    def spelled_out(
+        logged: dict[str, value.Logged], vec: Vector, op: value._Op, margin: float
+    ) -> tuple[float, float]:
+        """Plan, try, replan after a failure; keep to the prior unless the task's own plan clears the margin."""
+        costs = {o.model: o.attempt_cost for o in scorer.options(vec, ["cheap", "strong"])}
+        opts = {m: Option(m, seen.p_success, costs[m]) for m, seen in logged.items()}
+        failed: list[str] = []
+        done, spent = 0.0, 0.0
+        for left in (2, 1):
+            best = best_plan(list(opts.values()), attempts_left=left, already_failed=failed, value=op.value,
+                             task_sd=artifact.task_sd)  # fmt: skip
+            rest_models = prior_module.remainder(op.prior, failed, list(opts), left)
+            rest = (
+                evaluate([opts[m] for m in rest_models], [opts[m] for m in failed], artifact.task_sd)
+                if rest_models else None
+            )  # fmt: skip
+            if prior_module.deviates(best, rest, op.value, margin):
+                model = best.models[0] if best.worth_trying(op.value) else None
+            else:
+                model = rest_models[0] if rest_models else None
+            if model is None:
+                break
+            spent += logged[model].cost
+            if logged[model].success:
+                done = 1.0
+                break
+            failed.append(model)
+        return done, spent
+
+    for logged, vec in zip(tasks, vectors, strict=True):
+        costs = {o.model: o.attempt_cost for o in scorer.options(vec, ["cheap", "strong"])}
+        opts = [Option(m, seen.p_success, costs[m]) for m, seen in logged.items()]
+        got = value._replay(opts, logged, ops, 2, artifact.task_sd, (0.0, 0.0))
+        for i, op in enumerate(ops):
+            for j, margin in enumerate(value.MARGINS):
+                assert (got[0, i, j], got[1, i, j]) == pytest.approx(spelled_out(logged, vec, op, margin)), (
+                    op,
+                    margin,
                 )
-                if not plan.worth_trying(v):
-                    break
-                model = plan.models[0]
-                if logged[model].success and model not in failed:
-                    done += 1
-                    break
-                failed.append(model)
-        return done / len(tasks)
-
-    assert [s for _, s, _ in curve] == [share(v) for v, _, _ in curve]
-    assert 0.0 in [s for _, s, _ in curve] and 1.0 in [s for _, s, _ in curve]
-    calibrated = dataclasses.replace(artifact, value_curves={2: tuple((v, s) for v, s, _ in curve)})
-    chosen = calibrated.value_for(0.9, 2)
-    assert share(chosen) >= 0.9 and share(max(v for v, _, _ in curve if v < chosen)) < 0.9
+    # The prior plan alone is the fixed order: the second task under strong → cheap costs 0.05, done.
+    alone = value._replay(
+        [Option("cheap", 0.3, 0.01), Option("strong", 0.8, 0.05)], tasks[1], [value._Op(1.0, None, ("strong", "cheap"))],
+        2, 0.0, (0.0, 0.0),
+    )  # fmt: skip
+    assert (alone[0, 0, -1], alone[1, 0, -1]) == (1.0, 0.05)
 
 
 def test_outcomes_by_value_agree_with_best_plan() -> None:

@@ -41,6 +41,8 @@ class Knobs:
     max_attempts: int = 1
     #: USD per completed task (None: each task's least cost per completed task).
     value: float | None = None
+    #: A fleet-wide share of tasks to complete (instead of a value).
+    target_success: float | None = None
     max_cost_per_task: float | None = None
 
 
@@ -72,6 +74,7 @@ def policy_for(
         "objective": {
             "max_attempts": knobs.max_attempts,
             "value_per_completed_usd": knobs.value,
+            "target_success": knobs.target_success,
             "max_cost_per_task": knobs.max_cost_per_task,
         },
     }
@@ -122,12 +125,15 @@ def _row(record: object, columns: tuple[str, ...]) -> dict[str, Any]:
 
 
 def train(
-    data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival], max_attempts: int = 1
-) -> bytes:
-    """The artifact ``router train`` would write from these tasks' log."""
+    data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival], max_attempts: int = 1, *,
+    target: float | None = None, noise: tuple[float, float] = (0.0, 0.0),
+) -> bytes:  # fmt: skip
+    """The artifact ``router train`` would write from these tasks' log (its prior plans chosen
+    under the verifier ``noise`` the policy will learn outcomes through)."""
     requests, outcomes = log_records(data, task_ids, arrivals)
     rows = dataset.build(requests, outcomes, now=float("inf"))
-    return orjson.dumps(fit(rows, max_attempts=max_attempts), option=orjson.OPT_INDENT_2)
+    artifact = fit(rows, max_attempts=max_attempts, target=target, noise=noise)
+    return orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
 
 
 class Deployment:

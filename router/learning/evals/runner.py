@@ -3,11 +3,12 @@
 Per fold the router is trained on the training tasks only and replayed on the test tasks. Whatever
 is chosen — the value of a completed task for a success target, the cheap-end operating point, each
 baseline's cascade or threshold — is chosen on the training tasks and only then read on the test
-tasks. The policy's values come from the artifact's value curve, as ``router train`` writes it and
-the live router reads a ``target_success``: the policy's own expected share of training tasks
-completed (and cost) at each value. (Replaying the policy on its training tasks instead is
-optimistic: the fit has seen those outcomes, and a value chosen that way missed its target on the
-test folds by 5–10 points.) Folds run in parallel processes when there is more than one.
+tasks. The policy runs under the objective the flags give, as the live router would with its policy
+file: its prior plan (the best fixed order on the training tasks for that value or target, under the
+same verifier noise) and the margin for leaving it come from the artifact `router train` wrote from
+the training tasks (``router.learning.training.value``), whose replays plan on out-of-fold
+probabilities (replaying on the fit's own probabilities is optimistic: a value chosen that way missed
+its target on the test folds by 5–10 points). Folds run in parallel processes when there is more than one.
 """
 
 from __future__ import annotations
@@ -110,11 +111,6 @@ def reference_model(data: Dataset, train_ids: Sequence[str]) -> str:
     return min(good, key=lambda m: rates[m][1])
 
 
-def value_for(curve: Sequence[Sequence[float]], target: float) -> float:
-    """The least value on the artifact's curve whose expected share completed reaches ``target``."""
-    return next((v for v, success, *_ in curve if success >= target), curve[-1][0])
-
-
 def value_within(curve: Sequence[Sequence[float]], cap: float) -> float | None:
     """The largest value on the curve whose expected cost per task stays within ``cap``."""
     fits = [v for v, _, cost in curve if cost <= cap]
@@ -136,22 +132,37 @@ def evaluate_fold(
 
     with threadpool_limits(1), tempfile.TemporaryDirectory(prefix="router-eval-") as tmp:
         # Small sparse fits: BLAS threads only contend on a shared 2-core machine.
-        artifact = train(data, train_ids, arrivals, max_attempts=k + 1)
+        artifact = train(
+            data,
+            train_ids,
+            arrivals,
+            max_attempts=k + 1,
+            target=settings.target_success,
+            noise=settings.noise,
+        )
         meta = orjson.loads(artifact)
         dep = Deployment(data, artifact, Path(tmp))
-        routers: dict[float | None, Router] = {}
+        routers: dict[tuple[float | None, float | None], Router] = {}
 
-        def router(value: float | None) -> Router:
-            if value not in routers:
-                knobs = Knobs(max_attempts=k + 1, value=value, max_cost_per_task=settings.max_cost_per_task)
-                routers[value] = Router(dep.decider(knobs), arrivals, settings.max_cost_per_task)
-            return routers[value]
+        def router(value: float | None, target: float | None = None) -> Router:
+            if (value, target) not in routers:
+                knobs = Knobs(max_attempts=k + 1, value=value, target_success=target,
+                              max_cost_per_task=settings.max_cost_per_task)  # fmt: skip
+                routers[value, target] = Router(dep.decider(knobs), arrivals, settings.max_cost_per_task)
+            return routers[value, target]
+
+        def described(r: Router) -> str:
+            o = r.scorer.objective if r.scorer is not None else None
+            if o is None or o.value is None:
+                return "no value"
+            prior = " → ".join(o.prior or ()) or "stop"
+            margin = "never leaves it" if o.margin == float("inf") else f"margin {o.margin:g}·V"
+            return f"value={o.value:.4g}, prior {prior}, {margin}"
 
         curve = meta["value_curve"][str(k + 1)]
-        value = settings.value
-        if settings.target_success is not None:
-            value = value_for(curve, settings.target_success)
-        policy = run(router(value), test_ids)
+        main = router(settings.value, settings.target_success)
+        value = main.scorer.objective.value if main.scorer is not None else settings.value
+        policy = run(main, test_ids)
         frontier = [{"value": v, **run(router(v), test_ids)} for v in settings.frontier]
         exact = (
             [{"value": v, **run(router(v), test_ids, EXACT)} for v in settings.frontier]
@@ -163,10 +174,10 @@ def evaluate_fold(
         rates = bl.training_rates(data, train_ids)
         cheap = value_within(curve, CHEAP_END_COST_RATIO * rates[ref][1])
         if cheap is not None:
-            operating["cheap_end"] = (run(router(cheap), test_ids), f"value={cheap:.4g}")
+            operating["cheap_end"] = (run(router(cheap), test_ids), described(router(cheap)))
         for target in settings.targets:
-            v = value_for(curve, target)
-            operating[f"target_{target:.2f}"] = (run(router(v), test_ids), f"value={v:.4g}")
+            r = router(None, target)
+            operating[f"target_{target:.2f}"] = (run(r, test_ids), described(r))
 
     base: dict[str, dict[str, Any]] = {}
     chosen: dict[str, str] = {}

@@ -21,6 +21,8 @@ from router.learning.training import dataset, offpolicy
 from router.learning.training import scopes as scoped
 from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
+from router.learning.training.value import MARGINS
+from router.policy import prior as priors
 from router.policy.config import Policy, load_policy
 from router.policy.learned import Artifact, LearnedScorer
 from router.policy.runtime import objective_for
@@ -75,8 +77,8 @@ def train(
             f" need {min_attempts} per model): label tasks with `router outcome TASK_ID --success|--failure`"
             " or POST /v1/outcomes, let the policy explore, or pass --force"
         )
-    artifact = fit(rows, max_attempts=policy.spec.objective.max_attempts, scopes=policy.spec.scopes,
-                   min_scope_attempts=min_scope_attempts)  # fmt: skip
+    artifact = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
+                   scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     artifact["output_tokens"] = fit_output_tokens(requests)
     raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
     scorer = scorer_for_evaluation(raw, policy)
@@ -99,11 +101,39 @@ def train(
     path.write_bytes(raw)
     sha = hashlib.sha256(raw).hexdigest()
     _print(console, artifact, path, sha)
+    console.print(prior_line(scorer), highlight=False)
     # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
     labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
     for line in fromlog.lines(labels):
         console.print(line, highlight=False)
     return {"path": str(path), "sha256": sha, **artifact, "labels": labels}
+
+
+def prior_line(scorer: LearnedScorer) -> str:
+    """What the policy does for its objective: the prior plan, and whether tasks leave it."""
+    o = scorer.objective
+    if o.value is None:
+        return ("prior plan: none without a value or a target (objective.value_per_completed_usd or "
+                "target_success); each task is planned alone at its least cost per completed task")  # fmt: skip
+    if o.prior is None:
+        return "prior plan: none (the artifact has no prior plans for this retry limit); each task is planned alone"
+    art = scorer.artifact
+    plan = " → ".join(o.prior) or "stop (no order is worth its cost)"
+    fixed = next((p for p in art.frontiers.get(o.max_attempts, ()) if p.models == o.prior), None)
+    line = f"prior plan (the best fixed order on this log for the objective): {plan}"
+    if fixed is not None:
+        line += f", completing {fixed.success:.1%} of the training tasks at ${fixed.cost:.4f} per task"
+    target = o.target
+    point = priors.nearest(
+        art.points.get(o.max_attempts, ()), target=target, value=None if target else o.value
+    )
+    tried = "/".join(f"{m:g}" for m in MARGINS if not math.isinf(m))
+    if point is None or math.isinf(o.margin):
+        return line + (f"; per-task deviations (margins {tried} × V tried on out-of-fold replays of the training "
+                       "tasks) gained nothing clear of noise: the policy is the prior plan")  # fmt: skip
+    return line + (f"; a task leaves it when its own plan is worth {o.margin:g} × V more (chosen on out-of-fold "
+                   f"replays of the training tasks): it did on {point.deviations:.1%} of attempts there, "
+                   f"gaining ${point.gain:.5f} per task")  # fmt: skip
 
 
 def _est(e: offpolicy.Estimate) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from threadpoolctl import threadpool_limits
 
 from router.features.task.vector import HASH_DIM, NUMERIC, Vector, schema
-from router.learning.training import metrics, permodel, pooled, taskeffect, value
+from router.learning.training import metrics, permodel, pooled, prior, taskeffect, value
 from router.learning.training import scopes as scoped
 from router.learning.training.dataset import AttemptRow
 from router.policy.config import Scope
@@ -125,16 +125,19 @@ def reliability(p: np.ndarray, y: np.ndarray, bins: int = 5) -> list[dict[str, A
 
 def fit(
     rows: Sequence[AttemptRow], *, c: float = 0.5, max_attempts: int | None = None,
+    target: float | None = None, noise: tuple[float, float] = (0.0, 0.0),
     scopes: Sequence[Scope] = (), min_scope_attempts: int = scoped.MIN_ATTEMPTS,
 ) -> dict[str, Any]:  # fmt: skip
-    """The artifact (a JSON-ready dict) for these attempt rows, with value curves for the retry
-    limits in ``value.ATTEMPTS`` and ``max_attempts``, and the effects of the policy's ``scopes``
-    that improve held-out log loss (``scope_report`` says, per scope, why kept or not)."""
+    """The artifact (a JSON-ready dict) for these attempt rows, with prior plans and operating
+    points for the retry limits in ``value.ATTEMPTS`` and ``max_attempts`` (and ``target`` among
+    the targets measured; ``noise`` is the (false accept, false reject) of the verifier outcomes
+    will be learned through), and the effects of the policy's ``scopes`` that improve held-out log
+    loss (``scope_report`` says, per scope, why kept or not)."""
     if not rows:
         raise ValueError("no labelled attempts in the log: send traffic and outcomes first")
     # Many small fits: BLAS threads only contend, badly so on a small shared machine.
     with threadpool_limits(1):
-        artifact, p, groups = _fit(rows, c, max_attempts)
+        artifact, p, groups = _fit(rows, c, max_attempts, target, noise)
     if scopes:
         # On the out-of-fold probabilities: offsets fitted to in-sample ones would learn nothing.
         results = scoped.fit_scopes(scopes, rows, p, groups, min_attempts=min_scope_attempts)
@@ -144,7 +147,8 @@ def fit(
 
 
 def _fit(
-    rows: Sequence[AttemptRow], c: float, max_attempts: int | None
+    rows: Sequence[AttemptRow], c: float, max_attempts: int | None, target: float | None,
+    noise: tuple[float, float],
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
     x = matrix(rows)
     groups = pooled.task_groups(rows)
@@ -180,10 +184,21 @@ def _fit(
         if r.attempt == 1:
             seen[int(g)].setdefault(r.model, value.Logged(float(p_oof), r.success, r.cost))
     attempts = {*value.ATTEMPTS, *([max_attempts] if max_attempts else [])}
-    order = sorted(first)
-    artifact["value_curve"] = value.curves(
-        loaded, [seen[g] for g in order], [first[g] for g in order], attempts
+    frontiers = prior.frontiers(
+        prior.orders(rows, groups, min(max(attempts), prior.MAX_LEN), noise), attempts
     )
+    order = sorted(first)
+    targets = {*value.TARGETS, *([target] if target is not None else [])}
+    points = value.all_points(
+        loaded, [seen[g] for g in order], [first[g] for g in order], frontiers, noise=noise, targets=targets
+    )
+    artifact["prior_plans"] = prior.to_json(frontiers)
+    artifact["operating_points"] = points
+    artifact["verifier_noise"] = list(noise)
+    artifact["value_curve"] = {
+        k: [[pt["value"], pt["success"], pt["cost"]] for pt in pts if pt["target"] is None]
+        for k, pts in points.items()
+    }
     return artifact, p, groups
 
 

@@ -1,20 +1,25 @@
-"""The value of a completed task at which the policy meets a success target, from training data.
+"""Operating points from the training log: for each value (and target), the prior plan, the margin
+a task must clear to leave it, and what the policy is expected to complete and spend.
 
-A target (``objective.target_success``) is a fleet-wide promise, so it is met on average over
-tasks, not per task: for each value on a grid, the policy is replayed on every distinct training
-task from its first attempt, replanning after each failure as the live router does, and the curve
-records the share of those tasks completed and the money spent. The policy then runs at the least
-value whose share reaches the target (``Artifact.value_for``).
+The prior plan at a value is the fixed order worth most on the training log; at a target, the one
+with the least cost per completed task among those reaching it (``router.policy.prior``). A target
+is a fleet-wide promise, met on average over tasks, not per task; the value a target stands for is
+the least one at which the frontier's best order reaches it.
 
-The replay plans on out-of-fold probabilities (a fit that has seen a task's outcomes plans it too
-well: a value chosen that way missed its target on new tasks by 5–10 points) and reads the outcome
-and cost the log recorded when the task was attempted on the chosen model; a model the log has
-not seen on the task contributes its expected success and cost instead. A log that tried every
-model on every task (``router eval``) is replayed exactly; a live log mixes the two.
+Whether per-task deviations pay is measured, not assumed: every distinct training task is replayed
+from its first attempt at every operating point and every margin in ``MARGINS`` at once, replanning
+after each failure as the live router does, with the per-task plans made on out-of-fold
+probabilities (a fit that has seen a task's outcomes plans it too well: a value chosen that way
+missed its target on new tasks by 5–10 points) and the outcome and cost the log recorded when the
+task was attempted on the chosen model (a model the log has not seen on the task contributes its
+expected success and cost). The margin kept is the one worth most on that replay; the prior plan
+alone (an infinite margin) wins ties and whenever no margin gained. The prior plan was chosen on
+the same tasks, so the comparison leans towards it: a deviation is kept only where it pays anyway.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,13 +27,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from router.features.task import vector as taskfeatures
+from router.policy import prior as priors
 from router.policy.learned import Artifact, LearnedScorer, Objective
-from router.policy.plan import REPEAT_FACTOR, Option, outcomes_by_value
+from router.policy.plan import REPEAT_FACTOR, Option, evaluate, outcomes_by_value
 
 #: USD per completed task, geometric from a tenth of a cent to $1000 (about 26% apart).
 GRID = np.geomspace(1e-3, 1e3, 61)
-#: Curves are written for these retry limits (and the policy's own).
+#: Operating points are written for these retry limits (and the policy's own).
 ATTEMPTS = (1, 2, 3)
+#: Success targets given their own operating point (and the policy's own target).
+TARGETS = tuple(round(0.05 * i, 2) for i in range(1, 20))
+#: A task leaves the prior plan when its own plan is worth more by this share of the value.
+MARGINS = (0.0, 0.01, 0.03, 0.1, 0.3, math.inf)
+#: A margin's gain over the prior plan must exceed this many standard errors (over tasks) to count.
+SIGNIFICANCE = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,60 +52,128 @@ class Logged:
     cost: float
 
 
-def curve(
-    artifact: Artifact, tasks: Sequence[Mapping[str, Logged]], vectors: Sequence[Mapping[int, float]], *,
-    max_attempts: int, grid: np.ndarray = GRID,
-) -> list[list[float]]:  # fmt: skip
-    """``[[value, share of tasks completed, cost per task], ...]`` over ``grid``."""
+@dataclass(frozen=True, slots=True)
+class _Op:
+    value: float
+    target: float | None
+    prior: tuple[str, ...]
+
+
+def points(
+    artifact: Artifact, tasks: Sequence[Mapping[str, Logged]], vectors: Sequence[Mapping[int, float]],
+    frontier: Sequence[priors.FixedPlan], *, max_attempts: int, noise: tuple[float, float] = (0.0, 0.0),
+    targets: Iterable[float] = TARGETS,
+) -> list[priors.Point]:  # fmt: skip
+    """One point per value in ``GRID`` and per target, each with the margin worth most on the replay."""
+    ops = [_Op(float(v), None, priors.for_value(frontier, float(v)).models) for v in GRID]
+    for t in sorted(set(targets)):
+        ops.append(_Op(priors.value_of_target(frontier, t), t, priors.for_target(frontier, t).models))
     scorer = LearnedScorer(artifact, Objective(max_attempts=max_attempts))
     models = list(artifact.models)
-    success = np.zeros(len(grid))
-    cost = np.zeros(len(grid))
+    per_task = []
     for logged, vec in zip(tasks, vectors, strict=True):
         opts = [
             Option(o.model, logged[o.model].p_success if o.model in logged else o.p_success, o.attempt_cost)
             for o in scorer.options(taskfeatures.with_attempt(vec, 1), models)
         ]
-        s, c = _replay(opts, logged, grid, max_attempts, artifact.task_sd)
-        success += s
-        cost += c
-    n = max(len(vectors), 1)
-    return [[round(float(v), 6), round(float(s / n), 5), round(float(c / n), 6)] for v, s, c in
-            zip(grid, success, cost, strict=True)]  # fmt: skip
+        per_task.append(_replay(opts, logged, ops, max_attempts, artifact.task_sd, noise))
+    runs = np.array(per_task).reshape(len(per_task), 4, len(ops), len(MARGINS))
+    success, cost, decisions, deviations = (
+        runs.mean(axis=0) if len(per_task) else np.zeros((4, len(ops), len(MARGINS)))
+    )
+    values = np.array([op.value for op in ops])[:, None]
+    # Each task's worth at each margin, beside its worth under the prior plan alone (the last).
+    gained = values * (runs[:, 0] - runs[:, 0, :, -1:]) - (runs[:, 1] - runs[:, 1, :, -1:])
+    n = max(len(per_task), 1)
+    mean = gained.mean(axis=0) if len(per_task) else np.zeros((len(ops), len(MARGINS)))
+    se = gained.std(axis=0) / np.sqrt(n) if len(per_task) > 1 else np.full((len(ops), len(MARGINS)), np.inf)
+    out = []
+    for i, op in enumerate(ops):
+        # A margin is kept only where its gain is clear of the replay's noise (two standard
+        # errors over the tasks); otherwise, and on ties, the prior plan alone (the last margin).
+        clear = [
+            j for j in range(len(MARGINS) - 1) if mean[i, j] > SIGNIFICANCE * se[i, j] and mean[i, j] > 0
+        ]
+        j = max(clear, key=lambda m: (mean[i, m], m)) if clear else len(MARGINS) - 1
+        out.append(
+            priors.Point(
+                op.value,
+                op.target,
+                MARGINS[j],
+                float(success[i, j]),
+                float(cost[i, j]),
+                float(deviations[i, j] / decisions[i, j]) if decisions[i, j] else 0.0,
+                float(mean[i, j]),
+            )
+        )
+    return out
 
 
 def _replay(
-    opts: Sequence[Option], logged: Mapping[str, Logged], grid: np.ndarray, max_attempts: int, task_sd: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """One task at every value: (chance completed, expected spend). The states are the failures
-    seen so far, each with its probability per value (1 or 0 where the log decides every step)."""
+    opts: Sequence[Option], logged: Mapping[str, Logged], ops: Sequence[_Op], max_attempts: int,
+    task_sd: float, noise: tuple[float, float],
+) -> np.ndarray:  # fmt: skip
+    """One task at every operating point × margin: (chance completed, expected spend, decisions,
+    deviations). The states are the failures seen so far, each with its weight per column."""
     by_model = {o.model: o for o in opts}
-    success, spent = np.zeros(len(grid)), np.zeros(len(grid))
-    states: dict[tuple[str, ...], np.ndarray] = {(): np.ones(len(grid))}
+    index = {o.model: i for i, o in enumerate(opts)}
+    names = [o.model for o in opts]
+    values = np.array([op.value for op in ops])
+    margins = np.array(MARGINS)
+    fa, fr = noise
+    out = np.zeros((4, len(ops), len(MARGINS)))
+    states: dict[tuple[str, ...], np.ndarray] = {(): np.ones((len(ops), len(MARGINS)))}
     for attempt in range(1, max_attempts + 1):
-        nxt: dict[tuple[str, ...], np.ndarray] = defaultdict(lambda: np.zeros(len(grid)))
+        left = max_attempts - attempt + 1
+        nxt: dict[tuple[str, ...], np.ndarray] = defaultdict(lambda: np.zeros((len(ops), len(MARGINS))))
         for failed, weight in states.items():
-            _, _, first = outcomes_by_value(
-                opts, grid, attempts_left=max_attempts - attempt + 1, task_sd=task_sd, already_failed=failed
+            s_best, c_best, first = outcomes_by_value(
+                opts, values, attempts_left=left, task_sd=task_sd, already_failed=failed
             )
-            for j, model in enumerate(first):
-                if model is None or weight[j] == 0:
+            best_worth = values * s_best - c_best
+            best_model = np.array([-1 if m is None else index[m] for m in first])
+            failed_opts = [by_model[m] for m in failed]
+            rest_worth, rest_model = np.zeros(len(ops)), np.full(len(ops), -1)
+            kept: dict[tuple[str, ...], tuple[float, float]] = {}
+            for i, op in enumerate(ops):
+                rest = tuple(priors.remainder(op.prior, failed, names, left))
+                if not rest:
                     continue
+                if rest not in kept:
+                    p = evaluate([by_model[m] for m in rest], failed_opts, task_sd)
+                    kept[rest] = (p.success, p.expected_cost)
+                s, c = kept[rest]
+                rest_worth[i], rest_model[i] = op.value * s - c, index[rest[0]]
+            leave = (best_worth - rest_worth)[:, None] > margins[None, :] * values[:, None]
+            chosen = np.where(leave, best_model[:, None], rest_model[:, None])
+            out[2] += weight
+            out[3] += weight * leave
+            for k in np.unique(chosen[(chosen >= 0) & (weight > 0)]):
+                model = names[k]
+                w = np.where(chosen == k, weight, 0.0)
                 repeat, seen = model in failed, logged.get(model)
-                if seen is not None:  # a repeat repeats the recorded failure
-                    ok, c = (0.0 if repeat else float(seen.success)), seen.cost
+                if seen is not None:  # a repeat repeats the recorded outcome
+                    ok, c = float(seen.success), seen.cost
                 else:
                     o = by_model[model]
                     ok, c = o.p_success * (REPEAT_FACTOR if repeat else 1.0), o.attempt_cost
-                spent[j] += weight[j] * c
-                success[j] += weight[j] * ok
-                nxt[failed if repeat else (*failed, model)][j] += weight[j] * (1.0 - ok)
+                out[1] += w * c
+                out[0] += w * ok * (1.0 - fr)
+                nxt[failed if repeat else (*failed, model)] += w * (ok * fr + (1.0 - ok) * (1.0 - fa))
         states = nxt
-    return success, spent
+    return out
 
 
-def curves(
+def all_points(
     artifact: Artifact, tasks: Sequence[Mapping[str, Logged]], vectors: Sequence[Mapping[int, float]],
-    attempts: Iterable[int] = ATTEMPTS,
-) -> dict[str, list[list[float]]]:  # fmt: skip
-    return {str(k): curve(artifact, tasks, vectors, max_attempts=k) for k in sorted(set(attempts))}
+    frontiers: Mapping[int, Sequence[priors.FixedPlan]], *, noise: tuple[float, float] = (0.0, 0.0),
+    targets: Iterable[float] = TARGETS,
+) -> dict[str, list[dict[str, object]]]:  # fmt: skip
+    targets = tuple(targets)
+    return {
+        str(k): [
+            priors.point_to_json(p)
+            for p in points(artifact, tasks, vectors, frontier, max_attempts=k, noise=noise, targets=targets)
+        ]
+        for k, frontier in sorted(frontiers.items())
+    }

@@ -1,0 +1,100 @@
+"""Every fixed order of models, measured on the training log: the frontier the prior plan comes from.
+
+An order's success and cost are chained from conditional rates read directly off the log: the
+chance model B completes a task given that the models before it failed, from the tasks where those
+models were all tried and failed (``router eval``'s log tried every model on every task, so this is
+the exact replay of the order; a live log has it where exploration tried several models on one
+task). A step measured on few tasks (under ``FULL_SUPPORT``) is shrunk towards the model's rate
+over all its tasks (``SHRINK`` pseudo-tasks), and a step no task measured takes that rate. With a noisy verifier, an
+attempt goes on when its result is rejected (a wrong one rightly, a right one falsely) and
+completes the task when a right one is accepted, as ``router eval`` replays it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from router.learning.training.dataset import AttemptRow
+from router.policy.prior import FixedPlan, pareto
+
+#: Pseudo-tasks at the model's overall rate added to a conditional step measured on few tasks.
+SHRINK = 1.0
+#: A step measured on at least this many (weighted) tasks is read as it is: on a full log every
+#: order is then its exact replay, and the prior for a target is the best fixed cascade itself.
+FULL_SUPPORT = 30.0
+#: Longest order enumerated (24 models: 12k orders of three).
+MAX_LEN = 3
+
+
+def outcome_matrix(
+    rows: Sequence[AttemptRow], groups: np.ndarray
+) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(models, success, cost) per task group × model, NaN where the log has no first attempt
+    (a repeat after a failure is not a fresh draw of the model on the task)."""
+    models = sorted({r.model for r in rows})
+    col = {m: i for i, m in enumerate(models)}
+    n = int(groups.max()) + 1 if len(groups) else 0
+    s_sum, c_sum, count = np.zeros((n, len(models))), np.zeros((n, len(models))), np.zeros((n, len(models)))
+    for g, r in zip(groups, rows, strict=True):
+        if r.model in r.failed_before:
+            continue
+        j = col[r.model]
+        s_sum[g, j] += r.success
+        c_sum[g, j] += r.cost
+        count[g, j] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return models, s_sum / count, c_sum / count
+
+
+def orders(
+    rows: Sequence[AttemptRow], groups: np.ndarray, max_len: int, noise: tuple[float, float] = (0.0, 0.0)
+) -> list[FixedPlan]:
+    """Every order of one to ``max_len`` distinct models, with its success and cost per task."""
+    models, s, c = outcome_matrix(rows, groups)
+    seen = ~np.isnan(s)
+    s, c = np.nan_to_num(s), np.nan_to_num(c)
+    fa, fr = noise
+    done = s * (1.0 - fr)
+    going = s * fr + (1.0 - s) * (1.0 - fa)
+    n_seen = np.maximum(seen.sum(axis=0), 1)
+    base_done, base_go = (seen * done).sum(axis=0) / n_seen, (seen * going).sum(axis=0) / n_seen
+    base_cost = (seen * c).sum(axis=0) / n_seen
+    plans: list[FixedPlan] = []
+
+    def extend(
+        prefix: tuple[int, ...], weight: np.ndarray, alive: float, success: float, cost: float
+    ) -> None:
+        # Every next model at once: its completion, continuation and cost on the tasks still open.
+        w = weight[:, None] * seen
+        support = w.sum(axis=0)
+        shrink = np.where(support >= FULL_SUPPORT, 0.0, SHRINK)
+        total = support + shrink
+        d = ((w * done).sum(axis=0) + shrink * base_done) / total
+        g = ((w * going).sum(axis=0) + shrink * base_go) / total
+        k = ((w * c).sum(axis=0) + shrink * base_cost) / total
+        for j in range(len(models)):
+            if j in prefix:
+                continue
+            seq = (*prefix, j)
+            s_j, c_j = success + alive * d[j], cost + alive * k[j]
+            plans.append(FixedPlan(tuple(models[i] for i in seq), float(s_j), float(c_j)))
+            if len(seq) < max_len:
+                extend(seq, weight * seen[:, j] * going[:, j], alive * g[j], s_j, c_j)
+
+    if models:
+        extend((), np.ones(len(s)), 1.0, 0.0, 0.0)
+    return plans
+
+
+def frontiers(plans: Sequence[FixedPlan], lengths: Iterable[int]) -> dict[int, list[FixedPlan]]:
+    """Per retry limit, the orders that fit in it and that no other such order beats."""
+    return {k: pareto([p for p in plans if len(p.models) <= k]) for k in sorted(set(lengths))}
+
+
+def to_json(frontier: Mapping[int, Sequence[FixedPlan]]) -> dict[str, list[list[object]]]:
+    return {
+        str(k): [[list(p.models), round(p.success, 5), round(p.cost, 6)] for p in plans]
+        for k, plans in frontier.items()
+    }

@@ -1,0 +1,188 @@
+"""The prior plan (router.policy.prior, router.learning.training.prior): the best fixed order on the
+training log, by hand-made cases, and the learned scorer keeping to it unless a task's own plan
+clears the margin."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from router.errors import ConfigError
+from router.learning.training import prior as training_prior
+from router.learning.training.dataset import AttemptRow
+from router.policy import prior
+from router.policy.config import Policy, load_policy
+from router.policy.learned import LearnedScorer, Objective
+from router.policy.plan import Plan
+from router.policy.prior import STOP, FixedPlan
+from router.policy.runtime import objective_for
+from tests.unit.test_learned_values import MODELS, TASK, artifact
+from tests.unit.test_scopes import M
+
+CHEAP = FixedPlan(("cheap",), 0.5, 0.01)
+PAIR = FixedPlan(("cheap", "strong"), 0.8, 0.05)
+STRONG = FixedPlan(("strong",), 0.7, 0.1)  # dominated by PAIR: more success for less
+FRONTIER = prior.pareto([CHEAP, PAIR, STRONG])
+
+
+def test_the_frontier_drops_orders_another_beats() -> None:
+    assert FRONTIER == [CHEAP, PAIR]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.01, STOP),  # 0.5·0.01 − 0.01 < 0: no order is worth its cost
+        (0.05, CHEAP),  # 0.015 against PAIR's −0.01
+        # CHEAP 0.5V − 0.01, PAIR 0.8V − 0.05: PAIR is worth more past V = 0.04/0.3 ≈ 0.133.
+        (0.13, CHEAP),
+        (0.14, PAIR),
+    ],
+)
+def test_the_prior_for_a_value_is_the_order_worth_most(value: float, expected: FixedPlan) -> None:
+    assert prior.for_value(FRONTIER, value) == expected
+
+
+def test_the_prior_for_a_target_is_the_least_cost_per_completed_task_reaching_it() -> None:
+    # A non-hull order: 0.75 at 0.045 costs 0.06 per completed task, PAIR 0.0625.
+    between = FixedPlan(("cheap", "mid"), 0.75, 0.045)
+    frontier = prior.pareto([CHEAP, PAIR, between])
+    assert prior.for_target(frontier, 0.7) == between
+    assert prior.for_target(frontier, 0.78) == PAIR
+    assert prior.for_target(frontier, 0.4) == CHEAP  # 0.02 per completed task, the least
+    assert prior.for_target(frontier, 0.95) == PAIR  # out of reach: the strongest
+    # The value a target stands for: the least at which the best order reaches it (V ≈ 0.133 for PAIR).
+    assert prior.value_of_target(FRONTIER, 0.8) == pytest.approx(0.04 / 0.3, rel=0.03)
+    assert prior.for_value(FRONTIER, prior.value_of_target(FRONTIER, 0.8)) == PAIR
+
+
+def test_what_is_left_of_the_prior_skips_failed_and_disallowed_models() -> None:
+    order = ("a", "b", "c")
+    assert prior.remainder(order, (), "abc", 3) == ["a", "b", "c"]
+    assert prior.remainder(order, ("a",), "abc", 2) == ["b", "c"]
+    assert prior.remainder(order, ("x",), "abc", 2) == ["a", "b"]  # a deviation failed: back to the order
+    assert prior.remainder(order, (), "ac", 3) == ["a", "c"]  # b is not a candidate of this route
+    assert prior.remainder(order, ("a", "b", "c"), "abc", 1) == []
+
+
+def test_a_task_leaves_the_prior_only_past_the_margin() -> None:
+    rest = Plan(("a",), 0.1, 0.5)  # worth 0.5·1 − 0.1 = 0.4 at V = 1
+    own = Plan(("b",), 0.1, 0.6)  # worth 0.5
+    assert prior.deviates(own, rest, 1.0, 0.05)
+    assert not prior.deviates(own, rest, 1.0, 0.1)  # a gain of 0.1 does not clear 0.1·V
+    assert not prior.deviates(own, rest, 1.0, math.inf)
+    # Stopping is a deviation too: the rest is worth −0.05, stopping 0.
+    losing = Plan(("a",), 0.15, 0.1)
+    assert prior.deviates(Plan(("b",), 1.0, 0.1), losing, 1.0, 0.0)
+    assert not prior.deviates(Plan(("b",), 1.0, 0.1), None, 1.0, 0.0)  # nothing left, nothing to gain
+
+
+def row(task: str, model: str, success: bool, cost: float) -> AttemptRow:
+    return AttemptRow(task, 1, model, {0: 1.0}, success, "explicit", cost, 1, 0.5, ["a", "b"])
+
+
+def test_orders_from_a_full_log_are_the_exact_replay_of_each_order() -> None:
+    # Four tasks, both models tried on each: a solves t1, t2; b solves t2, t3.
+    outcomes = {"t1": (1, 0), "t2": (1, 1), "t3": (0, 1), "t4": (0, 0)}
+    rows = [
+        row(t, m, bool(s), c)
+        for t, ss in outcomes.items()
+        for m, s, c in zip("ab", ss, (1.0, 3.0), strict=True)
+    ]
+    groups = np.array([int(r.task_id[1]) - 1 for r in rows])
+    plans = {p.models: p for p in training_prior.orders(rows, groups, 2)}
+    shrink = training_prior.SHRINK
+    assert plans["a",].success == pytest.approx((2 + shrink * 0.5) / (4 + shrink))
+    # a → b: a completes 2 of 4; of the two a failed, b completes t3. Exactly 3/4 at 1 + ½·3 without
+    # shrinkage; with it, each step leans by one pseudo-task towards the model's overall rate.
+    p_a = (2 + shrink * 0.5) / (4 + shrink)
+    p_b_after = (1 + shrink * 0.5) / (2 + shrink)
+    assert plans["a", "b"].success == pytest.approx(p_a + (1 - p_a) * p_b_after)
+    assert plans["a", "b"].cost == pytest.approx(1.0 + (1 - p_a) * 3.0)
+    # With a noisy verifier a right result is rejected a fifth of the time, and the task goes on.
+    noisy = {p.models: p for p in training_prior.orders(rows, groups, 1, noise=(0.0, 0.2))}
+    assert noisy["a",].success == pytest.approx(0.8 * plans["a",].success)
+
+
+def test_orders_from_a_large_full_log_are_exactly_each_orders_replay() -> None:
+    rng = np.random.default_rng(3)
+    n = 60  # every step measured on at least FULL_SUPPORT tasks (most fail): no shrinkage
+    s = rng.random((n, 3)) < [0.2, 0.3, 0.4]
+    c = rng.uniform(0.5, 2.0, (n, 3))
+    rows = [row(f"t{t}", m, bool(s[t, j]), float(c[t, j])) for t in range(n) for j, m in enumerate("abc")]
+    groups = np.repeat(np.arange(n), 3)
+    for plan in training_prior.orders(rows, groups, 2):
+        cols = ["abc".index(m) for m in plan.models]
+        done, spent = 0, 0.0
+        for t in range(n):  # the order replayed task by task: try until one succeeds
+            for j in cols:
+                spent += c[t, j]
+                if s[t, j]:
+                    done += 1
+                    break
+        assert (plan.success, plan.cost) == pytest.approx((done / n, spent / n)), plan.models
+
+
+def objective(prior_plan: tuple[str, ...], margin: float, value: float = 1.0) -> Objective:
+    return Objective(max_attempts=3, value=value, prior=prior_plan, margin=margin)
+
+
+def test_the_scorer_keeps_to_the_prior_plan_and_stops_where_it_ends() -> None:
+    # cheap 0.3 at 0.01, mid 0.5 at 0.05, strong 0.8 at 0.2: at V = 1 the task's own plan starts
+    # elsewhere than mid, yet with an infinite margin the prior mid → strong is followed.
+    scorer = LearnedScorer(artifact(), objective(("mid", "strong"), math.inf))
+    first = scorer.choose(TASK, ["cheap", "mid", "strong"], attempt=1)
+    assert first.prior and first.go and first.plan.models == ("mid", "strong")
+    second = scorer.recommend(TASK, ["cheap", "mid", "strong"], attempt=2, failed=["mid"])
+    assert second.retry and second.model == "strong"
+    # The order is spent: stop, though attempts are left.
+    third = scorer.recommend(TASK, ["cheap", "mid", "strong"], attempt=3, failed=["mid", "strong"])
+    assert not third.retry
+    # Served anyway (the client retried): the task's own best plan.
+    served = scorer.choose(TASK, ["cheap", "mid", "strong"], attempt=3, failed=["mid", "strong"])
+    assert served.plan.models == ("cheap",)
+
+
+def test_the_scorer_leaves_the_prior_when_its_own_plan_clears_the_margin() -> None:
+    # A prior of the strong model alone at V = 0.1 is worth 0.08 − 0.2 < 0; stopping is worth 0
+    # and cheap alone 0.03 − 0.01 > 0: a clear gain.
+    leaving = LearnedScorer(artifact(), objective(("strong",), 0.0, value=0.1))
+    chosen = leaving.choose(TASK, ["cheap", "mid", "strong"], attempt=1)
+    assert not chosen.prior and chosen.plan.models[0] == "cheap"
+    staying = LearnedScorer(artifact(), objective(("strong",), math.inf, value=0.1))
+    assert staying.choose(TASK, ["cheap", "mid", "strong"], attempt=1).plan.models == ("strong",)
+
+
+def policy_with(tmp_path: Path, objective: dict[str, object]) -> Policy:
+    doc = {"version": 1, "name": "p", "models": [{**M, "id": m, "prices": {"input": 1, "output": 1}} for m in MODELS],
+           "routes": [{"match": "auto", "candidates": list(MODELS)}], "objective": objective}  # fmt: skip
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_policy(path)
+
+
+def test_the_objective_takes_its_prior_plan_value_and_margin_from_the_artifact(tmp_path: Path) -> None:
+    points = (prior.Point(0.5, None, 0.1, 0.6, 0.02), prior.Point(0.2, 0.75, math.inf, 0.75, 0.04))
+    art = dataclasses.replace(artifact(), frontiers={2: tuple(FRONTIER)}, points={2: points})
+    by_value = objective_for(policy_with(tmp_path, {"max_attempts": 2, "value_per_completed_usd": 0.05}), art)
+    assert (by_value.prior, by_value.value, by_value.margin) == (
+        CHEAP.models,
+        0.05,
+        0.1,
+    )  # the nearest point's margin
+    # A target: the least cost per completed task reaching it; the value and margin of its point.
+    by_target = objective_for(policy_with(tmp_path, {"max_attempts": 2, "target_success": 0.75}), art)
+    assert (by_target.prior, by_target.value, by_target.margin) == (PAIR.models, 0.2, math.inf)
+    # A target train did not measure: the frontier's value for it, and no deviation.
+    other = objective_for(policy_with(tmp_path, {"max_attempts": 2, "target_success": 0.6}), art)
+    assert other.prior == PAIR.models and other.margin == math.inf
+    assert other.value == pytest.approx(prior.value_of_target(FRONTIER, 0.6))
+    # No value: no prior plan, each task planned alone.
+    assert objective_for(policy_with(tmp_path, {"max_attempts": 2}), art).prior is None
+    with pytest.raises(ConfigError, match=r"no prior plans for max_attempts=3.*retrain"):
+        objective_for(policy_with(tmp_path, {"max_attempts": 3, "target_success": 0.7}), art)
