@@ -1,4 +1,5 @@
-"""The learned policy: a trained artifact (data, not code) and the scorer that uses it.
+"""The learned policy: a trained artifact (data, not code) and the scorer that uses it (its
+objective and answers: ``router.policy.objective``, re-exported here).
 
 The artifact is JSON: per model, logistic weights over the task features (``router.features.task.vector``)
 with a Platt calibration for P(success), and a log-linear model of an attempt's cost. It records
@@ -30,7 +31,19 @@ from router.errors import ConfigError
 from router.features.request import Features
 from router.features.task.vector import HASH_DIM, NUMERIC, arrays, dot, schema, with_attempt
 from router.policy import prior as priors
+from router.policy.objective import Choice, Next, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
+
+__all__ = [
+    "FORMAT",
+    "Artifact",
+    "Choice",
+    "LearnedScorer",
+    "ModelParams",
+    "Next",
+    "Objective",
+    "ScopeEffects",
+]
 
 FORMAT = "router-learned/3"
 #: Calls in an agent attempt, assumed for a model the log has not seen yet.
@@ -185,22 +198,6 @@ class _Arrays:
 
 
 @dataclass(frozen=True, slots=True)
-class Objective:
-    """The knobs of the objective, from the policy file; ``value`` is USD per completed task
-    (given, or calibrated from a target), None for each task's least cost per completed task."""
-
-    max_attempts: int = 3
-    value: float | None = None
-    max_cost_per_task: float | None = None
-    #: The best fixed order on the training log for this objective (None: plan each task alone),
-    #: and by how much (a share of ``value``) a task's own plan must beat it to leave it.
-    prior: tuple[str, ...] | None = None
-    margin: float = math.inf
-    #: The success target the value stands for, when the policy gives one.
-    target: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ScopeEffects:
     """A scope's shift of the success logit: ``common`` for every model plus each model's own."""
 
@@ -243,32 +240,6 @@ def _value_curves(raw: Any, source: str) -> dict[int, tuple[tuple[float, float],
             f"{source}: value_curve: expected {{max_attempts: [[value, success, cost], ...]}}"
         ) from None
     return curves
-
-
-@dataclass(frozen=True, slots=True)
-class Next:
-    """What the policy recommends after a failed attempt: another one (on ``model``), or stop."""
-
-    retry: bool
-    model: str | None
-    #: Of the plan from here: the chance the task still gets done, and what that costs on average.
-    expected_success: float
-    expected_cost_usd: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"retry": self.retry, "model": self.model, "expected_success": round(self.expected_success, 4),
-                "expected_cost_usd": round(self.expected_cost_usd, 6)}  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """A plan chosen for a task: the plan served, the options it came from, whether another
-    attempt is recommended, and whether the plan is what is left of the prior plan."""
-
-    plan: Plan
-    options: tuple[Option, ...]
-    go: bool
-    prior: bool
 
 
 class LearnedScorer:
