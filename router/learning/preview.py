@@ -269,7 +269,8 @@ def preview(
         "unroutable": dict(tally.unroutable),
         "cost_usd_before": round(tally.cost_before, 6),
         "cost_usd_after": round(tally.cost_after, 6),
-        "cache_switch_usd": round(tally.cache_switch, 6),
+        # A difference of sums: "+ 0.0" turns a rounded float residue of -0.0 into 0.0 ("$-0.000000").
+        "cache_switch_usd": round(tally.cache_switch, 6) + 0.0,
         "success": {
             "learned_model": learned,
             "offpolicy": _offpolicy_success(requests, outcomes, tally, policy.spec.tasks.abandon_after_s),

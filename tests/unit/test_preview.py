@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,19 @@ def test_a_move_pays_the_new_prices_and_the_lost_cache(tmp_path: Path) -> None:
     carried = (1000 * 3.0 + 100 * 15.0) * M + (400 * 3.0 + 800 * 0.3 + 100 * 15.0) * M
     assert p["cache_switch_usd"] == pytest.approx(first + second - carried, abs=1e-9)
     assert p["cost_usd_before"] == pytest.approx(2.4e-3)
+
+
+def test_a_move_that_loses_no_cache_costs_nothing_for_the_switch(tmp_path: Path) -> None:
+    # Nothing was read from a cache, so nothing is lost by moving: the switch's share is exactly
+    # zero, never a float residue printed as "$-0.000000".
+    c = dict(A, id="c", litellm_model="openai/c", prices={"input": 0.15, "output": 0.6, "cache_read": 0.075})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "name": "c", "models": [A, c],
+                                    "routes": [{"match": "auto", "candidates": ["c"]}]}))  # fmt: skip
+    rt = load_runtime(path)
+    for inp, out in [(4984, 333), (1000, 100), (137, 7)]:
+        switch = preview([row(1, "a", inp=inp, out=out)], [], rt)["cache_switch_usd"]
+        assert switch == 0.0 and math.copysign(1.0, switch) == 1.0, (inp, out, switch)
 
 
 def test_within_an_attempt_the_task_stays_where_the_new_policy_started_it(tmp_path: Path) -> None:
