@@ -49,7 +49,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     import orjson
 
-    from router.policy.config import json_schema
+    from router.policy.loading import json_schema
 
     sys.stdout.write(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0

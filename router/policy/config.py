@@ -1,29 +1,25 @@
-"""The policy file: its schema, and loading it once at startup.
+"""The policy file's schema, and the compiled ``Policy`` it becomes.
 
 A policy file holds the model catalog, the routes from a client's requested model to candidate
-backends, and data-only rules. Loading interpolates ``${VAR}`` references, validates every field
-with pydantic (unknown keys are errors), compiles rule conditions and checks references between
-sections, so that a bad file fails at startup with the file and field path in the message.
+backends, and data-only rules. Every field is validated with pydantic (unknown keys are errors);
+``Policy`` compiles rule conditions and checks references between sections, so that a bad file
+fails at startup with the file and field path in the message. Reading the file (YAML, ``${VAR}``,
+error messages) is ``router.policy.loading``.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
-import os
-import typing
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.errors import ConfigError
 from router.features.request import RULE_FIELDS
 from router.learning.labels.model import LabelModel
 from router.learning.labels.model import default as default_labels
-from router.policy.interpolate import interpolate, named_path
 from router.policy.rules import Condition, compile_condition
 
 Protocol = Literal["openai", "anthropic", "openai_responses"]
@@ -355,120 +351,3 @@ class Policy:
                         f"{self.source}: {where}.when: unknown feature {field!r} "
                         f"(known: {known}, headers.<name>)"
                     )
-
-
-def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Policy:
-    """Read, interpolate, validate and compile a policy file; every error names file and field."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read policy file: {exc.strerror}") from None
-    return parse_policy(text, source=source, env=os.environ if env is None else env)
-
-
-def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
-    try:
-        # The safe loader: no Python tags, no object construction from YAML.
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is not None and _expanded_size(node) > MAX_YAML_NODES:
-            raise ConfigError(
-                f"{source}: the document expands to more than {MAX_YAML_NODES} values "
-                "(anchors and aliases repeated inside each other?)"
-            )
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        # PyYAML names a string it parsed "<unicode string>": say which file it was.
-        raise ConfigError(
-            f"{source}: not valid YAML: {exc}".replace('"<unicode string>"', f'"{source}"')
-        ) from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping")
-    raw = interpolate(raw, env, source=source)
-    try:
-        spec = PolicyFile.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, source, raw)) from None
-    return Policy(spec, source)
-
-
-#: A policy is a few hundred values; aliases nested in aliases can make a short file expand to
-#: billions, which every later pass (interpolation, validation) would walk.
-MAX_YAML_NODES = 100_000
-
-
-def _expanded_size(root: yaml.Node) -> int:
-    """How many values the document has once aliases are expanded, counted without expanding them."""
-    sizes: dict[int, int] = {}
-    open_: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        if id(node) in sizes:
-            continue
-        if isinstance(node, yaml.MappingNode):
-            kids: list[yaml.Node] = [n for pair in node.value for n in pair]
-        elif isinstance(node, yaml.SequenceNode):
-            kids = list(node.value)
-        else:
-            kids = []
-        if children_done or not kids:
-            open_.discard(id(node))
-            sizes[id(node)] = min(1 + sum(sizes[id(k)] for k in kids), MAX_YAML_NODES + 1)
-            continue
-        if id(node) in open_ or any(id(k) in open_ for k in kids):
-            return MAX_YAML_NODES + 1  # an alias inside its own anchor: infinite
-        open_.add(id(node))
-        stack.append((node, True))
-        stack.extend((k, False) for k in kids if id(k) not in sizes)
-    return sizes[id(root)]
-
-
-def _describe(exc: ValidationError, source: str, raw: Mapping[str, Any]) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = [p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")]
-        where = named_path(loc, raw)
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-            near = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1, cutoff=0.6)
-            if near:
-                msg += f" (did you mean {near[0]!r}?)"
-        lines.append(f"{source}: {where or '(top level)'}: {msg}")
-    return "\n".join(lines)
-
-
-def _known_keys(loc: Sequence[str | int]) -> list[str]:
-    """The field names allowed at ``loc`` (a path into ``PolicyFile``), for "did you mean"."""
-    model: Any = PolicyFile
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = (
-            model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        )
-        if field is None:
-            return []
-        model = _model_in(field.annotation)
-    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
-
-
-def _model_in(annotation: Any) -> Any:
-    """The pydantic model inside ``X``, ``X | None``, ``list[X]`` or ``Annotated[X, ...]``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def json_schema() -> dict[str, Any]:
-    """The policy file's JSON Schema (``router schema``; ``policies/policy.schema.json``)."""
-    schema = PolicyFile.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "router policy"
-    schema["description"] = "A policy file of the cost-aware router: models, routes, rules, objective."
-    return schema

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from router.errors import ConfigError
 from router.policy.catalog import Catalog
-from router.policy.config import Policy, Route, parse_policy
+from router.policy.config import Policy, Route
 from router.policy.decide import Decider, Scorer
+from router.policy.loading import parse_policy
 
 CONTROL = "control"
 TREATED = "treated"

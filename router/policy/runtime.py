@@ -21,10 +21,11 @@ from typing import Any
 from router.errors import ConfigError
 from router.policy import prior as priors
 from router.policy.catalog import Catalog, PriceLookup, build_catalog
-from router.policy.config import Policy, parse_policy
+from router.policy.config import Policy
 from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_control, control_path
 from router.policy.decide import Decider, Scorer
 from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.policy.loading import parse_policy
 from router.policy.revisions import PREVIOUS_SHOWN, Archive, PolicyFiles, Rejected
 from router.policy.scopes import REPO_HEADER, TEAM_HEADER, ScopedDecider, ScopeFacts, build_scopes
 

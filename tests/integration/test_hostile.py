@@ -546,7 +546,7 @@ def test_bad_policy_files_are_refused_at_startup(tmp_path: Path, case: str) -> N
     from router.app.factory import build_services
     from router.app.settings import Settings
     from router.errors import ConfigError
-    from router.policy.config import load_policy
+    from router.policy.loading import load_policy
 
     text, expected = BAD_POLICIES[case]
     path = write_policy(tmp_path, text)

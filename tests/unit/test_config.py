@@ -8,7 +8,7 @@ import pytest
 
 from router.errors import ConfigError, MissingCredentials
 from router.policy.catalog import build_catalog
-from router.policy.config import load_policy, parse_policy
+from router.policy.loading import load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,7 +128,7 @@ def test_committed_schema_is_current_and_every_shipped_policy_points_at_it_and_p
     import yaml
 
     from router.app.cli import main
-    from router.policy.config import json_schema
+    from router.policy.loading import json_schema
 
     committed = orjson.loads((ROOT / "policies/policy.schema.json").read_bytes())
     assert committed == json_schema(), "regenerate: router schema > policies/policy.schema.json"

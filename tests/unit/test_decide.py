@@ -7,8 +7,8 @@ import pytest
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
 from router.features.request import Features
 from router.policy.catalog import build_catalog
-from router.policy.config import parse_policy
 from router.policy.decide import Decider
+from router.policy.loading import parse_policy
 
 POLICY = """
 models:

@@ -146,7 +146,7 @@ def test_the_shipped_default_is_the_pinned_file() -> None:
 
 
 def test_a_policy_pins_its_own_label_model(tmp_path: Path) -> None:
-    from router.policy.config import parse_policy
+    from router.policy.loading import parse_policy
     from tests.unit.test_config import BASE
 
     raw = _artifact()

@@ -16,8 +16,9 @@ from router.errors import ConfigError
 from router.learning.training import prior as training_prior
 from router.learning.training.dataset import AttemptRow
 from router.policy import prior
-from router.policy.config import Policy, load_policy
+from router.policy.config import Policy
 from router.policy.learned import LearnedScorer, Objective
+from router.policy.loading import load_policy
 from router.policy.plan import Plan
 from router.policy.prior import STOP, FixedPlan
 from router.policy.runtime import objective_for

@@ -224,7 +224,7 @@ def test_scopelog_writes_recorded_runs_as_a_log_with_a_scope_per_repository_owne
 ) -> None:
     from router.learning.evals import scopelog
     from router.learning.training.commands import read_log
-    from router.policy.config import load_policy
+    from router.policy.loading import load_policy
     from tests.unit.test_evals import OUTCOMES as OUTCOMES_3
     from tests.unit.test_evals import TASKS as TASKS_3
     from tests.unit.test_evals import write_data

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.policy.config import load_policy
+from router.policy.loading import load_policy
 from router.store.records import RequestRecord
 from router.telemetry import RouterTelemetry, Telemetry, build_telemetry
 from router.telemetry.metrics import RequestMetrics

@@ -57,7 +57,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
     retries, value, target, budget = args.retries, args.value_usd, args.target_success, args.max_cost_per_task
     if args.config:
-        from router.policy.config import load_policy
+        from router.policy.loading import load_policy
 
         o = load_policy(args.config).spec.objective
         retries = o.max_attempts - 1 if retries is None else retries

@@ -23,8 +23,9 @@ from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
 from router.learning.training.value import MARGINS
 from router.policy import prior as priors
-from router.policy.config import Policy, load_policy
+from router.policy.config import Policy
 from router.policy.learned import Artifact, LearnedScorer
+from router.policy.loading import load_policy
 from router.policy.runtime import objective_for
 from router.state import StateConfig, open_state
 from router.store.window import opened
