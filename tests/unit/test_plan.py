@@ -310,6 +310,23 @@ def test_offpolicy_success_and_its_interval_stay_probabilities() -> None:
     assert est.success == 1.0  # 3 matched x weight 10 / 10 rows = 3.0 unclamped
 
 
+def test_the_success_interval_keeps_the_resamples_without_a_success() -> None:
+    # One success in four attempts: about a third of bootstrap resamples hold no success at all.
+    # Their success rate, 0, belongs in the interval (only cost per completed task is undefined
+    # there); dropping them had put the lower end at 25% for this log of 25%.
+    rows = [
+        dataset.AttemptRow(
+            task_id=f"t{i}", attempt=1, model="a", vector={}, success=i == 0, label_source="explicit",
+            cost=1.0, n_calls=1, propensity=1.0, actions=["a"],
+        )
+        for i in range(4)
+    ]  # fmt: skip
+    est = offpolicy.logged(rows)
+    assert est.success == 0.25
+    assert est.ci_success[0] == 0.0 < est.success < est.ci_success[1]
+    assert est.ci_cost_per_completed[0] >= 1.0  # never below one attempt's cost per success
+
+
 def test_training_writes_prior_plans_and_operating_points_per_retry_limit() -> None:
     rows = rows_for(60)
     artifact = Artifact.from_bytes(

@@ -49,8 +49,12 @@ def evaluate(
     for _ in range(resamples):
         pick = [rng.choice(idx) for _ in idx]
         s, c = _point([rows[i] for i in pick], [agree[i] for i in pick], snips)
-        if s == s and s > 0:  # not NaN
-            succ_s.append(s)
+        if s != s:  # NaN: no resampled attempt agrees, nothing to estimate
+            continue
+        # A resample without a success still counts for the success rate (0); only cost per
+        # completed task is undefined there. Dropping it biased the success interval upwards.
+        succ_s.append(s)
+        if s > 0:
             cpc_s.append(c / s)
     return Estimate(
         # Inverse-propensity weights can carry an estimate past 1 on few matched attempts; a
