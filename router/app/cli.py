@@ -17,12 +17,20 @@ from router.errors import ConfigError
 
 
 def _settings(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
     from router.app.settings import Settings
 
     given = {k: v for k, v in {"config": args.config, "host": args.host, "port": args.port,
                                "store": args.store, "redis_url": getattr(args, "redis", None)}.items()
              if v is not None}  # fmt: skip
-    return Settings(**given)
+    try:
+        return Settings(**given)
+    except ValidationError as exc:  # a flag or a ROUTER_* variable out of range: say which, in one line
+        err = exc.errors()[0]
+        name = ".".join(str(p) for p in err["loc"])
+        env = "ROUTER_" + name.replace(".", "__").upper()
+        raise ConfigError(f"{name}: {err['msg']} (set by a flag or {env})") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -179,6 +187,16 @@ def _version() -> str:
         return "unknown (not installed; run from a checkout)"
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="router", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -261,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "`router outcome`.")  # fmt: skip
     window(tasks)
     tasks.add_argument("--task", help="only this task id")
-    tasks.add_argument("--recent", type=int, nargs="?", const=20, metavar="N",
+    tasks.add_argument("--recent", type=_positive_int, nargs="?", const=20, metavar="N",
                        help="the N most recent tasks (default 20), one plain line each, full ids")  # fmt: skip
     tasks.set_defaults(func=cmd_tasks)
 
@@ -363,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # the message names the file or flag; no traceback
         print(f"router {args.command}: {exc}", file=sys.stderr)
         return 2
+    except ConnectionError as exc:  # a store or Redis that does not answer: its URL and libpq's reason
+        print(f"router {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down cleanly and re-raised it; no traceback
         return 130
 

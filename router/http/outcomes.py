@@ -149,7 +149,14 @@ async def record_outcome(
             raise ConfigError(
                 f"no request of task {task_id!r} is in {mask_url(store_url)} (`router tasks --recent` lists ids)"
             )
-        judged = attempt or max(r.get("attempt") or 1 for r in rows)
+        latest = max(r.get("attempt") or 1 for r in rows)
+        if attempt is not None and not 1 <= attempt <= latest:
+            raise ConfigError(
+                f"--attempt {attempt}: task {task_id!r} has attempt 1"
+                + (f" to {latest}" if latest > 1 else "")
+                + " in the log"
+            )
+        judged = attempt or latest
         rec = OutcomeRecord(
             task_id=task_id, attempt=judged, success=success, score=score, source=EXPLICIT,
             details={"client_source": "cli"}, ts=time.time(), explicit=True,

@@ -13,6 +13,7 @@ import pytest
 from router.app.cli import build_parser, main
 from router.store.records import RequestRecord
 from router.store.sqlite import SQLiteStore
+from tests.unit.requestpath import closed_port
 
 LONG_TASK = "acme/widgets#1234-fix-the-flaky-retry-test-in-the-payment-service-" + "x" * 30
 
@@ -98,6 +99,29 @@ def test_outcome_and_recent_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "--score: expected a number in [0, 1]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("attempt", ["0", "-3", "2"])
+def test_outcome_refuses_an_attempt_the_task_never_had(
+    attempt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 0 was taken for "the latest" and -3 or 2 (the task has one attempt) were written as given.
+    store = _log(tmp_path / "log.db", {"short": ["cheap"]})
+    assert main(["outcome", "short", "--failure", "--attempt", attempt, "--store", store]) == 2
+    err = capsys.readouterr().err
+    assert "--attempt" in err and "attempt 1" in err and err.count("\n") == 1, err
+    assert main(["tasks", "--task", "short", "--json", "--store", store]) == 0
+    assert '"source": "explicit"' not in capsys.readouterr().out  # nothing was recorded
+
+
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_recent_takes_a_positive_count(n: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 0 printed the whole table instead, -3 all but the last three tasks.
+    store = _log(tmp_path / "log.db", {"a": ["cheap"], "b": ["cheap"]})
+    with pytest.raises(SystemExit) as exc:
+        main(["tasks", "--recent", n, "--store", store])
+    assert exc.value.code == 2
+    assert "--recent: expected a positive" in capsys.readouterr().err
+
+
 def test_train_refuses_too_few_labels_and_says_how_many(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -135,6 +159,37 @@ def test_a_missing_store_is_one_line_and_no_new_file(
     assert err.startswith(f"router {argv[0]}: log store sqlite:///{missing}: no such file"), err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--config", "policies/examples/local.yaml", "--out", "{tmp}/p.json"],
+        ["report"],
+        ["tasks"],
+        ["preview", "--config", "policies/examples/local.yaml"],
+        ["outcome", "t1", "--success"],
+        ["migrate"],
+        ["keys", "list"],
+    ],
+)
+def test_an_unreachable_store_is_one_line(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"postgresql://router@127.0.0.1:{closed_port()}/router"
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv] + ["--store", url]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"router {argv[0]}: cannot connect to PostgreSQL log store"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_invalid_setting_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # A pydantic ValidationError with its traceback before.
+    assert main(["serve", "--config", "policies/examples/local.yaml", "--port", "99999"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("router serve: port: ") and "65535" in err and "ROUTER_PORT" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_promote_a_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
