@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from router.errors import ConfigError
 from router.learning.arms import ArmTasks, TaskTally, ratio_of_means
 from router.policy.config import GuardSpec
 from router.policy.control import CONTROL, TREATED
@@ -126,6 +127,8 @@ class Guard:
         self.reload = reload
         self._tally: TaskTally | None = None
         self._since = self._cursor = 0.0
+        #: The revision found worse with no earlier one to put back (warned about once).
+        self._stuck: str | None = None
 
     async def check(self, rt: Runtime) -> Verdict | None:
         spec = rt.policy.spec.guard
@@ -161,7 +164,21 @@ class Guard:
 
     async def _roll_back(self, revision: str, verdict: Verdict) -> None:
         reason = f"guard: {verdict.reason}"
-        done = await asyncio.to_thread(rollback, self.history.archive, None, reason, time.time(), revision)
+        try:
+            done = await asyncio.to_thread(
+                rollback, self.history.archive, None, reason, time.time(), revision
+            )
+        except ConfigError as exc:
+            # Nothing to go back to (the earlier revisions were rolled back themselves, or none was
+            # archived): the revision stays. Said once per revision, and shown in GET /v1/policy.
+            if self._stuck != revision:
+                self._stuck = revision
+                log.warning(
+                    "policy revision %s is worse than control (%s) but stays: %s", revision, reason, exc
+                )
+            if self.history.guard is not None:
+                self.history.guard["rollback"] = f"not possible: {exc}"
+            return
         if done is None:
             return  # another replica rolled it back already
         old, new = done

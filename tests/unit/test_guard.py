@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import random
+import time
+from pathlib import Path
+
+import pytest
+import yaml
 
 from router.learning.arms import ArmTasks
-from router.learning.guard import judge, msprt
+from router.learning.guard import Guard, Verdict, judge, msprt
 from router.policy.config import GuardSpec
+from router.policy.revisions import Archive
+from router.policy.runtime import PolicyHistory, load_runtime
+from router.store.records import OutcomeRecord, RequestRecord
+from router.store.sqlite import SQLiteStore
 
 SPEC = GuardSpec(max_success_drop=0.03, max_cost_per_completed_increase=0.10, min_tasks=50, alpha=0.05)
 
@@ -86,3 +97,58 @@ def test_a_real_harm_is_caught_within_a_few_thousand_tasks() -> None:
         c, t = bernoulli(rng, 0.70, 3000), bernoulli(rng, 0.58, 3000)
         caught += any(judge(arm(c[:n]), arm(t[:n]), SPEC).worse for n in range(50, 3001, 100))
     assert caught >= 18
+
+
+def test_harm_with_no_revision_to_go_back_to_is_said_once_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The only earlier revision was rolled back (or none was ever applied): the guard's rollback
+    # raised ConfigError and its loop logged that traceback at every check, forever.
+    path = tmp_path / "p.yaml"
+    policy = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_text()
+    )
+    policy["control"] = {"share": 0.5, "route": {"passthrough": "local-mini"}}
+    policy["guard"] = {"min_tasks": 10, "check_every_s": 0.5, "max_success_drop": 0.05}
+    path.write_text(yaml.safe_dump(policy))
+    rt = load_runtime(path)
+    history = PolicyHistory(Archive(path))
+    history.applied(rt)
+
+    async def run() -> list[Verdict | None]:
+        store = SQLiteStore(str(tmp_path / "log.db"))
+        await store.open()
+        now = time.time()
+        for i in range(40):
+            arm_, task = ("control", "treated")[i % 2], f"t{i}"
+            await store.write_requests([RequestRecord(
+                request_id=f"r{i}", ts=now, task_id=task, attempt=1, status=200, chosen_model="local-mini",
+                cost_usd=0.001, arm=arm_, policy_revision=rt.revision,
+            )])  # fmt: skip
+            await store.write_outcome(OutcomeRecord(
+                task_id=task, attempt=1, success=arm_ == "control", score=None, source="explicit",
+                details=None, ts=now, explicit=True,
+            ))  # fmt: skip
+        reloads: list[str] = []
+
+        async def publish(revision: str) -> None:
+            reloads.append(revision)
+
+        async def reload() -> None:
+            reloads.append("reload")
+
+        guard = Guard(store, history, publish, reload)
+        try:
+            return [await guard.check(rt), await guard.check(rt)]
+        finally:
+            assert reloads == []  # nothing was put back
+            await store.close()
+
+    with caplog.at_level(logging.WARNING, logger="router.guard"):
+        verdicts = asyncio.run(run())
+    assert all(v is not None and v.worse for v in verdicts)
+    said = [r for r in caplog.records if r.name == "router.guard"]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and not said[0].exc_info
+    assert "no earlier revision to roll back to" in said[0].getMessage()
+    assert history.guard is not None and "no earlier revision" in history.guard["rollback"]
+    assert "no earlier revision" in history.describe(rt)["guard"]["rollback"]
