@@ -15,6 +15,7 @@ import hashlib
 import re
 import secrets
 import sys
+import textwrap
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import orjson
 
 from router.store import KeyRecord, Store, open_store
+from router.store.window import opened
 
 KEY_PREFIX = "rk-"
 #: ``secrets.token_urlsafe(30)`` is exactly 40 characters: 30 random bytes in unpadded base64url.
@@ -103,16 +105,29 @@ def _name(text: str) -> str:
 
 def add_parser(sub: Any, default_store: str) -> None:
     """Register ``router keys ...`` on the top-level subparsers."""
-    keys = sub.add_parser("keys", help="virtual keys: create, list, revoke")
+
+    def described(parent: Any, name: str, summary: str, description: str, example: str) -> Any:
+        return parent.add_parser(
+            name, help=summary, description=textwrap.fill(description, 78), epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+
+    keys = described(sub, "keys", "virtual keys: create, list, revoke",
+                     "Virtual keys for clients: each with its own name, budget, rate limits and allowed "
+                     "models, kept in the log store (only a hash of the key). Once a key was ever created, "
+                     "the router is out of open mode: clients need a key or the master key.",
+                     "router keys create --name ci --budget 50 --rpm 60")  # fmt: skip
     keys.set_defaults(func=run_keys)
-    actions = keys.add_subparsers(dest="action", required=True)
+    actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def store_flag(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--store", default=default_store,
                         help="store URL (env ROUTER_STORE; default sqlite:///router.db)")  # fmt: skip
         sp.add_argument("--json", action="store_true", help="print JSON")
 
-    create = actions.add_parser("create", help="create a key (printed once; only its hash is stored)")
+    create = described(actions, "create", "create a key (printed once; only its hash is stored)",
+                       "Create a virtual key and print it once: only its hash is stored.",
+                       "router keys create --name alice --budget 20 --models 'claude-*,auto'")  # fmt: skip
     create.add_argument(
         "--name", required=True, type=_name, help="who or what the key is for (shown in listings)"
     )
@@ -121,9 +136,13 @@ def add_parser(sub: Any, default_store: str) -> None:
     create.add_argument("--tpm", type=_positive(int), help="tokens per minute")
     create.add_argument("--models", type=_models, help="comma-separated requested-model names or globs")
     store_flag(create)
-    store_flag(actions.add_parser("list", help="list keys (never the keys themselves)"))
-    revoke = actions.add_parser("revoke", help="revoke a key by id (routers notice within 30 s)")
-    revoke.add_argument("key_id")
+    store_flag(described(actions, "list", "list keys (never the keys themselves)",
+                         "List the virtual keys: id, name, limits, when created and revoked (never the keys).",
+                         "router keys list"))  # fmt: skip
+    revoke = described(actions, "revoke", "revoke a key by id (routers notice within 30 s)",
+                       "Revoke a virtual key by its id (as `router keys list` shows it); running routers "
+                       "refuse it within 30 s.", "router keys revoke key_3f9c0a1b2c3d")  # fmt: skip
+    revoke.add_argument("key_id", help="the key's id, as `router keys list` prints it (not the key)")
     store_flag(revoke)
 
 
@@ -132,14 +151,14 @@ def run_keys(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    if args.action != "create":
+        # Listing or revoking in a store that does not exist is a typo, not a new empty store.
+        async with opened(args.store) as existing:
+            return await (_list if args.action == "list" else _revoke)(existing, args)
     store = open_store(args.store)
     await store.open()
     try:
-        if args.action == "create":
-            return await _create(store, args)
-        if args.action == "list":
-            return await _list(store, args)
-        return await _revoke(store, args)
+        return await _create(store, args)
     finally:
         await store.close()
 
@@ -178,7 +197,7 @@ async def _revoke(store: Store, args: argparse.Namespace) -> int:
         return 0
     known = {k.key_id for k in await store.list_keys()}
     why = "already revoked" if args.key_id in known else "no such key"
-    print(f"router: cannot revoke {args.key_id!r}: {why}", file=sys.stderr)
+    print(f"router keys revoke: cannot revoke {args.key_id!r}: {why}", file=sys.stderr)
     return 1
 
 
