@@ -139,6 +139,28 @@ def test_train_refuses_too_few_labels_and_says_how_many(
     assert "--force" in captured.err and captured.err.count("\n") == 1
 
 
+def test_train_at_80_columns_cuts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The off-policy table's intervals ended in "…" (50.0%-100.…) in an 80-column terminal.
+    monkeypatch.setenv("COLUMNS", "80")
+    store = _log(tmp_path / "log.db", {f"t{i}": ["cheap" if i % 3 else "strong"] for i in range(6)})
+    for i in range(6):
+        assert main(["outcome", f"t{i}", "--success" if i % 2 else "--failure", "--store", store]) == 0
+    config = Path(__file__).resolve().parents[2] / "policies/examples/local.yaml"
+    capsys.readouterr()
+    assert (
+        main(
+            ["train", "--store", store, "--config", str(config), "--out", str(tmp_path / "p.json"), "--force"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "off-policy estimate" in out
+    assert not [line for line in out.splitlines() if line.startswith("│") and "…" in line], out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -174,6 +174,8 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
     console.print(models)
     t = Table("policy", "success", "95% CI", "$ per completed task", "95% CI", "attempts used",
               title="off-policy estimate")  # fmt: skip
+    for col in t.columns:  # an interval has no space to wrap at: fold it, never cut it with "…"
+        col.overflow = "fold"
     o = a["offpolicy"]
     for name, e in (("logged (produced the log)", o["logged"]), ("new, SNIPS", o["new_snips"]),
                     ("new, IPS", o["new_ips"])):  # fmt: skip
