@@ -326,19 +326,24 @@ class Policy:
                     raise ConfigError(f"{self.source}: models[{i}] (id {m.id!r}): duplicate model id")
                 seen.add(m.id)
 
-        def check(ids: list[str] | None, path: str) -> None:
-            for j, mid in enumerate(ids or []):
+        def check(ids: list[str] | str | None, path: str) -> None:
+            # A list's items are named by index; a single id (passthrough) by its field alone.
+            items = (
+                [(path, ids)]
+                if isinstance(ids, str)
+                else [(f"{path}[{j}]", m) for j, m in enumerate(ids or [])]
+            )
+            for at, mid in items:
                 if mid not in self.models:
                     near = difflib.get_close_matches(mid, list(self.models), n=1, cutoff=0.6)
                     hint = f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(self.models)})"
-                    raise ConfigError(f"{self.source}: {path}[{j}]: unknown model id {mid!r}{hint}")
+                    raise ConfigError(f"{self.source}: {at}: unknown model id {mid!r}{hint}")
 
         for i, route in enumerate(self.routes):
             where = f"routes[{i}] (match {route.match!r})"
             check(route.candidates, f"{where}.candidates")
             check(route.fallbacks, f"{where}.fallbacks")
-            if route.passthrough is not None:
-                check([route.passthrough], f"{where}.passthrough")
+            check(route.passthrough, f"{where}.passthrough")
         for i, (rule, compiled) in enumerate(zip(self.spec.rules, self.rules, strict=True)):
             where = f"rules[{i}] (name {rule.name!r})"
             check(rule.only, f"{where}.only")
@@ -346,8 +351,17 @@ class Policy:
             check(rule.prefer, f"{where}.prefer")
             for field in compiled.condition.fields():
                 if field not in RULE_FIELDS and not field.startswith("headers."):
-                    known = ", ".join(sorted(RULE_FIELDS))
                     raise ConfigError(
-                        f"{self.source}: {where}.when: unknown feature {field!r} "
-                        f"(known: {known}, headers.<name>)"
+                        f"{self.source}: {where}.when: unknown feature {field!r} {_feature_hint(field)}"
                     )
+
+
+def _feature_hint(field: str) -> str:
+    """The nearest feature a rule may test, else the list of them."""
+    head, dot, rest = field.partition(".")
+    if dot and difflib.get_close_matches(head, ["headers"], n=1, cutoff=0.6):
+        return f"(did you mean 'headers.{rest}'?)"
+    near = difflib.get_close_matches(field, list(RULE_FIELDS), n=1, cutoff=0.6)
+    if near:
+        return f"(did you mean {near[0]!r}?)"
+    return f"(known: {', '.join(sorted(RULE_FIELDS))}, headers.<name>)"

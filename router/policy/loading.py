@@ -38,6 +38,8 @@ def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
                 f"{source}: the document expands to more than {MAX_YAML_NODES} values "
                 "(anchors and aliases repeated inside each other?)"
             )
+        if node is not None and (dup := _duplicate_key(node)) is not None:
+            raise ConfigError(f"{source}: {dup}")
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         # PyYAML names a string it parsed "<unicode string>": say which file it was.
@@ -57,6 +59,30 @@ def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
 #: A policy is a few hundred values; aliases nested in aliases can make a short file expand to
 #: billions, which every later pass (interpolation, validation) would walk.
 MAX_YAML_NODES = 100_000
+
+
+def _duplicate_key(root: yaml.Node) -> str | None:
+    """The first mapping key given twice, said with both lines: YAML keeps the later value
+    without a word, so an edit that adds a key a model already has would be silently half-applied."""
+    seen_nodes: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if key.value in lines:
+                        return f"line {line}: duplicate key {key.value!r} (line {lines[key.value]} has it already)"
+                    lines[key.value] = line
+                stack.extend((key, value))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return None
 
 
 def _expanded_size(root: yaml.Node) -> int:

@@ -78,6 +78,17 @@ def test_interpolation_default_and_override() -> None:
         (lambda t: t.replace("prices: {input: 1, output: 2}", "prices: {input: 1, outptu: 2}"),
          "p.yaml: models[0] (id 'a').prices.outptu: unknown field (did you mean 'output'?)"),
         (lambda t: "- just\n- a list\n", "p.yaml: the top level must be a mapping"),
+        # A feature name with a typo gets the nearest one, as a field name does.
+        (lambda t: t + "rules:\n  - name: r\n    when: {protocl: openai}\n    exclude: [a]\n",
+         "p.yaml: rules[0] (name 'r').when: unknown feature 'protocl' (did you mean 'protocol'?)"),
+        (lambda t: t + "rules:\n  - name: r\n    when: {header.x-tier: gold}\n    exclude: [a]\n",
+         "unknown feature 'header.x-tier' (did you mean 'headers.x-tier'?)"),
+        # passthrough is one id, not a list: no "[0]" in its path.
+        (lambda t: t.replace("candidates: [a]", "passthrough: b"),
+         "p.yaml: routes[0] (match 'auto').passthrough: unknown model id 'b' (known: a)"),
+        # YAML lets a later key silently replace an earlier one; a policy file does not.
+        (lambda t: t.replace("context_window: 1000", "context_window: 1000\n    context_window: 10"),
+         "p.yaml: line 10: duplicate key 'context_window' (line 9 has it already)"),
     ],
 )  # fmt: skip
 def test_errors_name_file_and_field(mutate, expected: str) -> None:  # type: ignore[no-untyped-def]

@@ -63,7 +63,7 @@ def test_a_control_policy_file_is_part_of_the_revision(tmp_path: Path) -> None:
         ({"control": {"share": 1.5, "route": {"passthrough": "cheap"}}}, "control.share"),
         (
             {"control": {"share": 0.1, "route": {"passthrough": "gone"}}},
-            "control.route: routes[0] (match 'auto').passthrough[0]: unknown model id 'gone'",
+            "control.route: routes[0] (match 'auto').passthrough: unknown model id 'gone'",
         ),
         (
             {"control": {"share": 0.1, "route": {"passthrough": "cheap"}, "extra": 1}},

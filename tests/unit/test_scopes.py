@@ -78,7 +78,7 @@ def test_the_repository_comes_from_the_header_or_the_conversation() -> None:
     [
         ([{"name": "x", "match": {}, "objective": {}}], "scopes[0].match: Value error, give at least one of repo, key, team"),
         ([{"name": "x", "match": {"repo": "a/*"}, "routes": [{"match": "auto", "passthrough": "gone"}]}],
-         "scopes[0]: routes[0] (match 'auto').passthrough[0]: unknown model id 'gone'"),
+         "scopes[0]: routes[0] (match 'auto').passthrough: unknown model id 'gone'"),
         ([SCOPES[0], SCOPES[0]], "scopes[1].name: duplicate scope name 'acme'"),
         ([{"name": "x", "match": {"org": "a"}, "objective": {}}], "scopes[0].match.org: unknown field"),
     ],
