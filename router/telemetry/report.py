@@ -25,6 +25,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from router.errors import ConfigError
 from router.telemetry import tries
 from router.telemetry.ledger import final_outcome, usd
 
@@ -285,8 +286,12 @@ def plot(report: Mapping[str, Any], requests: Sequence[Row], path: str) -> None:
     w = report["window"]
     fig.suptitle(f"{w['requests']} requests by {report['by']}: {_num(w['rps'], '{:.3f}')} req/s, "
                  f"mean concurrency {_num(w['concurrency'], '{:.2f}')}")  # fmt: skip
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -162,6 +162,17 @@ def test_report_tables_and_plot(store_url: str, tmp_path: Path, capsys: pytest.C
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_plot_that_cannot_be_written_is_one_line(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A FileNotFoundError from matplotlib's savefig, with its traceback, before.
+    png = tmp_path / "no-such-dir" / "report.png"
+    assert main(["report", "--store", store_url, "--plot", str(png)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"router report: --plot {png}: No such file or directory"), err
+    assert err.count("\n") == 1
+
+
 def test_task_ledger(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     result = run_json(capsys, "tasks", "--store", store_url, "--since", "1h", "--json")
     assert result["summary"] == {
