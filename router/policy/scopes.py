@@ -1,6 +1,7 @@
 """Scopes: per-repository, per-key and per-team overrides of routes, rules and objective.
 
-Each scope is the main policy with its ``routes``, ``rules`` or ``objective`` replaced, decided
+Each scope is the main policy with its ``routes``, ``rules`` or ``objective`` laid over the
+policy's own (``overlay``: by route match, by rule name, by objective field), decided
 by a decider of its own (the same catalog and learned model, shifted by the scope's own effects
 when ``router train`` kept some: ``router.learning.training.scopes``). The first scope whose ``match``
 holds decides a request; the control arm, when there is one, comes before any scope (the
@@ -20,7 +21,7 @@ from typing import Any
 from router.errors import ConfigError
 from router.features.task.vector import repo_hint
 from router.policy.catalog import Catalog
-from router.policy.config import Policy, Scope, ScopeMatch
+from router.policy.config import ObjectiveSpec, Policy, PolicyFile, Scope, ScopeMatch
 from router.policy.decide import Decider
 from router.policy.learned import LearnedScorer
 from router.protocols.common import ClientRequest
@@ -99,6 +100,26 @@ def with_effects(scorer: object, scope: Scope) -> object:
     return LearnedScorer(scorer.artifact, scorer.objective, scope=effects)
 
 
+def overlay(spec: PolicyFile, scope: Scope) -> dict[str, object]:
+    """The sections a scope changes, laid over the policy's own: a scope route replaces the route
+    with the same ``match`` and comes first (so every other requested model is still served), a
+    scope rule replaces the rule of the same name and comes first, and the objective's fields the
+    scope sets replace those fields (giving a value or a target replaces the other)."""
+    out: dict[str, object] = {}
+    if scope.routes is not None:
+        mine = {r.match for r in scope.routes}
+        out["routes"] = [*scope.routes, *(r for r in spec.routes if r.match not in mine)]
+    if scope.rules is not None:
+        mine = {r.name for r in scope.rules}
+        out["rules"] = [*scope.rules, *(r for r in spec.rules if r.name not in mine)]
+    if scope.objective is not None:
+        given = scope.objective.model_dump(exclude_unset=True)
+        if given.keys() & {"value_per_completed_usd", "target_success", "min_success"}:
+            given = {"value_per_completed_usd": None, "target_success": None, "min_success": None, **given}
+        out["objective"] = ObjectiveSpec.model_validate({**spec.objective.model_dump(), **given})
+    return out
+
+
 def build_scopes(
     policy: Policy, catalog: Catalog, scorer_for: Callable[[Policy], object]
 ) -> tuple[ScopedDecider, ...]:
@@ -109,10 +130,7 @@ def build_scopes(
             raise ConfigError(f"{policy.source}: scopes[{i}].name: duplicate scope name {scope.name!r}")
         seen.add(scope.name)
         update: dict[str, object] = {"name": f"{policy.name}/{scope.name}", "scopes": [], "control": None,
-                                     "guard": None}  # fmt: skip
-        for key in ("routes", "rules", "objective"):
-            if getattr(scope, key) is not None:
-                update[key] = getattr(scope, key)
+                                     "guard": None, **overlay(policy.spec, scope)}  # fmt: skip
         scoped = Policy(policy.spec.model_copy(update=update), f"{policy.source}: scopes[{i}]")
         decider = Decider(scoped, catalog, with_effects(scorer_for(scoped), scope))  # type: ignore[arg-type]
         out.append(ScopedDecider(scope.name, scope.match, decider))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +107,33 @@ def test_a_scope_may_only_name_tasks_for_the_learned_models_effects(tmp_path: Pa
     rt = load_runtime(write(tmp_path / "p.yaml", [{"name": "x", "match": {"repo": "a/*"}}]))
     decider = rt.arm_for("t1", ScopeFacts(repo="a/b"))[1]
     assert decider is rt.scopes[0].decider and decider.decide(feats()).chosen == "cheap"
+
+
+def test_a_scope_overrides_only_what_it_names(tmp_path: Path) -> None:
+    # The policy serves `auto` and `claude-*`, has a rule, and an objective; the scope changes
+    # `auto` alone, one rule by name, and one field of the objective.
+    rule = {"name": "no-dear-streams", "when": {"stream": True}, "exclude": ["dear"]}
+    scope = {"name": "acme", "match": {"repo": "acme/*"},
+             "routes": [{"match": "auto", "passthrough": "dear"}],
+             "rules": [{"name": "no-dear-streams", "when": {"stream": True}, "exclude": ["cheap"]},
+                       {"name": "long", "when": {"prompt_tokens": {"$gt": 50}}, "prefer": ["dear"]}],
+             "objective": {"target_success": 0.8}}  # fmt: skip
+    path = write(tmp_path / "p.yaml", [scope], rules=[rule],
+                 objective={"max_attempts": 2, "value_per_completed_usd": 0.5})  # fmt: skip
+    doc = yaml.safe_load(path.read_text())
+    doc["routes"].append({"match": "claude-*", "candidates": ["cheap"]})
+    path.write_text(yaml.safe_dump(doc))
+    rt = load_runtime(path)
+    acme = rt.arm_for("t1", ScopeFacts(repo="acme/api"))[1]
+    assert acme.decide(feats()).chosen == "dear"
+    assert (
+        acme.decide(replace(feats(), requested_model="claude-sonnet-4-6")).chosen == "cheap"
+    )  # the route the scope does not name is still served
+    assert [r.name for r in acme.policy.spec.rules] == ["no-dear-streams", "long"]
+    assert acme.policy.spec.rules[0].exclude == ["cheap"]  # the scope's rule of that name wins
+    objective = acme.policy.objective
+    assert (objective.max_attempts, objective.target_success, objective.value_per_completed_usd) == (
+        2,
+        0.8,
+        None,
+    )
