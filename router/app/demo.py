@@ -90,11 +90,14 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
     up_sock.close()
     with FakeUpstream(port=up_port) as upstream:
         os.environ["ROUTER_LOCAL_UPSTREAM"] = upstream.url
-        settings = Settings(config=POLICY, store=store)
+        # Preloaded: the table's milliseconds are routing and the fake provider, not litellm's first
+        # import (5-10 s on the first request otherwise, which reads as a slow router).
+        settings = Settings(config=POLICY, store=store, preload=True)
         app = create_app(settings)
         # The demo's table says what its own requests did; the per-request log lines start with --serve.
         request_log = logging.getLogger("router.requests")
         request_log.setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # its own client's "HTTP Request:" lines
         sock = _free_port(8080 if port is None else port, required=port is not None)
         port = sock.getsockname()[1]
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
