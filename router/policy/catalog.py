@@ -84,6 +84,20 @@ class Catalog:
     def __iter__(self) -> Iterator[Backend]:
         return iter(self.backends.values())
 
+    def missing_credentials(self, env: Mapping[str, str] | None = None) -> list[str]:
+        """One line per key variable the catalog names that is not set, with the backends it
+        leaves uncallable: said when a router applies the policy and by ``router check``, since
+        otherwise the first sign is every request failing over through them."""
+        env = os.environ if env is None else env
+        missing: dict[str, list[str]] = {}
+        for b in self:
+            if b.api_key_env is not None and not env.get(b.api_key_env):
+                missing.setdefault(b.api_key_env, []).append(b.id)
+        return [
+            f"{var} is not set: {', '.join(ids)} cannot be called until it is (requests fall over to other models)"
+            for var, ids in missing.items()
+        ]
+
 
 def build_catalog(policy: Policy, lookup: PriceLookup | None = None) -> Catalog:
     lookup = lookup or litellm_price_lookup

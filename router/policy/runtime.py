@@ -186,6 +186,8 @@ class PolicyHistory:
 
     def applied(self, rt: Runtime) -> None:
         self.last_rejected = None
+        for line in rt.catalog.missing_credentials():
+            log.warning("policy %s: %s", rt.policy.name, line)
         if rt.files is not None:
             self.archive.keep(rt.files, rt.policy.name, rt.applied_at)
 

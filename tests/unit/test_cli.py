@@ -8,6 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from router.app.cli import build_parser, main
@@ -46,6 +47,22 @@ def test_every_command_has_a_description_an_example_and_help_for_each_flag() -> 
 def test_check_offers_only_the_flag_it_uses() -> None:
     flags = {s for a in _subcommands(build_parser())["check"]._actions for s in a.option_strings}
     assert flags == {"-h", "--help", "--config"}
+
+
+def test_check_warns_of_key_variables_that_are_not_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.yaml"
+    model = {"litellm_model": "openai/x", "protocol": "openai", "context_window": 1000, "max_output_tokens": 100,
+             "prices": {"input": 1, "output": 1}}  # fmt: skip
+    path.write_text(orjson.dumps({"version": 1, "name": "p", "routes": [{"match": "auto", "candidates": ["a", "b"]}],
+                                  "models": [{**model, "id": "a", "api_key_env": "ROUTER_TEST_KEY_A"},
+                                             {**model, "id": "b", "api_key_env": "ROUTER_TEST_KEY_B"}]}).decode())  # fmt: skip
+    monkeypatch.delenv("ROUTER_TEST_KEY_A", raising=False)
+    monkeypatch.setenv("ROUTER_TEST_KEY_B", "set")
+    assert main(["check", "--config", str(path)]) == 0  # valid: the serving environment may have the key
+    err = capsys.readouterr().err
+    assert "ROUTER_TEST_KEY_A is not set: a cannot be called" in err and "ROUTER_TEST_KEY_B" not in err
 
 
 def _log(path: Path, tasks: dict[str, list[str]]) -> str:

@@ -131,3 +131,21 @@ def test_rollback_goes_to_the_revision_before_and_not_back_again(
     assert f"rolled back from revision {first.revision} to {second.revision}" in capsys.readouterr().out
     assert load_runtime(path).revision == second.revision
     assert main(["rollback", "--config", str(path), "--to", "feedfeedfeed"]) == 2
+
+
+def test_applying_a_policy_warns_of_key_variables_that_are_not_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "p.yaml"
+    models = [
+        {**MODEL, "api_key_env": "ROUTER_TEST_KEY_M"},
+        {**MODEL, "id": "n", "api_key_env": "ROUTER_TEST_KEY_M"},
+    ]
+    path.write_text(yaml.safe_dump({"version": 1, "name": "keys", "models": models,
+                                    "routes": [{"match": "auto", "candidates": ["m", "n"]}]}))  # fmt: skip
+    monkeypatch.delenv("ROUTER_TEST_KEY_M", raising=False)
+    with caplog.at_level("WARNING", logger="router"):
+        PolicyHistory(Archive(path)).applied(load_runtime(path))
+    assert [r.getMessage() for r in caplog.records] == [
+        "policy keys: ROUTER_TEST_KEY_M is not set: m, n cannot be called until it is (requests fall over to other models)"
+    ]
