@@ -152,6 +152,15 @@ def test_train_refuses_too_few_labels_and_says_how_many(
     captured = capsys.readouterr()
     assert code == 2 and not out.exists()
     assert "labelled attempts per model: cheap 4, strong 2" in captured.out
+    # The log was made under another policy: said, not silently learned into the artifact.
+    assert (
+        f"warning: not models of {config} (learned, but this policy never routes to them): cheap, strong"
+        in " ".join(captured.out.split())
+    )
+    assert (
+        "with no labelled attempt in the log (an even chance until it has some): local-nano, local-mini"
+        in " ".join(captured.out.split())
+    )
     assert captured.err.startswith("router train: too few labelled attempts to train on (cheap 4, strong 2;")
     assert "--force" in captured.err and captured.err.count("\n") == 1
 

@@ -48,6 +48,21 @@ def attempts_per_model(rows: list[dataset.AttemptRow]) -> dict[str, int]:
     return counts
 
 
+def catalog_mismatch(counts: dict[str, int], catalog: list[str], config: str) -> list[str]:
+    """What a log made under another policy would otherwise hide: attempts on models this policy
+    never routes to, and models of the policy the log says nothing about (each gets an even chance)."""
+    foreign = [m for m in counts if m not in catalog]
+    unseen = [m for m in catalog if not counts.get(m)]
+    lines = []
+    if foreign:
+        lines.append(f"warning: not models of {config} (learned, but this policy never routes to them): "
+                     + ", ".join(foreign))  # fmt: skip
+    if unseen:
+        lines.append(f"warning: models of {config} with no labelled attempt in the log (an even chance "
+                     "until it has some): " + ", ".join(unseen))  # fmt: skip
+    return lines
+
+
 class TooFewLabels(ConfigError):
     """Not enough labelled attempts to train on (a usage error, reported in one line)."""
 
@@ -71,6 +86,8 @@ def train(
     console.print(
         "labelled attempts per model: " + (", ".join(f"{m} {n}" for m, n in counts.items()) or "none")
     )
+    for line in catalog_mismatch(counts, [m.id for m in policy.spec.models], config):
+        console.print(line, highlight=False)
     short = {m: n for m, n in counts.items() if n < min_attempts}
     if (short or not rows) and not force:
         raise TooFewLabels(
