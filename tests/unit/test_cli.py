@@ -187,6 +187,26 @@ def test_train_at_80_columns_cuts_nothing(
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
+def test_rollback_undoes_a_promotion_with_no_router_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Revisions were archived only by a serving router: promote, then rollback, said "no policy
+    # revision has been applied yet" (README step 8).
+    store = _log(tmp_path / "log.db", {f"t{i}": ["cheap" if i % 3 else "strong"] for i in range(6)})
+    for i in range(6):
+        assert main(["outcome", f"t{i}", "--success" if i % 2 else "--failure", "--store", store]) == 0
+    config = tmp_path / "policy.yaml"
+    config.write_bytes((Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_bytes())
+    original = config.read_bytes()
+    artifact = tmp_path / "v1.json"
+    assert main(["train", "--store", store, "--config", str(config), "--out", str(artifact), "--force"]) == 0
+    assert main(["promote", str(artifact), "--config", str(config)]) == 0
+    assert config.read_bytes() != original
+    capsys.readouterr()
+    assert main(["rollback", "--config", str(config)]) == 0, capsys.readouterr().err
+    assert config.read_bytes() == original
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -26,7 +26,8 @@ from router.policy import prior as priors
 from router.policy.config import Policy
 from router.policy.learned import Artifact, LearnedScorer
 from router.policy.loading import load_policy
-from router.policy.runtime import objective_for
+from router.policy.revisions import Archive
+from router.policy.runtime import Runtime, load_runtime, objective_for
 from router.state import StateConfig, open_state
 from router.store.window import opened
 
@@ -248,6 +249,13 @@ def promote(artifact: str, config: str, redis_url: str | None = None, redis_pref
         if _LEARNED_BLOCK.search(text)
         else text.rstrip("\n") + "\n\n" + block
     )
+    # Archived as a router applying it would (the file's revision before, if no router did), so
+    # `router rollback` can undo a promotion whether or not a router was serving the file.
+    archive = Archive(cfg)
+    try:
+        before: Runtime | None = load_runtime(cfg)
+    except ConfigError:
+        before = None  # a file no router would load: nothing worth going back to
     # Validate before writing: a promotion never leaves a policy file the router would refuse.
     tmp = cfg.with_suffix(cfg.suffix + ".promote")
     tmp.write_text(new, encoding="utf-8")
@@ -256,9 +264,15 @@ def promote(artifact: str, config: str, redis_url: str | None = None, redis_pref
         if policy.learned_path is None:
             raise ConfigError(f"{config}: the learned block did not parse")
         # An atomic swap: a watching router reads the old file or the new one, never half of one.
+        written_at = cfg.stat().st_mtime
         os.replace(tmp, cfg)
     finally:
         tmp.unlink(missing_ok=True)
+    if before is not None and before.files is not None and archive.meta(before.revision or "") is None:
+        archive.keep(before.files, before.policy.name, written_at)
+    after = load_runtime(cfg)
+    if after.files is not None:
+        archive.keep(after.files, after.policy.name, time.time())
     if redis_url:
         asyncio.run(_publish(redis_url, redis_prefix, hashlib.sha256(new.encode()).hexdigest()))
     return sha
