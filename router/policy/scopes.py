@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +29,6 @@ log = logging.getLogger("router.policy")
 
 REPO_HEADER = "x-router-repo"
 TEAM_HEADER = "x-router-team"
-#: A github.com URL or git remote (``git@github.com:owner/name.git``), as a system prompt shows one.
-_REPO = re.compile(r"github\.com[/:]([\w.-]+/[\w.-]+?)(?:\.git)?(?=[\s/'\"#?)]|$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +39,9 @@ class ScopeFacts:
 
 
 def scope_facts(req: ClientRequest, headers: Mapping[str, str], key_id: str | None) -> ScopeFacts:
-    """What scopes match on: the repository from its header, else a github.com URL (or a git
-    remote) in the first user message or the system prompt."""
-    repo = repo_hint(req.first_user_text, headers.get(REPO_HEADER))  # as the log keeps it
-    if not repo:
-        m = _REPO.search(req.system_text)
-        repo = m.group(1) if m else None
+    """What scopes match on: the repository as the log keeps it (its header, else a github.com URL
+    in the first user message, else a git remote in the system prompt)."""
+    repo = repo_hint(req.first_user_text, headers.get(REPO_HEADER), req.system_text)
     return ScopeFacts(repo=repo, key=key_id, team=headers.get(TEAM_HEADER))
 
 

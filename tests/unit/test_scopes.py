@@ -11,6 +11,7 @@ import yaml
 
 from router.errors import ConfigError
 from router.features.request import Features
+from router.features.task.vector import repo_hint
 from router.learning.preview import preview
 from router.policy.runtime import load_runtime
 from router.policy.scopes import ScopeFacts, scope_facts
@@ -72,6 +73,29 @@ def test_the_repository_comes_from_the_header_or_the_conversation() -> None:
     assert scope_facts(req, {"x-router-repo": "acme/web", "x-router-team": "t"}, None).repo == "acme/web"
     req.first_user_text = "see https://github.com/octo/cat/issues/1"
     assert scope_facts(req, {}, None).repo == "octo/cat"
+
+
+@pytest.mark.parametrize(
+    ("system", "repo"),
+    [
+        # Claude Code's system prompt links its own issue tracker: not the task's repository.
+        ("To give feedback, users should report the issue at https://github.com/anthropics/claude-code/issues\n"
+         "Is directory a git repo: Yes\n", None),
+        ("feedback: https://github.com/anthropics/claude-code/issues\n$ git remote -v\n"
+         "origin\thttps://github.com/acme/web.git (fetch)\n", "acme/web"),
+        ("remote: git@github.com:acme/api.git\n", "acme/api"),
+        ("clone of https://github.com/acme/cli.git", "acme/cli"),
+        ("upstream  https://github.com/acme/lib (push)", "acme/lib"),
+    ],
+)  # fmt: skip
+def test_only_a_git_remote_in_the_system_prompt_names_the_repository(system: str, repo: str | None) -> None:
+    req = ClientRequest(
+        protocol="anthropic", body={}, model="claude-x", stream=False, messages=[], system=system, tools=[],
+        max_output_tokens=None, temperature=None, top_p=None, first_user_text="Fix the bug", system_text=system,
+    )  # fmt: skip
+    assert scope_facts(req, {}, None).repo == repo
+    # The log and the task vector use the same answer (the repository's hashed feature).
+    assert repo_hint(req.first_user_text, None, req.system_text) == repo
 
 
 @pytest.mark.parametrize(

@@ -123,7 +123,7 @@ class TaskContext:
                 state.warm_tokens = prompt_tokens
         new_vector = state.vector is None and not side
         if new_vector:
-            repo = repo_hint(req.first_user_text, repo)
+            repo = repo_hint(req.first_user_text, repo, req.system_text)
             # Packed: the tracker keeps it for as long as it remembers the task.
             state.vector = Packed(vector_for(req, repo))
         switch = None

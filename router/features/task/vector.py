@@ -41,6 +41,13 @@ _WORD = re.compile(r"[a-z_][a-z0-9_]{1,30}")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\bat [\w.$]+\(.*:\d+\)|panicked at")
 _URL = re.compile(r"https?://\S+")
 _REPO = re.compile(r"github\.com/([\w.-]+/[\w.-]+)")
+#: A git remote as a system prompt shows one (``origin https://github.com/o/n.git``,
+#: ``git@github.com:o/n.git``): only a remote, since system prompts carry other github.com links
+#: (Claude Code's names its own issue tracker, which would make every task "anthropics/claude-code").
+_REMOTE = re.compile(
+    r"(?:git@github\.com:|(?:origin|remote|upstream)\b[^\n]{0,40}?github\.com/|github\.com/(?=[\w.-]+/[\w.-]+?\.git\b))"
+    r"([\w.-]+/[\w.-]+?)(?:\.git)?(?=[\s/'\"#?)]|$)"
+)
 MAX_TEXT = 20_000
 
 Vector = dict[int, float]
@@ -55,12 +62,13 @@ def _bucket(token: str) -> tuple[int, float]:
     return (h >> 1) % HASH_DIM, 1.0 if h & 1 else -1.0
 
 
-def repo_hint(first_user_text: str, header: str | None = None) -> str | None:
+def repo_hint(first_user_text: str, header: str | None = None, system_text: str = "") -> str | None:
     """The task's repository: the ``x-router-repo`` header, else the first ``github.com/owner/name``
-    in the opening message."""
+    in the opening message, else a git remote in the system prompt. One answer for the log, the
+    task vector and scopes."""
     if header:
         return header
-    m = _REPO.search(first_user_text[:MAX_TEXT])
+    m = _REPO.search(first_user_text[:MAX_TEXT]) or _REMOTE.search(system_text[:MAX_TEXT])
     return m.group(1) if m else None
 
 
