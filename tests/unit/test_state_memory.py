@@ -88,6 +88,8 @@ async def check_budgets(state: SharedState, env: Env) -> None:
     limits = {"key": 1.0, "task": 0.5}
     r1 = await b.reserve(["key", "task", "key"], 0.3, limits)
     assert r1.scopes == ("key", "task")  # a repeated scope is charged once
+    # What it holds, and until when (the default reservation TTL, 600 s).
+    assert r1.amount_usd == 0.3 and r1.expires_at == pytest.approx(env.now() + 600.0, abs=env.slack + 1e-6)
     assert await b.spent("key") == Spend(0.0, 0.3)
 
     with pytest.raises(BudgetExceeded) as info:
@@ -107,6 +109,15 @@ async def check_budgets(state: SharedState, env: Env) -> None:
     await b.release(r2)
     assert await b.spent("key") == Spend(0.25, 0.0)
     assert await b.spent("other") == Spend(0.0, 0.0)
+    await b.settle(r2, 0.6)  # released first: a later settle spends nothing
+    assert await b.spent("key") == Spend(0.25, 0.0)
+
+    # A refusal reports the scope's spend in USD: 0.25 spent + 0.3 asked > 0.5 (nothing held).
+    with pytest.raises(BudgetExceeded) as info:
+        await b.reserve(["task"], 0.3, limits)
+    refused = info.value
+    assert (refused.scope, refused.limit_usd, refused.amount_usd) == ("task", 0.5, 0.3)
+    assert (refused.spent_usd, refused.reserved_usd) == (pytest.approx(0.25), 0.0)
 
     await b.reserve(["task"], 0.25, limits)  # exactly up to the limit
     with pytest.raises(BudgetExceeded):
@@ -131,6 +142,11 @@ async def check_reservation_expiry(state: SharedState, env: Env, ttl: float) -> 
     await b.reserve(["s"], 0.3, {"s": 1.0})
     await b.settle(lapsing, 0.5)  # a late settle still records what was really spent
     assert await b.spent("s") == Spend(0.5, 0.3)
+    # A late release (a request that outlived its hold, then failed) is as harmless.
+    outlived = await b.reserve(["t"], 0.4, {"t": 1.0}, ttl_s=ttl)
+    await env.advance(ttl + env.slack + 0.05)
+    await b.release(outlived)
+    assert await b.spent("t") == Spend(0.0, 0.0)
 
 
 async def check_no_overspend(states: Sequence[SharedState], n: int = 200, limit: float = 0.5) -> None:
@@ -316,6 +332,16 @@ async def test_budgets(clock: FakeClock, env: Env) -> None:
 
 async def test_reservation_expiry(clock: FakeClock, env: Env) -> None:
     await check_reservation_expiry(memory(clock), env, ttl=30.0)
+
+
+async def test_a_hold_counts_for_exactly_its_ttl(clock: FakeClock) -> None:
+    b = memory(clock).budgets
+    await b.reserve(["s"], 0.8, {"s": 1.0}, ttl_s=30.0)
+    await clock.advance(29.5)
+    assert await b.spent("s") == Spend(0.0, 0.8)
+    await clock.advance(0.5)
+    assert await b.spent("s") == Spend(0.0, 0.0)
+    await b.reserve(["s"], 1.0, {"s": 1.0})  # the whole budget is free again
 
 
 async def test_no_overspend(clock: FakeClock) -> None:
