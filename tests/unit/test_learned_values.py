@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,13 @@ def test_a_model_the_log_has_not_seen_gets_an_even_chance() -> None:
     # Without a per-call estimate: the median attempt cost of the known models (0.05 of 3).
     median = {o.model: o for o in scorer.options(TASK, [*MODELS, "new"])}
     assert median["new"] == Option("new", 0.5, pytest.approx(0.05))
+    # Of two known models the upper one (0.2 rather than 0.01): an unseen model is not assumed cheap.
+    two = {o.model: o for o in scorer.options(TASK, ["cheap", "strong", "new"])}
+    assert two["new"] == Option("new", 0.5, pytest.approx(0.2))
+    # An artifact that knows none of the candidates: their call estimates, else nothing to go by.
+    blind = LearnedScorer(artifact({"retired": (0.5, 0.01)}), Objective())
+    none_known = blind.options(TASK, ["new", "newer"], per_call_cost={"newer": 0.001})
+    assert none_known == [Option("new", 0.5, 0.0), Option("newer", 0.5, pytest.approx(0.001 * TYPICAL_CALLS))]
 
 
 @pytest.mark.parametrize(
@@ -90,6 +98,24 @@ def test_plan_uses_every_attempt_left(
     assert got.models == plan
     assert got.expected_cost == pytest.approx(cost, abs=1e-12)
     assert got.success == pytest.approx(success, abs=1e-12)
+
+
+def test_the_first_attempt_by_default_and_the_objectives_cost_limit() -> None:
+    scorer = LearnedScorer(artifact(), every_attempt_worth_making(max_attempts=3))
+    assert scorer.plan(TASK, list(MODELS))[0].models == ("cheap", "mid", "strong")  # three attempts left
+    # The objective's limit per task holds when the request brings no budget of its own.
+    capped = LearnedScorer(artifact(), Objective(max_attempts=1, value=1e6, max_cost_per_task=0.06))
+    assert capped.choose(TASK, list(MODELS)).plan.models == ("mid",)
+    assert capped.choose(TASK, list(MODELS), budget=0.3).plan.models == ("strong",)  # the request's own
+
+
+def test_a_task_effect_makes_later_attempts_less_likely_to_succeed() -> None:
+    """Failures of one task are correlated: mid then strong completes less than independence says
+    (1 − 0.5·0.2 = 0.9), and no less than strong alone (0.8)."""
+    scorer = LearnedScorer(artifact(task_sd=1.0), every_attempt_worth_making(max_attempts=2))
+    plan = scorer.choose(TASK, list(MODELS)).plan
+    assert plan.models == ("mid", "strong")
+    assert 0.8 < plan.success < 0.9 - 0.01
 
 
 def test_a_failed_model_counts_at_35_percent() -> None:
@@ -153,6 +179,18 @@ def test_rank_plans_from_the_tasks_attempt_failures_and_budget() -> None:
     assert last[0][0].model == "strong" and last[2].startswith("plan strong: ")
     broke = scorer.rank(features(task_vector=TASK, attempt=3, task_budget_left=0.06), cost)
     assert broke[2].startswith("plan mid: ")
+    # One attempt left, strong already failed: mid (0.5) before strong again (0.8·0.35).
+    again = scorer.rank(features(task_vector=TASK, attempt=3, failed_models=("strong",)), cost)
+    assert again[2].startswith("plan mid: ")
+
+
+def test_rank_prices_a_model_the_log_has_not_seen_by_its_call() -> None:
+    scorer = LearnedScorer(artifact(), every_attempt_worth_making(max_attempts=1))
+    ranked, _, reason = scorer.rank(features(task_vector=TASK), estimates({"strong": 0.001, "new": 0.0001}))
+    new = next(e for e in ranked if e.model == "new")
+    # An even chance at 20 calls of $0.0001: $0.002 an attempt, $0.004 per completed task.
+    assert (new.p_success, new.attempt_cost_usd, new.score) == (0.5, 0.002, 0.004)
+    assert reason.startswith("plan strong: ")  # 0.8 − 0.2 is worth more than 0.5 − 0.002 at V = 1e6
 
 
 def test_rank_without_a_task_is_the_cheapest_call() -> None:
@@ -173,6 +211,12 @@ def test_artifact_load_checks_the_pinned_hash(tmp_path: Path) -> None:
         Artifact.load(good, "0" * 64)
     with pytest.raises(ConfigError, match=r"missing\.json: cannot read learned artifact"):
         Artifact.load(tmp_path / "missing.json", None)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"{not json")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(bad))}: not JSON"):
+        Artifact.load(bad, None)
+    # The scorer is named after the file it uses (the log's policy column shows it).
+    assert LearnedScorer(Artifact.load(good, digest), Objective()).name == f"learned:{digest[:12]}"
 
 
 def training_rows() -> list[dataset.AttemptRow]:
@@ -190,6 +234,9 @@ def test_expected_output_from_the_fitted_median() -> None:
     # log1p(out) = 1 + 0.5 · log1p(99) → out = e^(1 + 0.5 ln 100) − 1 = 10e − 1
     assert scorer.expected_output("mid", 99) == round(10 * math.e - 1)
     assert scorer.expected_output("cheap", 99) is None
+    # A fitted median below one token (e^-5 − 1 < 0) is still a call that answers: one token.
+    tiny = dataclasses.replace(artifact(), meta={"output_tokens": {"mid": {"q50": [-5.0, 0.0]}}})
+    assert LearnedScorer(tiny, Objective()).expected_output("mid", 99) == 1
 
 
 def artifact_json(**changes: Any) -> dict[str, Any]:
@@ -208,10 +255,25 @@ def test_artifact_is_read_field_by_field() -> None:
     art = Artifact.from_bytes(orjson.dumps(artifact_json()), source="a.json", expected_sha256=None)
     m = art.models["m"]
     assert (m.platt, m.cost_weights, m.calls_per_attempt, m.n) == ((2.0, -1.0), (-3.0,), 1.0, 0)
-    assert art.task_sd == 1.5 and art.meta["trained_on"] == 42 and "models" not in art.meta
+    assert art.task_sd == 1.5 and art.meta == {"task_effect_sd": 1.5, "trained_on": 42}
     assert art.schema == taskfeatures.schema()
     assert m.p_success(TASK) == pytest.approx(1 / (1 + math.e))  # σ(2·0 − 1)
     assert m.attempt_cost(TASK) == pytest.approx(math.exp(-3))
+    sure = {"weights": [0.0] * WIDTH, "platt": [1, 2], "cost_weights": [0], "calls_per_attempt": 12.5, "n": 7}
+    art = Artifact.from_bytes(
+        orjson.dumps(artifact_json(models={"m": sure})), source="a.json", expected_sha256=None
+    )
+    m = art.models["m"]
+    assert (m.calls_per_attempt, m.n) == (12.5, 7)
+    assert m.p_success(TASK) == pytest.approx(1 / (1 + math.exp(-2)))  # σ(1·0 + 2), a positive logit
+    # An artifact that measured no task effect: failures independent. The largest spread is allowed.
+    plain = artifact_json()
+    del plain["task_effect_sd"]
+    assert Artifact.from_bytes(orjson.dumps(plain), source="a.json", expected_sha256=None).task_sd == 0.0
+    widest = Artifact.from_bytes(
+        orjson.dumps(artifact_json(task_effect_sd=10)), source="a", expected_sha256=None
+    )
+    assert widest.task_sd == 10.0
 
 
 @pytest.mark.parametrize(
@@ -227,7 +289,12 @@ def test_artifact_is_read_field_by_field() -> None:
             orjson.dumps(artifact_json(operating_points={"2": [{"value": 1}]})),
             r"^a\.json: operating_points: expected",
         ),
-        (orjson.dumps(artifact_json(feature_schema={"version": 0})), r"^a\.json: feature schema mismatch: "),
+        (
+            orjson.dumps(artifact_json(feature_schema={"version": 0})),
+            r"^a\.json: feature schema mismatch: artifact has \{'version': 0\}, this router computes \{",
+        ),
+        (orjson.dumps(artifact_json(value_curve={"2": [1]})), r"^a\.json: value_curve: expected"),
+        (orjson.dumps(artifact_json(scopes={"acme": {"common": 1}})), r"^a\.json: scopes: expected"),
         (
             orjson.dumps(
                 artifact_json(models={"m": {"weights": [0.0], "platt": [1, 0], "cost_weights": []}})
@@ -261,5 +328,14 @@ def test_after_a_failure_the_policy_recommends_escalating_or_stopping() -> None:
         "expected_cost_usd": 0.0,
     }
     # No attempts left, whatever the task is worth.
-    assert not valuable.recommend(TASK, list(MODELS), attempt=4, failed=("cheap",)).retry
+    past = valuable.recommend(TASK, list(MODELS), attempt=4, failed=("cheap",))
+    assert past.as_dict() == {
+        "retry": False,
+        "model": None,
+        "expected_success": 0.0,
+        "expected_cost_usd": 0.0,
+    }
     assert valuable.recommend(TASK, list(MODELS), attempt=3, failed=("cheap",)).model == "strong"
+    # The task's budget left bounds the recommendation as it bounds the plan: mid fits $0.06, strong not.
+    poor = valuable.recommend(TASK, list(MODELS), attempt=3, failed=("cheap",), budget=0.06)
+    assert (poor.retry, poor.model) == (True, "mid")

@@ -22,7 +22,7 @@ from router.policy.loading import load_policy
 from router.policy.plan import Plan
 from router.policy.prior import STOP, FixedPlan
 from router.policy.runtime import objective_for
-from tests.unit.test_learned_values import MODELS, TASK, artifact
+from tests.unit.test_learned_values import MODELS, TASK, artifact, estimates, features
 from tests.unit.test_scopes import M
 
 CHEAP = FixedPlan(("cheap",), 0.5, 0.01)
@@ -33,6 +33,62 @@ FRONTIER = prior.pareto([CHEAP, PAIR, STRONG])
 
 def test_the_frontier_drops_orders_another_beats() -> None:
     assert FRONTIER == [CHEAP, PAIR]
+
+
+def test_the_frontier_keeps_one_order_per_cost_and_per_success() -> None:
+    same_cost = FixedPlan(("other",), 0.4, 0.01)  # CHEAP's cost, less success
+    longer = FixedPlan(("cheap", "other"), 0.5, 0.01)  # CHEAP's cost and success, one model more
+    dearer = FixedPlan(("cheap", "mid"), 0.5, 0.02)  # CHEAP's success for more money
+    assert prior.pareto([same_cost, longer, dearer, PAIR, CHEAP]) == [CHEAP, PAIR]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (4.0, 10.0),  # log-scale: 4 is nearer 10 (x2.5) than 1 (x4), though not in dollars
+        (2.0, 1.0),
+        (0.001, 0.1),
+        (1e6, 10.0),
+    ],
+)
+def test_the_operating_point_for_a_value_is_the_nearest_on_a_log_scale(value: float, expected: float) -> None:
+    points = [prior.Point(v, None, 0.1, 0.5, 0.01) for v in (1.0, 0.1, 10.0)]
+    target = prior.Point(3.0, 0.8, 0.2, 0.8, 0.05)  # a target's point is never a value's
+    found = prior.nearest([target, *points], value=value)
+    assert found is not None and found.value == expected
+
+
+def test_the_operating_point_for_a_target_is_that_target_only() -> None:
+    points = [prior.Point(0.2, 0.75, 0.1, 0.75, 0.04), prior.Point(0.5, None, 0.3, 0.6, 0.02)]
+    assert prior.nearest(points, target=0.75) == points[0]
+    assert prior.nearest(points, target=0.7) is None  # not measured: no point
+    assert prior.nearest(points) is None  # neither a value nor a target
+    assert prior.nearest(points[:1], value=0.5) is None  # no value point at all
+
+
+def test_prior_plans_and_operating_points_read_back_as_training_wrote_them() -> None:
+    frontier = {2: (FixedPlan(("cheap",), 0.5, 0.01), FixedPlan(("cheap", "strong"), 0.8125, 0.0625))}
+    assert prior.frontier_from_json(training_prior.to_json(frontier), "a.json") == frontier
+    points = (
+        prior.Point(0.125, None, 0.0625, 0.5, 0.015625, 0.25, 0.03125),
+        prior.Point(0.25, 0.75, math.inf, 0.75, 0.046875),
+    )
+    written = [prior.point_to_json(p) for p in points]
+    assert written[1] == {
+        "value": 0.25, "target": 0.75, "margin": None, "success": 0.75, "cost": 0.046875,
+        "deviations": 0.0, "gain": 0.0,
+    }  # fmt: skip
+    assert prior.points_from_json({"2": written}, "a.json") == {2: points}
+    # Rounded as the artifact keeps them: 6 decimals for dollars, 5 for the success, 4 for shares.
+    rounded = prior.point_to_json(prior.Point(1 / 3, 0.8, 0.1, 2 / 3, 1 / 7, 1 / 9, 1 / 11))
+    assert rounded == {
+        "value": 0.333333, "target": 0.8, "margin": 0.1, "success": 0.66667, "cost": 0.142857,
+        "deviations": 0.1111, "gain": 0.090909,
+    }  # fmt: skip
+    # What older training runs left out: no target, no margin (never leave), no deviations.
+    (bare,) = prior.points_from_json({"1": [{"value": 1, "success": 0.5, "cost": 0.01}]}, "a.json")[1]
+    assert bare == prior.Point(1.0, None, math.inf, 0.5, 0.01, 0.0, 0.0)
+    assert prior.frontier_from_json(None, "a.json") == {} and prior.points_from_json(None, "a.json") == {}
 
 
 @pytest.mark.parametrize(
@@ -49,6 +105,16 @@ def test_the_prior_for_a_value_is_the_order_worth_most(value: float, expected: F
     assert prior.for_value(FRONTIER, value) == expected
 
 
+def test_the_prior_for_a_value_at_the_edges() -> None:
+    assert prior.for_value([], 1.0) == STOP  # no order at all
+    # CHEAP at V = 0.02 is worth 0.5·0.02 − 0.01 = 0: not worth trying.
+    assert prior.for_value(FRONTIER, 0.02) == STOP
+    # Worth the same (0.01 at V = 0.04: 0.5·0.04 − 0.01 = 0.75·0.04 − 0.02): the cheaper.
+    even = FixedPlan(("cheap", "mid"), 0.75, 0.02)
+    assert prior.for_value([CHEAP, even], 0.04) == CHEAP
+    assert prior.for_value([even, CHEAP], 0.04) == CHEAP
+
+
 def test_the_prior_for_a_target_is_the_least_cost_per_completed_task_reaching_it() -> None:
     # A non-hull order: 0.75 at 0.045 costs 0.06 per completed task, PAIR 0.0625.
     between = FixedPlan(("cheap", "mid"), 0.75, 0.045)
@@ -57,6 +123,9 @@ def test_the_prior_for_a_target_is_the_least_cost_per_completed_task_reaching_it
     assert prior.for_target(frontier, 0.78) == PAIR
     assert prior.for_target(frontier, 0.4) == CHEAP  # 0.02 per completed task, the least
     assert prior.for_target(frontier, 0.95) == PAIR  # out of reach: the strongest
+    assert prior.for_target(frontier, 0.75) == between  # exactly at the target reaches it
+    assert prior.for_target([], 0.5) == STOP
+    assert prior.value_of_target(FRONTIER, 0.95) == 1e4  # never reached: the largest value searched
     # The value a target stands for: the least at which the best order reaches it (V ≈ 0.133 for PAIR).
     assert prior.value_of_target(FRONTIER, 0.8) == pytest.approx(0.04 / 0.3, rel=0.03)
     assert prior.for_value(FRONTIER, prior.value_of_target(FRONTIER, 0.8)) == PAIR
@@ -69,6 +138,7 @@ def test_what_is_left_of_the_prior_skips_failed_and_disallowed_models() -> None:
     assert prior.remainder(order, ("x",), "abc", 2) == ["a", "b"]  # a deviation failed: back to the order
     assert prior.remainder(order, (), "ac", 3) == ["a", "c"]  # b is not a candidate of this route
     assert prior.remainder(order, ("a", "b", "c"), "abc", 1) == []
+    assert prior.remainder(order, (), "abc", 0) == []  # no attempt left
 
 
 def test_a_task_leaves_the_prior_only_past_the_margin() -> None:
@@ -157,6 +227,43 @@ def test_the_scorer_leaves_the_prior_when_its_own_plan_clears_the_margin() -> No
     assert not chosen.prior and chosen.plan.models[0] == "cheap"
     staying = LearnedScorer(artifact(), objective(("strong",), math.inf, value=0.1))
     assert staying.choose(TASK, ["cheap", "mid", "strong"], attempt=1).plan.models == ("strong",)
+
+
+def test_what_is_left_of_the_prior_is_valued_knowing_what_failed() -> None:
+    # mid failed: with a task effect the task is likely a hard one, so strong is now below its 0.8.
+    for sd, below in ((1.0, True), (0.0, False)):
+        scorer = LearnedScorer(artifact(task_sd=sd), objective(("mid", "strong"), math.inf))
+        rest = scorer.choose(TASK, ["cheap", "mid", "strong"], attempt=2, failed=["mid"])
+        assert rest.prior and rest.plan.models == ("strong",)
+        assert rest.plan.success < 0.79 if below else rest.plan.success == pytest.approx(0.8)
+
+
+def test_a_prior_plan_over_the_budget_gives_way_to_the_tasks_own() -> None:
+    strong_only = Objective(max_attempts=1, value=1.0, prior=("strong",), margin=math.inf)
+    scorer = LearnedScorer(artifact(), strong_only)
+    assert scorer.choose(TASK, ["cheap", "mid", "strong"]).plan.models == ("strong",)
+    poor = scorer.choose(TASK, ["cheap", "mid", "strong"], budget=0.06)  # strong costs 0.2
+    assert not poor.prior and poor.plan.models == ("mid",)
+
+
+def test_the_margin_is_measured_against_what_is_left_of_the_prior() -> None:
+    # One attempt at V = 1: mid is worth 0.5 − 0.05 = 0.45, the task's own best (strong) 0.6. A gain
+    # of 0.15 does not clear a margin of 0.2, though strong alone is worth more than that.
+    kept = LearnedScorer(artifact(), Objective(max_attempts=1, value=1.0, prior=("mid",), margin=0.2))
+    choice = kept.choose(TASK, ["cheap", "mid", "strong"])
+    assert choice.prior and choice.plan.models == ("mid",)
+    left = LearnedScorer(artifact(), Objective(max_attempts=1, value=1.0, prior=("mid",), margin=0.1))
+    assert left.choose(TASK, ["cheap", "mid", "strong"]).plan.models == ("strong",)
+
+
+def test_rank_says_when_it_follows_the_prior_plan() -> None:
+    scorer = LearnedScorer(artifact(), objective(("mid", "strong"), math.inf))
+    cost = estimates({"strong": 0.001, "mid": 0.002, "cheap": 0.003})
+    ranked, _, reason = scorer.rank(features(task_vector=TASK), cost)
+    assert ranked[0].model == "mid"
+    # 0.05 + 0.5·0.2 = 0.15 for 1 − 0.5·0.2 = 0.9: $0.1667 per completed task.
+    assert reason == "prior plan mid → strong: expected $0.1667 per completed task, success 90%"
+    assert {e.model: e.p_success for e in ranked} == {"cheap": 0.3, "mid": 0.5, "strong": 0.8}
 
 
 def policy_with(tmp_path: Path, objective: dict[str, object]) -> Policy:
