@@ -347,11 +347,12 @@ class LearnedScorer:
             return own  # what is left of the prior plan does not fit the budget: the task's own plan
         if priors.deviates(best, rest, obj.value, obj.margin):
             return own
-        # The prior plan says stop: a client that retries anyway is served the task's own best.
+        # The prior plan says stop: a client that retries anyway is served the task's own best,
+        # which is not the prior plan (nothing of it is left), so the reason must not say so.
         return (
             Choice(rest, opts, True, prior=True)
             if rest is not None
-            else Choice(best, opts, False, prior=True)
+            else Choice(best, opts, False, prior=False)
         )
 
     def recommend(

@@ -264,6 +264,11 @@ def test_rank_says_when_it_follows_the_prior_plan() -> None:
     # 0.05 + 0.5·0.2 = 0.15 for 1 − 0.5·0.2 = 0.9: $0.1667 per completed task.
     assert reason == "prior plan mid → strong: expected $0.1667 per completed task, success 90%"
     assert {e.model: e.p_success for e in ranked} == {"cheap": 0.3, "mid": 0.5, "strong": 0.8}
+    # The prior plan is spent (mid and strong failed) and the client tries again: the task's own
+    # plan serves it, and the reason does not call that the prior plan.
+    spent = features(task_vector=TASK, attempt=3, failed_models=("mid", "strong"))
+    _, _, reason = scorer.rank(spent, cost)
+    assert reason.startswith("plan cheap: ")
 
 
 def policy_with(tmp_path: Path, objective: dict[str, object]) -> Policy:
