@@ -25,6 +25,7 @@ from router.learning.signals import (
     Weights,
     analyze,
     extract,
+    glance,
     parse_test_summary,
     request_fingerprint,
     resent_signal,
@@ -33,7 +34,8 @@ from router.learning.signals import (
     switches,
     without_tools,
 )
-from router.learning.signals.text import clean, strip_ansi
+from router.learning.signals.text import HEAD_CHARS, clean, strip_ansi
+from router.learning.signals.toolresult import test_summary as summary_of
 
 SAMPLES = Path(__file__).parent / "samples"
 PROTOCOLS = ("openai_chat", "anthropic", "openai_responses")
@@ -118,6 +120,11 @@ def test_colour_samples_really_are_coloured() -> None:
         ("Ran 1 test in 0.000s\n\nOK\n", ("unittest", 1, 0, 0, 0)),
         ("Ran 0 tests in 0.000s\n\nNO TESTS RAN\n", ("unittest", 0, 0, 0, 0)),
         ("Ran 4 tests in 0.1s\n\nFAILED (errors=4)", ("unittest", 0, 0, 4, 0)),
+        # An unreadable last candidate does not hide the summary before it.
+        ("== 3 passed in 0.1s ==\n=== 3 apples in 0.1s ===\n", ("pytest", 3, 0, 0, 0)),
+        # The verdict right after the count (a harness that drops blank lines), or after a stray line.
+        ("Ran 3 tests in 0.1s\nOK\n", ("unittest", 3, 0, 0, 0)),
+        ("Ran 2 tests in 0.01s\n\nResourceWarning: unclosed file\nOK\n", ("unittest", 2, 0, 0, 0)),
         ("=== RUN   TestX\n--- PASS: TestX (0.00s)\nPASS\n", ("go", 1, 0, 0, 0)),
         ("PASS\n", ("go", 1, 0, 0, 0)),
         ("--- FAIL: TestX (0.00s)\n    x_test.go:3: boom\n", ("go", 0, 1, 0, 0)),
@@ -157,6 +164,18 @@ def test_lookalikes_are_not_summaries(text: str) -> None:
 @pytest.mark.parametrize("junk", [None, 42, b"3 passed in 0.1s", ["3 passed in 0.1s"], {"text": "x"}])
 def test_non_text_is_no_summary(junk: Any) -> None:
     assert parse_test_summary(junk) is None
+
+
+@pytest.mark.parametrize(("text", "passed", "failed"), [("PASS\n", 1, 0), ("ok\nFAIL\n", 0, 1)])
+def test_a_go_test_binary_alone_counts_as_one_package(text: str, passed: int, failed: int) -> None:
+    assert parse_test_summary(text) == TestSummary("go", passed, failed, 0, 0, unit="packages")
+
+
+def test_a_summary_as_the_label_details_keep_it() -> None:
+    summary = TestSummary("go", 3, 1, 2, 4, unit="packages")
+    assert summary.as_dict() == {
+        "runner": "go", "passed": 3, "failed": 1, "errors": 2, "skipped": 4, "unit": "packages",
+    }  # fmt: skip
 
 
 def test_the_last_summary_wins_across_runners() -> None:
@@ -248,6 +267,26 @@ def test_exit_code_at_the_head_of_a_long_result() -> None:
     assert out.failed
 
 
+def test_exit_codes_in_a_long_results_tail() -> None:
+    """Past the head, the last code the harness reports wins, in any of its shapes."""
+    filler = "output line\n" * (HEAD_CHARS // 6)
+    assert analyze(filler + "[exit code: 1]\nretrying\n[exit code: 0]\n").exit_code == 0
+    assert analyze(filler + "<returncode>3</returncode>\n").exit_code == 3
+    # The head's report stands, whatever the output says further down.
+    assert analyze("Exit code: 2\n" + filler + "exit status 1\n").exit_code == 2
+
+
+def test_a_result_is_read_within_max_chars_of_its_end() -> None:
+    text = "x" * 5000 + "\nExit code: 1\n3 passed in 0.1s\n" + "y" * 200
+    assert (glance(text).exit_code, analyze(text).exit_code) == (1, 1)
+    assert summary_of(text) == TestSummary("pytest", 3)
+    assert glance(text, max_chars=100).exit_code is None
+    assert summary_of(text, max_chars=100) is None
+    assert analyze(text, max_chars=100).tests is None
+    # Not text at all: nothing to read, the same as an empty result.
+    assert glance(None) == glance("") and glance(None).exit_code is None
+
+
 def test_codex_json_shell_output() -> None:
     text = json.dumps(
         {"output": "3 failed, 9 passed in 1.2s\n", "metadata": {"exit_code": 1, "duration_seconds": 1.3}}
@@ -257,6 +296,8 @@ def test_codex_json_shell_output() -> None:
     assert out.tests is not None and (out.tests.passed, out.tests.failed) == (9, 3)
     assert analyze('{"output": "fine", "metadata": {"exit_code": true}}').exit_code is None
     assert analyze('{"not": "codex"}').exit_code is None
+    assert analyze(text + "\n").exit_code == 1  # a trailing newline is still the same object
+    assert analyze('{"output": "fine", "metadata": [1]}').exit_code is None
 
 
 @pytest.mark.parametrize(
@@ -479,6 +520,36 @@ def test_argument_key_order_does_not_hide_a_loop() -> None:
     assert by_name(extract("openai_chat", msgs))[TOOL_LOOP].details["kind"] == "consecutive_call"
 
 
+def test_legacy_openai_function_calls_are_read() -> None:
+    """Chat's older ``function_call`` (one call per message, results as ``role: function``)."""
+
+    def legacy(args: list[str]) -> list[Any]:
+        msgs: list[Any] = [{"role": "user", "content": "Fix the failing tests."}]
+        for i, a in enumerate(args):
+            msgs.append(
+                {"role": "assistant", "content": None, "function_call": {"name": "read", "arguments": a}}
+            )
+            msgs.append({"role": "function", "name": "read", "content": f"contents v{i}"})
+        return msgs
+
+    loop = by_name(extract("openai_chat", legacy(['{"path": "a.py"}'] * 3)))[TOOL_LOOP]
+    assert (loop.value, loop.details["kind"], loop.details["tool"]) == (3.0, "consecutive_call", "read")
+    # Different arguments are different calls.
+    assert TOOL_LOOP not in by_name(extract("openai_chat", legacy([f'{{"path": "{p}.py"}}' for p in "abc"])))
+
+
+def test_arguments_json_cannot_write_still_tell_calls_apart() -> None:
+    """Integers past 64 bits (which orjson refuses) are hashed by the fallback walk, not all alike."""
+
+    def calls(values: list[int]) -> list[Any]:
+        return conversation(
+            "anthropic", [Step("seek", {"offset": v}, f"chunk {i}") for i, v in enumerate(values)]
+        )
+
+    assert by_name(extract("anthropic", calls([2**70] * 3)))[TOOL_LOOP].details["tool"] == "seek"
+    assert TOOL_LOOP not in by_name(extract("anthropic", calls([2**70, 2**71, 2**72])))
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_edit_test_cycles_are_not_a_loop_unless_the_result_repeats(protocol: str) -> None:
     progress = [
@@ -609,6 +680,16 @@ def test_without_tests_the_heaviest_signal_decides_and_agreement_adds_weight() -
     assert label.details["agreeing"] == [BUILD_ERROR, EXIT_CODE, TOOL_LOOP]
 
 
+def test_a_label_without_tests_scores_its_verdict_and_stays_in_bounds() -> None:
+    failed = summarize([sig(EXIT_CODE, False, 0.1, 1.0)])  # exit code 1: the value is the code
+    assert failed is not None and (failed.success, failed.score) == (False, 0.0)
+    passed = summarize([sig(EXIT_CODE, True, 0.1, 0.0)])
+    assert passed is not None and (passed.success, passed.score) == (True, 1.0)
+    # Whatever a signal claims, a score and a weight are shares.
+    over = summarize([sig(TESTS, True, 1.5, value=1.5)])
+    assert over is not None and (over.score, over.weight) == (1.0, 1.0)
+
+
 def test_describing_signals_give_no_label() -> None:
     assert summarize([]) is None
     assert summarize([sig(EXIT_CODE, None, 0.1, 0.0), sig(TESTS, None, 1.0)]) is None
@@ -717,6 +798,25 @@ def test_stable_hash_distinguishes_types_and_survives_junk() -> None:
         bomb = [bomb, bomb]  # 2**80 leaves if walked naively
     assert stable_hash(bomb, max_nodes=10_000) == stable_hash(bomb, max_nodes=10_000)
     assert stable_hash(bomb, max_nodes=10_000) != stable_hash(bomb, max_nodes=20_000)
+
+
+def test_stable_hash_tells_apart_what_json_tells_apart() -> None:
+    """Equal values hash alike (key order aside); values that differ in a type, a key, a bool or
+    after a cycle do not, and no value raises, whatever is in it."""
+    values = (1, 1.5, "1", b"1", b"2", True, False, None, [1], {"1": 1}, {"2": 1}, [], {}, "", object())
+    assert len({stable_hash(v) for v in values}) == len(values)
+    assert stable_hash({"a": 1, "b": [2, 3]}) == stable_hash({"b": [2, 3], "a": 1})
+    assert stable_hash(object()) == stable_hash(object())  # junk hashes by its type
+    cyclic: dict[str, Any] = {"a": 1}
+    cyclic["self"] = cyclic
+    assert stable_hash([cyclic, 1]) != stable_hash([cyclic, 2])  # what follows a cycle still counts
+    assert stable_hash({1: object(), (2,): b"x"}) != stable_hash({1: object(), (2,): b"y"})
+
+
+def test_stable_hash_walks_every_node_within_its_bound() -> None:
+    # [1, 2] is four nodes: the list, its two items and its end.
+    assert stable_hash([1, 2], max_nodes=4) == stable_hash([1, 2])
+    assert stable_hash([1, 2], max_nodes=3) != stable_hash([1, 2])
 
 
 # -- malformed input -------------------------------------------------------------------------
