@@ -178,14 +178,14 @@ def render(report: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from router import tables
+
     console = Console(soft_wrap=True)
     if not report["revisions"]:
         console.print("no request in the window was assigned an arm (the policy has no control: section)")
     for rev in report["revisions"]:
         t = Table("arm", "tasks", "with outcome", "success (95% CI)", "$ per completed task (95% CI)",
                   "latency p50 / p95 ms", title=f"revision {rev['revision']}", title_justify="left")  # fmt: skip
-        for column in t.columns:
-            column.overflow = "fold"  # wrap at 80 columns, never cut
         for arm, s in rev["arms"].items():
             succ = "n/a" if s["success_rate"] is None else (
                 f"{s['success_rate']:.1%} ({s['success_ci95'][0]:.1%}-{s['success_ci95'][1]:.1%})")  # fmt: skip
@@ -195,7 +195,7 @@ def render(report: Mapping[str, Any]) -> None:
             lat = s["latency_ms"]
             lat_text = "n/a" if lat["p50"] is None else f"{lat['p50']:.0f} / {lat['p95']:.0f}"
             t.add_row(arm, str(s["tasks"]), str(s["with_outcome"]), succ, cpc, lat_text)
-        console.print(t)
+        tables.show(console, t)
 
 
 def run_arm_report(args: Any) -> int:

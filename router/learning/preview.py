@@ -293,6 +293,8 @@ def render(p: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from router import tables
+
     console = Console(soft_wrap=True)
     pol = p["policy"]
     console.print(f"[bold]preview of {pol['source']}[/] (revision {pol['revision']}, {pol['scorer']}): "
@@ -303,10 +305,9 @@ def render(p: Mapping[str, Any]) -> None:
     console.print(f"[bold]moved[/]: {moved} requests{share}")
     if p["moves"]:
         t = Table("from -> to", "requests", title_justify="left")
-        t.columns[0].overflow = "fold"  # model ids wrap at 80 columns, never cut
         for move, n in p["moves"].items():
             t.add_row(move, str(n))
-        console.print(t)
+        tables.show(console, t)
     if p["unroutable"]:
         console.print(f"[red]unroutable under the new policy[/]: {p['unroutable']}")
     before, after = p["cost_usd_before"], p["cost_usd_after"]

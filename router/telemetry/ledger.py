@@ -204,13 +204,13 @@ def render(result: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from router import tables
+
     console = Console(soft_wrap=True)  # long lines stay whole, for a pager or grep
     table = Table(title="Tasks (most recent first)", title_justify="left")
     for col in ("task", "attempts", "requests (side)", "backends", "in/cached/out tokens", "cost $",
                 "in/out/cache r/w $", "outcome", "time"):  # fmt: skip
-        table.add_column(
-            col, justify="left" if col in ("task", "backends", "outcome") else "right", overflow="fold"
-        )
+        table.add_column(col, justify="left" if col in ("task", "backends", "outcome") else "right")
     for x in result["tasks"]:
         t, c, o = x["tokens"], x["cost_usd"], x["outcome"]
         verdict = "—" if o is None else f"{'done' if o['success'] else 'failed'} ({o['source']})"
@@ -221,7 +221,7 @@ def render(result: Mapping[str, Any]) -> None:
             "/".join(usd(c[k]) for k in ("input", "output", "cache_read", "cache_write")),
             verdict, f"{x['duration_s'] or 0:.1f}s",
         )  # fmt: skip
-    console.print(table)
+    tables.show(console, table)
     s = result["summary"]
     per_task = s["cost_per_completed_task_usd"]
     console.print(

@@ -203,6 +203,8 @@ def render(report: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from router import tables
+
     console = Console(soft_wrap=True)  # long lines stay whole, for a pager or grep
     w = report["window"]
     console.print(
@@ -214,7 +216,7 @@ def render(report: Mapping[str, Any]) -> None:
     summary = Table(title="Load, errors, cache, cost; token rates are medians", title_justify="left")
     for col in ("group", "reqs", "req/s", "conc", "errors", "retried", "fell back", "cached in", "$/req",
                 "$/done task", "prefill tok/s", "decode tok/s"):  # fmt: skip
-        summary.add_column(col, justify="left" if col == "group" else "right", overflow="fold")
+        summary.add_column(col, justify="left" if col == "group" else "right")
     for g in groups:
         per_task = g["cost_per_completed_task_usd"]
         if per_task is None:
@@ -227,16 +229,16 @@ def render(report: Mapping[str, Any]) -> None:
             _pct(g["fallback_rate"]), _pct(g["cached_input_share"]), usd(g["cost_per_request_usd"] or 0.0), per_task_text,
             _num(g["prefill_tok_s"]["p50"], "{:.0f}"), _num(g["decode_tok_s"]["p50"], "{:.1f}"),
         )  # fmt: skip
-    console.print(summary)
+    tables.show(console, summary)
     phases = Table(title="Phases in ms (successful requests); share of end to end", title_justify="left")
     for col in ("group", "phase", "n", "p50", "p95", "p99", "share"):
-        phases.add_column(col, justify="left" if col in ("group", "phase") else "right", overflow="fold")
+        phases.add_column(col, justify="left" if col in ("group", "phase") else "right")
     for g in groups:
         for i, (phase, s) in enumerate(g["phases_ms"].items()):
             phases.add_row(g["key"] if i == 0 else "", phase.removesuffix("_ms"), str(s["n"]), _ms(s["p50"]),
                            _ms(s["p95"]), _ms(s["p99"]), _pct(s.get("share")),
                            end_section=i == len(g["phases_ms"]) - 1)  # fmt: skip
-    console.print(phases)
+    tables.show(console, phases)
     for g in groups:
         for name, values in g["settings_differ"].items():
             shown = ", ".join(f"{v[:12]} x{n}" for v, n in list(values.items())[:5])

@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from router import tables
+
 #: Models drawn by name in the share plot; the rest are summed as "other".
 SHARE_TOP = 9
 
@@ -79,22 +81,21 @@ def print_table(report: dict[str, Any], console: Console) -> None:
         t.add_column(
             col,
             justify="left" if col in ("policy / baseline", "chosen on training") else "right",
-            overflow="fold",
         )
     for name, m, chosen in rows(report):
         style = "bold" if name.startswith("policy") else ("dim" if name.startswith("single:") else None)
         t.add_row(name, _pm(m, "resolved_rate", "{:.1%}"), _pm(m, "cost_per_task", "{:.4f}"),
                   _pm(m, "cost_per_completed", "{:.4f}"), _pm(m, "mean_attempts", "{:.2f}"), chosen,
                   style=style)  # fmt: skip
-    console.print(t)
+    tables.show(console, t)
     for key, title in _frontiers(report):
         f = Table(title=title)
         for col in ("value $", "resolved", "$ / task", "$ / completed", "attempts"):
-            f.add_column(col, justify="right", overflow="fold")
+            f.add_column(col, justify="right")
         for pt in report[key]:
             f.add_row(f"{pt['value']:g}", _pm(pt, "resolved_rate", "{:.1%}"), _pm(pt, "cost_per_task", "{:.4f}"),
                       _pm(pt, "cost_per_completed", "{:.4f}"), _pm(pt, "mean_attempts", "{:.2f}"))  # fmt: skip
-        console.print(f)
+        tables.show(console, f)
     for line in target_lines(report):
         console.print(line)
 

@@ -89,6 +89,8 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
 def show(report: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
+    from router import tables
+
     console.print(
         f"[bold]{report['trajectories']}[/] trajectories ({report['resolved']} resolved), "
         f"{report['folds']}-fold CV grouped by task (seed {report['seed']}); features: {', '.join(report['features'])}"
@@ -106,7 +108,7 @@ def show(report: dict[str, Any], console: Console) -> None:
                     _f(q.get("agreement_constant"), "{:.0%}"), _f(q.get("auc")), _f(q.get("brier"), "{:.4f}"),
                     _f(q.get("brier_constant"), "{:.4f}"),
                 )  # fmt: skip
-        console.print(t)
+        tables.show(console, t)
         rel = Table(
             "P bin",
             "attempts",
@@ -116,14 +118,14 @@ def show(report: dict[str, Any], console: Console) -> None:
         )
         for b in per["cv"]["last"]["reliability"]:
             rel.add_row(b["bin"], str(b["n"]), f"{b['predicted']:.2f}", f"{b['observed']:.2f}")
-        console.print(rel)
+        tables.show(console, rel)
         if "stop_loss" in per:
             s = Table("P <", "runs cut", "resolved lost", "unresolved cut", "$ saved", "of $",
                       title=f"{shape}: stop-loss (cut at the first request with CV P < t)")  # fmt: skip
             for r in per["stop_loss"]:
                 s.add_row(f"{r['threshold']:.2f}", str(r["attempts_cut"]), f"{r['resolved_lost']}/{r['resolved']}",
                           str(r["unresolved_cut"]), f"{r['usd_saved']:.2f}", _f(r["share_saved"], "{:.1%}"))  # fmt: skip
-            console.print(s)
+            tables.show(console, s)
     if "fitted" in report:
         f = report["fitted"]
         console.print(f"wrote {f['path']} (sha256 {f['sha256']})")

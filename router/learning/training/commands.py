@@ -15,6 +15,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from router import tables
 from router.errors import ConfigError
 from router.learning.labels import fromlog
 from router.learning.training import dataset, offpolicy
@@ -184,23 +185,20 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
     rel = Table("bin", "n", "predicted", "observed", title="reliability (out-of-fold)")
     for b in m["reliability"]:
         rel.add_row(b["bin"], str(b["n"]), f"{b['predicted']:.2f}", f"{b['observed']:.2f}")
-    console.print(rel)
+    tables.show(console, rel)
     models = Table("model", "attempts", "success", "mean $/attempt", title="per model")
-    models.columns[0].overflow = "fold"  # long model ids wrap at 80 columns, never cut
     for mid, p in a["models"].items():
         models.add_row(mid, str(p["n"]), f"{p['success_rate']:.0%}", f"{p['mean_cost']:.5f}")
-    console.print(models)
+    tables.show(console, models)
     t = Table("policy", "success", "95% CI", "$ per completed task", "95% CI", "attempts used",
               title="off-policy estimate")  # fmt: skip
-    for col in t.columns:  # an interval has no space to wrap at: fold it, never cut it with "…"
-        col.overflow = "fold"
     o = a["offpolicy"]
     for name, e in (("logged (produced the log)", o["logged"]), ("new, SNIPS", o["new_snips"]),
                     ("new, IPS", o["new_ips"])):  # fmt: skip
         t.add_row(name, _fmt(e["success"], "{:.1%}"), _ci(e["ci_success"], "{:.1%}"),
                   _fmt(e["cost_per_completed"], "${:.5f}"), _ci(e["ci_cost_per_completed"], "${:.5f}"),
                   str(e["matched"]))  # fmt: skip
-    console.print(t)
+    tables.show(console, t)
     for r in a.get("scope_report") or []:
         console.print(_scope_line(r), highlight=False, soft_wrap=True)  # one line each, for grep
     console.print(
