@@ -8,7 +8,7 @@ backend keeps its colour across the charts of one page when the callers pass the
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from markupsafe import Markup, escape
 
@@ -142,4 +142,46 @@ def quantiles(
         while decade <= hi * 1.0001:
             body.append(_text(x(decade), axis_y, f"{decade:g} ms", "middle", "muted"))
             decade *= 10
+    return _svg(WIDTH, axis_y + 4, body, title)
+
+
+def intervals(
+    rows: Sequence[tuple[str, float | None, float | None, float | None]], *, title: str,
+    fmt: Callable[[float], str] = "{:.3g}".format, top: float | None = None,
+) -> Markup:  # fmt: skip
+    """Per (label, value, low, high): a dot at the value on a line from low to high (an interval),
+    on a linear axis from 0 to ``top`` (default: the highest end); a value of None is 'n/a'."""
+    present = [r for r in rows if r[1] is not None]
+    if not present:
+        return Markup("")
+    hi = top or max(max(v for v in r[1:] if v is not None) for r in present) or 1.0
+    plot_w = WIDTH - LABEL_W - 90
+
+    def x(v: float) -> float:
+        return LABEL_W + plot_w * min(max(v, 0.0), hi) / hi
+
+    body: list[str] = []
+    for i, (label, value, lo, high) in enumerate(rows):
+        y = i * ROW_H + 11
+        body.append(_text(LABEL_W - 6, y + 4, label, "end"))
+        if value is None:
+            body.append(_text(LABEL_W, y + 4, "n/a", cls="muted"))
+            continue
+        a, b = (value if lo is None else lo), (value if high is None else high)
+        shown = fmt(value) + ("" if lo is None or high is None else f" ({fmt(a)}–{fmt(b)})")
+        tip = f"<title>{escape(label)}: {escape(shown)}</title>"
+        body.append(f'<line x1="{x(a):.1f}" y1="{y}" x2="{x(b):.1f}" y2="{y}" stroke="{colour(i)}" '
+                    f'stroke-width="3">{tip}</line>')  # fmt: skip
+        for end in (a, b):
+            body.append(
+                f'<line x1="{x(end):.1f}" y1="{y - 5}" x2="{x(end):.1f}" y2="{y + 5}" stroke="{colour(i)}"/>'
+            )
+        body.append(f'<circle cx="{x(value):.1f}" cy="{y}" r="4.5" fill="{colour(i)}">{tip}</circle>')
+        body.append(_text(x(b) + 6, y + 4, fmt(value)))
+    axis_y = ROW_H * len(rows) + 12
+    body.append(
+        f'<line x1="{LABEL_W}" y1="{axis_y - 9}" x2="{LABEL_W + plot_w}" y2="{axis_y - 9}" class="axis"/>'
+    )
+    body.append(_text(LABEL_W, axis_y, fmt(0.0), "middle", "muted"))
+    body.append(_text(LABEL_W + plot_w, axis_y, fmt(hi), "middle", "muted"))
     return _svg(WIDTH, axis_y + 4, body, title)

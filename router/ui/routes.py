@@ -30,10 +30,13 @@ from router.learning.preview import preview_posted
 from router.policy.runtime import PolicyHistory, Runtime
 from router.store import Store
 from router.telemetry.ledger import tokens
-from router.ui import charts, session, views
+from router.ui import charts, policyview, session, views
 
 MAX_FORM_BYTES = 4096
 MAX_POLICY_BYTES = 1024 * 1024
+#: The policy page's default window (its arms' numbers and the preview): a revision's arms
+#: gather tasks for days.
+POLICY_WINDOW = "7d"
 
 Page = Callable[[Request], Awaitable[Response]]
 
@@ -41,8 +44,8 @@ Page = Callable[[Request], Awaitable[Response]]
 def environment() -> Environment:
     env = Environment(loader=PackageLoader("router.ui", "templates"), autoescape=select_autoescape(),
                       trim_blocks=True, lstrip_blocks=True)  # fmt: skip
-    env.filters.update(usd=_usd, ms=_ms, pct=_pct, tokens=tokens, when=_when)
-    env.globals.update(charts=charts, windows=list(views.WINDOWS))
+    env.filters.update(usd=_usd, ms=_ms, pct=_pct, tokens=tokens, when=_when, when_utc=_when_utc)
+    env.globals.update(charts=charts, windows=list(views.WINDOWS), fmt_usd=_usd, fmt_pct=_pct)
     return env
 
 
@@ -67,6 +70,17 @@ def _pct(x: float | None) -> str:
 
 def _when(ts: float | None) -> str:
     return "—" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _when_utc(ts: float | None) -> str:
+    """Local time with its zone, and UTC beside it where they differ (replicas and logs use UTC)."""
+    if ts is None:
+        return "—"
+    local, utc = time.localtime(ts), time.gmtime(ts)
+    shown = time.strftime("%Y-%m-%d %H:%M:%S %Z", local)
+    if local.tm_gmtoff == 0:
+        return shown if time.strftime("%Z", local) == "UTC" else f"{shown} (UTC)"
+    return f"{shown} ({time.strftime('%Y-%m-%d %H:%M:%S', utc)} UTC)"
 
 
 def register_ui(
@@ -131,21 +145,30 @@ def register_ui(
         label, _, _, requests, outcomes = await window(request)
         return render(request, "latency.html", window=label, lat=views.latency(requests, outcomes))
 
-    async def policy_page(request: Request, status: int = 200, **context: Any) -> Response:
+    async def policy_page(request: Request, label: str, status: int = 200, **context: Any) -> Response:
+        """``label``: the window of the arms' numbers and the preview's default."""
         rt = runtime()
         try:
             text = await asyncio.to_thread(Path(rt.policy.source).read_text)
         except OSError as exc:
             text = f"(cannot read {rt.policy.source}: {exc.strerror})"
         context.setdefault("edit", text)
-        context.setdefault("window", "7d")
+        h = history.describe(rt)
+        since = time.time() - views.WINDOWS[label]
+        requests, outcomes = await store.requests_since(since), await store.outcomes_since(since)
+        applied = await asyncio.to_thread(history.archive.since, rt.revision or "")
+        arms = await asyncio.to_thread(policyview.arms, requests, outcomes, rt.revision)  # days of rows
         return render(
-            request, "policy.html", status, rt=rt, yaml_text=text, h=history.describe(rt), **context
-        )
+            request, "policy.html", status, rt=rt, yaml_text=text, h=h, window=label,
+            control=policyview.control(rt), arms=arms,
+            guard=policyview.guard(rt.policy.spec.guard, h["guard"], applied or rt.applied_at),
+            scopes=policyview.scopes(rt.policy.spec), **context,
+        )  # fmt: skip
 
     @gated
     async def policy(request: Request) -> Response:
-        return await policy_page(request)
+        label, _ = views.window_seconds(request.query_params.get("window"), POLICY_WINDOW)
+        return await policy_page(request, label)
 
     @gated
     async def policy_preview(request: Request) -> Response:
@@ -153,14 +176,14 @@ def register_ui(
         try:
             form = parse_qs((await read_body(request, MAX_POLICY_BYTES)).decode("utf-8", "replace"))
         except PayloadTooLarge as exc:
-            return await policy_page(request, exc.status, preview_error=exc.message)
+            return await policy_page(request, POLICY_WINDOW, exc.status, preview_error=exc.message)
         edit = (form.get("yaml") or [""])[0]
-        label, seconds = views.window_seconds((form.get("window") or [""])[0])
+        label, seconds = views.window_seconds((form.get("window") or [""])[0], POLICY_WINDOW)
         try:
             report = await preview_posted(store, edit.encode(), config, seconds)
         except ConfigError as exc:
-            return await policy_page(request, 400, edit=edit, window=label, preview_error=str(exc))
-        return await policy_page(request, edit=edit, window=label, preview=report)
+            return await policy_page(request, label, 400, edit=edit, preview_error=str(exc))
+        return await policy_page(request, label, edit=edit, preview=report)
 
     async def login_form(request: Request) -> Response:
         if not auth.has_master:

@@ -29,11 +29,11 @@ TIMELINE_BUCKETS = 24
 MAX_TASKS_LISTED = 200
 
 
-def window_seconds(label: str | None) -> tuple[str, float]:
-    """A window label from the query string, or the default when it is missing or unknown."""
+def window_seconds(label: str | None, default: str = DEFAULT_WINDOW) -> tuple[str, float]:
+    """A window label from the query string, or ``default`` when it is missing or unknown."""
     if label in WINDOWS:
         return label, WINDOWS[label]
-    return DEFAULT_WINDOW, WINDOWS[DEFAULT_WINDOW]
+    return default, WINDOWS[default]
 
 
 def overview(requests: Sequence[Row], outcomes: Sequence[Row], since: float, until: float) -> dict[str, Any]:

@@ -71,6 +71,13 @@ def rows(driver: Any, table_id: str) -> list[str]:
     return [str(tr.text) for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tr")[1:]]
 
 
+def facts(driver: Any, table_id: str) -> list[str]:
+    """The rows of a table of facts (a header cell on each row, no header row)."""
+    from selenium.webdriver.common.by import By
+
+    return [str(tr.text) for tr in driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tr")]
+
+
 def chat(c: httpx.Client, task: str, content: str, headers: dict[str, str] | None = None) -> httpx.Response:
     body = {"model": "auto", "messages": [{"role": "user", "content": content}]}
     r = c.post("/v1/chat/completions", json=body, headers={"x-router-task-id": task, **(headers or {})})
@@ -184,15 +191,31 @@ def test_policy_page_shows_the_file_and_a_rejected_reload(
         "local-large",
         "local-claude",
     }
-    policy_file.write_text(policy_file.read_text().replace("models:", "modelz:", 1))
+    spec = yaml.safe_load(policy_file.read_text())
+    assert spec["routes"][0]["candidates"][1] == "local-mini"
+    spec["routes"][0]["candidates"][1] = "local-mni"
+    policy_file.write_text(yaml.safe_dump(spec))
 
     def rejected_shown(d: Any) -> bool:
         d.refresh()
         return "was not applied" in text(d, "#rejected")
 
-    wait(browser, rejected_shown)
-    assert "modelz" in text(browser, "#rejected")
-    assert text(browser, "#revision") == revision  # the running policy stayed
+    browser.set_window_size(1280, 1600)
+    try:
+        wait(browser, rejected_shown)
+        error = text(browser, "#rejected pre")
+        assert "unknown model id 'local-mni' (did you mean 'local-mini'?)" in error
+        assert text(browser, "#revision") == revision  # the running policy stayed
+        # The error wraps instead of scrolling its "did you mean" out of sight: unwrapped, its
+        # line (with the file's path) is wider than the page at 1280 pixels.
+        unwrapped, wrapped, shown = browser.execute_script(
+            "const e = document.querySelector('#rejected pre'); const w = e.style.whiteSpace;"
+            "e.style.whiteSpace = 'pre'; const before = e.scrollWidth; e.style.whiteSpace = w;"
+            "return [before, e.scrollWidth, e.clientWidth];"
+        )
+        assert unwrapped > shown >= wrapped
+    finally:
+        browser.set_window_size(1300, 1600)
 
 
 def test_policy_preview_of_an_edit(browser: Any, served: tuple[RunningRouter, list[dict[str, Any]]]) -> None:
@@ -320,3 +343,140 @@ def test_demo_serve_prints_the_dashboard_that_shows_its_requests(tmp_path: Path)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
+
+
+ARMS = {"control": {"share": 0.5, "route": {"passthrough": "local-mini"}}}
+SCOPES = [
+    {
+        "name": "acme",
+        "match": {"repo": "acme/*"},
+        "routes": [{"match": "auto", "passthrough": "local-large"}],
+    },
+    {"name": "team-x", "match": {"team": "x", "key": "vk-*"}, "objective": {"max_attempts": 2}},
+]
+
+
+def poll(get: Callable[[], Any], done: Callable[[Any], bool]) -> Any:
+    import time
+
+    deadline = time.monotonic() + WAIT_S
+    while not done(value := get()):
+        assert time.monotonic() < deadline, f"not reached: {value}"
+        time.sleep(0.1)
+    return value
+
+
+def test_policy_page_shows_the_arms_the_guard_and_the_scopes(
+    browser: Any, router_factory: Callable[..., RunningRouter], upstream: FakeUpstream,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    import json
+
+    from selenium.webdriver.common.by import By
+
+    from router.app.cli import main
+    from router.ui.routes import _ms, _pct, _usd
+
+    upstream.clear()
+    guard = {"min_tasks": 50, "check_every_s": 0.2, "max_success_drop": 0.04}
+    router = router_factory(local_policy(upstream.url, **ARMS, guard=guard, scopes=SCOPES))
+    with httpx.Client(base_url=router.url, timeout=30) as c:
+        for i in range(12):
+            chat(c, f"ui-arm-{i}", f"step of task {i}")
+            if i < 10:  # two without a verdict yet
+                ok = i % 3 != 0
+                assert (
+                    c.post("/v1/outcomes", json={"task_id": f"ui-arm-{i}", "success": ok}).status_code == 200
+                )
+        router.records(wait_for=12)
+        state = poll(lambda: c.get("/v1/policy").json()["guard"],
+                     lambda g: g is not None and g["control_tasks"] + g["treated_tasks"] == 10)  # fmt: skip
+    capsys.readouterr()
+    store = f"sqlite:///{router.db_path}"
+    assert main(["report", "--by", "arm", "--since", "7d", "--store", store, "--json"]) == 0
+    [revision] = json.loads(capsys.readouterr().out)["revisions"]
+    assert set(revision["arms"]) == {"control", "treated"}
+
+    browser.get(f"{router.url}/ui/policy")
+    control = text(browser, "#control")
+    assert "50.0% of tasks" in control and "passthrough local-mini" in control
+    expected = []
+    for arm in ("control", "treated"):
+        s = revision["arms"][arm]
+        lo, hi = s["success_ci95"]
+        cost = "n/a"
+        if s["cost_per_completed_usd"] is not None:
+            clo, chi = s["cost_per_completed_ci95"]
+            cost = f"{_usd(s['cost_per_completed_usd'])} ({_usd(clo)}–{_usd(chi)})"
+        expected.append(
+            f"{arm} {s['tasks']} {s['with_outcome']} {s['completed']:g} {_pct(s['success_rate'])} "
+            f"({_pct(lo)}–{_pct(hi)}) {cost} {_ms(s['latency_ms']['p50'])} / {_ms(s['latency_ms']['p95'])}"
+        )
+    assert rows(browser, "arms") == expected
+    assert sum(s["tasks"] for s in revision["arms"].values()) == 12
+    assert "router report --by arm --since 7d" in text(browser, "main")
+    # The chart draws each arm's success with its interval, as the table gives it.
+    [success_chart] = [
+        svg.get_attribute("innerHTML")
+        for svg in browser.find_elements(By.CSS_SELECTOR, "svg.chart")
+        if "success rate per arm" in svg.get_attribute("innerHTML")
+    ]
+    for arm, s in revision["arms"].items():
+        lo, hi = s["success_ci95"]
+        assert f"{arm}: {_pct(s['success_rate'])} ({_pct(lo)}–{_pct(hi)})" in success_chart
+    # The guard: its settings and the state GET /v1/policy gives.
+    config = facts(browser, "guard-config")
+    assert "tasks with an outcome needed per arm 50" in config and any("4.0%" in r for r in config)
+    assert not browser.find_elements(By.ID, "guard-status")  # "waiting: …" says it
+    assert text(browser, "#guard-reason") == state["reason"]
+    assert state["reason"].startswith("waiting: ") and "50 needed in each" in state["reason"]
+    assert f"{state['control_tasks']} / 50" in text(browser, "#guard-state")
+    assert rows(browser, "scopes") == [
+        "acme repo = acme/*\nroute auto → passthrough local-large (in place of the policy's)",
+        "team-x key = vk-*, team = x\nobjective: max_attempts = 2",
+    ]
+
+
+def test_policy_page_shows_a_rollback_in_words(
+    browser: Any, router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    from router.ui.routes import _when_utc
+
+    upstream.clear()
+    guard = {"min_tasks": 10, "check_every_s": 0.2, "max_success_drop": 0.05}
+    good = {**local_policy(upstream.url), **ARMS, "guard": guard, "rules": [], "name": "good",
+            "routes": [{"match": "auto", "passthrough": "local-mini"}]}  # fmt: skip
+    worse = {**good, "name": "worse", "routes": [{"match": "auto", "passthrough": "local-nano"}]}
+    router = router_factory(good)
+    with httpx.Client(base_url=router.url, timeout=30) as c:
+        first = c.get("/v1/policy").json()["revision"]
+        (router.db_path.parent / "policy.yaml").write_text(yaml.safe_dump(worse))
+        bad = poll(lambda: c.get("/v1/policy").json(), lambda p: p["name"] == "worse")["revision"]
+        upstream.set_behaviour("nano-model", status=500)  # the treated arm fails
+        try:
+            for i in range(300):
+                if c.get("/v1/policy").json()["name"] != "worse":
+                    break
+                body = {"model": "auto", "messages": [{"role": "user", "content": f"task {i}"}]}
+                r = c.post("/v1/chat/completions", json=body, headers={"x-router-task-id": f"ui-guard-{i}"})
+                verdict = {"task_id": f"ui-guard-{i}", "success": r.status_code == 200}
+                assert c.post("/v1/outcomes", json=verdict).status_code == 200
+        finally:
+            upstream.set_behaviour("nano-model")
+        policy = poll(lambda: c.get("/v1/policy").json(), lambda p: p["revision"] == first)
+    rollback = policy["last_rollback"]
+    assert rollback["from"] == bad and rollback["to"] == first
+
+    browser.get(f"{router.url}/ui/policy")
+    assert facts(browser, "rollback") == [
+        f"from {bad} (rolled back)",
+        f"to {first} (the revision in force)",
+        f"when {_when_utc(rollback['at'])}",
+        f"reason {rollback['reason']}",
+    ]
+    assert rollback["reason"].startswith("guard: success")
+    assert str(int(rollback["at"])) not in text(browser, "#rollback")  # a time, not epoch seconds
+    # The arms are the revision put back's (a task may have arrived just after the rollback); the
+    # one rolled back is named with the window's others.
+    assert bad in text(browser, "#other-revisions")
+    assert f"{first}'s tasks" in text(browser, "main") or "No task of revision" in text(browser, "#arms")

@@ -96,3 +96,76 @@ def test_window_labels() -> None:
     assert views.window_seconds("1h") == ("1h", 3600)
     assert views.window_seconds("1y") == (views.DEFAULT_WINDOW, views.WINDOWS[views.DEFAULT_WINDOW])
     assert views.window_seconds(None)[0] == views.DEFAULT_WINDOW
+    assert views.window_seconds(None, "7d") == ("7d", 7 * 86400)
+
+
+def test_intervals_chart() -> None:
+    svg = str(charts.intervals([("control", 0.8, 0.6, 0.9), ("<b>", None, None, None)], title="s",
+                               fmt="{:.0%}".format, top=1.0))  # fmt: skip
+    assert "control: 80% (60%–90%)" in svg and "&lt;b&gt;" in svg and "<b>" not in svg
+    assert svg.count("<circle") == 1 and "n/a" in svg and ">100%<" in svg
+    assert charts.intervals([("a", None, None, None)], title="none") == ""
+
+
+def _arm_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    requests = [{"task_id": f"t{i}", "arm": "treated" if i % 2 else "control", "policy_revision": "new",
+                 "cost_usd": 0.01, "status": 200, "total_ms": 10.0, "request_id": f"r{i}", "ts": float(i)}
+                for i in range(8)]  # fmt: skip
+    requests.append({**requests[0], "task_id": "old", "policy_revision": "old", "request_id": "r-old"})
+    outcomes = [
+        {"task_id": f"t{i}", "attempt": 1, "success": i < 5, "explicit": True, "ts": 9.0} for i in range(8)
+    ]
+    return requests, outcomes
+
+
+def test_arms_of_the_revision_in_force_are_the_reports() -> None:
+    from router.learning.arms import arm_report
+    from router.ui import policyview
+
+    requests, outcomes = _arm_rows()
+    shown = policyview.arms(requests, outcomes, "new")
+    [new] = [r for r in arm_report(requests, outcomes)["revisions"] if r["revision"] == "new"]
+    assert [a for a, _ in shown["rows"]] == ["control", "treated"]  # control first
+    assert dict(shown["rows"]) == new["arms"]
+    assert shown["other_revisions"] == ["old"]
+    control = new["arms"]["control"]
+    assert shown["success_chart"][0] == ("control", control["success_rate"], *control["success_ci95"])
+    nothing = policyview.arms(requests, outcomes, "unseen")
+    assert (
+        nothing["rows"] == []
+        and nothing["success_chart"] == []
+        and set(nothing["other_revisions"]) == {"new", "old"}
+    )
+
+
+def test_guard_state_and_scopes_in_words() -> None:
+    from router.policy.config import GuardSpec, PolicyFile
+    from router.ui import policyview
+
+    spec = GuardSpec(min_tasks=10)
+    assert policyview.guard(None, None, None) is None
+    assert policyview.guard(spec, None, 5.0)["state"] is None  # not checked yet
+    waiting = policyview.guard(spec, {"reason": "waiting: 4 control and 12 treated tasks", "worse": False,
+                                      "control_tasks": 4, "treated_tasks": 12}, 5.0)["state"]  # fmt: skip
+    assert waiting["status"] is None and (waiting["control_share"], waiting["treated_share"]) == (0.4, 1.0)
+    worse = policyview.guard(spec, {"reason": "success 10% treated", "worse": True, "control_tasks": 10,
+                                    "treated_tasks": 10}, 5.0)["state"]  # fmt: skip
+    assert worse["status"] == "worse than control"
+    policy = PolicyFile.model_validate({
+        "models": [{"id": m, "litellm_model": f"openai/{m}", "protocol": "openai"} for m in "abc"],
+        "routes": [{"match": "auto", "candidates": ["a"]}],
+        "rules": [{"name": "big", "when": {"prompt_tokens": {"gt": 9}}, "only": ["c"]}],
+        "scopes": [
+            {"name": "acme", "match": {"repo": "acme/*"}, "objective": {"max_attempts": 2},
+             "routes": [{"match": "auto", "candidates": ["a", "b"], "fallbacks": ["c"]},
+                        {"match": "gpt-*", "passthrough": "b"}],
+             "rules": [{"name": "big", "when": {"prompt_tokens": {"gt": 5}}, "only": ["b"]}]},
+            {"name": "tagged", "match": {"team": "ml"}},
+        ],
+    })  # fmt: skip
+    assert policyview.scopes(policy) == [
+        {"name": "acme", "match": "repo = acme/*",
+         "overrides": ["route auto → a, b (fallbacks c) (in place of the policy's)", "route gpt-* → passthrough b (added)",
+                       "rule big (in place of the policy's)", "objective: max_attempts = 2"]},
+        {"name": "tagged", "match": "team = ml", "overrides": []},
+    ]  # fmt: skip
