@@ -178,7 +178,7 @@ def render(report: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from router import tables
+    from router.telemetry import tables
 
     console = Console(soft_wrap=True)
     if not report["revisions"]:

@@ -293,7 +293,7 @@ def render(p: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from router import tables
+    from router.telemetry import tables
 
     console = Console(soft_wrap=True)
     pol = p["policy"]

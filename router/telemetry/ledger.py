@@ -204,7 +204,7 @@ def render(result: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from router import tables
+    from router.telemetry import tables
 
     console = Console(soft_wrap=True)  # long lines stay whole, for a pager or grep
     table = Table(title="Tasks (most recent first)", title_justify="left")

@@ -203,7 +203,7 @@ def render(report: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from router import tables
+    from router.telemetry import tables
 
     console = Console(soft_wrap=True)  # long lines stay whole, for a pager or grep
     w = report["window"]

@@ -12,10 +12,10 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from router import tables
 from router.app.cli import main
 from router.store import open_store
 from router.store.records import OutcomeRecord, RequestRecord
+from router.telemetry import tables
 from router.telemetry.ledger import usd
 
 NOW = time.time()

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from router import tables
+from router.telemetry import tables
 
 #: Models drawn by name in the share plot; the rest are summed as "other".
 SHARE_TOP = 9

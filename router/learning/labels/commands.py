@@ -89,7 +89,7 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
 def show(report: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
-    from router import tables
+    from router.telemetry import tables
 
     console.print(
         f"[bold]{report['trajectories']}[/] trajectories ({report['resolved']} resolved), "

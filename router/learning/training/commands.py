@@ -15,7 +15,6 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from router import tables
 from router.errors import ConfigError
 from router.learning.labels import fromlog
 from router.learning.training import dataset, offpolicy
@@ -31,6 +30,7 @@ from router.policy.revisions import Archive
 from router.policy.runtime import Runtime, load_runtime, objective_for
 from router.state import StateConfig, open_state
 from router.store.window import opened
+from router.telemetry import tables
 
 #: Fewer labelled attempts than this on some model and ``router train`` refuses (``--force``
 #: overrides): a success rate from a handful of tasks says more about the tasks than the model.
