@@ -22,6 +22,8 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
+from router.telemetry import tables
+
 POLICY = Path(__file__).resolve().parents[2] / "policies" / "examples" / "local.yaml"
 
 BASH_TOOL = {
@@ -84,7 +86,7 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
     from router.app.settings import Settings
     from router.fakeupstream import FakeUpstream
 
-    console = Console(width=max(Console().width, 112))  # the tables need the room; narrow terminals wrap
+    console = Console()
     up_sock = _free_port(9100)
     up_port = up_sock.getsockname()[1]
     up_sock.close()
@@ -127,7 +129,7 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
             preview = client.post(
                 "/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": big}]}
             )
-        console.print(table)
+        tables.show(console, table)
         p = preview.json()
         console.print(f"POST /v1/route for the 40k-token prompt: chose [bold]{p['chosen']}[/] "
                       f"({p['reason']}); excluded: "
@@ -175,7 +177,7 @@ def _print_log(console: Console, store: str) -> None:
     for row in reversed(rows):
         *head, cost, ttft, total = ["-" if v is None else v for v in row]
         table.add_row(*map(str, head), _num(cost, "{:.6f}"), _num(ttft, "{:.1f}"), _num(total, "{:.1f}"))
-    console.print(table)
+    tables.show(console, table)
 
 
 def _num(v: object, fmt: str) -> str:
