@@ -1,5 +1,6 @@
 """Work beside the requests: a tracked group of fire-and-forget tasks (strong references, logged
-failures, a bounded drain), and the worker threads that run blocking work for the event loop."""
+failures, a bounded drain), the worker threads that run blocking work for the event loop, and
+daemon threads for loads that the process may exit in the middle of."""
 
 from __future__ import annotations
 
@@ -72,6 +73,43 @@ class Background:
             task.cancel()
         # A short grace lets their finally blocks run; a task that swallows cancellation is abandoned.
         await asyncio.wait(leftovers, timeout=1.0)
+
+
+async def on_daemon_thread(fn: Callable[..., T], *args: Any, name: str, nice: bool = False) -> T:
+    """``fn(*args)`` on a thread of its own that the process does not wait for at exit.
+
+    For loads that only later requests need (litellm's import: seconds, tens under load; the
+    tokenizer's encoding). On an executor's thread the exit would wait for them: ``asyncio.run``
+    joins its default executor and the interpreter every pool's threads, so a start that failed
+    to bind its port exited only once the import was done. Cancelling the await leaves the
+    thread to finish or be dropped at exit; what it returns then goes nowhere. ``nice``: at a
+    worker's lower priority (``worker_pool``).
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if done.done():  # cancelled meanwhile
+            return
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(result)
+
+    def run() -> None:
+        if nice:
+            _lower_priority()
+        result: Any = None
+        exc: BaseException | None = None
+        try:
+            result = fn(*args)
+        except BaseException as e:  # handed to the awaiting task, which raises it
+            exc = e
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done
 
 
 #: How much nicer than the event loop worker threads run (Linux nice steps; 10 gives a thread

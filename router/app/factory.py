@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from router.app.asgi import RouterApp
 from router.app.settings import Settings
-from router.background import Background
+from router.background import Background, on_daemon_thread
 from router.features.memo import ConversationMemo
 from router.features.pipeline import Pipeline
 from router.features.promptsize import PromptSizer
@@ -120,15 +120,19 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         guard = Guard(s.store, s.history, s.state.policy.publish_version, reload)
         # Loaded once serving, not before: seconds off every start (and restart after a crash).
         # A request that needs them first waits for them: the encoding (a second) to size
-        # prompts, litellm (several) for cross-protocol calls only.
-        encoding = s.background.spawn_blocking(
-            s.counter.count_text, "load the encoding", name="load-encoding"
+        # prompts, litellm (several) for cross-protocol calls only. Stopped at shutdown, not
+        # drained, and on daemon threads that the exit does not wait for: they serve requests
+        # yet to come (one in flight that needs them loads or awaits them itself; uvicorn drains
+        # those before this lifespan ends).
+        encoding = s.background.spawn(
+            on_daemon_thread(s.counter.count_text, "load the encoding", name="load-encoding", nice=True),
+            name="load-encoding",
         )
         if s.settings.preload:
             await asyncio.gather(encoding, s.upstream.prepare_translation())
-        else:
-            s.background.spawn(s.upstream.prepare_translation(), name="load-litellm")
-        watching = [
+        until_shutdown = [
+            encoding,
+            s.background.spawn(s.upstream.prepare_translation(), name="load-litellm"),
             s.background.spawn(watcher.run(lambda: runtime.current), name="policy-watcher"),
             s.background.spawn(s.state.policy.watch(promoted), name="policy-version"),
             s.background.spawn(guard.run(lambda: runtime.current), name="policy-guard"),
@@ -142,7 +146,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             yield
         finally:
             s.draining = True
-            for task in watching:
+            for task in until_shutdown:
                 task.cancel()
             await s.writer.close(s.settings.drain_timeout)
             await s.background.drain(s.settings.drain_timeout)

@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from router.background import on_daemon_thread
 from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upstream_status
 from router.forward.timeouts import Timeouts
 from router.forward.translate.target import Target
@@ -238,7 +239,8 @@ async def _load_translation() -> None:
     from router.forward.translate import warm_up
     from router.forward.translate.litellm_setup import get_litellm
 
-    await asyncio.to_thread(get_litellm)
+    # Not asyncio.to_thread: the exit would wait for the import (see on_daemon_thread).
+    await on_daemon_thread(get_litellm, name="load-litellm")
     await warm_up()
     # What litellm built lives as long as the process: keep it out of every later collection
     # (router.app.serve froze what was there at start the same way).

@@ -1,9 +1,14 @@
-"""SIGTERM with a stream in flight: not ready at once, the stream finishes, the log is flushed."""
+"""SIGTERM with a stream in flight: not ready at once, the stream finishes, the log is flushed.
+
+And shutdown waits for what is in flight, not for litellm's import (seconds at start, tens under
+load): the tests make that import as slow as they like with a launcher that holds it back.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -61,3 +66,104 @@ def test_sigterm_drains_in_flight_stream(tmp_path: Path, upstream: FakeUpstream)
     rows = con.execute("SELECT status, error_type, output_tokens FROM requests").fetchall()
     con.close()
     assert rows == [(200, None, rows[0][2])] and rows[0][2] > 0
+
+
+#: ``python LAUNCHER ARGS``: ``router ARGS`` with litellm's import held back SLOW_IMPORT_S seconds
+#: (its module runs late; finding it, as the price map does at start, is not held back).
+LAUNCHER = """
+import importlib.abc, importlib.machinery, os, sys, time
+
+class SlowLitellm(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(name, path) if name == "litellm" else None
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+            def exec_module(module):
+                time.sleep(float(os.environ["SLOW_IMPORT_S"]))
+                run(module)
+            spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, SlowLitellm())
+from router.app.cli import main
+sys.exit(main())
+"""
+
+
+def slow_import_serve(
+    tmp_path: Path, upstream: FakeUpstream, port: int, slow_s: float
+) -> subprocess.Popen[bytes]:
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(LAUNCHER)
+    config = tmp_path / "policy.yaml"
+    config.write_text(yaml.safe_dump(local_policy(upstream.url)))
+    env = {**os.environ, "ROUTER_STORE": f"sqlite:///{tmp_path / 'log.db'}", "ROUTER_DRAIN_DELAY": "0",
+           "SLOW_IMPORT_S": str(slow_s)}  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(launcher), "serve", "--config", str(config), "--port", str(port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def in_flight(base: str) -> float:
+    metrics = httpx.get(base + "/metrics", timeout=5).text.splitlines()
+    return float(next(line.split()[-1] for line in metrics if line.startswith("router_inflight_requests ")))
+
+
+def test_sigterm_does_not_wait_for_litellm_to_load(tmp_path: Path, upstream: FakeUpstream) -> None:
+    # Shutdown waited for the background import: ROUTER_DRAIN_TIMEOUT (30 s) in the drain, then
+    # asyncio.run's join of the executor thread until the import was done (here: 10 minutes).
+    port = free_port()
+    proc = slow_import_serve(tmp_path, upstream, port, 600)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).json()["translation_loaded"] is False
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=20)[0].decode()  # about a second here
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (0, -signal.SIGTERM), out
+    assert "Application shutdown complete" in out and "cancelling" not in out, out
+
+
+def test_a_port_taken_exits_at_once(tmp_path: Path, upstream: FakeUpstream) -> None:
+    # The bind error was printed at once, then the exit waited for litellm's import (13 s seen).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = slow_import_serve(tmp_path, upstream, taken.getsockname()[1], 600)
+        try:
+            out = proc.communicate(timeout=30)[0].decode()  # startup included
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode not in (0, None) and "address already in use" in out, out
+
+
+def test_a_translated_request_in_flight_at_sigterm_still_waits_for_litellm(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    # What drains is what is in flight: a request that needs litellm waits for it, then is answered.
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = slow_import_serve(tmp_path, upstream, port, 3)
+    replies: list[httpx.Response] = []
+    try:
+        wait_ready(base, proc)
+        # local-claude speaks Anthropic: a Chat Completions request to it is translated.
+        body = {"model": "local-claude", "messages": [{"role": "user", "content": "hi"}]}
+        t = threading.Thread(
+            target=lambda: replies.append(httpx.post(base + "/v1/chat/completions", json=body, timeout=60))
+        )
+        t.start()
+        wait_for(lambda: in_flight(base) == 1, what="the request in flight")
+        proc.send_signal(signal.SIGTERM)
+        t.join(timeout=60)
+        out = proc.communicate(timeout=30)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert replies and replies[0].status_code == 200, (replies[0].text if replies else None, out)
+    assert replies[0].headers["x-router-model"] == "local-claude"
+    assert proc.returncode in (0, -signal.SIGTERM), out
