@@ -43,13 +43,18 @@ class ArmTasks:
 
 
 class TaskTally:
-    """Each task's arm and cost, accumulated from log rows of one revision (or of any, with None).
+    """Each task's arm and cost, accumulated from log rows of one revision (or of any, with None)
+    that arrived at ``since`` or later (a revision applied again is a new trial: the rows of its
+    earlier time in force carry the same revision).
 
     Rows may be added in several batches that overlap: a request id counts once. ``latency``
     keeps every successful request's end-to-end time (for reports; the guard does without)."""
 
-    def __init__(self, revision: str | None = None, *, latency: bool = True) -> None:
+    def __init__(
+        self, revision: str | None = None, *, since: float | None = None, latency: bool = True
+    ) -> None:
         self.revision = revision
+        self.since = since
         self.arm_of: dict[str, str] = {}
         self.cost: dict[str, float] = defaultdict(float)
         self.latency: dict[str, list[float]] | None = defaultdict(list) if latency else None
@@ -63,6 +68,7 @@ class TaskTally:
                 not task
                 or not arm
                 or (self.revision is not None and r.get("policy_revision") != self.revision)
+                or (self.since is not None and float(r.get("ts") or 0.0) < self.since)
             ):
                 continue
             if rid is not None:

@@ -155,11 +155,18 @@ class Guard:
         return judge(arms.get(CONTROL, ArmTasks()), arms.get(TREATED, ArmTasks()), spec)
 
     def _tally_for(self, rt: Runtime) -> TaskTally:
-        if self._tally is None or self._tally.revision != rt.revision:
-            # Replicas' clocks disagree a little: start a minute before the revision was applied.
-            self._since = (self.history.archive.since(rt.revision or "") or rt.applied_at) - 60
-            self._cursor = self._since
-            self._tally = TaskTally(rt.revision, latency=False)
+        """The tally of the revision's current time in force: only requests decided under it
+        that arrived since it was (last) applied, and the outcomes of their tasks.
+
+        A revision put back (``router rollback --to``) carries the same id as in its earlier time
+        in force, so its rows from then would be judged again: with a minute of slack for
+        replicas' clocks, a rollback within a minute was judged at once on the tasks it had been
+        rolled back for. Without the slack, a replica whose clock is behind loses its first
+        requests under the revision (never counting someone else's)."""
+        since = self.history.archive.since(rt.revision or "") or rt.applied_at
+        if self._tally is None or self._tally.revision != rt.revision or self._tally.since != since:
+            self._since = self._cursor = since
+            self._tally = TaskTally(rt.revision, since=since, latency=False)
         return self._tally
 
     async def _roll_back(self, revision: str, verdict: Verdict) -> None:

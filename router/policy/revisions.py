@@ -96,6 +96,7 @@ class Archive:
         rev = files.revision
         where = self.dir / rev
         meta = self.meta(rev)
+        latest = self.history()[:1]
         try:
             if meta is None:
                 _atomic_write(where / "policy.yaml", files.policy)
@@ -109,8 +110,14 @@ class Archive:
                     "artifact": str(files.artifact_path) if files.artifact_path else None,
                     "control": str(files.control_path) if files.control_path else None,
                 }
-            if meta.get("since") is None or meta.get("rolled_back"):
-                # Applied anew (first time, or again after a rollback): its guard starts counting.
+            if (
+                meta.get("since") is None
+                or meta.get("rolled_back")
+                or (latest and latest[0]["revision"] != rev)
+            ):
+                # Applied anew (first time, again after a rollback, or put back by hand after
+                # another revision): its guard starts counting. Another replica applying the
+                # revision in force (or this one restarting) is not a new start.
                 meta["since"] = applied_at
             meta.update(applied_at=applied_at, rolled_back=None)
             self._write_meta(rev, meta)

@@ -108,3 +108,17 @@ def test_a_worse_policy_is_rolled_back_on_both_replicas(  # type: ignore[no-unty
     assert judged["treated"]["success_rate"] == 0.0 and judged["control"]["success_rate"] > 0.5
     lo, hi = judged["control"]["success_ci95"]
     assert lo <= judged["control"]["success_rate"] <= hi and lo < hi
+
+    # The operator puts "worse" back within the minute: a new trial that starts from zero. The
+    # guard (a check every 0.2 s) judged it at once on its earlier tasks and rolled it back again.
+    assert main(["rollback", "--to", bad, "--config", str(config)]) == 0
+    assert wait(lambda: revision(a.url)["revision"] == revision(b.url)["revision"] == bad)
+
+    def judged_again() -> bool:
+        return all((revision(r.url)["guard"] or {}).get("revision") == bad for r in (a, b))
+
+    assert wait(judged_again)
+    for r in (a, b):
+        shown = revision(r.url)
+        assert shown["revision"] == bad, shown
+        assert shown["guard"]["reason"].startswith("waiting: 0 control and 0 treated"), shown["guard"]

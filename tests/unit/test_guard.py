@@ -15,7 +15,7 @@ import yaml
 from router.learning.arms import ArmTasks
 from router.learning.guard import Guard, Verdict, judge, msprt
 from router.policy.config import GuardSpec
-from router.policy.revisions import Archive
+from router.policy.revisions import Archive, rollback
 from router.policy.runtime import PolicyHistory, load_runtime
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore
@@ -152,3 +152,76 @@ def test_harm_with_no_revision_to_go_back_to_is_said_once_not_raised(
     assert "no earlier revision to roll back to" in said[0].getMessage()
     assert history.guard is not None and "no earlier revision" in history.guard["rollback"]
     assert "no earlier revision" in history.describe(rt)["guard"]["rollback"]
+
+
+def guarded_policy(name: str) -> dict[str, object]:
+    policy = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_text()
+    )
+    policy["name"] = name
+    policy["control"] = {"share": 0.5, "route": {"passthrough": "local-mini"}}
+    policy["guard"] = {"min_tasks": 10, "check_every_s": 0.5, "max_success_drop": 0.05}
+    return policy  # type: ignore[no-any-return]
+
+
+async def log_tasks(
+    store: SQLiteStore, revision: str | None, ts: float, prefix: str, n: int, treated_ok: bool
+) -> None:
+    """``n`` tasks under ``revision``, half per arm, each with its explicit outcome."""
+    for i in range(n):
+        arm_, task = ("control", "treated")[i % 2], f"{prefix}{i}"
+        await store.write_requests([RequestRecord(
+            request_id=f"{prefix}r{i}", ts=ts, task_id=task, attempt=1, status=200, chosen_model="local-mini",
+            cost_usd=0.001, arm=arm_, policy_revision=revision,
+        )])  # fmt: skip
+        await store.write_outcome(OutcomeRecord(
+            task_id=task, attempt=1, success=arm_ == "control" or treated_ok, score=None, source="explicit",
+            details=None, ts=ts, explicit=True,
+        ))  # fmt: skip
+
+
+def test_a_revision_put_back_is_judged_on_its_new_requests_only(tmp_path: Path) -> None:
+    # `router rollback --to X` within a minute of X being rolled back: the guard counted from a
+    # minute before X was applied again, found X's earlier tasks (same revision id) and rolled it
+    # back once more, 0.13 s after the reload. A revision applied again is a new trial.
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(guarded_policy("good")))
+    history = PolicyHistory(Archive(path))
+    history.applied(load_runtime(path))
+    path.write_text(yaml.safe_dump(guarded_policy("worse")))
+    worse = load_runtime(path)
+    history.applied(worse)
+
+    async def run() -> tuple[Verdict | None, list[str], Verdict | None, Verdict | None]:
+        store = SQLiteStore(str(tmp_path / "log.db"))
+        await store.open()
+        reloads: list[str] = []
+
+        async def publish(revision: str) -> None:
+            reloads.append(revision)
+
+        async def reload() -> None:
+            reloads.append("reload")
+
+        guard = Guard(store, history, publish, reload)
+        try:
+            t = time.time()
+            await log_tasks(store, worse.revision, t, "old", 40, treated_ok=False)
+            first = await guard.check(worse)  # worse: rolled back to "good"
+            assert worse.revision is not None
+            rollback(history.archive, worse.revision, "operator", t + 1)  # router rollback --to
+            again = load_runtime(path)
+            assert again.revision == worse.revision
+            at_once = await guard.check(again)
+            await log_tasks(store, again.revision, t + 2, "new", 20, treated_ok=True)
+            later = await guard.check(again)
+            return first, reloads, at_once, later
+        finally:
+            await store.close()
+
+    first, reloads, at_once, later = asyncio.run(run())
+    assert first is not None and first.worse and reloads[-1] == "reload"
+    assert at_once is not None and not at_once.worse
+    assert (at_once.control_tasks, at_once.treated_tasks) == (0, 0), at_once.reason
+    assert later is not None and not later.worse
+    assert (later.control_tasks, later.treated_tasks) == (10, 10), later.reason

@@ -149,3 +149,19 @@ def test_applying_a_policy_warns_of_key_variables_that_are_not_set(
     assert [r.getMessage() for r in caplog.records] == [
         "policy keys: ROUTER_TEST_KEY_M is not set: m, n cannot be called until it is (requests fall over to other models)"
     ]
+
+
+def test_a_revision_applied_again_after_another_starts_a_new_trial(tmp_path: Path) -> None:
+    # The guard judges a revision on what arrived since ``since``. Put back by hand (the file
+    # edited back after another revision), it kept the time of its first application.
+    path = tmp_path / "p.yaml"
+    archive = Archive(path)
+    one, two = load_runtime(write(path, "one")).files, load_runtime(write(tmp_path / "q.yaml", "two")).files
+    assert one is not None and two is not None
+    archive.keep(one, "one", 100.0)
+    archive.keep(one, "one", 105.0)  # another replica, or a restart: the same trial
+    assert archive.since(one.revision) == 100.0
+    archive.keep(two, "two", 200.0)
+    archive.keep(one, "one", 300.0)  # back by hand
+    archive.keep(one, "one", 301.0)  # the other replica follows
+    assert archive.since(one.revision) == 300.0 and archive.since(two.revision) == 200.0
