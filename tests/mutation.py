@@ -3,10 +3,11 @@
 mutmut (configured in pyproject.toml, ``[tool.mutmut]``) changes one thing at a time in the code
 below — an operator, a constant, a condition — and runs the unit tests that cover it; a mutant no
 test notices is a fault the suite would let through. The score is the share of mutants caught
-(killed, or made a test hang). Slow (tens of minutes): not part of CI. Results are cached in
-``mutants/``: a second run only checks mutants of code or tests that changed (delete ``mutants/``
-after a rebase that moved modules: mutmut keeps its old copy of unmutated files). ``--smoke`` runs
-five mutants of the retry budget, to check the set-up itself in a few minutes.
+(killed, or made a test hang). Slow (tens of minutes): not part of CI. Every run re-tests all
+mutants of the parts it names; which tests cover which function is kept in ``mutants/`` and only
+extended for tests new by name (delete ``mutants/`` after changing existing tests or moving
+modules: mutmut also keeps its old copy of unmutated files). ``--smoke`` runs five mutants of the
+retry budget, to check the set-up itself in a few minutes.
 
     python -m tests.mutation                 # every critical part
     python -m tests.mutation planner budgets # some of them
