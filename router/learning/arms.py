@@ -3,7 +3,8 @@
 A task belongs to the arm of its first logged request (the arm is a function of the task id, so
 all its requests agree unless the control share changed mid-task). A task's verdict is the one
 ``router tasks`` shows: an explicit outcome first, else the latest inferred label
-(``router.telemetry.ledger.final_outcome``). An explicit verdict counts 1 or 0; a label of the
+(``router.telemetry.ledger.final_outcome``; an inferred label only where a backend answered the
+attempt, ``credible``). An explicit verdict counts 1 or 0; a label of the
 label model counts its calibrated P(success) (its confidence), so an unsure label moves a rate
 less; a label of the older hand-weighted signals counts 1 or 0. Tasks
 without a verdict count in ``tasks`` but not in the rates.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.learning.labels.model import SOURCE as LABEL_MODEL
-from router.telemetry.ledger import final_outcome
+from router.telemetry.ledger import answered, credible, final_outcome
 from router.telemetry.report import quantile
 
 Row = Mapping[str, Any]
@@ -60,6 +61,8 @@ class TaskTally:
         self.latency: dict[str, list[float]] | None = defaultdict(list) if latency else None
         #: Request ids counted, with their arrival time (``forget_before`` prunes them).
         self.seen: dict[str, float] = {}
+        #: The (task, attempt) pairs a backend answered: only those have an inferred verdict.
+        self.answered: set[tuple[str, int]] = set()
 
     def add(self, requests: Iterable[Row]) -> None:
         for r in requests:
@@ -77,6 +80,7 @@ class TaskTally:
                 self.seen[rid] = float(r.get("ts") or 0.0)
             self.arm_of.setdefault(task, arm)
             self.cost[task] += float(r.get("cost_usd") or 0.0)
+            self.answered |= answered((r,))
             if self.latency is not None and r.get("status") == 200 and r.get("total_ms") is not None:
                 self.latency[self.arm_of[task]].append(float(r["total_ms"]))
 
@@ -86,7 +90,7 @@ class TaskTally:
 
     def arms(self, outcomes: Iterable[Row]) -> dict[str, ArmTasks]:
         verdicts: dict[str, list[Row]] = defaultdict(list)
-        for o in outcomes:
+        for o in credible(outcomes, self.answered):
             if o["task_id"] in self.arm_of:
                 verdicts[o["task_id"]].append(o)
         arms: dict[str, ArmTasks] = defaultdict(ArmTasks)

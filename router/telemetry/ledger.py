@@ -3,7 +3,8 @@
 A task is many requests (``task_id``), possibly over several attempts. Its cost is split into
 input (uncached), output, cache read and cache write at the prices in force when each request
 ran (the split is stored per request; rows logged before it existed count as ``unsplit``). The
-verdict on a task is an explicit outcome if there is one, else the latest inferred signal.
+verdict on a task is an explicit outcome if there is one, else the latest inferred signal of an
+attempt that a backend answered (``credible``).
 
 Cost per completed task is the spend on every task that has a verdict, divided by the tasks
 that succeeded: failed tasks are part of what a success costs. Tasks with no verdict yet are
@@ -43,6 +44,40 @@ def _usd(x: float) -> float:
     return round(x, 10)
 
 
+def answered(requests: Iterable[Row]) -> set[tuple[str, int]]:
+    """(task, attempt) of every main-loop request that a backend answered successfully."""
+    return {
+        (r["task_id"], r.get("attempt") or 0)
+        for r in requests
+        if r.get("task_id") and not r.get("side_call") and r.get("status") == 200 and not r.get("error_type")
+    }
+
+
+def credible(outcomes: Iterable[Row], replied: set[tuple[str, int]]) -> list[Row]:
+    """The outcomes a verdict may rest on: every explicit one, and a label inferred from the
+    conversation only for an attempt that a backend answered at least once (``answered``).
+
+    An inferred label reads what the agent did with the replies. With none (every request
+    refused, or failed by every backend) there was nothing to read: the label model called a task
+    of five "hi there" requests, each a 404, a success at P=0.9997. Such an attempt has no
+    inferred verdict (nor a training row: ``router.learning.training.dataset`` skips it); what
+    the client says explicitly still counts. An attempt of 0 is unknown: an outcome without one
+    needs an answered request in any attempt of its task, a request without one answers every
+    attempt of its task."""
+    tasks = {task for task, _ in replied}
+    out = []
+    for o in outcomes:
+        task, attempt = o["task_id"], o.get("attempt") or 0
+        if (
+            o.get("explicit")
+            or (task, attempt) in replied
+            or (task, 0) in replied
+            or (not attempt and task in tasks)
+        ):
+            out.append(o)
+    return out
+
+
 def final_outcome(outcomes: Iterable[Row]) -> dict[str, Any] | None:
     """The verdict that counts: an explicit one before any inferred signal (as in training), then
     the latest attempt's, then the latest recorded."""
@@ -75,6 +110,7 @@ def _end(r: Row) -> float:
 
 def task_ledger(task_id: str, requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
     """One task's ledger from its log rows (requests oldest first)."""
+    outcomes = credible(outcomes, answered(requests))
     by_attempt: dict[int, list[Row]] = defaultdict(list)
     for r in requests:
         by_attempt[r.get("attempt") or 0].append(r)  # the outcomes table stores "unknown" as 0 too

@@ -27,7 +27,7 @@ from typing import Any
 
 from router.errors import ConfigError
 from router.telemetry import tries
-from router.telemetry.ledger import final_outcome, usd
+from router.telemetry.ledger import answered, credible, final_outcome, usd
 
 Row = Mapping[str, Any]
 
@@ -155,7 +155,7 @@ def build_report(
     end = max((_end(r) for r in requests), default=None)
     seconds = (end - start) if start is not None and end is not None and end > start else None
     by_task: dict[str, list[Row]] = defaultdict(list)
-    for o in outcomes:
+    for o in credible(outcomes, answered(requests)):
         by_task[o["task_id"]].append(o)
     verdicts = {t: final_outcome(os) for t, os in by_task.items()}
     groups: dict[str, list[Row]] = defaultdict(list)

@@ -153,7 +153,7 @@ def test_a_label_counts_its_confidence_an_explicit_outcome_counts_whole() -> Non
         success_value({"success": False, "explicit": False, "source": "outcome_model", "score": 0.3}) == 0.3
     )
     assert success_value({"success": True, "explicit": False, "source": "tests", "score": 0.5}) == 1.0
-    reqs = [{"task_id": "t", "arm": "treated", "cost_usd": 1.0}]
+    reqs = [{"task_id": "t", "attempt": 1, "arm": "treated", "cost_usd": 1.0, "status": 200}]
     outs = [{"task_id": "t", "attempt": 1, "success": True, "explicit": False, "source": "outcome_model",
              "score": 0.75, "ts": 1.0}]  # fmt: skip
     assert by_arm(reqs, outs)["treated"].success == [0.75]

@@ -12,10 +12,12 @@ import pytest
 
 from router.app.cli import main
 from router.errors import ConfigError
+from router.learning.arms import by_arm
+from router.learning.labels.model import SOURCE as LABEL_MODEL
 from router.store import open_store
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.window import parse_duration
-from router.telemetry.ledger import final_outcome, load_task
+from router.telemetry.ledger import final_outcome, load_task, summary, task_ledger, task_ledgers
 from router.telemetry.report import build_report, quantile
 
 NOW = time.time()
@@ -260,3 +262,40 @@ def test_train_reads_durations_as_report_does(
     capsys.readouterr()
     assert main([*train, "--since", "1q"]) == 2
     assert "duration '1q'" in capsys.readouterr().err
+
+
+def test_an_inferred_label_needs_an_attempt_a_backend_answered() -> None:
+    # A trial: five "hi there" requests, each a 404, labelled a success at P=0.9997 by the label
+    # model; the dashboard showed backend "(none)" with 1 completed task at $0.00.
+    refused = [
+        {"request_id": f"h{i}", "ts": BASE + i, "task_id": "hi", "attempt": 1, "status": 404,
+         "error_type": "UnknownModel", "chosen_model": None, "arm": "treated", "cost_usd": None}
+        for i in range(5)
+    ]  # fmt: skip
+    # Attempt 1 failed on every backend; attempt 2 was answered.
+    retried = [
+        {"request_id": "g1", "ts": BASE + 10, "task_id": "g", "attempt": 1, "status": 502,
+         "error_type": "UpstreamError", "chosen_model": "alpha", "arm": "treated", "cost_usd": 0.0},
+        {"request_id": "g2", "ts": BASE + 20, "task_id": "g", "attempt": 2, "status": 200,
+         "chosen_model": "alpha", "arm": "treated", "cost_usd": 0.01},
+    ]  # fmt: skip
+    labelled = {"success": True, "score": 0.9997, "source": LABEL_MODEL, "explicit": False}
+    outcomes = [
+        {"task_id": "hi", "attempt": 1, "ts": BASE + 5, **labelled},
+        {"task_id": "g", "attempt": 1, "ts": BASE + 11, **labelled},
+        {"task_id": "g", "attempt": 2, "ts": BASE + 9, **labelled, "success": False, "score": 0.1},
+    ]
+    requests = [*refused, *retried]
+    hi, g = task_ledger("hi", refused, outcomes[:1]), task_ledger("g", retried, outcomes[1:])
+    assert hi["outcome"] is None and hi["completed"] is None and hi["attempts"][0]["outcome"] is None
+    # Attempt 1's label was the latest, but only attempt 2 was answered: its failure is the verdict.
+    assert g["completed"] is False and g["attempts"][0]["outcome"] is None
+    assert summary(task_ledgers(requests, outcomes))["completed"] == 0
+    groups = {x["key"]: x for x in build_report(requests, outcomes)["groups"]}
+    assert groups["(none)"]["tasks"] == {"count": 1, "with_outcome": 0, "completed": 0}
+    treated = by_arm(requests, outcomes)["treated"]
+    assert treated.tasks == 2 and treated.success == [pytest.approx(0.1)]
+    # What the client says counts, answered or not.
+    said = {"task_id": "hi", "attempt": 1, "ts": BASE + 6, "success": True, "score": None, "source": "explicit",
+            "explicit": True}  # fmt: skip
+    assert task_ledger("hi", refused, [*outcomes[:1], said])["completed"] is True
