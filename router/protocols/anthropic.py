@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from router.errors import RouterError
+from router.errors import BadRequest, RouterError
 from router.protocols.common import (
     ANTHROPIC,
     ClientRequest,
@@ -19,6 +19,7 @@ from router.protocols.common import (
     event_json,
     has_image,
     load_json,
+    shown,
     text_of,
     validated,
 )
@@ -36,8 +37,24 @@ ALLOWED = frozenset(
 )  # fmt: skip
 
 
-#: "system" mid-conversation comes with Claude Code's mid-conversation-system beta.
+#: "system" mid-conversation comes with Claude Code's mid-conversation-system beta (and newer
+#: models take it): never as the first message, which is what the top-level ``system`` is for.
 ROLES = frozenset({"user", "assistant", "system"})
+
+#: The content block types a request may carry (the SDK's ``BetaContentBlockParam``, which holds
+#: every ``ContentBlockParam``; ``tests/unit/test_protocols.py`` checks the installed SDK's).
+#: Another type is refused here, naming where it is: forwarded, it came back as some backend's
+#: unrelated complaint ("messages: expected a non-empty array" from a translated call).
+BLOCK_TYPES = frozenset(
+    {
+        "text", "image", "document", "search_result", "thinking", "redacted_thinking", "tool_use",
+        "tool_result", "server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
+        "advisor_tool_result", "code_execution_tool_result", "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result", "tool_search_tool_result", "mcp_tool_use",
+        "mcp_tool_result", "mcp_tool_listing", "container_upload", "compaction", "mid_conv_system",
+        "tool_addition", "tool_removal", "fallback",
+    }
+)  # fmt: skip
 
 
 class _Tool(BaseModel):
@@ -73,6 +90,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         body = {**body, "max_tokens": 1}
     req = validated(_Request, body)
     check_messages(body["messages"], ROLES, content_optional=False)
+    check_blocks(body["messages"])
     for i, tool in enumerate(req.tools or ()):
         if tool.input_schema is not None:
             check_schema(tool.input_schema, f"tools[{i}].input_schema")
@@ -99,6 +117,28 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         system_text=text_of(body.get("system")),
         session_hint=session_from_user_id(user_id) if isinstance(user_id, str) else None,
     )
+
+
+def check_blocks(messages: list[dict[str, Any]]) -> None:
+    """Every content block is of a type the Messages API knows; a system message is not first.
+
+    Only the block's type is checked: fields a known block does not declare pass through as
+    before (a provider's newer options)."""
+    if messages[0].get("role") == "system":
+        raise BadRequest(
+            "invalid request: messages.0.role: a system message cannot open the conversation; "
+            "put it in the top-level system field",
+            param="messages",
+        )
+    for i, m in enumerate(messages):
+        content = m["content"]
+        if isinstance(content, str):
+            continue
+        for j, block in enumerate(content):
+            kind = block.get("type")
+            if kind not in BLOCK_TYPES:
+                what = "required" if kind is None else f"unknown content block type {shown(kind)}"
+                raise BadRequest(f"invalid request: messages.{i}.content.{j}.type: {what}", param="messages")
 
 
 def _effort(output_config: Any) -> str | None:

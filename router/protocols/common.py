@@ -130,6 +130,12 @@ def validation_message(exc: ValidationError) -> str:
     return "invalid request: " + "; ".join(parts)
 
 
+def shown(value: Any) -> str:
+    """A client's value in an error message: its repr, cut short (never a whole payload)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def allow(body: dict[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k in allowed}
 

@@ -22,6 +22,7 @@ from router.protocols.common import (
     event_json,
     has_image,
     load_json,
+    shown,
     text_of,
     validated,
 )
@@ -34,6 +35,24 @@ ALLOWED = frozenset(
         "prompt_cache_key", "truncation", "user", "metadata", "service_tier",
     }
 )  # fmt: skip
+
+
+#: The input item types of the Responses API (the SDK's ``ResponseInputItemParam``;
+#: ``tests/unit/test_protocols.py`` checks the installed SDK's). Another type is refused here,
+#: naming where it is: forwarded, it came back as some backend's unrelated complaint.
+ITEM_TYPES = frozenset(
+    {
+        "message", "file_search_call", "computer_call", "computer_call_output", "web_search_call",
+        "function_call", "function_call_output", "tool_search_call", "tool_search_output",
+        "additional_tools", "configuration_update", "reasoning", "compaction", "compaction_trigger",
+        "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output",
+        "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
+        "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
+        "custom_tool_call", "custom_tool_call_output", "item_reference", "program", "program_output",
+    }
+)  # fmt: skip
+#: A message item's roles (an item with a role and no type is a message).
+ROLES = frozenset({"user", "assistant", "system", "developer"})
 
 
 class _Reasoning(BaseModel):
@@ -66,6 +85,7 @@ def parse(raw: bytes) -> ClientRequest:
         )
     check_responses_tools(req.tools)
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else body["input"]
+    check_items(items)
     first_user = next((i for i in items if i.get("role") == "user"), None)
     effort = req.reasoning.effort if req.reasoning else None
     return ClientRequest(
@@ -86,6 +106,25 @@ def parse(raw: bytes) -> ClientRequest:
         system_text=text_of(req.instructions),
         session_hint=req.prompt_cache_key,
     )
+
+
+def check_items(items: list[dict[str, Any]]) -> None:
+    """Every input item is of a type the Responses API knows, and a message has a known role.
+
+    Only the item's type (and a message's role) is checked: fields an item does not declare,
+    and the parts inside a message, pass through as before."""
+    for i, item in enumerate(items):
+        kind = item.get("type")
+        if kind is None and "role" not in item:
+            raise BadRequest(f"invalid request: input.{i}.type: required", param="input")
+        if kind is not None and kind not in ITEM_TYPES:
+            raise BadRequest(
+                f"invalid request: input.{i}.type: unknown item type {shown(kind)}", param="input"
+            )
+        if (kind is None or kind == "message") and item.get("role") not in ROLES:
+            raise BadRequest(
+                f"invalid request: input.{i}.role: must be one of {', '.join(sorted(ROLES))}", param="input"
+            )
 
 
 def usage_from(response: dict[str, Any]) -> Usage:

@@ -51,6 +51,14 @@ CASES = [
     (RESPONSES, b'{"model": "auto"}', 400, "invalid_request_error"),
     (RESPONSES, b'{"model": "auto", "input": "hi", "previous_response_id": "resp_1"}', 400,
      "invalid_request_error"),
+    # Unknown types reached the backend: "openai backend answered 400: messages: expected a
+    # non-empty array". Refused at ingress, naming where they are.
+    (RESPONSES, b'{"model": "auto", "input": [{"role": "user", "content": "hi"}, {"type": "bogus"}]}', 400,
+     "invalid_request_error"),
+    (MESSAGES, b'{"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": '
+               b'[{"type": "bogus", "text": "hi"}]}]}', 400, "invalid_request_error"),
+    (MESSAGES, b'{"model": "claude-x", "max_tokens": 10, "messages": [{"role": "system", "content": "be brief"}, '
+               b'{"role": "user", "content": "hi"}]}', 400, "invalid_request_error"),
 ]  # fmt: skip
 
 

@@ -1,0 +1,137 @@
+"""Ingress checks of the conversation's item and block types: what real clients send passes, as
+do fields a known block does not declare; an unknown type is a 400 naming where it is."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import orjson
+import pytest
+
+from router.errors import BadRequest
+from router.protocols import anthropic, responses
+
+
+def literal_types(alias: Any) -> set[str]:
+    """The ``type`` literals of a union of TypedDicts (the SDKs' request shapes)."""
+    found: set[str] = set()
+
+    def literals(hint: Any) -> list[str]:
+        if typing.get_origin(hint) is typing.Literal:
+            return [str(a) for a in typing.get_args(hint)]
+        return [x for a in typing.get_args(hint) for x in literals(a)]
+
+    for member in typing.get_args(alias):
+        if typing.get_origin(member) is typing.Annotated:
+            found |= literal_types(typing.get_args(member)[0])
+        elif hasattr(member, "model_fields"):  # a pydantic model: a response block sent back
+            found |= set(literals(member.model_fields["type"].annotation))
+        else:
+            found |= set(literals(typing.get_type_hints(member)["type"]))
+    return found
+
+
+def test_every_type_the_sdks_know_is_accepted() -> None:
+    from anthropic.types import content_block_param
+    from anthropic.types.beta import beta_content_block_param
+    from openai.types.responses import response_input_item_param
+
+    blocks = literal_types(beta_content_block_param.BetaContentBlockParam)
+    blocks |= literal_types(content_block_param.ContentBlockParam)
+    assert {"text", "tool_use", "tool_result", "thinking"} <= blocks  # the introspection works
+    assert blocks <= anthropic.BLOCK_TYPES, sorted(blocks - anthropic.BLOCK_TYPES)
+    items = literal_types(response_input_item_param.ResponseInputItemParam)
+    assert {"message", "function_call", "function_call_output", "reasoning"} <= items
+    assert items <= responses.ITEM_TYPES, sorted(items - responses.ITEM_TYPES)
+
+
+def messages(*msgs: dict[str, Any]) -> bytes:
+    return orjson.dumps({"model": "claude-x", "max_tokens": 100, "messages": list(msgs)})
+
+
+def items(*input_items: dict[str, Any]) -> bytes:
+    return orjson.dumps({"model": "auto", "input": list(input_items)})
+
+
+# Claude Code's shapes: thinking with a signature, tool use, tool results with cache markers,
+# a mid-conversation system message; forward-compatible fields inside known blocks.
+CLAUDE_CODE = messages(
+    {"role": "user", "content": [{"type": "text", "text": "fix the bug", "cache_control": {"type": "ephemeral"}}]},
+    {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "look first", "signature": "c2ln"},
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}, "caller": {"type": "direct"}},
+    ]},
+    {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "a.py"}],
+         "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+    ]},
+    {"role": "system", "content": "The user switched to plan mode."},
+    {"role": "user", "content": "go on"},
+)  # fmt: skip
+# Codex's shapes: messages with input_text, reasoning carried encrypted, function and custom tool
+# calls with their outputs, a local shell call.
+CODEX = items(
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be careful"}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix the bug"}]},
+    {"type": "reasoning", "summary": [], "encrypted_content": "gAAA"},
+    {"type": "function_call", "name": "shell", "arguments": "{\"command\": [\"ls\"]}", "call_id": "c1"},
+    {"type": "function_call_output", "call_id": "c1", "output": "a.py"},
+    {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin Patch"},
+    {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"},
+    {"type": "local_shell_call", "call_id": "c3", "status": "completed",
+     "action": {"type": "exec", "command": ["ls"]}},
+    {"role": "assistant", "content": [{"type": "output_text", "text": "fixed", "annotations": []}]},
+)  # fmt: skip
+
+
+def test_what_real_clients_send_passes_through_unchanged() -> None:
+    req = anthropic.parse(CLAUDE_CODE)
+    assert req.body["messages"] == orjson.loads(CLAUDE_CODE)["messages"]
+    assert req.messages[1]["content"][1]["caller"] == {"type": "direct"}  # a field the router does not know
+    assert responses.parse(CODEX).body["input"] == orjson.loads(CODEX)["input"]
+
+
+def refused(parse: Any, raw: bytes) -> str:
+    with pytest.raises(BadRequest) as err:
+        parse(raw)
+    assert err.value.status == 400
+    return err.value.message
+
+
+def test_an_unknown_responses_item_is_refused_naming_it() -> None:
+    ok = {"role": "user", "content": "hi"}
+    assert refused(responses.parse, items(ok, {"type": "bogus"})) == (
+        "invalid request: input.1.type: unknown item type 'bogus'"
+    )
+    assert (
+        refused(responses.parse, items({"content": "no role, no type"}))
+        == "invalid request: input.0.type: required"
+    )
+    assert "input.0.role: must be one of" in refused(
+        responses.parse, items({"role": "wizard", "content": "hi"})
+    )
+    assert "input.1.role" in refused(responses.parse, items(ok, {"type": "message", "content": "hi"}))
+    assert "…" in refused(responses.parse, items({"type": "x" * 500}))  # never echoed whole
+
+
+def test_an_unknown_anthropic_block_is_refused_naming_it() -> None:
+    text = {"type": "text", "text": "hi"}
+    assert refused(anthropic.parse, messages({"role": "user", "content": [text, {"type": "bogus"}]})) == (
+        "invalid request: messages.0.content.1.type: unknown content block type 'bogus'"
+    )
+    assert refused(anthropic.parse, messages({"role": "user", "content": [{"text": "hi"}]})) == (
+        "invalid request: messages.0.content.0.type: required"
+    )
+
+
+def test_a_system_message_cannot_open_the_conversation() -> None:
+    # The top-level system field is for that; mid-conversation system messages are the beta's.
+    message = refused(
+        anthropic.parse,
+        messages({"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}),
+    )
+    assert message.startswith(
+        "invalid request: messages.0.role: a system message cannot open the conversation"
+    )
+    assert "messages.0.role" in refused(anthropic.parse, messages({"role": "tool", "content": "x"}))
