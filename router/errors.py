@@ -8,8 +8,7 @@ next candidate) may succeed where this one failed::
     ├── BadRequest                   400  invalid_request_error
     │   ├── ContextTooLarge          400  invalid_request_error (code context_length_exceeded)
     │   ├── UnknownModel             404  not_found_error       (code model_not_found)
-    │   ├── TaskNotFound             404  not_found_error       (code task_not_found)
-    │   └── Unprocessable            422  invalid_request_error (a valid JSON body that fails its schema)
+    │   └── TaskNotFound             404  not_found_error       (code task_not_found)
     ├── PayloadTooLarge              413  request_too_large
     ├── AuthenticationFailed         401  authentication_error
     ├── PermissionDenied             403  permission_error
@@ -97,10 +96,6 @@ class TaskNotFound(BadRequest):
         super().__init__(
             f"no request of task {task_id!r} is in the log", code="task_not_found", param="task_id"
         )
-
-
-class Unprocessable(BadRequest):
-    status = 422
 
 
 class PayloadTooLarge(RouterError):

@@ -84,11 +84,22 @@ def register_ops(
             return Response(b"metrics are not enabled\n", 404, media_type="text/plain")
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/v1/tasks", tags=["ops"], include_in_schema=False)
+    async def no_task(request: Request) -> Response:
+        # Without this, FastAPI redirected to /v1/tasks/, which answered "no request of task ''".
+        return await task("", request)
+
     @app.get("/v1/tasks/{task_id:path}", tags=["ops"])
     async def task(task_id: str, request: Request) -> Response:
         try:
             # A virtual key reads its own tasks' ledgers (ids scoped to it); the master key any.
             principal = await auth.check(request)
+            if not task_id:
+                raise BadRequest(
+                    "GET /v1/tasks/{task_id} reads one task's ledger: name the task (there is no list "
+                    "of tasks here; `router tasks --recent` lists the recent ones)",
+                    code="task_id_required", param="task_id",
+                )  # fmt: skip
             ledger = await load_task(store, scoped(principal.key_id, task_id))
             if ledger is None:
                 raise TaskNotFound(task_id)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import ConfigError, RouterError, TaskNotFound, Unprocessable
+from router.errors import BadRequest, ConfigError, RouterError, TaskNotFound
 from router.features.task import vector as taskfeatures
 from router.features.task.identity import scoped
 from router.features.task.tracker import TaskState, TaskTracker
@@ -60,8 +60,8 @@ async def post_outcome(
         body = load_json(await request.body())
         try:
             out = OutcomeIn.model_validate(body)
-        except ValidationError as exc:
-            raise Unprocessable(validation_message(exc)) from None
+        except ValidationError as exc:  # a 400 like every other endpoint's (FastAPI's default is 422)
+            raise BadRequest(validation_message(exc)) from None
         # Another key's task is not found, not forbidden: its existence is not for this key to learn.
         out.task_id = scoped(principal.key_id, out.task_id)
         state = tracker.peek(out.task_id)
