@@ -20,7 +20,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from router.store import Store
+from router.errors import ConfigError
+from router.store import Store, mask_url
 from router.telemetry import tries
 
 TOKEN_COLUMNS = {
@@ -204,6 +205,11 @@ def run_tasks(args: argparse.Namespace) -> int:
     ledgers = task_ledgers(window.requests, window.outcomes)
     if args.task:
         ledgers = [x for x in ledgers if x["task_id"] == args.task]
+        if not ledgers:  # not an empty table and success: said like `router outcome` says it
+            raise ConfigError(
+                f"no task {args.task!r} in {mask_url(args.store)} in the last {args.since} "
+                "(`router tasks --recent` lists ids; --since widens the window)"
+            )
     if getattr(args, "recent", None):
         ledgers = ledgers[: args.recent]
     result = {"since": window.since, "until": window.until, "summary": summary(ledgers), "tasks": ledgers}

@@ -299,3 +299,12 @@ def test_an_inferred_label_needs_an_attempt_a_backend_answered() -> None:
     said = {"task_id": "hi", "attempt": 1, "ts": BASE + 6, "success": True, "score": None, "source": "explicit",
             "explicit": True}  # fmt: skip
     assert task_ledger("hi", refused, [*outcomes[:1], said])["completed"] is True
+
+
+def test_tasks_for_a_task_not_in_the_log_says_so(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # It printed an empty table and exited 0.
+    capsys.readouterr()
+    assert main(["tasks", "--store", store_url, "--task", "nope"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"router tasks: no task 'nope' in {store_url} in the last 24h")
+    assert main(["tasks", "--store", store_url, "--task", "T1", "--json"]) == 0
