@@ -174,6 +174,9 @@ class Decider:
             order = front + [m for m in order if m not in front]
             reason = f"preferred by rule; then {reason}"
             propensity = 1.0
+        if route.passthrough is not None:
+            # One model named: nothing was ranked, explored, pinned or preferred, whatever the scorer says.
+            reason, propensity = "passthrough route", 1.0
         for fb in route.fallbacks:
             backend = self.catalog[fb]
             if fb not in order and fb not in excluded and not self._hard_constraint(backend, features, 0):

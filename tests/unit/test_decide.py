@@ -101,8 +101,12 @@ def test_rules_only_and_prefer(decider: Decider) -> None:
 
 
 def test_passthrough_and_fallbacks(decider: Decider) -> None:
-    assert decider.decide(feats(model="pinned")).order == ["mid", "big"]
+    passthrough = decider.decide(feats(model="pinned"))
+    assert passthrough.order == ["mid", "big"]
+    # The log and the console said "cheapest expected cost among the candidates that fit".
+    assert (passthrough.reason, passthrough.propensity) == ("passthrough route", 1.0)
     assert decider.decide(feats(model="claude-x")).order == ["notools", "cheap", "big", "mid"]
+    assert decider.decide(feats(model="claude-x")).reason.startswith("cheapest expected cost")
 
 
 # -- size_matters: when an estimated prompt size must be counted before deciding -----------------
