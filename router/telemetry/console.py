@@ -39,10 +39,14 @@ def request_fields(rec: RequestRecord) -> dict[str, Any]:
     }
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1].rstrip() + "…"
+
+
 def request_line(rec: RequestRecord) -> str:
-    reason = rec.decision_reason or rec.error_type or "-"
-    if len(reason) > REASON_CHARS:
-        reason = reason[: REASON_CHARS - 1].rstrip() + "…"
+    if rec.chosen_model is None and (rec.status or 0) >= 400:
+        return refused_line(rec)
+    reason = _cut(rec.decision_reason or rec.error_type or "-")
     tokens = f"{rec.input_tokens}/{rec.output_tokens} tok" if rec.input_tokens is not None else "- tok"
     cost = f"${rec.cost_usd:.6f}" if rec.cost_usd is not None else "$-"
     ms = f"{rec.total_ms:.0f} ms" if rec.total_ms is not None else "- ms"
@@ -51,6 +55,20 @@ def request_line(rec: RequestRecord) -> str:
         f"{PROTOCOL_NAMES.get(rec.protocol or '', rec.protocol)} task {rec.task_id or '-'}: "
         f"{rec.requested_model or '-'} → {rec.chosen_model or '-'} ({reason}) "
         f"{status} {tokens} {cost} {ms}"
+    )
+
+
+def refused_line(rec: RequestRecord) -> str:
+    """A request no backend was asked for (bad input, auth, limits, nothing that fits): what was
+    refused and why, without the routing fields it never had."""
+    what = ", ".join(
+        f"{name} {value}" for name, value in (("task", rec.task_id), ("model", rec.requested_model)) if value
+    )
+    why = f": {_cut(rec.error_message)}" if rec.error_message else ""
+    ms = f" {rec.total_ms:.0f} ms" if rec.total_ms is not None else ""
+    return (
+        f"{PROTOCOL_NAMES.get(rec.protocol or '', rec.protocol or 'request')} refused "
+        f"{rec.status} {rec.error_type or 'error'}{why}" + (f" ({what})" if what else "") + ms
     )
 
 

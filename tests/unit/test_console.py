@@ -27,10 +27,26 @@ def test_request_line_tells_the_story() -> None:
     assert len(reason) == console.REASON_CHARS and reason.endswith("…")
 
 
-def test_request_line_for_an_error_before_routing() -> None:
-    line = console.request_line(_rec(chosen_model=None, decision_reason=None, status=401, error_type="authentication_error",
-                                     input_tokens=None, cost_usd=None))  # fmt: skip
-    assert "claude-x → - (authentication_error) 401 authentication_error - tok $- 812 ms" in line
+def test_a_refused_request_says_what_was_refused_and_why() -> None:
+    # It read "task -: - → - (authentication_error) 401 authentication_error - tok $- 3 ms".
+    line = console.request_line(_rec(task_id=None, chosen_model=None, decision_reason=None, status=401,
+                                     error_type="AuthenticationFailed", error_message="missing API key",
+                                     input_tokens=None, cost_usd=None, total_ms=3.2))  # fmt: skip
+    assert line == "messages refused 401 AuthenticationFailed: missing API key (model claude-x) 3 ms"
+    limited = console.request_line(_rec(chosen_model=None, status=429, error_type="RateLimited",
+                                        error_message="rpm limit of key k1 reached: " + "x" * 80))  # fmt: skip
+    assert limited.startswith("messages refused 429 RateLimited: rpm limit of key k1 reached")
+    assert limited.endswith("… (task t-9, model claude-x) 812 ms")
+    bare = console.request_line(RequestRecord(request_id="r2", ts=0.0, status=400, error_type="BadRequest"))
+    assert bare == "request refused 400 BadRequest"
+
+
+def test_a_request_that_reached_a_backend_and_failed_keeps_its_routing() -> None:
+    line = console.request_line(
+        _rec(status=502, error_type="UpstreamError", input_tokens=None, cost_usd=None)
+    )
+    assert line.startswith("messages task t-9: claude-x → local-mini (cheapest expected cost")
+    assert line.endswith(" 502 UpstreamError - tok $- 812 ms")
 
 
 def test_one_fallback_line_per_backend_left() -> None:
