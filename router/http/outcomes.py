@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -44,7 +44,8 @@ EXPLICIT = "explicit"
 class OutcomeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task_id: Annotated[str, Field(min_length=1, max_length=200)]
-    success: bool
+    #: A JSON boolean: a verdict written "yes", 1 or "false" is refused, never guessed at.
+    success: StrictBool
     score: Annotated[float, Field(ge=0, le=1)] | None = None
     source: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     attempt: Annotated[int, Field(ge=1, le=1000)] | None = None

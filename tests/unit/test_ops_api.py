@@ -26,10 +26,17 @@ async def test_a_malformed_outcome_is_a_400_like_the_rest(fake: FakeUpstream, tm
         wrong = await r.client.post(
             "/v1/outcomes", json={"task_id": "t1", "success": "maybe"}, headers=AS_MASTER
         )
+        # A verdict must be a JSON boolean: lax coercion stored "yes" and 1 as successes, "false" as a failure.
+        guessed = [
+            await r.client.post("/v1/outcomes", json={"task_id": "t1", "success": v}, headers=AS_MASTER)
+            for v in ("yes", "false", 1)
+        ]
         good = await r.client.post("/v1/outcomes", json={"task_id": "t1", "success": True}, headers=AS_MASTER)
         other = await r.client.post("/v1/policy/preview?since=soon", content=b"x", headers=AS_MASTER)
     assert "success" in str(error_of(typo, 400)["message"])
     assert "success" in str(error_of(wrong, 400)["message"])
+    for g in guessed:
+        assert "success" in str(error_of(g, 400)["message"])
     assert good.status_code == 200
     assert set(error_of(other, 400)) == set(error_of(wrong, 400))  # the same shape as the rest
 
