@@ -134,9 +134,14 @@ def start(
     with_litellm: bool,
     with_floor: bool = False,
     router_env: Mapping[str, str] | None = None,
+    wrap: Callable[[str], list[str]] | None = None,
+    ready_timeout_s: float = 90.0,
 ) -> dict[str, Service]:
     """Upstream first (the others point at it), then the pass-through, the router and LiteLLM.
-    ``router_env``: settings for the router (``ROUTER_*``; the caller's own are not passed on)."""
+    ``router_env``: settings for the router (``ROUTER_*``; the caller's own are not passed on);
+    ``wrap``: a command prefix for the floor and the router, by name (``benchmarks.instructions``
+    runs them under valgrind)."""
+    prefix = wrap or (lambda name: [])
     up_port = free_port()
     up_url = f"http://127.0.0.1:{up_port}"
     upstream = svc.launch(
@@ -152,7 +157,7 @@ def start(
         port = free_port()
         floor = svc.launch(
             PASSTHROUGH,
-            [sys.executable, "-m", "uvicorn", "benchmarks.passthrough:app", "--host", "127.0.0.1",
+            [*prefix(PASSTHROUGH), sys.executable, "-m", "uvicorn", "benchmarks.passthrough:app", "--host", "127.0.0.1",
              "--port", str(port), "--log-level", "warning", "--no-access-log"],
             url=f"http://127.0.0.1:{port}", core=pin.server, env={**env, passthrough.UPSTREAM_ENV: up_url}, cwd=ROOT,
         )  # fmt: skip
@@ -168,7 +173,7 @@ def start(
     port = free_port()
     router = svc.launch(
         ROUTER,
-        [sys.executable, "-m", "router.app.cli", "serve", "--config", str(policy), "--host", "127.0.0.1",
+        [*prefix(ROUTER), sys.executable, "-m", "router.app.cli", "serve", "--config", str(policy), "--host", "127.0.0.1",
          "--port", str(port), "--store", f"sqlite:///{workdir / 'router.db'}", "--log-level", "warning"],
         url=f"http://127.0.0.1:{port}", core=pin.server, env=env, cwd=ROOT,
     )  # fmt: skip
@@ -180,9 +185,9 @@ def start(
             LITELLM, litellm_proxy.argv(config, port), url=f"http://127.0.0.1:{port}", core=pin.server,
             env=litellm_proxy.environment(os.environ), cwd=workdir,
         )  # fmt: skip
-    svc.wait_ready(router, "/readyz")
+    svc.wait_ready(router, "/readyz", ready_timeout_s)
     if floor is not None:
-        svc.wait_ready(floor, "/openapi.json")
+        svc.wait_ready(floor, "/openapi.json", ready_timeout_s)
     if with_litellm:
         svc.wait_ready(started[LITELLM], "/health/liveliness", timeout_s=180)
     return started
