@@ -161,7 +161,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.state.services = s
     tasks = TaskContext(
-        s.tracker, s.state.budgets, s.store, s.background,
+        s.tracker, s.state.budgets, s.writer, s.background,
         shared=s.state.sessions if s.settings.redis_url else None,
     )  # fmt: skip
     # In-process budgets recall a forgotten scope's spend from the log; Redis keeps its own.

@@ -51,6 +51,10 @@ class Store(Protocol):
     async def write_outcome(self, rec: OutcomeRecord) -> None:
         """Insert or replace the outcome for (task_id, attempt, source)."""
 
+    async def write_outcome_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Insert or replace outcome rows (``schema.encode_outcome``) in one transaction, in order
+        (a later row for the same (task_id, attempt, source) wins). Raises as ``write_rows``."""
+
     async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
         """Oldest first."""
 

@@ -301,6 +301,14 @@ def encode_outcome(rec: OutcomeRecord) -> tuple[Any, ...]:
     return _encode_values(OUTCOMES, values, rec.task_id)
 
 
+_OUTCOME_KEY = tuple(OUTCOMES.names.index(n) for n in OUTCOMES.primary_key)
+
+
+def outcome_key(row: Sequence[Any]) -> tuple[Any, ...]:
+    """The primary key (task_id, attempt, source) of an encoded outcome row."""
+    return tuple(row[i] for i in _OUTCOME_KEY)
+
+
 def _decode_json(raw: Any) -> Any:
     try:
         return orjson.loads(raw)

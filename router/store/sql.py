@@ -50,7 +50,11 @@ class SQLStore(ABC):
             await self._write(self._insert_requests, list(rows))
 
     async def write_outcome(self, rec: OutcomeRecord) -> None:
-        await self._write(self._upsert_outcome, [schema.encode_outcome(rec)])
+        await self.write_outcome_rows([schema.encode_outcome(rec)])
+
+    async def write_outcome_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if rows:
+            await self._write(self._upsert_outcome, list(rows))
 
     async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
         return await self._select(schema.REQUESTS, "task_id", task_id, "ts, request_id")

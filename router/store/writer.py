@@ -12,8 +12,11 @@ store's thread: encoding is pure Python, and a thread encoding a batch holds the
 milliseconds while replies wait for it (at concurrency 1, p99 latency 4.3 -> 3.3 ms not
 streamed and 5.2 -> 3.8 ms streamed when this moved). The store's thread only binds and writes.
 
-Outcomes do not go through here: they are rare, and the feedback endpoint should tell its
-client whether the outcome was stored, so callers await ``store.write_outcome`` directly.
+Weak outcome labels go through here too (``submit_label``): the proxy reads one from nearly every
+turn of an agent's conversation, and writing each in a transaction of its own (a thread hop and a
+commit) cost more than reading it. They are upserts, so a label still waiting is replaced by the
+task's next one for the same attempt. Explicit outcomes do not: the feedback endpoint tells its
+client whether the outcome was stored, so it awaits ``store.write_outcome`` directly.
 """
 
 from __future__ import annotations
@@ -27,14 +30,15 @@ from typing import Any
 
 from router.background import Background
 from router.store import Store, schema
-from router.store.records import RequestRecord, StoreDataError
+from router.store.records import OutcomeRecord, RequestRecord, StoreDataError
 
 log = logging.getLogger(__name__)
 
 
 class LogWriter:
-    """Counters: ``written``, ``dropped`` (buffer overflow or lost at close), ``rejected`` (bad
-    contents), ``failures`` (failed store calls). Use from the event loop's thread only."""
+    """Counters: ``written`` (requests), ``labels_written``, ``dropped`` (buffer overflow or lost at
+    close), ``rejected`` (bad contents), ``failures`` (failed store calls). Use from the event
+    loop's thread only."""
 
     def __init__(
         self,
@@ -57,6 +61,8 @@ class LogWriter:
         self._buffer: deque[tuple[Any, ...]] = deque()
         # Chunks taken from the buffer and not yet stored; kept across failures and retried first.
         self._inflight: deque[list[tuple[Any, ...]]] = deque()
+        # Weak labels not yet stored, by their outcome key: the newest per key (insertion order).
+        self._labels: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._lock = asyncio.Lock()  # one writer of _inflight at a time: the loop, flush() or close()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -66,6 +72,7 @@ class LogWriter:
         self._late = False
         self._jitter = random.Random()
         self.written = 0
+        self.labels_written = 0
         self.dropped = 0
         self.rejected = 0
         self.failures = 0
@@ -75,8 +82,8 @@ class LogWriter:
 
     @property
     def buffered(self) -> int:
-        """Records accepted but not yet stored."""
-        return len(self._buffer) + sum(len(c) for c in self._inflight)
+        """Records (requests and labels) accepted but not yet stored."""
+        return len(self._buffer) + sum(len(c) for c in self._inflight) + len(self._labels)
 
     #: Readiness turns degraded after this many store writes failed in a row...
     FAILING_AFTER = 2
@@ -119,6 +126,27 @@ class LogWriter:
                 )
         self._buffer.append(row)
         if len(self._buffer) >= self._batch_size:
+            self._wake.set()
+
+    def submit_label(self, rec: OutcomeRecord) -> None:
+        """Encode and queue a weak outcome label, replacing one of the same key not yet stored;
+        never blocks, never raises."""
+        if self._closed:
+            self.dropped += 1
+            return
+        try:
+            row = schema.encode_outcome(rec)
+        except StoreDataError as exc:
+            self.rejected += 1
+            log.error("log store rejected the label of task %s: %s", rec.task_id, exc)
+            return
+        key = schema.outcome_key(row)
+        self._labels.pop(key, None)  # re-inserted last: the oldest are dropped first on overflow
+        if len(self._labels) >= self._max_buffer:
+            self._labels.pop(next(iter(self._labels)))
+            self.dropped += 1
+        self._labels[key] = row
+        if len(self._labels) >= self._batch_size:
             self._wake.set()
 
     def start(self, tasks: Background) -> None:
@@ -174,6 +202,7 @@ class LogWriter:
                         break
                     budget -= take
                     self._inflight.append([self._buffer.popleft() for _ in range(take)])
+                await self._write_labels()
             except Exception:
                 self.failures += 1
                 raise
@@ -196,6 +225,30 @@ class LogWriter:
             # Any other exception leaves the chunk at the head for the next attempt.
             self._inflight.popleft()
             self.written += len(chunk)
+
+    async def _write_labels(self) -> None:
+        if not self._labels:
+            return
+        pending, self._labels = self._labels, {}
+        rows = list(pending.values())
+        try:
+            await self._store.write_outcome_rows(rows)
+        except StoreDataError:
+            # Some row is refused for its contents: each alone, so one bad label costs only itself.
+            for row in rows:
+                try:
+                    await self._store.write_outcome_rows([row])
+                except StoreDataError as exc:
+                    self.rejected += 1
+                    log.error("log store rejected the label of task %s: %s", schema.outcome_key(row)[0], exc)
+                else:
+                    self.labels_written += 1
+        except BaseException:
+            # Kept for the next attempt, unless a newer label of the same key came meanwhile.
+            self._labels = pending | self._labels
+            raise
+        else:
+            self.labels_written += len(rows)
 
     async def flush(self) -> None:
         """Store everything buffered now; raises the store's error if it fails (records are kept)."""
@@ -226,4 +279,5 @@ class LogWriter:
             self.dropped += lost
             self._buffer.clear()
             self._inflight.clear()
+            self._labels.clear()
             log.error("log store unavailable at shutdown; dropped %d records after %gs", lost, timeout)

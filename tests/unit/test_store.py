@@ -425,6 +425,7 @@ class FakeStore:
         self.poison = poison
         self.calls = 0
         self.batches: list[list[str]] = []
+        self.label_batches: list[list[tuple[Any, ...]]] = []
 
     async def open(self) -> None:
         pass
@@ -448,7 +449,13 @@ class FakeStore:
         self.batches.append(ids)
 
     async def write_outcome(self, rec: OutcomeRecord) -> None:
-        pass
+        await self.write_outcome_rows([schema.encode_outcome(rec)])
+
+    async def write_outcome_rows(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        self.calls += 1
+        if self.calls <= self.fail_times:
+            raise ConnectionError("database is down")
+        self.label_batches.append([(r[0], r[1], r[3]) for r in rows])  # task, attempt, score
 
     async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
         return []
@@ -597,6 +604,68 @@ async def test_a_record_that_cannot_be_encoded_is_rejected_at_submit(
     assert "huge" in caplog.text and "output_tokens" in caplog.text
     await w.flush()
     assert fake.ids == ["fine"]
+
+
+def label(task: str, attempt: int, score: float) -> OutcomeRecord:
+    return OutcomeRecord(task_id=task, attempt=attempt, success=score >= 0.5, score=score,
+                         source="label-model", details={"p": score}, ts=score, explicit=False)  # fmt: skip
+
+
+async def test_labels_are_written_in_one_batch_the_latest_per_attempt(store: SQLiteStore) -> None:
+    w = LogWriter(store, batch_size=100, flush_interval=60)
+    for rec in (label("t1", 1, 0.2), label("t2", 1, 0.4), label("t1", 1, 0.3), label("t1", 2, 0.6)):
+        w.submit_label(rec)
+    assert w.buffered == 3  # t1's first label of attempt 1 was replaced before it was stored
+    w.submit(RequestRecord(request_id="r0", ts=1.0))
+    await w.flush()
+    assert (w.written, w.labels_written, w.buffered) == (1, 3, 0)
+    t1 = await store.outcomes_for_task("t1")
+    assert [(o["attempt"], o["score"], o["details"]) for o in t1] == [
+        (1, 0.3, {"p": 0.3}),
+        (2, 0.6, {"p": 0.6}),
+    ]
+    assert [o["score"] for o in await store.outcomes_for_task("t2")] == [0.4]
+    w.submit_label(label("t1", 1, 0.9))  # a later turn of the attempt: the stored row is replaced
+    await w.flush()
+    assert [o["score"] for o in await store.outcomes_for_task("t1")] == [0.9, 0.6]
+
+
+async def test_labels_kept_through_a_failing_store_yield_to_newer_ones() -> None:
+    fake = FakeStore(fail_times=1)
+    w = LogWriter(fake, batch_size=100, flush_interval=60)
+    w.submit_label(label("t1", 1, 0.2))
+    w.submit_label(label("t2", 1, 0.4))
+    with pytest.raises(ConnectionError):
+        await w.flush()
+    assert w.buffered == 2 and w.failures == 1
+    w.submit_label(label("t1", 1, 0.3))  # newer than the one that failed to be stored
+    await w.flush()
+    assert [sorted(b) for b in fake.label_batches] == [[("t1", 1, 0.3), ("t2", 1, 0.4)]] and w.buffered == 0
+
+
+async def test_a_label_the_store_refuses_costs_only_itself(store: SQLiteStore) -> None:
+    w = LogWriter(store, batch_size=100, flush_interval=60)
+    w.submit_label(label("t1", 1, 0.2))
+    w.submit_label(label("t2", 2**63, 0.4))  # encodes, but no SQLite integer holds it
+    w.submit_label(label("t3", 1, 0.6))
+    await w.flush()
+    assert (w.labels_written, w.rejected, w.buffered) == (2, 1, 0)
+    assert [o["task_id"] for o in await store.outcomes_since(0.0)] == ["t1", "t3"]
+
+
+async def test_labels_are_stored_by_the_loop_and_at_close() -> None:
+    fake, tasks = FakeStore(), Background()
+    w = LogWriter(fake, batch_size=2, flush_interval=0.05)
+    w.start(tasks)
+    w.submit_label(label("t1", 1, 0.2))
+    w.submit_label(label("t2", 1, 0.4))
+    await until(lambda: w.labels_written == 2)
+    w.submit_label(label("t3", 1, 0.6))
+    await w.close(timeout=1)
+    assert fake.label_batches == [[("t1", 1, 0.2), ("t2", 1, 0.4)], [("t3", 1, 0.6)]]
+    w.submit_label(label("t4", 1, 0.8))
+    assert w.dropped == 1 and w.buffered == 0
+    await tasks.drain(timeout=1)
 
 
 def test_writer_validates_settings() -> None:

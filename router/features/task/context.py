@@ -9,7 +9,6 @@ labels read from the conversation are written off the request path.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,16 +23,14 @@ from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest
 from router.state import Budgets, Sessions, StateUnavailable
 from router.store.records import OutcomeRecord
 
-log = logging.getLogger("router.features.task.context")
-
 #: Signals that mean "this model is stuck": the pinned model is left if another may take over.
 SWITCH_SIGNALS = frozenset({"tool_loop", "tool_failures"})
 #: The switch reason when the outcome label says the attempt is failing (``tasks.escalate_below``).
 LOW_P_SUCCESS = "low_p_success"
 
 
-class OutcomeWriter(Protocol):
-    async def write_outcome(self, rec: OutcomeRecord) -> None: ...
+class LabelWriter(Protocol):
+    def submit_label(self, rec: OutcomeRecord) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +62,13 @@ class TaskContext:
         self,
         tracker: TaskTracker,
         budgets: Budgets,
-        outcomes: OutcomeWriter,
+        labels: LabelWriter,
         background: Background,
         shared: Sessions | None = None,
     ) -> None:
         self.tracker = tracker
         self.budgets = budgets
-        self.outcomes = outcomes
+        self.labels = labels
         self.background = background
         self.shared = shared
 
@@ -187,14 +184,9 @@ class TaskContext:
             task_id=task_id, attempt=attempt, success=label.success, score=label.score,
             source=label.source, details=label.details, ts=time.time(), explicit=False,
         )  # fmt: skip
-        # Best effort: the conversation repeats its signals on the next request, which writes again.
-        try:
-            await self.outcomes.write_outcome(out)
-            state.last_label = key
-        except Exception as exc:
-            log.warning(
-                "weak outcome label not stored (%s); the next request of the task retries", type(exc).__name__
-            )
+        # Queued for the log's batched writes, which retry a store that fails.
+        self.labels.submit_label(out)
+        state.last_label = key
 
 
 def signed_history(req: ClientRequest) -> str | None:
