@@ -66,6 +66,19 @@ def provider_body(req: ClientRequest, backend: Backend) -> dict[str, Any]:
     return body
 
 
+def provider_json(req: ClientRequest, body: dict[str, Any]) -> bytes:
+    """``body`` (``provider_body``) as JSON: a value forwarded as the client sent it is the client's
+    own, encoded once when parsed (``ClientRequest.encoded``; an agent's conversation is most of
+    the bytes), and only what this backend changed is encoded here."""
+    encoded = req.encoded
+    return orjson.dumps(
+        {
+            k: orjson.Fragment(e[1]) if (e := encoded.get(k)) is not None and e[0] is v else v
+            for k, v in body.items()
+        }
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A whole reply in the client's protocol: parsed, and as received when it is relayed."""
@@ -143,11 +156,11 @@ class Upstream:
         return parsed
 
     async def _post(
-        self, url: str, body: dict[str, Any], headers: dict[str, str], backend: Backend
+        self, url: str, data: bytes, headers: dict[str, str], backend: Backend
     ) -> aiohttp.ClientResponse:
         assert self._session is not None, "Upstream.start() was not called"
         try:
-            resp = await self._session.post(self._url(url), data=orjson.dumps(body), headers=headers)
+            resp = await self._session.post(self._url(url), data=data, headers=headers)
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamTimeout("connect", self.timeouts.connect) from None
         except aiohttp.ServerTimeoutError:
@@ -181,8 +194,8 @@ class Upstream:
             obj = await translate.complete(req.protocol, provider_body(req, backend), self._target(backend))
             return Reply(obj)
         wire = WIRES[req.protocol]
-        body = provider_body(req, backend)
-        resp = await self._post(base + wire.path, body, self._headers(req, backend, client_headers), backend)
+        data = provider_json(req, provider_body(req, backend))
+        resp = await self._post(base + wire.path, data, self._headers(req, backend, client_headers), backend)
         try:
             raw = await resp.read()
         except aiohttp.ServerTimeoutError:
@@ -213,8 +226,8 @@ class Upstream:
             )
             return sse.events(_guard(frames, backend, self.timeouts))
         wire = WIRES[req.protocol]
-        body = provider_body(req, backend)
-        resp = await self._post(base + wire.path, body, self._headers(req, backend, client_headers), backend)
+        data = provider_json(req, provider_body(req, backend))
+        resp = await self._post(base + wire.path, data, self._headers(req, backend, client_headers), backend)
         ctype = resp.headers.get("content-type", "")
         if "text/event-stream" not in ctype:
             raw = await resp.read()
@@ -305,4 +318,4 @@ def _error_text(raw: bytes, limit: int = 300) -> str:
     return str(msg)[:limit] if msg else "no message"
 
 
-__all__ = ["OPENAI_RESPONSES", "Upstream", "provider_body", "relay_base"]
+__all__ = ["OPENAI_RESPONSES", "Upstream", "provider_body", "provider_json", "relay_base"]

@@ -18,7 +18,7 @@ from router.protocols.common import (
     check_messages,
     event_json,
     has_image,
-    load_json,
+    load_body,
     shown,
     text_of,
     validated,
@@ -85,7 +85,7 @@ class _Request(BaseModel):
 
 
 def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
-    body = load_json(raw)
+    body, encoded = load_body(raw)
     if count_only and "max_tokens" not in body:
         body = {**body, "max_tokens": 1}
     req = validated(_Request, body)
@@ -100,6 +100,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
     user_id = (req.metadata or {}).get("user_id")
     return ClientRequest(
         protocol=ANTHROPIC,
+        encoded=encoded,
         body=allow(body, ALLOWED),
         model=req.model,
         stream=bool(req.stream),

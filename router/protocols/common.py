@@ -59,6 +59,11 @@ class ClientRequest:
     #: OpenAI chat only: whether the client asked for the usage chunk.
     include_usage: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Each top-level value of the client's body and its JSON, made when the body was parsed (the
+    #: nesting check encodes it anyway): the relay sends these bytes for a value it forwards as it
+    #: is (``forward.upstream.provider_json``) instead of encoding the conversation a second time.
+    #: So nothing changes a parsed value in place: a changed one is a new object.
+    encoded: dict[str, tuple[Any, bytes]] = field(default_factory=dict)
 
     def tools_sha256(self) -> str | None:
         return sha256_json(self.tools) if self.tools else None
@@ -96,21 +101,30 @@ def sha256_json(value: Any) -> str:
 
 
 def load_json(raw: bytes) -> dict[str, Any]:
+    return load_body(raw)[0]
+
+
+def load_body(raw: bytes) -> tuple[dict[str, Any], dict[str, tuple[Any, bytes]]]:
+    """The body as a JSON object, and each top-level value with its JSON (``ClientRequest.encoded``)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc.args[0]}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    encoded = {}
     try:
         # The body is encoded again on its way to a provider, and orjson writes at most 255 levels
-        # (it reads 1024): a deeper body is refused here, not with a 500 at forwarding time.
-        orjson.dumps(body)
+        # (it reads 1024): a deeper body is refused here, not with a 500 at forwarding time. Each
+        # value is encoded inside a list, one level down as in the body, so exactly the bodies
+        # orjson could not write whole are refused.
+        for key, value in body.items():
+            encoded[key] = value, orjson.dumps((value,))[1:-1]
     except orjson.JSONEncodeError:
         raise BadRequest(
             "request body is nested too deeply (at most 255 levels of arrays and objects)"
         ) from None
-    return body
+    return body, encoded
 
 
 def validated(model: type[M], body: dict[str, Any]) -> M:

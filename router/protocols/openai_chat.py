@@ -18,7 +18,7 @@ from router.protocols.common import (
     check_messages,
     event_json,
     has_image,
-    load_json,
+    load_body,
     text_of,
     validated,
 )
@@ -68,7 +68,7 @@ class _Request(BaseModel):
 
 
 def parse(raw: bytes) -> ClientRequest:
-    body = load_json(raw)
+    body, encoded = load_body(raw)
     req = validated(_Request, body)
     check_messages(body["messages"], ROLES, content_optional=True)
     for i, tool in enumerate(req.tools or ()):
@@ -82,6 +82,7 @@ def parse(raw: bytes) -> ClientRequest:
     first_user = next((m for m in messages if m.get("role") == "user"), None)
     return ClientRequest(
         protocol=OPENAI_CHAT,
+        encoded=encoded,
         body=allow(body, ALLOWED),
         model=req.model,
         stream=bool(req.stream),

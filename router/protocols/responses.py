@@ -21,7 +21,7 @@ from router.protocols.common import (
     allow,
     event_json,
     has_image,
-    load_json,
+    load_body,
     shown,
     text_of,
     validated,
@@ -76,7 +76,7 @@ class _Request(BaseModel):
 
 
 def parse(raw: bytes) -> ClientRequest:
-    body = load_json(raw)
+    body, encoded = load_body(raw)
     req = validated(_Request, body)
     if req.previous_response_id:
         raise BadRequest(
@@ -90,6 +90,7 @@ def parse(raw: bytes) -> ClientRequest:
     effort = req.reasoning.effort if req.reasoning else None
     return ClientRequest(
         protocol=OPENAI_RESPONSES,
+        encoded=encoded,
         body=allow(body, ALLOWED),
         model=req.model,
         stream=bool(req.stream),

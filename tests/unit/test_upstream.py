@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
-from router.errors import RateLimited, UpstreamError, UpstreamTimeout
+from router.errors import BadRequest, RateLimited, UpstreamError, UpstreamTimeout
 from router.fakeupstream import FakeUpstream
-from router.forward.upstream import _error_text, _retry_after, provider_body, relay_base
-from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from router.forward.upstream import _error_text, _retry_after, provider_body, provider_json, relay_base
+from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, WIRES
 from tests.unit.requestpath import calls, catalog, closed_port, model, request, upstream
 
 # -- the provider's body ---------------------------------------------------------------------------------
@@ -40,6 +41,46 @@ def test_thinking_is_dropped_only_for_backends_without_it(fake: FakeUpstream) ->
     assert "thinking" not in provider_body(req, cat["plain"])
     assert provider_body(req, cat["thinker"])["thinking"] == {"type": "enabled", "budget_tokens": 1024}
     assert req.body["thinking"]  # the client's request is not changed
+
+
+def test_the_relayed_bytes_are_the_body_as_orjson_writes_it(fake: FakeUpstream) -> None:
+    b = catalog(model("a", fake.url))["a"]
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+    for req in (request(stream=True, max_tokens=5000, tools=tools), request(ANTHROPIC, max_tokens=10)):
+        body = provider_body(req, b)
+        assert provider_json(req, body) == orjson.dumps(body)
+        assert orjson.loads(provider_json(req, body))["model"] == b.wire_model  # changed here, encoded here
+    req = request(messages=[{"role": "user", "content": "hi"}])
+    body = provider_body(req, b)
+    body["messages"] = [{"role": "user", "content": "other"}]  # a new value is never the client's bytes
+    assert orjson.loads(provider_json(req, body))["messages"][0]["content"] == "other"
+
+
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
+def test_bodies_orjson_could_not_write_are_refused_and_no_others(protocol: str) -> None:
+    # orjson writes 254 levels of arrays and objects: the body's own object and 253 inside it.
+    def body(levels: int) -> bytes:
+        conversation = (
+            b'"input":"hi"'
+            if protocol == OPENAI_RESPONSES
+            else b'"messages":[{"role":"user","content":"hi"}]'
+        )
+        deep = b"[" * levels + b'"x"' + b"]" * levels
+        return b'{"model":"m","max_tokens":5,' + conversation + b',"metadata":{"deep":' + deep + b"}}"
+
+    for levels, ok in ((252, True), (253, False)):  # with the body's object and metadata's: 254, 255
+        fits = True
+        try:
+            orjson.dumps(orjson.loads(body(levels)))
+        except orjson.JSONEncodeError:
+            fits = False
+        assert fits is ok
+        try:
+            WIRES[protocol].parse(body(levels))
+            refused = False
+        except BadRequest as err:
+            refused = "nested too deeply" in err.message
+        assert refused is not ok, (protocol, levels)
 
 
 def test_relay_only_to_a_backend_speaking_the_clients_protocol(fake: FakeUpstream) -> None:
