@@ -38,9 +38,10 @@ class Background:
 
     def spawn_blocking(self, fn: Callable[..., T], *args: Any, name: str) -> asyncio.Task[T]:
         """``fn(*args)`` on a worker thread (a lower-priority one: see ``worker_pool``), tracked."""
-        return self.spawn(self._in_thread(fn, args), name)
+        return self.spawn(self.in_thread(fn, *args), name)
 
-    async def _in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a worker thread, awaited (by a task that is itself tracked)."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
 
     def _finished(self, task: asyncio.Task[Any]) -> None:

@@ -8,7 +8,7 @@ conversation memo, the task tracker and the outcome log stay as they were.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +36,9 @@ class Decided:
     counted: bool = False
     #: The task's arm when the policy has a control arm ("control" or "treated"), else None.
     arm: str | None = None
+    #: The weak label's reading of the conversation (``TaskContext.label_reader``), which
+    #: ``Pipeline.finish`` runs once the request has ended; None when there is nothing to read.
+    label: Callable[[], None] | None = None
 
 
 class Pipeline:
@@ -52,16 +55,21 @@ class Pipeline:
         secrets); ``body_bytes``: the raw body's size, the memory the conversation memo charges for it."""
         size = self.sizer.measure(req, task_id, body_bytes)
         repo = headers.get("x-router-repo")
-        view = await self.tasks.enter(
-            rt.policy, req, task_id, attempt_header, size.tokens, repo, size.repeat, size.facts
-        )
-        feats = request_features(req, size.tokens, headers, view)
-        arm, decider = _decider(rt, req, task_id, key_id, headers)
-        counted = not size.settled and decider.size_matters(feats, size.low, size.high)
-        if counted:
-            # A hard limit is never decided on a guess.
-            feats = replace(feats, prompt_tokens=self.sizer.settle(size))
-        return Decided(feats, view, decider.decide(feats), size, size.remembered > 0, counted, arm)
+        view = await self.tasks.enter(rt.policy, req, task_id, attempt_header, size.tokens, repo, size.facts)
+        label = self.tasks.label_reader(rt.policy, req, view, size.repeat, size.facts)
+        try:
+            feats = request_features(req, size.tokens, headers, view)
+            arm, decider = _decider(rt, req, task_id, key_id, headers)
+            counted = not size.settled and decider.size_matters(feats, size.low, size.high)
+            if counted:
+                # A hard limit is never decided on a guess.
+                feats = replace(feats, prompt_tokens=self.sizer.settle(size))
+            decision = decider.decide(feats)
+        except BaseException:
+            if label is not None:
+                label()  # the conversation says how the task goes, whatever became of this request
+            raise
+        return Decided(feats, view, decision, size, size.remembered > 0, counted, arm, label)
 
     async def preview(
         self, rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
@@ -83,7 +91,8 @@ class Pipeline:
     ) -> None:  # fmt: skip
         """Once the request has ended: size the prompt exactly for the conversation's next turn
         (the provider's reported count, ``reported_input_tokens``, or else a count of what
-        ``decide`` left pending), and pin the task to the backend that served its main-loop request."""
+        ``decide`` left pending), pin the task to the backend that served its main-loop request,
+        and read the weak label."""
         size = decided.size
         if size is not None:
             if reported_input_tokens and size.snapshot is not None:  # a 0 is no count of a prompt
@@ -99,6 +108,8 @@ class Pipeline:
                 decided.task, backend.id, input_tokens or decided.features.prompt_tokens, backend.cache_ttl_s,
                 rt.policy.spec.tasks.abandon_after_s,
             )  # fmt: skip
+        if decided.label is not None:
+            decided.label()
 
 
 def _decider(

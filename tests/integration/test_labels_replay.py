@@ -62,6 +62,21 @@ def test_the_live_verdict_on_replayed_runs_equals_the_offline_one(router: Runnin
         )
 
 
+def test_a_conversation_first_seen_whole_gets_the_same_verdict(router: RunningRouter) -> None:
+    # A restart, or a task joined midway: the router sees a long conversation at once and reads
+    # it on a worker thread (its turns, one at a time, are read on the event loop).
+    t = max(load(TRAJECTORIES, limit=40), key=lambda t: len(t.messages))
+    *_, last = requests(t, "tools", model="auto")
+    assert len(orjson.loads(last)["messages"]) > 16  # context.INLINE_MESSAGES
+    task = f"whole-{t.instance_id}"
+    r = httpx.post(f"{router.url}/v1/chat/completions", content=last, timeout=30,
+                   headers={"x-router-task-id": task, "content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    offline = replay(t, "tools", default())[-1].label
+    live = verdict(router, task, offline.score)
+    assert live is not None and (live["success"], live["score"]) == (offline.success, offline.score)
+
+
 def _stored_score(router: RunningRouter, task: str, other_than: float | None, timeout: float = 10.0) -> float:
     """The task's stored label score, once it differs from ``other_than``."""
     deadline = time.monotonic() + timeout

@@ -9,10 +9,12 @@ labels read from the conversation are written off the request path.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Final, Protocol
 
 from router.background import Background
 from router.features.task.tracker import TaskState, TaskTracker, is_side_call
@@ -23,10 +25,15 @@ from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest
 from router.state import Budgets, Sessions, StateUnavailable
 from router.store.records import OutcomeRecord
 
+log = logging.getLogger("router.features.task.context")
+
 #: Signals that mean "this model is stuck": the pinned model is left if another may take over.
 SWITCH_SIGNALS = frozenset({"tool_loop", "tool_failures"})
 #: The switch reason when the outcome label says the attempt is failing (``tasks.escalate_below``).
 LOW_P_SUCCESS = "low_p_success"
+#: A conversation with at most this many messages not yet read (a turn adds two) is labelled on
+#: the event loop; more (a restart, a task joined midway) go to a worker thread.
+INLINE_MESSAGES: Final = 16
 
 
 class LabelWriter(Protocol):
@@ -80,20 +87,24 @@ class TaskContext:
         attempt_header: str | None,
         prompt_tokens: int,
         repo: str | None,
-        resent: bool = False,
         seen: list[Any] | None = None,
     ) -> TaskView:
-        """``resent``: the request repeats one of the task's last requests; ``seen``: per-message
-        slots kept with the conversation, where the signals' reading of each message is remembered
-        (both from ``router.features.memo``)."""
+        """``seen``: per-message slots kept with the conversation, where the signals' reading of each
+        message is remembered (from ``router.features.memo``)."""
         state = self.tracker.begin(task_id, req, attempt_header)
-        view = await self._view(policy, req, task_id, state, prompt_tokens, repo, seen)
-        if not view.side_call and (resent or not signals.without_tools(seen, len(req.messages))):
-            # The weak label reads the results in full (test summaries, build errors): the decision
-            # does not wait for it. A conversation without tools (aider, a plain chat) has none to read.
-            label = self._write_weak_label(policy, req, task_id, state, resent, seen)
-            self.background.spawn(label, name="weak-outcome")
-        return view
+        return await self._view(policy, req, task_id, state, prompt_tokens, repo, seen)
+
+    def label_reader(
+        self, policy: Policy, req: ClientRequest, view: TaskView, resent: bool, seen: list[Any] | None
+    ) -> Callable[[], None] | None:
+        """The weak label's reading of the request's conversation, for the caller to run once the
+        request has ended (the label reads the results in full, test summaries and build errors:
+        the decision does not wait for it); None when there is nothing to read: a side call, or a
+        conversation without tools (aider, a plain chat). ``resent``: the request repeats one of the
+        task's last requests (``router.features.memo``)."""
+        if view.side_call or not (resent or not signals.without_tools(seen, len(req.messages))):
+            return None
+        return partial(self._label, policy, req, view.task_id, view.state, view.attempt, resent, seen)
 
     async def preview(
         self, policy: Policy, req: ClientRequest, task_id: str, attempt_header: str | None,
@@ -161,21 +172,38 @@ class TaskContext:
         await self.shared.set_pin(task_id, model, abandon_after_s)
         await self.shared.mark_warm(task_id, model, cache_ttl_s)
 
-    async def _write_weak_label(
-        self, policy: Policy, req: ClientRequest, task_id: str, state: TaskState, resent: bool,
-        seen: list[Any] | None,
+    def _label(
+        self, policy: Policy, req: ClientRequest, task_id: str, state: TaskState, attempt: int,
+        resent: bool, seen: list[Any] | None,
     ) -> None:  # fmt: skip
-        attempt = state.attempt
+        read = partial(weak_label, req, policy.spec.tasks.loop_threshold, resent, seen, policy.label_model)
+        if labels.unread(seen, len(req.messages)) <= INLINE_MESSAGES:
+            # Earlier turns read the rest: the new messages cost less here, once the reply is out,
+            # than handing them to a worker thread (and the GIL back and forth while replies wait).
+            try:
+                label = read()
+            except Exception:  # the request's accounting, which runs next, must not be lost to it
+                log.exception("the weak label of task %s could not be read", task_id)
+                return
+            self._keep_label(task_id, state, attempt, len(req.messages), label)
+        else:
+            self.background.spawn(self._label_in_thread(read, task_id, state, attempt, len(req.messages)),
+                                  name="weak-outcome")  # fmt: skip
+
+    async def _label_in_thread(
+        self, read: Callable[[], signals.WeakLabel], task_id: str, state: TaskState, attempt: int, n: int
+    ) -> None:
         # A conversation the router has not seen yet (a restart, a task joined midway) is read whole,
         # tens of ms for a long one: a worker thread does it, and the loop keeps answering requests.
-        label = await self.background.spawn_blocking(
-            weak_label, req, policy.spec.tasks.loop_threshold, resent, seen, policy.label_model,
-            name="read-outcome",
-        )  # fmt: skip
-        at = (attempt, len(req.messages))
-        if at < state.label_at:
+        label = await self.background.in_thread(read)
+        self._keep_label(task_id, state, attempt, n, label)
+
+    def _keep_label(
+        self, task_id: str, state: TaskState, attempt: int, n: int, label: signals.WeakLabel
+    ) -> None:
+        if (attempt, n) < state.label_at:
             return  # a later request of the attempt was labelled meanwhile
-        state.label_at = at
+        state.label_at = (attempt, n)
         # The signals riding along (a resend, a loop) are part of what is stored, so part of the key.
         key = (attempt, label.success, label.score, label.source, tuple(label.details.get("signals", ())))
         if key == state.last_label:

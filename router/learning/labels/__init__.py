@@ -6,7 +6,8 @@ a vector; ``model`` is the versioned, hash-pinned artifact that turns it into a 
 ``WeakLabel``; ``fit`` fits and cross-validates; ``replay`` and ``evaluate`` are `router eval-labels`.
 """
 
+from router.learning.labels.features import unread
 from router.learning.labels.infer import Reading, label, read
 from router.learning.labels.model import SOURCE, LabelModel, default
 
-__all__ = ["SOURCE", "LabelModel", "Reading", "default", "label", "read"]
+__all__ = ["SOURCE", "LabelModel", "Reading", "default", "label", "read", "unread"]

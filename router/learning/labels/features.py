@@ -120,6 +120,13 @@ def conversation(messages: Sequence[Any], seen: list[Any] | None = None) -> list
     return out
 
 
+def unread(seen: list[Any] | None, n_messages: int) -> int:
+    """How many of a conversation's messages ``conversation`` would read anew (not in their slots)."""
+    if seen is None or len(seen) != n_messages:
+        return n_messages
+    return sum(1 for r in seen if r is None or not isinstance(r.label, Facts))
+
+
 def vector(facts: Sequence[Facts]) -> dict[str, float]:
     """The features of a conversation (``NAMES``), from its messages' facts."""
     steps = sum(f.step for f in facts)
