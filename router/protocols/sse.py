@@ -22,6 +22,9 @@ class Event:
 
 
 def parse_block(block: bytes) -> Event:
+    if block.startswith(b"data: ") and b"\n" not in block:
+        # Most events of a chat stream are one data line: no splitting, no name.
+        return Event(None, block[6:].lstrip(b" ").rstrip(b"\r"), block + b"\n\n")
     name = None
     data_lines = []
     for line in block.split(b"\n"):

@@ -33,6 +33,16 @@ async def test_crlf_multiline_data_and_a_missing_final_blank_line() -> None:
     assert [(e.name, e.data) for e in evs] == [("m", b"x\ny"), (None, b"last")]
 
 
+def test_a_single_data_line_reads_as_any_other_event() -> None:
+    # One data line takes a shorter path: the same payload, name and bytes as the general one.
+    for block in (b'data: {"a": 1}', b"data:   spaced\r", b"data: ", b"data:tight", b": comment"):
+        ev = sse.parse_block(block)
+        multi = sse.parse_block(b": keep\n" + block)  # a comment line first: the general path
+        assert (ev.name, ev.data, ev.raw) == (multi.name, multi.data, block + b"\n\n"), block
+    assert sse.parse_block(b'data: {"a": 1}').data == b'{"a": 1}'
+    assert sse.parse_block(b"data:   spaced\r").data == b"spaced"
+
+
 def test_usage_only_chunks_are_told_apart_without_parsing_every_chunk() -> None:
     from router.protocols.openai_chat import is_usage_only
 
