@@ -66,7 +66,7 @@ class Runtime:
             names |= {REPO_HEADER, TEAM_HEADER}
         return tuple(sorted(names))
 
-    @property
+    @cached_property  # every request's log record names it: the files are hashed once per runtime
     def revision(self) -> str | None:
         return self.files.revision if self.files is not None else None
 
