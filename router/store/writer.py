@@ -258,6 +258,7 @@ class LogWriter:
         """Stop the loop and store what is left, retrying until ``timeout``; the rest count as dropped."""
         self._closed = True
         self._stop.set()
+        self._wake.set()  # an idle loop waits on this, not on _stop: without it close waits out the interval
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:

@@ -510,6 +510,7 @@ async def test_writer_flushes_at_close() -> None:
     fake, tasks = FakeStore(), Background()
     w = LogWriter(fake, batch_size=100, flush_interval=60)
     w.start(tasks)
+    await asyncio.sleep(0)  # the loop runs up to its wait for the next interval (idle, as in production)
     for r in recs(7):
         w.submit(r)
     loop = asyncio.get_running_loop()
