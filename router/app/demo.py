@@ -83,6 +83,7 @@ def _requests(big_prompt: str) -> list[tuple[str, str, dict[str, Any], dict[str,
 def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, port: int | None = None) -> int:
     """``port``: where the router listens (0: any free port); None: 8080, or any free port if taken."""
     from router.app.factory import create_app
+    from router.app.serve import uvicorn_config
     from router.app.settings import Settings
     from router.fakeupstream import FakeUpstream
 
@@ -102,7 +103,9 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
         logging.getLogger("httpx").setLevel(logging.WARNING)  # its own client's "HTTP Request:" lines
         sock = _free_port(8080 if port is None else port, required=port is not None)
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        server = uvicorn.Server(
+            uvicorn_config(app, settings, log_level="warning")
+        )  # as `router serve` serves
         thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
         thread.start()
         while not server.started:
