@@ -119,7 +119,7 @@ async def recall_spend(budgets: MemoryBudgets, store: Store, scopes: Iterable[st
     for scope in scopes:
         if budgets.forgotten(scope):
             kind, _, value = scope.partition(":")
-            usd = await store.spend_of(_COLUMN[kind], value)
+            usd = await store.spend_of(_COLUMN[kind], value, budgets.active_since())
             if budgets.forgotten(scope):  # not restored by a concurrent request meanwhile
                 budgets.restore({scope: usd})
 
@@ -132,8 +132,9 @@ async def restore_spend(state: SharedState, store: Store, task_budgets: bool) ->
     """
     if not isinstance(state, MemoryState):
         return 0
-    spent = {f"key:{k}": usd for k, usd in (await store.spend_by("key_id")).items()}
+    since = state.budgets.active_since()
+    spent = {f"key:{k}": usd for k, usd in (await store.spend_by("key_id", since)).items()}
     if task_budgets:
-        spent.update({f"task:{t}": usd for t, usd in (await store.spend_by("task_id")).items()})
+        spent.update({f"task:{t}": usd for t, usd in (await store.spend_by("task_id", since)).items()})
     state.budgets.restore(spent)
     return len(spent)

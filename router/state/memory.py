@@ -177,6 +177,11 @@ class MemoryBudgets:
         for name in reservation.scopes:
             self._scope(name).holds.pop(reservation.id, None)
 
+    def active_since(self) -> float:
+        """A scope last used before this time has been forgotten (``budget_idle_ttl_s``): spend
+        restored from the log must come from scopes used since, as Redis forgets them too."""
+        return self._clock() - self._idle_ttl
+
     def forgotten(self, scope: str) -> bool:
         """Whether ``scope`` may have been dropped for room (so its spend must be looked up)."""
         return self._scopes.evicted > 0 and self._scopes.get(scope) is None

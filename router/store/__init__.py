@@ -66,11 +66,13 @@ class Store(Protocol):
     async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
         """Every outcome recorded from ``ts`` on."""
 
-    async def spend_by(self, column: str) -> dict[str, float]:
-        """Total ``cost_usd`` logged per ``key_id`` or per ``task_id`` (budgets seed from it)."""
+    async def spend_by(self, column: str, active_since: float) -> dict[str, float]:
+        """Total ``cost_usd`` logged per ``key_id`` or per ``task_id`` (budgets seed from it), of
+        those with a request logged at or after ``active_since`` (unix seconds)."""
 
-    async def spend_of(self, column: str, value: str) -> float:
-        """Total ``cost_usd`` logged for one ``key_id`` or ``task_id``."""
+    async def spend_of(self, column: str, value: str, active_since: float) -> float:
+        """Total ``cost_usd`` logged for one ``key_id`` or ``task_id``; 0 unless it has a request
+        logged at or after ``active_since``."""
 
     async def create_key(self, rec: KeyRecord) -> None:
         """Insert a virtual key; raises ``StoreDataError`` if its id or hash is already stored."""

@@ -334,10 +334,17 @@ def decode_row(table: Table, row: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
-def spend_sql(column: str, dialect: Dialect | None = None) -> str:
-    """Total cost per value of ``key_id`` or ``task_id`` (what in-process budgets restart from);
-    with a ``dialect``, of the one value given as the query's parameter."""
+def spend_sql(column: str, dialect: Dialect, one: bool = False) -> str:
+    """Total cost per value of ``key_id`` or ``task_id`` (what in-process budgets restart from),
+    of the values with a request at or after the last parameter (a budget scope idle longer is
+    forgotten); with ``one``, of the one value given as the first parameter."""
     if column not in ("key_id", "task_id"):
         raise ValueError(f"no spend by {column!r}")
-    where = f"{column} IS NOT NULL" if dialect is None else f"{column} = {_ph(dialect)}"
-    return f"SELECT {column}, SUM(cost_usd) FROM requests WHERE {where} AND cost_usd > 0 GROUP BY {column}"
+    ph = _ph(dialect)
+    where = f"{column} = {ph}" if one else f"{column} IS NOT NULL"
+    # Every request touches its scopes, refused ones too (no cost), so the latest of any row is
+    # when the scope was last used: a key refused daily for its spent budget is not forgotten.
+    return (
+        f"SELECT {column}, SUM(cost_usd) FROM requests WHERE {where} GROUP BY {column} "
+        f"HAVING MAX(ts) >= {ph} AND SUM(cost_usd) > 0"
+    )

@@ -68,11 +68,12 @@ class SQLStore(ABC):
     async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
         return await self._select(schema.OUTCOMES, "ts", ts, "ts", op=">=")
 
-    async def spend_by(self, column: str) -> dict[str, float]:
-        return {str(k): float(v) for k, v in await self._fetch(schema.spend_sql(column))}
+    async def spend_by(self, column: str, active_since: float) -> dict[str, float]:
+        rows = await self._fetch(schema.spend_sql(column, self.dialect), (active_since,))
+        return {str(k): float(v) for k, v in rows}
 
-    async def spend_of(self, column: str, value: str) -> float:
-        rows = await self._fetch(schema.spend_sql(column, self.dialect), (value,))
+    async def spend_of(self, column: str, value: str, active_since: float) -> float:
+        rows = await self._fetch(schema.spend_sql(column, self.dialect, one=True), (value, active_since))
         return float(rows[0][1]) if rows else 0.0
 
     async def create_key(self, rec: KeyRecord) -> None:

@@ -248,6 +248,20 @@ async def test_a_restart_keeps_what_each_key_spent(fake: FakeUpstream, tmp_path:
     assert untouched.spent == 0
 
 
+async def test_a_restart_forgets_a_key_idle_past_the_budget_ttl(fake: FakeUpstream, tmp_path: Path) -> None:
+    """A scope unused for ``budget_idle_ttl_s`` is forgotten by Redis and by a running process;
+    a restart forgets it too, rather than restoring its spend from the log."""
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        row, key_id = await spend_once(r)
+        idle_s = StateConfig().budget_idle_ttl_s
+        later = MemoryState(clock=lambda: row["ts"] + idle_s + 1.0)
+        soon = MemoryState(clock=lambda: row["ts"] + idle_s - 1.0)
+        assert await admission.restore_spend(later, r.s.store, True) == 0
+        assert await admission.restore_spend(soon, r.s.store, True) == 2  # the key and the task
+    assert (await later.budgets.spent(f"key:{key_id}")).spent == 0
+    assert (await soon.budgets.spent(f"key:{key_id}")).spent == pytest.approx(row["cost_usd"], abs=1e-9)
+
+
 def decision(cost_usd: float) -> Decision:
     """A decision for model "a" whose estimate costs ``cost_usd``."""
     est = Estimate(model="a", prompt_tokens=10, output_tokens=MAX_TOKENS, cached_tokens=0, cost_usd=cost_usd)

@@ -275,9 +275,20 @@ async def check_batch_and_queries(store: Store) -> None:
     even = await store.requests_for_task("t-even")
     assert [r["request_id"] for r in even] == [f"r{i:03d}" for i in range(0, 300, 2)]
     # What in-process budgets restart from: the retried batch is not counted twice.
-    assert await store.spend_by("key_id") == {"k1": 2.0}
-    assert await store.spend_by("task_id") == {"t-even": 1.0, "t-odd": 1.0}
-    assert await store.spend_of("key_id", "k1") == 2.0 and await store.spend_of("task_id", "nobody") == 0.0
+    assert await store.spend_by("key_id", 0.0) == {"k1": 2.0}
+    assert await store.spend_by("task_id", 0.0) == {"t-even": 1.0, "t-odd": 1.0}
+    assert (
+        await store.spend_of("key_id", "k1", 0.0) == 2.0
+        and await store.spend_of("task_id", "nobody", 0.0) == 0.0
+    )
+    # Only scopes used since: k1's last request is at 1003, t-even's at 1298 (one with no cost
+    # counts as use: a refused request touches its scopes), t-odd's at 1299.
+    assert (
+        await store.spend_by("key_id", 1003.0) == {"k1": 2.0} and await store.spend_by("key_id", 1003.5) == {}
+    )
+    assert await store.spend_by("task_id", 1298.5) == {"t-odd": 1.0}
+    assert await store.spend_of("key_id", "k1", 1003.5) == 0.0
+    assert await store.spend_of("task_id", "t-even", 1298.0) == 1.0
 
 
 async def test_batch_write_and_queries(store: SQLiteStore) -> None:
