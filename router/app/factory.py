@@ -184,7 +184,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         max_body_bytes=s.settings.max_body_bytes,
     )  # fmt: skip
     register_ui(
-        app, store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config
+        app, store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config,
+        max_requests=s.settings.ui_max_requests,
     )  # fmt: skip
     # Routes are labelled by the policy in force, which a reload may replace.
     s.telemetry.use_policy(lambda: runtime.current.policy)

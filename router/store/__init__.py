@@ -60,8 +60,9 @@ class Store(Protocol):
 
     async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]: ...
 
-    async def requests_since(self, ts: float) -> list[dict[str, Any]]:
-        """Every request from ``ts`` (unix seconds) on, oldest first."""
+    async def requests_since(self, ts: float, limit: int | None = None) -> list[dict[str, Any]]:
+        """Every request from ``ts`` (unix seconds) on, oldest first; with ``limit``, only the
+        latest ``limit`` of them."""
 
     async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
         """Every outcome recorded from ``ts`` on."""

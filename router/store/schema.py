@@ -195,6 +195,7 @@ def select_sql(
     where: str | None = None,
     order: str | None = None,
     op: str = "=",
+    limit: int | None = None,
 ) -> str:
     """``where`` is a column name compared (``op``: ``=`` or ``>=``) with one parameter."""
     assert op in ("=", ">="), op
@@ -203,6 +204,8 @@ def select_sql(
         sql += f" WHERE {where} {op} {_ph(dialect)}"
     if order:
         sql += f" ORDER BY {order}"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
     return sql
 
 

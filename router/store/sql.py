@@ -37,9 +37,10 @@ class SQLStore(ABC):
         """Implemented by each dialect."""
 
     async def _select(
-        self, table: schema.Table, where: str | None, param: Any, order: str, op: str = "="
-    ) -> list[dict[str, Any]]:
-        sql = schema.select_sql(table, self.dialect, where=where, order=order, op=op)
+        self, table: schema.Table, where: str | None, param: Any, order: str, op: str = "=",
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        sql = schema.select_sql(table, self.dialect, where=where, order=order, op=op, limit=limit)
         return [schema.decode_row(table, row) for row in await self._fetch(sql, (param,) if where else ())]
 
     async def write_requests(self, records: Sequence[RequestRecord]) -> None:
@@ -62,8 +63,13 @@ class SQLStore(ABC):
     async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
         return await self._select(schema.OUTCOMES, "task_id", task_id, "attempt, source")
 
-    async def requests_since(self, ts: float) -> list[dict[str, Any]]:
-        return await self._select(schema.REQUESTS, "ts", ts, "ts, request_id", op=">=")
+    async def requests_since(self, ts: float, limit: int | None = None) -> list[dict[str, Any]]:
+        if limit is None:
+            return await self._select(schema.REQUESTS, "ts", ts, "ts, request_id", op=">=")
+        latest = await self._select(
+            schema.REQUESTS, "ts", ts, "ts DESC, request_id DESC", op=">=", limit=limit
+        )
+        return latest[::-1]
 
     async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
         return await self._select(schema.OUTCOMES, "ts", ts, "ts", op=">=")

@@ -85,9 +85,10 @@ def _when_utc(ts: float | None) -> str:
 
 def register_ui(
     app: FastAPI, *, store: Store, auth: Auth, runtime: Callable[[], Runtime], history: PolicyHistory,
-    config: Path,
+    config: Path, max_requests: int,
 ) -> None:  # fmt: skip
-    """``config``: the policy file in force; a previewed edit is placed beside it."""
+    """``config``: the policy file in force; a previewed edit is placed beside it;
+    ``max_requests``: the most requests of a window a page reads (the latest)."""
     env = environment()
 
     def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -110,26 +111,43 @@ def register_ui(
 
         return guarded
 
+    async def read(since: float, until: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+        """The window's latest requests (at most ``max_requests``), its outcomes, and whether
+        older requests of the window were left out."""
+        requests = [r for r in await store.requests_since(since, max_requests + 1) if r["ts"] <= until]
+        capped = len(requests) > max_requests
+        return requests[-max_requests:], await store.outcomes_since(since), capped
+
     async def window(
         request: Request,
-    ) -> tuple[str, float, float, list[dict[str, Any]], list[dict[str, Any]]]:
+    ) -> tuple[str, float, float, list[dict[str, Any]], list[dict[str, Any]], bool]:
         label, seconds = views.window_seconds(request.query_params.get("window"))
         until = time.time()
         since = until - seconds
-        requests = [r for r in await store.requests_since(since) if r["ts"] <= until]
-        return label, since, until, requests, await store.outcomes_since(since)
+        requests, outcomes, capped = await read(since, until)
+        return label, since, until, requests, outcomes, capped
+
+    def shown(capped: bool, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the window template says of the rows read (the cap, and from when they start)."""
+        return {
+            "capped": max_requests if capped else None,
+            "from_ts": requests[0]["ts"] if requests else None,
+        }
 
     @gated
     async def overview(request: Request) -> Response:
-        label, since, until, requests, outcomes = await window(request)
-        data = views.overview(requests, outcomes, since, until)
-        return render(request, "overview.html", window=label, o=data)
+        label, since, until, requests, outcomes, capped = await window(request)
+        # A page's numbers take up to seconds of Python: in a worker thread, so that the event
+        # loop goes on serving the agents' requests meanwhile.
+        data = await asyncio.to_thread(views.overview, requests, outcomes, since, until)
+        return render(request, "overview.html", window=label, o=data, **shown(capped, requests))
 
     @gated
     async def tasks(request: Request) -> Response:
-        label, _, _, requests, outcomes = await window(request)
+        label, _, _, requests, outcomes, capped = await window(request)
         q = request.query_params.get("q", "")
-        return render(request, "tasks.html", window=label, q=q, t=views.task_rows(requests, outcomes, q))
+        rows = await asyncio.to_thread(views.task_rows, requests, outcomes, q)
+        return render(request, "tasks.html", window=label, q=q, t=rows, **shown(capped, requests))
 
     @gated
     async def task(request: Request) -> Response:
@@ -142,8 +160,9 @@ def register_ui(
 
     @gated
     async def latency(request: Request) -> Response:
-        label, _, _, requests, outcomes = await window(request)
-        return render(request, "latency.html", window=label, lat=views.latency(requests, outcomes))
+        label, _, _, requests, outcomes, capped = await window(request)
+        lat = await asyncio.to_thread(views.latency, requests, outcomes)
+        return render(request, "latency.html", window=label, lat=lat, **shown(capped, requests))
 
     async def policy_page(request: Request, label: str, status: int = 200, **context: Any) -> Response:
         """``label``: the window of the arms' numbers and the preview's default."""
@@ -154,15 +173,18 @@ def register_ui(
             text = f"(cannot read {rt.policy.source}: {exc.strerror})"
         context.setdefault("edit", text)
         h = history.describe(rt)
-        since = time.time() - views.WINDOWS[label]
-        requests, outcomes = await store.requests_since(since), await store.outcomes_since(since)
+        requests: list[dict[str, Any]] = []
+        capped, arms = False, None
+        if rt.control is not None:  # the arms are all the page reads the log for
+            until = time.time()
+            requests, outcomes, capped = await read(until - views.WINDOWS[label], until)
+            arms = await asyncio.to_thread(policyview.arms, requests, outcomes, rt.revision)
         applied = await asyncio.to_thread(history.archive.since, rt.revision or "")
-        arms = await asyncio.to_thread(policyview.arms, requests, outcomes, rt.revision)  # days of rows
         return render(
             request, "policy.html", status, rt=rt, yaml_text=text, h=h, window=label,
             control=policyview.control(rt), arms=arms,
             guard=policyview.guard(rt.policy.spec.guard, h["guard"], applied or rt.applied_at),
-            scopes=policyview.scopes(rt.policy.spec), **context,
+            scopes=policyview.scopes(rt.policy.spec), **shown(capped, requests), **context,
         )  # fmt: skip
 
     @gated

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,32 @@ def test_overview_shows_the_logged_traffic(
         records[0]["policy_revision"]
     }
     assert [row.split()[:2] for row in rows(browser, "by-revision")] == [[records[0]["policy_revision"], "5"]]
+
+
+def test_pages_read_at_most_the_latest_requests_and_say_so(
+    browser: Any, router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    """A busy window is read only up to ``ui_max_requests`` (its latest requests), and the page
+    says that older ones were left out; under the cap it says nothing."""
+    upstream.clear()
+    router = router_factory(local_policy(upstream.url, **ARMS), ui_max_requests=3)
+    records = traffic(router)
+    browser.get(f"{router.url}/ui")
+    assert text(browser, "#total-requests") == "3" and len(records) == 5
+    first_shown = sorted(r["ts"] for r in records)[-3]
+    notice = text(browser, "p.capped")
+    assert (
+        notice.startswith("The latest 3 requests of the window, from ") and "router report --since" in notice
+    )
+    assert time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(first_shown)) in notice
+    browser.get(f"{router.url}/ui/tasks")
+    assert "The latest 3 requests" in text(browser, "p.capped")
+    browser.get(f"{router.url}/ui/policy")
+    assert "The latest 3 requests" in text(browser, "p.capped")
+    uncapped = router_factory(local_policy(upstream.url), ui_max_requests=5)
+    traffic(uncapped)
+    browser.get(f"{uncapped.url}/ui")
+    assert text(browser, "#total-requests") == "5" and "The latest" not in browser.page_source
 
 
 def test_task_search_and_ledger(browser: Any, served: tuple[RunningRouter, list[dict[str, Any]]]) -> None:

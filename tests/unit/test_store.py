@@ -272,6 +272,9 @@ async def check_batch_and_queries(store: Store) -> None:
     await store.write_requests(recs[:10])  # a retried batch: already-stored ids are skipped
     assert [r["request_id"] for r in await store.requests_since(1295.0)] == [f"r{i}" for i in range(295, 300)]
     assert len(await store.requests_since(0.0)) == 300
+    latest = await store.requests_since(1100.0, limit=3)  # the latest three, oldest first
+    assert [r["request_id"] for r in latest] == ["r297", "r298", "r299"]
+    assert len(await store.requests_since(1297.0, limit=10)) == 3
     even = await store.requests_for_task("t-even")
     assert [r["request_id"] for r in even] == [f"r{i:03d}" for i in range(0, 300, 2)]
     # What in-process budgets restart from: the retried batch is not counted twice.
