@@ -181,11 +181,11 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     register_ops(
         app, auth=s.auth, store=s.store, state=s.state, writer=s.writer, telemetry=s.telemetry,
         runtime=runtime, history=s.history, upstream=s.upstream, draining=lambda: s.draining,
-        max_body_bytes=s.settings.max_body_bytes,
+        max_body_bytes=s.settings.max_body_bytes, max_window_requests=s.settings.max_window_requests,
     )  # fmt: skip
     register_ui(
         app, store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config,
-        max_requests=s.settings.ui_max_requests,
+        max_requests=s.settings.max_window_requests,
     )  # fmt: skip
     # Routes are labelled by the policy in force, which a reload may replace.
     s.telemetry.use_policy(lambda: runtime.current.policy)

@@ -41,10 +41,11 @@ class Settings(BaseSettings):
     #: for a typical issue); past it the least recently seen task is forgotten (with Redis, its pin
     #: is still shared).
     max_tasks: int = Field(default=100_000, gt=0)
-    #: The most requests a dashboard page reads from its window (the latest of them): a busy router
-    #: logs hundreds of thousands a day, and a page's numbers are worked out in this process (~3 KB
-    #: and ~60 µs of Python a row). ``router report --since`` reads a whole window, in its own process.
-    ui_max_requests: int = Field(default=20_000, gt=0)
+    #: The most logged requests the server reads for one look at a window (a dashboard page,
+    #: ``POST /v1/policy/preview``), the latest of them: a busy router logs hundreds of thousands a
+    #: day, and the numbers are worked out in this process (~3 KB and ~60 µs of Python a row).
+    #: ``router report`` and ``router preview`` read a whole window, in their own process.
+    max_window_requests: int = Field(default=20_000, gt=0)
     #: Store prompt text in the log. Off unless the operator opts in.
     log_prompts: bool = False
     #: Master key for the management API and, when set, for the proxy (virtual keys come later).

@@ -36,7 +36,7 @@ from router.telemetry.metrics import CONTENT_TYPE_LATEST
 def register_ops(
     app: FastAPI, *, auth: Auth, store: Store, state: SharedState, writer: LogWriter, telemetry: Telemetry,
     runtime: RuntimeHolder, history: PolicyHistory, upstream: Upstream, draining: Callable[[], bool],
-    max_body_bytes: int,
+    max_body_bytes: int, max_window_requests: int,
 ) -> None:  # fmt: skip
     @app.get("/healthz", tags=["health"])
     async def healthz() -> Response:
@@ -124,7 +124,9 @@ def register_ops(
             text = await read_body(request, max_body_bytes)
             try:
                 seconds = parse_duration(request.query_params.get("since", "7d"))
-                report = await preview_posted(store, text, history.archive.policy_path, seconds)
+                report = await preview_posted(
+                    store, text, history.archive.policy_path, seconds, max_window_requests
+                )
             except ConfigError as exc:
                 raise BadRequest(str(exc), code="invalid_policy") from None
         except RouterError as err:

@@ -341,17 +341,23 @@ def render(p: Mapping[str, Any]) -> None:
     console.print(f"not in the log, so not replayed: {'; '.join(p['not_replayed'])}")
 
 
-async def preview_posted(store: Store, text: bytes, config: Path, seconds: float) -> dict[str, Any]:
+async def preview_posted(
+    store: Store, text: bytes, config: Path, seconds: float, max_requests: int
+) -> dict[str, Any]:
     """``POST /v1/policy/preview``: ``text`` is a policy YAML placed beside the running one (its
-    artifact path is relative to that directory); the window is the last ``seconds``."""
+    artifact path is relative to that directory); the window is the last ``seconds``, of which
+    the latest ``max_requests`` requests are read (``window.capped`` says when older were left out)."""
     import asyncio
 
     runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)")
     until = time.time()
-    requests = await store.requests_since(until - seconds)
+    requests = await store.requests_since(until - seconds, max_requests + 1)
+    capped = len(requests) > max_requests
+    requests = requests[-max_requests:]
     outcomes = await store.outcomes_since(until - seconds)
     report = await asyncio.to_thread(preview, requests, outcomes, runtime)
-    report["window"] = {"since": until - seconds, "until": until}
+    since = requests[0]["ts"] if capped else until - seconds
+    report["window"] = {"since": since, "until": until, "capped": max_requests if capped else None}
     return report
 
 

@@ -202,7 +202,7 @@ def register_ui(
         edit = (form.get("yaml") or [""])[0]
         label, seconds = views.window_seconds((form.get("window") or [""])[0], POLICY_WINDOW)
         try:
-            report = await preview_posted(store, edit.encode(), config, seconds)
+            report = await preview_posted(store, edit.encode(), config, seconds, max_requests)
         except ConfigError as exc:
             return await policy_page(request, label, 400, edit=edit, preview_error=str(exc))
         return await policy_page(request, label, edit=edit, preview=report)

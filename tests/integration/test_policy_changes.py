@@ -79,6 +79,7 @@ def test_preview_posted_yaml_against_the_servers_log(
         assert got.status_code == 200, got.text
         p = got.json()
         assert (p["requests"], p["tasks"], p["moved"]) == (3, 3, 3)
+        assert p["window"]["capped"] is None
         assert p["moves"] == {"local-nano -> local-mini": 3}
         assert p["cost_usd_after"] > p["cost_usd_before"] > 0
         bad = c.post(
@@ -94,6 +95,23 @@ def test_preview_posted_yaml_against_the_servers_log(
     assert {k: printed[k] for k in ("requests", "moved", "moves")} == {
         k: p[k] for k in ("requests", "moved", "moves")
     }
+
+
+def test_a_served_preview_reads_at_most_the_latest_requests(router_factory, upstream: FakeUpstream) -> None:  # type: ignore[no-untyped-def]
+    """The server decides again only the window's latest ``max_window_requests`` (its memory and
+    its CPU serve agents meanwhile), and says so; ``router preview`` reads them all."""
+    r = router_factory(local_policy(upstream.url), max_window_requests=2)
+    with httpx.Client(base_url=r.url, timeout=30) as c:
+        for i in range(3):
+            ok = c.post("/v1/chat/completions", headers={"x-router-task-id": f"t{i}"},
+                        json={"model": "auto", "messages": [{"role": "user", "content": f"hi {i}"}]})  # fmt: skip
+            assert ok.status_code == 200
+        rows = r.records(3)
+        got = c.post("/v1/policy/preview", content=yaml.safe_dump(local_policy(upstream.url)))
+    assert got.status_code == 200, got.text
+    p = got.json()
+    assert (p["requests"], p["window"]["capped"]) == (2, 2)
+    assert p["window"]["since"] == sorted(row["ts"] for row in rows)[1]
 
 
 def test_a_scope_decides_its_repositorys_tasks(router_factory, upstream: FakeUpstream) -> None:  # type: ignore[no-untyped-def]

@@ -136,10 +136,12 @@ def test_overview_shows_the_logged_traffic(
 def test_pages_read_at_most_the_latest_requests_and_say_so(
     browser: Any, router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
 ) -> None:
-    """A busy window is read only up to ``ui_max_requests`` (its latest requests), and the page
+    """A busy window is read only up to ``max_window_requests`` (its latest requests), and the page
     says that older ones were left out; under the cap it says nothing."""
+    from selenium.webdriver.common.by import By
+
     upstream.clear()
-    router = router_factory(local_policy(upstream.url, **ARMS), ui_max_requests=3)
+    router = router_factory(local_policy(upstream.url, **ARMS), max_window_requests=3)
     records = traffic(router)
     browser.get(f"{router.url}/ui")
     assert text(browser, "#total-requests") == "3" and len(records) == 5
@@ -153,7 +155,11 @@ def test_pages_read_at_most_the_latest_requests_and_say_so(
     assert "The latest 3 requests" in text(browser, "p.capped")
     browser.get(f"{router.url}/ui/policy")
     assert "The latest 3 requests" in text(browser, "p.capped")
-    uncapped = router_factory(local_policy(upstream.url), ui_max_requests=5)
+    browser.find_element(By.ID, "preview-button").click()  # the file as it is: nothing moves
+    wait(browser, lambda d: d.find_elements(By.ID, "preview"))
+    assert text(browser, "#preview-summary").startswith("3 requests of 3 tasks decided again")
+    assert "The latest 3 requests" in text(browser, "#preview-capped")
+    uncapped = router_factory(local_policy(upstream.url), max_window_requests=5)
     traffic(uncapped)
     browser.get(f"{uncapped.url}/ui")
     assert text(browser, "#total-requests") == "5" and "The latest" not in browser.page_source
