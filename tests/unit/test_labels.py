@@ -115,6 +115,28 @@ def test_memo_slots_give_what_a_fresh_read_gives_and_are_reused() -> None:
     seen[-1].label = stale
 
 
+def test_each_turn_adds_its_new_messages_to_the_tally_the_last_turn_left() -> None:
+    msgs = text_conversation([*STEPS, STEPS[0], *STEPS])
+    msgs.append({"role": "user", "content": "Please always provide EXACTLY ONE action in triple backticks"})
+    turns: list[list[Any]] = []
+    for k in range(3, len(msgs) + 1):
+        # The memo's slots: the readings of the messages shared with the last turn, then empty ones.
+        seen = [*(turns[-1] if turns else [])[:k], None]
+        seen += [None] * (k - len(seen))
+        assert features.of(msgs[:k], seen) == features.vector(features.conversation(msgs[:k]))
+        assert seen[-1].tally is not None
+        turns.append(seen)
+    assert all(t[-1].tally is None for t in turns[:-1])  # moved on with each turn, not copied
+    # A resend of an earlier turn, and a branch off it with another last message, still sum right.
+    old = turns[3]
+    assert features.of(msgs[: len(old)], old) == features.vector(features.conversation(msgs[: len(old)]))
+    branch = [*msgs[: len(old) - 1], {"role": "user", "content": "<returncode>1</returncode>"}]
+    assert features.of(branch, [*old[:-1], None]) == features.vector(features.conversation(branch))
+    # The tally is what is added to: a stale one shows through.
+    turns[-1][-1].tally = features.Tally(chars=10**6)
+    assert features.of(msgs, turns[-1])["log_chars"] > 13
+
+
 # -- the artifact -------------------------------------------------------------------------------
 
 

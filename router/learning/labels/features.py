@@ -11,7 +11,6 @@ measured on what was said, not on how it was wrapped.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -120,27 +119,101 @@ def conversation(messages: Sequence[Any], seen: list[Any] | None = None) -> list
     return out
 
 
+def _tallied(seen: list[Any] | None, n_messages: int) -> tuple[int, Tally]:
+    """How many leading messages the latest tally in the slots covers, and that tally."""
+    if seen is not None and len(seen) == n_messages:
+        for j in range(n_messages - 1, -1, -1):
+            r = seen[j]
+            tally = r.tally if r is not None else None
+            if tally is not None:
+                return j + 1, tally
+    return 0, NO_TALLY
+
+
 def unread(seen: list[Any] | None, n_messages: int) -> int:
-    """How many of a conversation's messages ``conversation`` would read anew (not in their slots)."""
+    """How many of a conversation's messages ``features`` would read anew (not in their slots)."""
     if seen is None or len(seen) != n_messages:
         return n_messages
-    return sum(1 for r in seen if r is None or not isinstance(r.label, Facts))
+    start, _ = _tallied(seen, n_messages)
+    return sum(1 for r in seen[start:] if r is None or not isinstance(r.label, Facts))
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """The sums ``vector`` takes over the facts of a conversation's leading messages.
+
+    Kept in the slot of the last message it covers (``Reading.tally``): an agent's next turn
+    extends the conversation, and adds only its new messages' facts to it instead of summing
+    over every message again. A slot is shared only by requests with the same messages up to
+    it, so the tally found there is theirs too.
+    """
+
+    steps: int = 0
+    chars: int = 0
+    results: int = 0
+    failed: int = 0
+    format_errors: int = 0
+    too_long: int = 0
+    n_calls: int = 0
+    distinct_calls: frozenset[tuple[str, str]] = frozenset()
+    #: The latest test run: True passed, False failed, None none yet.
+    last_tests: bool | None = None
+
+    def plus(self, facts: Sequence[Facts]) -> Tally:
+        if not facts:
+            return self
+        calls = [c for f in facts for c in f.calls]
+        last_tests = next((f.tests for f in reversed(facts) if f.tests is not None), self.last_tests)
+        return Tally(
+            steps=self.steps + sum(f.step for f in facts),
+            chars=self.chars + sum(f.chars for f in facts),
+            results=self.results + sum(f.results for f in facts),
+            failed=self.failed + sum(f.failed for f in facts),
+            format_errors=self.format_errors + sum(f.format_error for f in facts),
+            too_long=self.too_long + sum(f.too_long for f in facts),
+            n_calls=self.n_calls + len(calls),
+            distinct_calls=self.distinct_calls.union(calls) if calls else self.distinct_calls,
+            last_tests=last_tests,
+        )
+
+    def vector(self) -> dict[str, float]:
+        repeated = self.n_calls - len(self.distinct_calls)
+        return {
+            "log_chars": math.log1p(self.chars),
+            "log_steps": math.log1p(self.steps),
+            "no_tests": float(self.last_tests is None),
+            "tests_failing": float(self.last_tests is False),
+            "repeats": repeated / self.n_calls if self.n_calls else 0.0,
+            "failed_rate": self.failed / self.results if self.results else 0.0,
+            "format_errors": math.log1p(self.format_errors),
+            "too_long": math.log1p(self.too_long),
+        }
+
+
+NO_TALLY: Final = Tally()
 
 
 def vector(facts: Sequence[Facts]) -> dict[str, float]:
     """The features of a conversation (``NAMES``), from its messages' facts."""
-    steps = sum(f.step for f in facts)
-    calls = [c for f in facts for c in f.calls]
-    results = sum(f.results for f in facts)
-    last_tests = next((f.tests for f in reversed(facts) if f.tests is not None), None)
-    repeated = len(calls) - len(Counter(calls))
-    return {
-        "log_chars": math.log1p(sum(f.chars for f in facts)),
-        "log_steps": math.log1p(steps),
-        "no_tests": float(last_tests is None),
-        "tests_failing": float(last_tests is False),
-        "repeats": repeated / len(calls) if calls else 0.0,
-        "failed_rate": sum(f.failed for f in facts) / results if results else 0.0,
-        "format_errors": math.log1p(sum(f.format_error for f in facts)),
-        "too_long": math.log1p(sum(f.too_long for f in facts)),
-    }
+    return NO_TALLY.plus(facts).vector()
+
+
+def of(messages: Sequence[Any], seen: list[Any] | None = None) -> dict[str, float]:
+    """``vector(conversation(messages, seen))``, adding to the tally an earlier request of the
+    conversation left in the slots only the facts of the messages that came after it."""
+    n = len(messages)
+    start, tally = _tallied(seen, n)
+    facts = []
+    for i in range(start, n):
+        r = slot(messages, seen, i)
+        if not isinstance(r.label, Facts):
+            r.label = read(messages[i], r)
+        facts.append(r.label)
+    tally = tally.plus(facts)
+    if seen is not None and len(seen) == n and start < n:
+        seen[n - 1].tally = tally
+        if start:
+            # Moved on, not copied: a tally per turn would keep every turn's set of calls. A
+            # request that ends there again (a resend) sums its messages' facts anew.
+            seen[start - 1].tally = None
+    return tally.vector()

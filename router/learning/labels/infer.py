@@ -26,7 +26,7 @@ class Reading:
 
 
 def read(messages: Sequence[Any], model: LabelModel, seen: list[Any] | None = None) -> Reading:
-    x = features.vector(features.conversation(messages, seen))
+    x = features.of(messages, seen)
     return Reading(x, model.p_success(x))
 
 

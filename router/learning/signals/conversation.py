@@ -33,6 +33,9 @@ class Reading:
 
     events: list[tuple[Event, ToolOutcome | None]]
     label: Any = None
+    #: What the label has summed up over the conversation up to and including this message
+    #: (``router.learning.labels.features.Tally``), kept by the latest request's last message.
+    tally: Any = None
 
 
 def _tests(results: Sequence[_Analyzed], w: Weights) -> Signal | None:
