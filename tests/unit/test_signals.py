@@ -27,6 +27,7 @@ from router.learning.signals import (
     extract,
     glance,
     parse_test_summary,
+    recent,
     request_fingerprint,
     resent_signal,
     stable_hash,
@@ -510,6 +511,25 @@ def test_back_to_back_identical_calls_are_a_loop(protocol: str) -> None:
     )
     assert TOOL_LOOP not in by_name(extract(protocol, conversation(protocol, steps), loop_threshold=4))
     assert TOOL_LOOP not in by_name(extract(protocol, conversation(protocol, steps[:2])))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_last_messages_read_once_give_the_signals_a_fresh_read_gives(protocol: str) -> None:
+    fail = "<returncode>1</returncode>\n<output>\nerror\n</output>"
+    steps = [Step("bash", {"command": "make"}, fail)] * 3 + [Step("bash", {"command": "pytest"}, PYTEST_FAIL)]
+    msgs = conversation(protocol, steps)
+    seen: list[Any] = [None] * len(msgs)
+    read = recent(msgs, seen=seen)
+    # The decision's switch signals, then the label's signals, from one reading of the window.
+    assert switches(protocol, msgs, seen=seen, read=read) == switches(protocol, msgs)
+    found = extract(protocol, msgs, seen=seen, read=read)
+    assert found == extract(protocol, msgs) and {TESTS, TOOL_LOOP} <= set(by_name(found))
+    # The reading is what they use: a window of one message finds neither a loop nor a run.
+    short = recent(msgs, window=1)
+    assert switches(protocol, msgs, read=short) == [] and TOOL_LOOP not in by_name(
+        extract(protocol, msgs, read=short)
+    )
+    assert recent(msgs, window=0).results == [] == recent("not a list").calls
 
 
 def test_argument_key_order_does_not_hide_a_loop() -> None:

@@ -60,6 +60,8 @@ class TaskView:
     budget_left: float | None
     warm_model: str | None
     warm_tokens: int
+    #: The last messages as the switch signals read them; the label reads them again from here.
+    recent: signals.Recent | None = None
 
 
 class TaskContext:
@@ -104,7 +106,9 @@ class TaskContext:
         task's last requests (``router.features.memo``)."""
         if view.side_call or not (resent or not signals.without_tools(seen, len(req.messages))):
             return None
-        return partial(self._label, policy, req, view.task_id, view.state, view.attempt, resent, seen)
+        return partial(
+            self._label, policy, req, view.task_id, view.state, view.attempt, resent, seen, view.recent
+        )
 
     async def preview(
         self, policy: Policy, req: ClientRequest, task_id: str, attempt_header: str | None,
@@ -134,10 +138,11 @@ class TaskContext:
             repo = repo_hint(req.first_user_text, repo, req.system_text)
             # Packed: the tracker keeps it for as long as it remembers the task.
             state.vector = Packed(vector_for(req, repo))
-        switch = None
+        switch = recent = None
         if not side:
+            recent = signals.recent(req.messages, seen=seen)
             found = signals.switches(
-                req.protocol, req.messages, loop_threshold=tasks.loop_threshold, seen=seen
+                req.protocol, req.messages, loop_threshold=tasks.loop_threshold, seen=seen, read=recent
             )
             switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
             switch = switch or escalation(tasks.escalate_below, state)
@@ -153,7 +158,7 @@ class TaskContext:
             task_id=task_id, state=state, attempt=state.attempt, side_call=side, vector=state.vector,
             new_vector=new_vector, repo=repo if new_vector else None, failed_models=tuple(state.failed_models), pinned=state.pinned,
             switch_reason=switch, signed_history=signed_history(req), budget_left=budget_left,
-            warm_model=warm_model, warm_tokens=warm_tokens,
+            warm_model=warm_model, warm_tokens=warm_tokens, recent=recent,
         )  # fmt: skip
 
     def served(
@@ -174,9 +179,11 @@ class TaskContext:
 
     def _label(
         self, policy: Policy, req: ClientRequest, task_id: str, state: TaskState, attempt: int,
-        resent: bool, seen: list[Any] | None,
+        resent: bool, seen: list[Any] | None, recent: signals.Recent | None,
     ) -> None:  # fmt: skip
-        read = partial(weak_label, req, policy.spec.tasks.loop_threshold, resent, seen, policy.label_model)
+        read = partial(
+            weak_label, req, policy.spec.tasks.loop_threshold, resent, seen, policy.label_model, recent
+        )
         if labels.unread(seen, len(req.messages)) <= INLINE_MESSAGES:
             # Earlier turns read the rest: the new messages cost less here, once the reply is out,
             # than handing them to a worker thread (and the GIL back and forth while replies wait).
@@ -264,11 +271,13 @@ def weak_label(
     resent: bool,
     seen: list[Any] | None = None,
     model: labels.LabelModel | None = None,
+    recent: signals.Recent | None = None,
 ) -> signals.WeakLabel:
     """What the conversation says of how its task goes: the label model's P(success), with the
-    signals that explain it (``seen``: as for ``signals.extract``). `router eval-labels` measures
-    exactly this function on replayed agent runs."""
-    found = signals.extract(req.protocol, req.messages, loop_threshold=loop_threshold, seen=seen)
+    signals that explain it (``seen``, ``recent``: as for ``signals.extract``'s ``seen`` and
+    ``read``). `router eval-labels` measures exactly this function on replayed agent runs."""
+    recent = recent or signals.recent(req.messages, seen=seen)
+    found = signals.extract(req.protocol, req.messages, loop_threshold=loop_threshold, seen=seen, read=recent)
     if resent:
         found.append(signals.resent_signal(1))
     model = model or labels.default()

@@ -21,7 +21,7 @@ from router.learning.signals.base import (
     Weights,
     resent_signal,
 )
-from router.learning.signals.conversation import extract, switches, without_tools
+from router.learning.signals.conversation import Recent, extract, recent, switches, without_tools
 from router.learning.signals.fingerprint import request_fingerprint, stable_hash
 from router.learning.signals.label import summarize
 from router.learning.signals.testrunners import TestSummary, parse_test_summary
@@ -44,6 +44,7 @@ __all__ = [
     "TESTS",
     "TOOL_FAILURES",
     "TOOL_LOOP",
+    "Recent",
     "Signal",
     "TestSummary",
     "ToolOutcome",
@@ -54,6 +55,7 @@ __all__ = [
     "extract",
     "glance",
     "parse_test_summary",
+    "recent",
     "request_fingerprint",
     "resent_signal",
     "stable_hash",

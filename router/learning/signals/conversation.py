@@ -135,10 +135,50 @@ def slot(messages: Any, seen: list[Any] | None, i: int, max_chars: int | None = 
     return found
 
 
-def _window(
-    messages: Any, window: int, max_chars: int | None, seen: list[Any] | None, full: bool
-) -> tuple[list[ToolCall], list[_Analyzed]]:
-    """The tool calls of the last ``window`` messages, and their results (fully analysed if ``full``)."""
+@dataclass(slots=True)
+class Recent:
+    """The last messages of a request as the signals read them: their tool calls, and their
+    results each with a glance (``recent``). Read once per request: the switch signals before the
+    decision, then ``extract`` and the label from the same reading once the request has ended."""
+
+    calls: list[ToolCall]
+    results: list[_Analyzed]
+    max_chars: int | None = DEFAULT_MAX_CHARS
+    _analyzed: list[_Analyzed] | None = None
+    _switching: tuple[tuple[Any, ...], tuple[Signal | None, Signal | None]] | None = None
+
+    def analyzed(self) -> list[_Analyzed]:
+        """The results fully analysed (build and runtime errors, test summaries)."""
+        if self._analyzed is None:
+            m = self.max_chars
+            self._analyzed = [(e, analyze(e.text, e.is_error, max_chars=m), c) for e, _, c in self.results]
+        return self._analyzed
+
+    def switching(
+        self, w: Weights, failure_run: int, loop_threshold: int
+    ) -> tuple[Signal | None, Signal | None]:
+        """A run of failing tools and a tool loop: a glance at each result tells them as well as a
+        full analysis does (exit code, error flag, digest)."""
+        key = (w, failure_run, loop_threshold)
+        if self._switching is None or self._switching[0] != key:
+            found = (
+                _failure_run(self.results, w, failure_run),
+                _loop(self.calls, self.results, w, loop_threshold),
+            )
+            self._switching = key, found
+        return self._switching[1]
+
+
+def recent(
+    messages: Any,
+    *,
+    window: int = 20,
+    max_chars: int | None = DEFAULT_MAX_CHARS,
+    seen: list[Any] | None = None,
+) -> Recent:
+    """The tool calls of the last ``window`` messages and their results (``seen``: as for ``extract``)."""
+    if not isinstance(messages, list | tuple) or window <= 0:
+        return Recent([], [], max_chars)
     start = max(0, len(messages) - window)
     reads = [slot(messages, seen, i, max_chars) for i in range(start, len(messages))]
     pairs = [pair for r in reads for pair in r.events]
@@ -147,10 +187,8 @@ def _window(
     results: list[_Analyzed] = []
     for e, outcome in pairs:
         if isinstance(e, ToolResult) and outcome is not None:
-            if full:
-                outcome = analyze(e.text, e.is_error, max_chars=max_chars)
             results.append((e, outcome, by_id.get(e.call_id) if e.call_id else None))
-    return calls, results
+    return Recent(calls, results, max_chars)
 
 
 def extract(
@@ -163,6 +201,7 @@ def extract(
     max_chars: int | None = DEFAULT_MAX_CHARS,
     weights: Weights = DEFAULT_WEIGHTS,
     seen: list[Any] | None = None,
+    read: Recent | None = None,
 ) -> list[Signal]:
     """Signals from the last ``window`` messages (Responses: input items) of a request.
 
@@ -173,19 +212,21 @@ def extract(
     ``seen``, one slot per message (None: not read yet), is for a caller that keeps it between
     the requests of a conversation (``router.features.memo``): what each message of the window says
     is stored in its slot, and a filled slot is used instead of reading the message again. The
-    slots must come from calls with the same ``max_chars``.
+    slots must come from calls with the same ``max_chars``. ``read``: the request's ``recent``
+    messages as read already (with the same ``window``, ``max_chars`` and ``seen``).
     """
     del protocol  # the shapes identify themselves; kept for the caller's symmetry with fingerprints
-    if not isinstance(messages, list | tuple) or window <= 0:
-        return []
-    calls, results = _window(messages, window, max_chars, seen, full=True)
+    if read is None:
+        if not isinstance(messages, list | tuple) or window <= 0:
+            return []
+        read = recent(messages, window=window, max_chars=max_chars, seen=seen)
+    results = read.analyzed()
     found = [
         _tests(results, weights),
         _exit_code(results, weights),
         _error(results, weights, BUILD_ERROR, weights.build_error),
         _error(results, weights, RUNTIME_ERROR, weights.runtime_error),
-        _failure_run(results, weights, failure_run),
-        _loop(calls, results, weights, loop_threshold),
+        *read.switching(weights, failure_run, loop_threshold),
     ]
     return [s for s in found if s is not None]
 
@@ -200,18 +241,19 @@ def switches(
     max_chars: int | None = DEFAULT_MAX_CHARS,
     weights: Weights = DEFAULT_WEIGHTS,
     seen: list[Any] | None = None,
+    read: Recent | None = None,
 ) -> list[Signal]:
     """The signals of ``extract`` that may move a task off its model: a tool loop, a run of failing
     tools. They need only a glance at each result (exit code, digest), so this is what a routing
     decision waits for; the rest can be read after. Arguments as for ``extract``."""
     del protocol
-    if not isinstance(messages, list | tuple) or window <= 0:
+    if read is None:
+        if not isinstance(messages, list | tuple) or window <= 0:
+            return []
+        read = recent(messages, window=window, max_chars=max_chars, seen=seen)
+    if not read.calls and not read.results:
         return []
-    calls, results = _window(messages, window, max_chars, seen, full=False)
-    if not calls and not results:
-        return []
-    found = [_failure_run(results, weights, failure_run), _loop(calls, results, weights, loop_threshold)]
-    return [s for s in found if s is not None]
+    return [s for s in read.switching(weights, failure_run, loop_threshold) if s is not None]
 
 
 def without_tools(seen: list[Any] | None, n_messages: int, window: int = 20) -> bool:
