@@ -284,5 +284,7 @@ def _analyze(text: str, is_error: bool | None, max_chars: int | None) -> ToolOut
         seen,
         build_error=_last_kind(_BUILD, tail),
         runtime_error=_last_kind(_RUNTIME, tail),
-        tests=last_summary(tail),
+        # The label reads every result's test summary (``test_summary``) after the signals have
+        # analysed the latest ones: through its cache, each summary is parsed once.
+        tests=_test_summary(text, max_chars),
     )
