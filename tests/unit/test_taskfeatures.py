@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+import re
 import tracemalloc
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +17,7 @@ from pydantic import ValidationError
 
 from router.app.settings import Settings
 from router.features.task.tracker import TaskTracker
-from router.features.task.vector import Packed, arrays, task_vector, to_json, with_attempt
+from router.features.task.vector import NUMERIC, Packed, arrays, repo_hint, task_vector, to_json, with_attempt
 from router.learning.training.fit import fit
 from router.policy.learned import Artifact, LearnedScorer, Objective
 from tests.unit.test_plan import rows_for
@@ -24,6 +28,54 @@ TASKS = Path(__file__).resolve().parents[2] / "evals" / "data" / "swebench-verif
 def issues(n: int) -> list[str]:
     with TASKS.open() as f:
         return [json.loads(line)["problem_statement"] for line, _ in zip(f, range(n), strict=False)]
+
+
+def reference_vector(text: str) -> dict[int, float]:
+    """The hashed text features as defined: one signed bucket per word and word pair, counts
+    log-scaled, L2-normalised, in the order each bucket first occurs; then the repository's."""
+    words = re.findall(r"[a-z_][a-z0-9_]{1,30}", text.lower())
+    counts: dict[int, float] = {}
+    for g in [*words, *(f"{a} {b}" for a, b in itertools.pairwise(words))]:
+        h = zlib.crc32(g.encode())
+        counts[(h >> 1) % 2048] = counts.get((h >> 1) % 2048, 0.0) + (1.0 if h & 1 else -1.0)
+    scaled = {i: math.copysign(math.log1p(abs(v)), v) for i, v in counts.items() if v}
+    norm = math.sqrt(sum(v * v for v in scaled.values())) or 1.0
+    out = {len(NUMERIC) + i: v / norm for i, v in scaled.items()}
+    repo = repo_hint(text)
+    if repo:  # the repository's own slot, at full weight
+        slot = len(NUMERIC) + (zlib.crc32(f"repo:{repo.lower()}".encode()) >> 1) % 2048
+        out[slot] = out.get(slot, 0.0) + 1.0
+    return out
+
+
+@pytest.mark.parametrize("text", [*issues(40), "", "a", "ab ab ab", "ab cd ab cd", "ÉTÉ été été_x"])
+def test_the_hashed_features_are_exactly_the_per_word_sums(text: str) -> None:
+    vec = task_vector(text)
+    hashed = {i: v for i, v in vec.items() if i >= len(NUMERIC)}
+    ref = reference_vector(text)
+    assert list(hashed.items()) == list(ref.items())  # the same floats, in the same order
+
+
+@pytest.mark.parametrize(
+    ("text", "traceback"),
+    [
+        ("Traceback (most recent call last):\n  File x", True),
+        ("thread 'main' panicked at src/lib.rs:3:5", True),
+        ("    at com.x.Foo.bar(Foo.java:42)", True),
+        ("at Foo.bar(Foo.java:42)", True),  # a frame at the very start
+        ("Error\n\tat $x.y (a.js:1)", False),  # a space before the parenthesis
+        ("at Object.<anonymous>(a.js:1)", False),
+        ("that foo(a.py:12)", False),  # "at" inside a word is no frame
+        ("éat foo(a.py:12)", False),
+        ("-at foo(a.py:12)", True),
+        ("at foo(a.py:x)", False),
+        ("look at this(see line:3) now", True),
+    ],
+)
+def test_a_traceback_is_a_traceback_header_a_panic_or_a_stack_frame(text: str, traceback: bool) -> None:
+    assert task_vector(text)[NUMERIC.index("has_traceback")] == float(traceback)
+    pattern = r"Traceback \(most recent call last\)|\bat [\w.$]+\(.*:\d+\)|panicked at"
+    assert bool(re.search(pattern, text)) == traceback  # the definition it stands for
 
 
 def test_a_packed_vector_reads_as_the_dict_it_was_made_from() -> None:

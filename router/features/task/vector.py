@@ -38,7 +38,11 @@ NUMERIC = (
 )
 
 _WORD = re.compile(r"[a-z_][a-z0-9_]{1,30}")
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|\bat [\w.$]+\(.*:\d+\)|panicked at")
+#: A traceback is ``Traceback (most recent call last)``, ``panicked at``, or a stack frame that
+#: ``\bat [\w.$]+\(.*:\d+\)`` matches: the frame pattern starts with its literal here (the boundary
+#: checked behind it), so the engine skips to each "at " instead of trying every position.
+_TRACEBACK_LINES = ("Traceback (most recent call last)", "panicked at")
+_FRAME = re.compile(r"at (?<!\wat )[\w.$]+\(.*:\d+\)")
 _URL = re.compile(r"https?://\S+")
 _REPO = re.compile(r"github\.com/([\w.-]+/[\w.-]+)")
 #: A git remote as a system prompt shows one (``origin https://github.com/o/n.git``,
@@ -57,9 +61,43 @@ def schema() -> dict[str, Any]:
     return {"version": SCHEMA_VERSION, "hash_dim": HASH_DIM, "numeric": list(NUMERIC)}
 
 
-def _bucket(token: str) -> tuple[int, float]:
+def _bucket(token: str) -> tuple[int, float]:  # what _hashed computes for each word and pair
     h = zlib.crc32(token.encode())
     return (h >> 1) % HASH_DIM, 1.0 if h & 1 else -1.0
+
+
+def _has_traceback(text: str) -> bool:
+    return any(line in text for line in _TRACEBACK_LINES) or _FRAME.search(text) is not None
+
+
+def _hashed(text: str) -> tuple[list[int], list[float]]:
+    """The hashed text features: buckets of the text's words and word pairs, each with its signed
+    count log-scaled, L2-normalised (so long issues do not dominate by length alone), in the order
+    each bucket first occurs.
+
+    A real issue has ~2,000 words and pairs: they are hashed by ``map`` and summed by numpy rather
+    than one Python step each, to exactly the floats the step-by-step sums gave (the counts are
+    small integers, the logarithms are ``math.log1p``'s, and ``cumsum`` adds the squares in order).
+    """
+    words = _WORD.findall(text.lower())
+    grams = [*words, *map(" ".join, itertools.pairwise(words))]
+    if not grams:
+        return [], []
+    h = np.fromiter(map(zlib.crc32, map(str.encode, grams)), dtype=np.int64, count=len(grams))
+    idx = (h >> 1) % HASH_DIM
+    sums = np.bincount(idx, weights=np.where(h & 1, 1.0, -1.0), minlength=HASH_DIM)
+    first = np.full(HASH_DIM, len(grams), dtype=np.int64)
+    np.minimum.at(first, idx, np.arange(len(grams)))
+    nonzero = np.flatnonzero(sums)
+    if not len(nonzero):
+        return [], []
+    order = nonzero[np.argsort(first[nonzero])]
+    counts = sums[order]
+    magnitudes, which = np.unique(np.abs(counts), return_inverse=True)
+    logs = np.array([math.log1p(m) for m in magnitudes.tolist()])[which]
+    scaled = np.copysign(logs, counts)
+    norm = math.sqrt(float(np.cumsum(scaled * scaled)[-1])) or 1.0
+    return order.tolist(), (scaled / norm).tolist()
 
 
 def repo_hint(first_user_text: str, header: str | None = None, system_text: str = "") -> str | None:
@@ -85,24 +123,15 @@ def task_vector(
         1: math.log1p(len(first_user_text)) / 10,
         2: math.log1p(first_user_text.count("\n")) / 10,
         3: min(text.count("```"), 10) / 10,
-        4: 1.0 if _TRACEBACK.search(text) else 0.0,
+        4: 1.0 if _has_traceback(text) else 0.0,
         5: min(len(_URL.findall(text)), 10) / 10,
         6: math.log1p(len(system_text)) / 10,
         7: min(n_tools, 50) / 50,
     }
-    words = _WORD.findall(text.lower())
-    counts: dict[int, float] = {}
-    grams = [*words, *(f"{a} {b}" for a, b in itertools.pairwise(words))]
     repo = repo or repo_hint(text)
-    for g in grams:
-        idx, sign = _bucket(g)
-        counts[idx] = counts.get(idx, 0.0) + sign
-    # Log-scaled and L2-normalised, so long issues do not dominate by length alone.
-    scaled = {i: math.copysign(math.log1p(abs(v)), v) for i, v in counts.items() if v}
-    norm = math.sqrt(sum(v * v for v in scaled.values())) or 1.0
     base = len(NUMERIC)
-    for i, v in scaled.items():
-        vec[base + i] = v / norm
+    buckets, values = _hashed(text)
+    vec.update(zip([base + i for i in buckets], values, strict=True))
     if repo:
         idx, _ = _bucket(f"repo:{repo.lower()}")
         vec[base + idx] = vec.get(base + idx, 0.0) + 1.0
