@@ -174,9 +174,44 @@ def text_of(content: Any) -> str:
 def has_image(content: Any) -> bool:
     if not isinstance(content, list):
         return False
-    return any(
-        isinstance(p, dict) and p.get("type") in ("image", "image_url", "input_image") for p in content
-    )
+    return any(isinstance(p, dict) and p.get("type") in _IMAGES for p in content)
+
+
+_IMAGES = ("image", "image_url", "input_image")
+
+
+def scan_messages(
+    messages: Any, roles: frozenset[str], *, content_optional: bool, blocks: frozenset[str] | None = None
+) -> bool | None:
+    """Whether a message's content holds an image (``has_image``), read in the pass that checks what
+    ``check_messages`` checks (and with ``blocks``, each content block's type): a conversation is
+    walked once, not once per question. None when any check fails: the caller then runs the checks
+    themselves, which say what is wrong (as they always did, first failure first)."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    vision = False
+    try:
+        for m in messages:
+            if not isinstance(m, dict) or m.get("role") not in roles:
+                return None
+            content = m.get("content")
+            if content is None:
+                if not content_optional:
+                    return None
+            elif isinstance(content, list):
+                for part in content:
+                    if not isinstance(part, dict):
+                        return None
+                    kind = part.get("type")
+                    if blocks is not None and kind not in blocks:
+                        return None
+                    if kind in _IMAGES:
+                        vision = True
+            elif not isinstance(content, str):
+                return None
+    except TypeError:  # an unhashable role or type: the checks report it as they always did
+        return None
+    return vision
 
 
 def check_messages(

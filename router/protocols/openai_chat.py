@@ -19,6 +19,7 @@ from router.protocols.common import (
     event_json,
     has_image,
     load_body,
+    scan_messages,
     text_of,
     validated,
 )
@@ -70,7 +71,10 @@ class _Request(BaseModel):
 def parse(raw: bytes) -> ClientRequest:
     body, encoded = load_body(raw)
     req = validated(_Request, body)
-    check_messages(body["messages"], ROLES, content_optional=True)
+    vision = scan_messages(body["messages"], ROLES, content_optional=True)
+    if vision is None:
+        check_messages(body["messages"], ROLES, content_optional=True)
+        vision = any(has_image(m.get("content")) for m in body["messages"])
     for i, tool in enumerate(req.tools or ()):
         if tool.type == "function":
             if tool.function is None:
@@ -94,7 +98,7 @@ def parse(raw: bytes) -> ClientRequest:
         top_p=req.top_p,
         reasoning_effort=req.reasoning_effort,
         thinking=req.reasoning_effort not in (None, "none", "minimal"),
-        vision=any(has_image(m.get("content")) for m in messages),
+        vision=vision,
         first_user_text=text_of(first_user.get("content")) if first_user else "",
         system_text="\n".join(text_of(content) for content in system),
         session_hint=body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None,

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from router.errors import BadRequest
-from router.protocols import anthropic, responses
+from router.protocols import anthropic, openai_chat, responses
 
 
 def literal_types(alias: Any) -> set[str]:
@@ -135,3 +135,30 @@ def test_a_system_message_cannot_open_the_conversation() -> None:
         "invalid request: messages.0.role: a system message cannot open the conversation"
     )
     assert "messages.0.role" in refused(anthropic.parse, messages({"role": "tool", "content": "x"}))
+
+
+@pytest.mark.parametrize("protocol", ["openai_chat", "anthropic"])
+def test_one_pass_over_the_messages_reads_images_and_reports_the_first_fault_as_the_checks_do(
+    protocol: str,
+) -> None:
+    parse = anthropic.parse if protocol == "anthropic" else openai_chat.parse
+    image = (
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+        if protocol == "anthropic"
+        else {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    )
+    text = {"type": "text", "text": "hi"}
+    plain = {"role": "user", "content": "hi"}
+    reply = {"role": "assistant", "content": "ok"}
+    assert parse(messages(plain, reply, {"role": "user", "content": [text, image]})).vision
+    assert not parse(messages(plain, reply, {"role": "user", "content": [text]})).vision
+    # Two faults: the role check runs over every message before any block is looked at.
+    faults = messages({"role": "user", "content": [{"type": "bogus"}]}, {"role": "wizard", "content": "x"})
+    if protocol == "anthropic":
+        assert refused(parse, faults).startswith("invalid request: messages.1.role: must be one of")
+    assert refused(parse, messages(plain, {"role": "user", "content": 3})) == (
+        "invalid request: messages.1.content: must be a string or a list of content blocks"
+    )
+    assert refused(parse, messages(plain, {"role": "user", "content": ["x"]})).startswith(
+        "invalid request: messages.1.content"
+    )
