@@ -90,11 +90,14 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
     if count_only and "max_tokens" not in body:
         body = {**body, "max_tokens": 1}
     req = validated(_Request, body)
-    vision = scan_messages(body["messages"], ROLES, content_optional=False, blocks=BLOCK_TYPES)
-    if vision is None or body["messages"][0].get("role") == "system":
+    scanned = scan_messages(body["messages"], ROLES, content_optional=False, blocks=BLOCK_TYPES)
+    signed = None
+    if scanned is None or body["messages"][0].get("role") == "system":
         check_messages(body["messages"], ROLES, content_optional=False)
         check_blocks(body["messages"])
         vision = any(has_image(m.get("content")) for m in body["messages"])
+    else:
+        vision, signed = scanned
     for i, tool in enumerate(req.tools or ()):
         if tool.input_schema is not None:
             check_schema(tool.input_schema, f"tools[{i}].input_schema")
@@ -118,6 +121,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         thinking_budget=req.thinking.budget_tokens if req.thinking and thinking else None,
         reasoning_effort=_effort(body.get("output_config")),
         vision=vision,
+        signed_blocks=signed,
         first_user_text=text_of(first_user.get("content")) if first_user else "",
         system_text=text_of(body.get("system")),
         session_hint=session_from_user_id(user_id) if isinstance(user_id, str) else None,

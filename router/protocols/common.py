@@ -58,6 +58,9 @@ class ClientRequest:
     session_hint: str | None = None
     #: OpenAI chat only: whether the client asked for the usage chunk.
     include_usage: bool = False
+    #: Anthropic only: whether an assistant message carries a signed block, as read when parsed
+    #: (``scan_messages``); None: not read there.
+    signed_blocks: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     #: Each top-level value of the client's body and its JSON, made when the body was parsed (the
     #: nesting check encodes it anyway): the relay sends these bytes for a value it forwards as it
@@ -182,17 +185,20 @@ _IMAGES = ("image", "image_url", "input_image")
 
 def scan_messages(
     messages: Any, roles: frozenset[str], *, content_optional: bool, blocks: frozenset[str] | None = None
-) -> bool | None:
-    """Whether a message's content holds an image (``has_image``), read in the pass that checks what
-    ``check_messages`` checks (and with ``blocks``, each content block's type): a conversation is
-    walked once, not once per question. None when any check fails: the caller then runs the checks
-    themselves, which say what is wrong (as they always did, first failure first)."""
+) -> tuple[bool, bool] | None:
+    """Whether a message's content holds an image (``has_image``), and whether an assistant message
+    holds a signed block (Anthropic's ``thinking`` with a signature, ``redacted_thinking``), read in
+    the pass that checks what ``check_messages`` checks (and with ``blocks``, each content block's
+    type): a conversation is walked once, not once per question. None when any check fails: the
+    caller then runs the checks themselves, which say what is wrong (as they always did, first
+    failure first)."""
     if not isinstance(messages, list) or not messages:
         return None
-    vision = False
+    vision = signed = False
     try:
         for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in roles:
+            role = m.get("role") if isinstance(m, dict) else None
+            if role not in roles:
                 return None
             content = m.get("content")
             if content is None:
@@ -207,11 +213,15 @@ def scan_messages(
                         return None
                     if kind in _IMAGES:
                         vision = True
+                    elif role == "assistant" and (
+                        kind == "redacted_thinking" or (kind == "thinking" and part.get("signature"))
+                    ):
+                        signed = True
             elif not isinstance(content, str):
                 return None
     except TypeError:  # an unhashable role or type: the checks report it as they always did
         return None
-    return vision
+    return vision, signed
 
 
 def check_messages(

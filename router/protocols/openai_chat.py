@@ -71,10 +71,12 @@ class _Request(BaseModel):
 def parse(raw: bytes) -> ClientRequest:
     body, encoded = load_body(raw)
     req = validated(_Request, body)
-    vision = scan_messages(body["messages"], ROLES, content_optional=True)
-    if vision is None:
+    scanned = scan_messages(body["messages"], ROLES, content_optional=True)
+    if scanned is None:
         check_messages(body["messages"], ROLES, content_optional=True)
         vision = any(has_image(m.get("content")) for m in body["messages"])
+    else:
+        vision = scanned[0]
     for i, tool in enumerate(req.tools or ()):
         if tool.type == "function":
             if tool.function is None:

@@ -162,3 +162,26 @@ def test_one_pass_over_the_messages_reads_images_and_reports_the_first_fault_as_
     assert refused(parse, messages(plain, {"role": "user", "content": ["x"]})).startswith(
         "invalid request: messages.1.content"
     )
+
+
+def test_signed_blocks_are_read_in_the_parsers_pass_as_the_history_check_reads_them() -> None:
+    from dataclasses import replace
+
+    from router.features.task.context import signed_history
+
+    plain = {"role": "user", "content": "hi"}
+    thinking = {"type": "thinking", "thinking": "hm", "signature": "c2ln"}
+    cases = {
+        "signed thinking": ({"role": "assistant", "content": [thinking]}, "anthropic"),
+        "redacted": (
+            {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]},
+            "anthropic",
+        ),
+        "unsigned": ({"role": "assistant", "content": [{**thinking, "signature": ""}]}, None),
+        "text": ({"role": "assistant", "content": [{"type": "text", "text": "ok"}]}, None),
+    }
+    for name, (reply, expected) in cases.items():
+        req = anthropic.parse(messages(plain, reply, plain))
+        assert req.signed_blocks is (expected is not None), name
+        # The walk over the history, as for a request whose parser did not read it, agrees.
+        assert signed_history(req) == signed_history(replace(req, signed_blocks=None)) == expected, name

@@ -228,6 +228,8 @@ def signed_history(req: ClientRequest) -> str | None:
     """Which protocol's provider-signed state the history carries, if any."""
     if req.protocol not in (ANTHROPIC, OPENAI_RESPONSES):
         return None  # Chat Completions carries none: no need to look at every message
+    if req.signed_blocks is not None:  # read in the parser's pass over every block
+        return ANTHROPIC if req.signed_blocks else None
     for m in req.messages:
         if not isinstance(m, dict):
             continue
