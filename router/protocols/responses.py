@@ -112,8 +112,9 @@ def parse(raw: bytes) -> ClientRequest:
 def check_items(items: list[dict[str, Any]]) -> None:
     """Every input item is of a type the Responses API knows, and a message has a known role.
 
-    Only the item's type (and a message's role) is checked: fields an item does not declare,
-    and the parts inside a message, pass through as before."""
+    Only the item's type (and a message's role and content's shape) is checked: fields an item
+    does not declare, and the parts inside a message, pass through as before. Content of another
+    shape failed in translation on every backend, as if each were down."""
     for i, item in enumerate(items):
         kind = item.get("type")
         if kind is None and "role" not in item:
@@ -126,6 +127,20 @@ def check_items(items: list[dict[str, Any]]) -> None:
             raise BadRequest(
                 f"invalid request: input.{i}.role: must be one of {', '.join(sorted(ROLES))}", param="input"
             )
+        if (kind is None or kind == "message") and not _content_shaped(item.get("content")):
+            raise BadRequest(
+                f"invalid request: input.{i}.content: must be a string or a list of content parts",
+                param="input",
+            )
+
+
+def _content_shaped(content: Any) -> bool:
+    # Missing content is the backend's to refuse (it answers a 400 the client gets as is).
+    return (
+        content is None
+        or isinstance(content, str)
+        or (isinstance(content, list) and all(isinstance(p, dict) for p in content))
+    )
 
 
 def usage_from(response: dict[str, Any]) -> Usage:

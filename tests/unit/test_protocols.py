@@ -115,6 +115,20 @@ def test_an_unknown_responses_item_is_refused_naming_it() -> None:
     assert "…" in refused(responses.parse, items({"type": "x" * 500}))  # never echoed whole
 
 
+def test_a_responses_message_with_content_of_no_known_shape_is_refused() -> None:
+    # Forwarded, it failed in translation on every backend as an upstream error (502), and a
+    # handful of such requests opened every backend's breaker for everyone.
+    for content in (5, {"a": 1}, [5], ["hi"]):
+        assert refused(responses.parse, items({"role": "user", "content": content})) == (
+            "invalid request: input.0.content: must be a string or a list of content parts"
+        )
+    assert "input.1.content" in refused(
+        responses.parse,
+        items({"role": "user", "content": "hi"}, {"type": "message", "role": "user", "content": 5}),
+    )
+    responses.parse(items({"role": "user", "content": [{"type": "input_text", "text": "hi"}]}))
+
+
 def test_an_unknown_anthropic_block_is_refused_naming_it() -> None:
     text = {"type": "text", "text": "hi"}
     assert refused(anthropic.parse, messages({"role": "user", "content": [text, {"type": "bogus"}]})) == (
