@@ -190,6 +190,12 @@ def rollback(
     a policy file that was refused never became one. With ``expect``, nothing happens (None)
     unless ``expect`` is still in force: of several replicas judging the same revision, one
     rolls it back, and the others do not roll back what it put back."""
+    if not archive.policy_path.is_file():
+        raise ConfigError(f"{archive.policy_path}: cannot read policy file: No such file or directory")
+    if not archive.history():  # said before the lock's directory is made: a typo leaves nothing
+        raise ConfigError(
+            f"{archive.policy_path}: no policy revision has been applied yet (archive {archive.dir})"
+        )
     archive.dir.mkdir(parents=True, exist_ok=True)
     with open(archive.dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -278,3 +278,59 @@ def test_promote_a_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.C
     assert main(["promote", str(tmp_path / "nope.json"), "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("router promote: ") and "nope.json" in err and err.count("\n") == 1
+
+
+def test_promote_to_a_missing_policy_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A FileNotFoundError's traceback.
+    store = _log(tmp_path / "log.db", {f"t{i}": ["cheap"] for i in range(3)})
+    for i in range(3):
+        assert main(["outcome", f"t{i}", "--success", "--store", store]) == 0
+    artifact = tmp_path / "v1.json"
+    local = str(Path(__file__).resolve().parents[2] / "policies/examples/local.yaml")
+    assert main(["train", "--store", store, "--config", local, "--out", str(artifact), "--force"]) == 0
+    capsys.readouterr()
+    assert main(["promote", str(artifact), "--config", str(tmp_path / "typo.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"router promote: {tmp_path / 'typo.yaml'}: cannot read policy file: No such file or directory\n"
+    )
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("typo")]
+
+
+def test_rollback_of_a_missing_policy_file_says_so_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It said "no policy revision has been applied yet" and left an empty .revisions/typo behind.
+    assert main(["rollback", "--config", str(tmp_path / "typo.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"router rollback: {tmp_path / 'typo.yaml'}: cannot read policy file: No such file or directory\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rollback_with_nothing_applied_creates_no_archive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "p.yaml"
+    config.write_text((Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_text())
+    assert main(["rollback", "--config", str(config)]) == 2
+    assert "no policy revision has been applied yet" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [config]
+
+
+def test_train_forced_on_no_labelled_attempt_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --force on a log with requests and no outcome: a ValueError's traceback from the fit.
+    store = _log(tmp_path / "log.db", {"t1": ["cheap"]})
+    local = str(Path(__file__).resolve().parents[2] / "policies/examples/local.yaml")
+    out = tmp_path / "v1.json"
+    assert main(["train", "--store", store, "--config", local, "--out", str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("router train: no labelled attempts in the log") and err.count("\n") == 1, err
+    assert not out.exists()

@@ -90,8 +90,13 @@ def train(
     )
     for line in catalog_mismatch(counts, [m.id for m in policy.spec.models], config):
         console.print(line, highlight=False)
+    if not rows:  # --force cannot fit on nothing
+        raise TooFewLabels(
+            "no labelled attempts in the log to train on: label tasks with"
+            " `router outcome TASK_ID --success|--failure` or POST /v1/outcomes"
+        )
     short = {m: n for m, n in counts.items() if n < min_attempts}
-    if (short or not rows) and not force:
+    if short and not force:
         raise TooFewLabels(
             f"too few labelled attempts to train on ({', '.join(f'{m} {n}' for m, n in short.items()) or 'none'};"
             f" need {min_attempts} per model): label tasks with `router outcome TASK_ID --success|--failure`"
@@ -236,7 +241,10 @@ def promote(artifact: str, config: str, redis_url: str | None = None, redis_pref
     Artifact.from_bytes(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now
     sha = hashlib.sha256(raw).hexdigest()
     cfg = Path(config)
-    text = cfg.read_text(encoding="utf-8")
+    try:
+        text = cfg.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{config}: cannot read policy file: {exc.strerror}") from None
     try:
         rel = art.relative_to(cfg.resolve().parent)
     except ValueError:
