@@ -42,10 +42,7 @@ def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
             raise ConfigError(f"{source}: {dup}")
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        # PyYAML names a string it parsed "<unicode string>": say which file it was.
-        raise ConfigError(
-            f"{source}: not valid YAML: {exc}".replace('"<unicode string>"', f'"{source}"')
-        ) from None
+        raise ConfigError(f"{source}: not valid YAML: {_yaml_problem(exc, source)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
     raw = interpolate(raw, env, source=source)
@@ -54,6 +51,16 @@ def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source, raw)) from None
     return Policy(spec, source)
+
+
+def _yaml_problem(exc: yaml.YAMLError, source: str) -> str:
+    """PyYAML's complaint on one line (its own spans four, with a caret under a quoted line),
+    naming the file where it says "<unicode string>"."""
+    mark = getattr(exc, "problem_mark", None)
+    if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
+        said = "; ".join(str(p) for p in (exc.context, exc.problem) if p)
+        return f'{said} (in "{source}", line {mark.line + 1}, column {mark.column + 1})'
+    return " ".join(str(exc).split()).replace('"<unicode string>"', f'"{source}"')
 
 
 #: A policy is a few hundred values; aliases nested in aliases can make a short file expand to

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,16 @@ def test_errors_name_file_and_field(mutate, expected: str) -> None:  # type: ign
     with pytest.raises(ConfigError) as exc:
         parse(mutate(BASE))
     assert expected in str(exc.value)
+
+
+def test_invalid_yaml_is_one_line_naming_file_line_and_column() -> None:
+    # PyYAML's message spans four lines, the last a caret under the quoted line.
+    with pytest.raises(ConfigError) as exc:
+        parse(BASE.replace("routes:", "routes: [\n"))
+    message = str(exc.value)
+    assert "\n" not in message, message
+    assert message.startswith("p.yaml: not valid YAML: while parsing a flow node; expected the node content")
+    assert re.search(r'\(in "p\.yaml", line \d+, column \d+\)$', message), message
 
 
 def test_duplicate_model_ids() -> None:
