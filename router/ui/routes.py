@@ -92,9 +92,12 @@ def register_ui(
     env = environment()
 
     def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
-        html = env.get_template(template).render(
-            path=request.url.path, logged_in=auth.has_master, policy_name=runtime().policy.name, **context
-        )
+        # The login form and the locked page are for someone not logged in: no "log out", and
+        # nothing of the policy.
+        shown = {"logged_in": auth.has_master, "policy_name": runtime().policy.name}
+        if template in ("login.html", "locked.html"):
+            shown = {"logged_in": False, "policy_name": None}
+        html = env.get_template(template).render(path=request.url.path, **shown, **context)
         return HTMLResponse(html, status, headers={"cache-control": "no-store"})
 
     def gated(page: Page) -> Page:

@@ -169,3 +169,21 @@ def test_guard_state_and_scopes_in_words() -> None:
                        "rule big (in place of the policy's)", "objective: max_attempts = 2"]},
         {"name": "tagged", "match": "team = ml", "overrides": []},
     ]  # fmt: skip
+
+
+async def test_the_login_page_offers_no_log_out_and_names_no_policy(fake: Any, tmp_path: Any) -> None:
+    # In master-key mode every page showed "log out" and the policy's name, the login form too.
+    from tests.unit.inprocess import MASTER, serving
+    from tests.unit.requestpath import model
+
+    async with serving(
+        tmp_path, [model("a", fake.url)], master_key=MASTER, policy={"name": "acme-secret"}
+    ) as r:
+        login = await r.client.get("/ui/login")
+        assert login.status_code == 200 and 'name="key"' in login.text
+        assert "log out" not in login.text and "acme-secret" not in login.text
+        wrong = await r.client.post("/ui/login", data={"key": "wrong", "next": "/ui"})
+        assert wrong.status_code == 401 and "log out" not in wrong.text and "acme-secret" not in wrong.text
+        await r.client.post("/ui/login", data={"key": MASTER, "next": "/ui"})
+        page = await r.client.get("/ui")
+        assert page.status_code == 200 and "log out" in page.text and "acme-secret" in page.text
