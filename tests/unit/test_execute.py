@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -457,3 +458,18 @@ async def test_committed_stream_holds_the_events_up_to_the_first_token(fake: Fak
         committed.release()
     # The observer that saw the held events sees the rest: the usage chunk at the end is counted.
     assert committed.observer.done and committed.observer.usage.output_tokens == 3
+
+
+async def test_a_request_litellm_cannot_convert_opens_no_breaker(fake: FakeUpstream, tmp_path: Path) -> None:
+    # litellm raises its APIConnectionError around its own conversion error: read as the backend
+    # breaking off, each such request was retried and three opened the breaker for every client.
+    from tests.unit.inprocess import serving
+
+    bogus = [{"role": "user", "content": [{"type": "bogus"}]}]
+    async with serving(tmp_path, [model("c", fake.url, protocol="anthropic")]) as r:
+        for _ in range(6):
+            refused = await r.post(OPENAI_CHAT, messages=bogus)
+            assert refused.status_code == 502
+            assert "translation for the anthropic backend failed" in refused.json()["error"]["message"]
+        assert (await r.post(OPENAI_CHAT)).status_code == 200
+        assert [len(row["tries"]) for row in (await r.records())[:6]] == [1] * 6  # not retried

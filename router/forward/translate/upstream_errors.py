@@ -43,6 +43,10 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
         return UpstreamError(f"{provider} backend sent a reply or stream event that is not JSON")
     status = _status(chain)
     transport = next((e for e in chain if _is_transport(e)), None)
+    if transport is not None and status in (None, 500) and _failed_before_sending(chain):
+        # Named by litellm's own error under its wrapper, which says nothing of a connection.
+        root = next(e for e in reversed(chain) if type(e).__module__ == "builtins" and not _is_transport(e))
+        return _translation_failed(provider, root)
     if transport is not None and (status is None or status == 500):
         # litellm reports a refused connection or a cut stream as a 500; it is neither.
         root = next((e for e in reversed(chain) if _is_transport(e)), transport)
@@ -60,6 +64,10 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
             # Lets the executor fall over to a larger window instead of failing the request.
             err.code = "context_length_exceeded"
         return err
+    return _translation_failed(provider, exc)
+
+
+def _translation_failed(provider: str, exc: BaseException) -> RouterError:
     # The translation failed here or inside litellm: this backend cannot take the request as it
     # is, another backend may; trying this one again would fail the same way.
     err = UpstreamError(f"translation for the {provider} backend failed ({type(exc).__name__})")
@@ -114,6 +122,22 @@ def _is_connect_timeout(exc: BaseException) -> bool:
 
 def _is_transport(exc: BaseException) -> bool:
     return bool(_names(exc) & _TRANSPORT)
+
+
+def _failed_before_sending(chain: list[BaseException]) -> bool:
+    """litellm raises its APIConnectionError for a request it could not convert (a content part
+    of a type it does not know, a field of the wrong type), with that error as the cause: no
+    transport error of an HTTP client's in the chain, and a Python error of litellm's own under
+    its wrapper. Counted as the backend breaking off, a client's malformed request was retried
+    and opened the backend's breaker for every client."""
+    wrappers = [e for e in chain if _is_transport(e)]
+    if any(not type(e).__module__.startswith("litellm") for e in wrappers):
+        return False
+    return any(
+        type(e).__module__ == "builtins" and not isinstance(e, OSError)
+        and not _is_transport(e) and not _is_timeout(e)
+        for e in chain
+    )  # fmt: skip
 
 
 def _is_connect(chain: list[BaseException]) -> bool:
