@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import textwrap
@@ -383,6 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # the message names the file or flag; no traceback
         print(f"router {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (`router report --json | head`): not an error to report
+        with contextlib.suppress(OSError, ValueError):
+            # Output still buffered would fail again at exit, printing an "Exception ignored" line.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a program killed by SIGPIPE: the shell's convention for a cut pipe
     except ConnectionError as exc:  # a store or Redis that does not answer: its URL and libpq's reason
         print(f"router {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1

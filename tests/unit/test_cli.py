@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -334,3 +336,16 @@ def test_train_forced_on_no_labelled_attempt_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith("router train: no labelled attempts in the log") and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_a_reader_that_leaves_is_no_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `router report --json | head -1` ended with "router report: [Errno 32] Broken pipe": a
+    # BrokenPipeError is a ConnectionError, the store's failure to the handler that printed it.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w", buffering=1) as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert main(["schema"]) == 141
+    assert capsys.readouterr().err == ""
