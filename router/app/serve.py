@@ -21,6 +21,7 @@ import uvicorn
 from router.app.factory import Services, create_app
 from router.app.limits import GuardedHttpTools
 from router.app.settings import Settings
+from router.errors import ConfigError
 
 log = logging.getLogger("router.app.serve")
 
@@ -64,8 +65,26 @@ def uvicorn_config(app: Any, settings: Settings, **options: Any) -> uvicorn.Conf
     )
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Say now, in one line, that the address is taken: uvicorn finds out only after start-up
+    (the policy loaded, "router ready" printed) and then logs three lines and exits with 3."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {(exc.strerror or str(exc)).lower()}"
+                " (another router? --port or ROUTER_PORT)"
+            ) from None
+
+
 def serve(settings: Settings, log_level: str = "info") -> None:
-    app = create_app(settings)
+    app = create_app(settings)  # a policy file's error first: it names what to fix
+    check_port_free(settings.host, settings.port)
     # log_config=None: uvicorn's loggers go through the process's handler (router.app.logs).
     config = uvicorn_config(app, settings, log_level=log_level, log_config=None)
     DrainingServer(config, app.state.services, settings.drain_delay).run()

@@ -349,3 +349,28 @@ def test_a_reader_that_leaves_is_no_error(
         monkeypatch.setattr(sys, "stdout", out)
         assert main(["schema"]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_serve_on_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # uvicorn found out after start-up ("router ready" printed), logged three lines and exited 3.
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [
+            "serve",
+            "--config",
+            "policies/examples/local.yaml",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"router serve: cannot listen on 127.0.0.1:{port}: address already in use (another router? --port or ROUTER_PORT)\n"
+    )
