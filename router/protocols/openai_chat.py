@@ -167,7 +167,8 @@ def is_usage_only(data: bytes) -> bool:
     """The final usage chunk (``choices: []``), hidden from clients that did not ask for it."""
     # Streams that report usage send "usage":null on every other chunk (OpenAI writes compact
     # JSON; a quote inside a string is escaped, so text cannot fake this): no need to parse those.
-    if b'"usage"' not in data or b'"usage":null' in data:
+    # (``find``, not ``in``: see ``sse.parse_block``.)
+    if data.find(b'"usage"') < 0 or data.find(b'"usage":null') >= 0:
         return False
     try:
         chunk = orjson.loads(data)
