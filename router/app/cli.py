@@ -49,7 +49,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     rt = load_runtime(settings.config)
     policy = rt.policy
     extra = f", control arm {rt.control.share:.0%} of tasks" if rt.control else ""
-    extra += f", {len(rt.scopes)} scopes" if rt.scopes else ""
+    extra += f", {len(rt.scopes)} scope{'s' * (len(rt.scopes) != 1)}" if rt.scopes else ""
     print(f"{settings.config}: ok — revision {rt.revision}, {len(rt.catalog.backends)} models, "
           f"{len(policy.routes)} routes, {len(policy.rules)} rules{extra}")  # fmt: skip
     for line in rt.catalog.missing_credentials():  # valid, but not callable from this environment

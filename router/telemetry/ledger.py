@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -223,8 +224,13 @@ def run_tasks(args: argparse.Namespace) -> int:
 
 
 def usd(x: float) -> str:
-    """Dollars with the digits that matter: agent calls often cost fractions of a cent."""
-    return "0" if x == 0 else f"{x:.4g}"
+    """Dollars with the digits that matter (four): agent calls often cost fractions of a cent,
+    which read as dollars, not as "7.2e-06" beside the dashboard's 0.0000072."""
+    if x == 0:
+        return "0"
+    places = max(0, 3 - math.floor(math.log10(abs(x))))
+    text = f"{x:.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def tokens(n: int) -> str:
@@ -239,7 +245,10 @@ def render_recent(ledgers: Sequence[Mapping[str, Any]]) -> None:
         o = x["outcome"]
         verdict = "no verdict" if o is None else f"{'success' if o['success'] else 'failure'} ({o['source']})"
         last = time.strftime("%Y-%m-%d %H:%M", time.localtime(x["last_end_ts"] or 0))
-        print(f"{x['task_id']}  {last}  {x['requests']} requests  ${usd(x['cost_usd']['total'])}  {verdict}")
+        n = x["requests"]
+        print(
+            f"{x['task_id']}  {last}  {n} request{'s' * (n != 1)}  ${usd(x['cost_usd']['total'])}  {verdict}"
+        )
 
 
 def render(result: Mapping[str, Any]) -> None:

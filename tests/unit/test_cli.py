@@ -374,3 +374,10 @@ def test_serve_on_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) 
         err
         == f"router serve: cannot listen on 127.0.0.1:{port}: address already in use (another router? --port or ROUTER_PORT)\n"
     )
+
+
+def test_recent_tasks_say_one_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = _log(tmp_path / "log.db", {"one": ["cheap"], "two": ["cheap", "strong"]})
+    assert main(["tasks", "--recent", "--store", store]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "  2 requests  $0.002  " in lines[0] and "  1 request  $0.001  " in lines[1], lines

@@ -182,3 +182,10 @@ def test_a_field_wider_than_the_terminal_stays_whole() -> None:
     long = "y" * 70
     t.add_row("k", long)
     assert tables.blocks(Console(width=40), t) == ["k", f"  what {long}"]
+
+
+def test_dollars_are_decimals_with_four_significant_digits() -> None:
+    # `router tasks --recent` and `router report` printed "$7.2e-06" and "$/req 1.127e-05".
+    assert [usd(x) for x in (7.2e-06, 1.127e-05, 0.000360, 0.1307, 0.131121, 12.5, 1234.56, 0)] == [
+        "0.0000072", "0.00001127", "0.00036", "0.1307", "0.1311", "12.5", "1235", "0",
+    ]  # fmt: skip
