@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from fastapi import FastAPI
@@ -11,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, RouterError
+from router.errors import BadRequest, RouterError, UnknownModel
 from router.features.task.tracker import TaskTracker
 from router.features.tokens import TokenCounter
 from router.http.auth import Auth
@@ -70,6 +71,33 @@ def register(
             await auth.check(request)
         except RouterError as err:
             return error_reply(err)
+        data = model_list()
+        names = [m["id"] for m in data]
+        return json_reply(
+            {
+                "object": "list",
+                "data": data,
+                "has_more": False,
+                "first_id": names[0] if names else None,
+                "last_id": names[-1] if names else None,
+                "routes": [r.model_dump(exclude_defaults=True) for r in runtime.current.policy.routes],
+            }
+        )
+
+    # The SDKs' models.retrieve: it was a bare 404 "Not Found" for a name the list gives.
+    @app.get("/v1/models/{model_id:path}", tags=["info"])
+    async def model(request: Request, model_id: str) -> Response:
+        protocol = ANTHROPIC if request.headers.get("anthropic-version") else OPENAI_CHAT
+        try:
+            await auth.check(request)
+            found = next((m for m in model_list() if m["id"] == model_id), None)
+            if found is None:
+                raise UnknownModel(f"model {model_id!r} is not served here; see GET /v1/models for the names")
+        except RouterError as err:
+            return error_reply(err, protocol)
+        return json_reply(found)
+
+    def model_list() -> list[dict[str, Any]]:
         policy, catalog = runtime.current.policy, runtime.current.catalog
         # One list that both SDKs accept: OpenAI reads id/object/owned_by, Anthropic type/id/display_name.
         # Limits in the fields clients read (OpenRouter's context_length, litellm's max_*_tokens):
@@ -81,22 +109,12 @@ def register(
                 limits.setdefault(r.match, (max(limits[i][0] for i in ids), max(limits[i][1] for i in ids)))
         names = [r.match for r in policy.routes if r.match in limits]
         names += [b for b in catalog.backends if b not in names]
-        data = [
+        return [
             {"id": n, "object": "model", "type": "model", "display_name": n, "owned_by": "router",
              "created": started, "created_at": "1970-01-01T00:00:00Z", "context_length": limits[n][0],
              "max_input_tokens": limits[n][0], "max_output_tokens": limits[n][1]}
             for n in names
         ]  # fmt: skip
-        return json_reply(
-            {
-                "object": "list",
-                "data": data,
-                "has_more": False,
-                "first_id": names[0] if names else None,
-                "last_id": names[-1] if names else None,
-                "routes": [r.model_dump(exclude_defaults=True) for r in policy.routes],
-            }
-        )
 
     @app.post("/v1/route", tags=["info"])
     async def route(request: Request) -> Response:

@@ -53,3 +53,31 @@ async def test_tasks_without_an_id_says_one_is_needed(fake: FakeUpstream, tmp_pa
         assert error["code"] == "task_id_required" and "GET /v1/tasks/{task_id}" in str(error["message"])
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "task_not_found"
     assert anonymous.status_code == 401
+
+
+async def test_a_model_the_list_gives_can_be_retrieved(fake: FakeUpstream, tmp_path: Path) -> None:
+    # The SDKs' models.retrieve("auto") got a bare 404 "Not Found" for a name GET /v1/models lists.
+    import openai
+
+    auth = {"authorization": f"Bearer {MASTER}"}
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        listed = (await r.client.get("/v1/models", headers=auth)).json()["data"]
+        for entry in listed:
+            one = await r.client.get(f"/v1/models/{entry['id']}", headers=auth)
+            assert one.status_code == 200 and one.json() == entry
+        oai = openai.AsyncOpenAI(
+            base_url="http://router/v1", api_key=MASTER, http_client=r.client, max_retries=0
+        )
+        assert (await oai.models.retrieve("a")).id == "a"
+        try:
+            await oai.models.retrieve("nope")
+            raise AssertionError("retrieved a model that is not served")
+        except openai.NotFoundError as err:
+            assert err.code == "model_not_found" and "'nope' is not served here" in err.message
+        # Anthropic's SDK sends anthropic-version: the error comes in its shape.
+        missing = await r.client.get(
+            "/v1/models/claude-nope", headers={**auth, "anthropic-version": "2023-06-01"}
+        )
+        assert missing.status_code == 404
+        assert missing.json()["type"] == "error" and missing.json()["error"]["type"] == "not_found_error"
+        assert (await r.client.get("/v1/models/a")).status_code == 401
