@@ -40,6 +40,7 @@ from router.policy.runtime import Runtime, build_runtime
 from router.policy.scopes import logged_facts
 from router.protocols.common import Usage
 from router.store import Store
+from router.store.window import latest_requests
 
 Row = Mapping[str, Any]
 RISK_EXAMPLES = 5
@@ -351,9 +352,7 @@ async def preview_posted(
 
     runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)")
     until = time.time()
-    requests = await store.requests_since(until - seconds, max_requests + 1)
-    capped = len(requests) > max_requests
-    requests = requests[-max_requests:]
+    requests, capped = await latest_requests(store, until - seconds, max_requests)
     outcomes = await store.outcomes_since(until - seconds)
     report = await asyncio.to_thread(preview, requests, outcomes, runtime)
     since = requests[0]["ts"] if capped else until - seconds

@@ -54,6 +54,13 @@ async def opened(url: str) -> AsyncIterator[Store]:
         await store.close()
 
 
+async def latest_requests(store: Store, since: float, limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """The latest ``limit`` requests from ``since`` on, oldest first, and whether older ones of
+    that span were left out (what a server reads for one look at a window)."""
+    rows = await store.requests_since(since, limit + 1)
+    return rows[-limit:], len(rows) > limit
+
+
 async def read_window(url: str, seconds: float, now: float | None = None) -> Window:
     """Requests that arrived in the last ``seconds``, and outcomes recorded since then (an
     outcome comes after its task's requests, so this holds every verdict on those tasks)."""

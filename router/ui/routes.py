@@ -29,6 +29,7 @@ from router.http.proxy import read_body
 from router.learning.preview import preview_posted
 from router.policy.runtime import PolicyHistory, Runtime
 from router.store import Store
+from router.store.window import latest_requests
 from router.telemetry.ledger import tokens
 from router.ui import charts, policyview, session, views
 
@@ -117,9 +118,9 @@ def register_ui(
     async def read(since: float, until: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
         """The window's latest requests (at most ``max_requests``), its outcomes, and whether
         older requests of the window were left out."""
-        requests = [r for r in await store.requests_since(since, max_requests + 1) if r["ts"] <= until]
-        capped = len(requests) > max_requests
-        return requests[-max_requests:], await store.outcomes_since(since), capped
+        requests, capped = await latest_requests(store, since, max_requests)
+        requests = [r for r in requests if r["ts"] <= until]
+        return requests, await store.outcomes_since(since), capped
 
     async def window(
         request: Request,
