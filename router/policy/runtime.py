@@ -103,6 +103,12 @@ def scorer_for(policy: Policy, raw: bytes | None = None) -> Scorer | None:
     unknown = sorted(set(artifact.models) - set(policy.models))
     if unknown:
         log.warning("learned artifact knows models not in the catalog (ignored): %s", ", ".join(unknown))
+    # Said at promotion too (the CLI shows warnings): an artifact trained on another catalog's log
+    # routes those models blind, and nothing else would tell the operator why.
+    unseen = [m for m in policy.models if m not in artifact.models]
+    if unseen:
+        log.warning("learned artifact has no labelled attempt of catalog models (an even chance until "
+                    "a retrain on a log that has some): %s", ", ".join(unseen))  # fmt: skip
     return LearnedScorer(artifact, objective_for(policy, artifact))
 
 

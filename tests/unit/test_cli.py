@@ -274,6 +274,28 @@ def test_keys_on_a_missing_store_leave_no_new_file(
     assert not missing.exists()
 
 
+def test_promote_says_which_models_the_artifact_and_the_catalog_do_not_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Promoting an artifact trained on other models' log (here `cheap`/`strong`, into local.yaml's
+    # catalog) said only "now pins": the router then ignores all it learned, and the only sign was a
+    # log line of the router that loads it.
+    store = _log(tmp_path / "log.db", {f"t{i}": ["cheap" if i % 3 else "strong"] for i in range(6)})
+    for i in range(6):
+        assert main(["outcome", f"t{i}", "--success" if i % 2 else "--failure", "--store", store]) == 0
+    config = tmp_path / "policy.yaml"
+    config.write_bytes((Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_bytes())
+    artifact = tmp_path / "v1.json"
+    assert main(["train", "--store", store, "--config", str(config), "--out", str(artifact), "--force"]) == 0
+    capsys.readouterr()
+    assert main(["promote", str(artifact), "--config", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert "now pins" in out
+    assert "no labelled attempt of catalog models" in err, err
+    assert "local-nano, local-mini, local-large, local-claude" in err, err
+    assert "cheap, strong" in err and "not in the catalog" in err, err
+
+
 def test_promote_a_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "p.yaml"
     config.write_text((Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_text())
