@@ -189,19 +189,26 @@ def test_train_at_80_columns_cuts_nothing(
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
-def test_rollback_undoes_a_promotion_with_no_router_serving(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Revisions were archived only by a serving router: promote, then rollback, said "no policy
-    # revision has been applied yet" (README step 8).
+def _trained(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of local.yaml and an artifact trained (forced) on a log of six labelled tasks of
+    another catalog's models, `cheap` and `strong`."""
     store = _log(tmp_path / "log.db", {f"t{i}": ["cheap" if i % 3 else "strong"] for i in range(6)})
     for i in range(6):
         assert main(["outcome", f"t{i}", "--success" if i % 2 else "--failure", "--store", store]) == 0
     config = tmp_path / "policy.yaml"
     config.write_bytes((Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_bytes())
-    original = config.read_bytes()
     artifact = tmp_path / "v1.json"
     assert main(["train", "--store", store, "--config", str(config), "--out", str(artifact), "--force"]) == 0
+    return config, artifact
+
+
+def test_rollback_undoes_a_promotion_with_no_router_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Revisions were archived only by a serving router: promote, then rollback, said "no policy
+    # revision has been applied yet" (README step 8).
+    config, artifact = _trained(tmp_path)
+    original = config.read_bytes()
     assert main(["promote", str(artifact), "--config", str(config)]) == 0
     assert config.read_bytes() != original
     capsys.readouterr()
@@ -278,15 +285,9 @@ def test_promote_says_which_models_the_artifact_and_the_catalog_do_not_share(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Promoting an artifact trained on other models' log (here `cheap`/`strong`, into local.yaml's
-    # catalog) said only "now pins": the router then ignores all it learned, and the only sign was a
-    # log line of the router that loads it.
-    store = _log(tmp_path / "log.db", {f"t{i}": ["cheap" if i % 3 else "strong"] for i in range(6)})
-    for i in range(6):
-        assert main(["outcome", f"t{i}", "--success" if i % 2 else "--failure", "--store", store]) == 0
-    config = tmp_path / "policy.yaml"
-    config.write_bytes((Path(__file__).resolve().parents[2] / "policies/examples/local.yaml").read_bytes())
-    artifact = tmp_path / "v1.json"
-    assert main(["train", "--store", store, "--config", str(config), "--out", str(artifact), "--force"]) == 0
+    # catalog) warned only that the artifact's own models are ignored, not that every model the
+    # policy routes to would be scored as an even chance.
+    config, artifact = _trained(tmp_path)
     capsys.readouterr()
     assert main(["promote", str(artifact), "--config", str(config)]) == 0
     out, err = capsys.readouterr()
