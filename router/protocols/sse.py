@@ -26,10 +26,13 @@ class Event:
 # search. A stream's every event is tested a few times.
 
 
-def parse_block(block: bytes) -> Event:
+def parse_block(block: bytes, raw: bytes | None = None) -> Event:
+    """``raw``: ``block`` and its terminating blank line, when the caller holds them already."""
+    if raw is None:
+        raw = block + b"\n\n"
     if block.startswith(b"data: ") and block.find(b"\n") < 0:
         # Most events of a chat stream are one data line: no splitting, no name.
-        return Event(None, block[6:].lstrip(b" ").rstrip(b"\r"), block + b"\n\n")
+        return Event(None, block[6:].lstrip(b" ").rstrip(b"\r"), raw)
     name = None
     data_lines = []
     for line in block.split(b"\n"):
@@ -37,7 +40,7 @@ def parse_block(block: bytes) -> Event:
             data_lines.append(line[5:].lstrip(b" ").rstrip(b"\r"))
         elif line.startswith(b"event:"):
             name = line[6:].strip().decode("utf-8", "replace")
-    return Event(name, b"\n".join(data_lines), block + b"\n\n")
+    return Event(name, b"\n".join(data_lines), raw)
 
 
 async def close_quietly(source: object) -> None:
@@ -64,18 +67,22 @@ async def events(
         async for chunk in chunks:
             if not buf and chunk.endswith(b"\n\n") and chunk.find(b"\r") < 0 and chunk.count(b"\n\n") == 1:
                 # The common case: one whole event per network read.
-                yield parse_block(chunk[:-2])
+                yield parse_block(chunk[:-2], chunk)
                 continue
             buf += chunk.replace(b"\r\n", b"\n") if chunk.find(b"\r") >= 0 else chunk
-            while True:
-                end = buf.find(b"\n\n")
-                if end < 0:
-                    break
-                block, buf = buf[:end], buf[end + 2 :]
+            # Read by position, the rest cut off once: slicing the rest off after each event copied
+            # the remainder of a read as many times as it held events.
+            start = 0
+            end = buf.find(b"\n\n")
+            while end >= 0:
+                block, raw = buf[start:end], buf[start : end + 2]
+                start = end + 2
+                end = buf.find(b"\n\n", start)
                 if block.strip():
-                    ev = parse_block(block)
-                    ev.more = buf.find(b"\n\n") >= 0
+                    ev = parse_block(block, raw)
+                    ev.more = end >= 0
                     yield ev
+            buf = buf[start:]
             if len(buf) > max_event_bytes:
                 raise ValueError("an SSE event exceeded the size limit")
     finally:

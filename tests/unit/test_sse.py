@@ -28,6 +28,26 @@ async def test_events_of_one_read_are_marked_for_one_write() -> None:
     assert b"".join(e.raw for e in evs) == b"data: a\n\ndata: b\n\ndata: c\n\ndata: d\n\n"
 
 
+async def test_a_read_of_whole_events_and_the_start_of_the_next() -> None:
+    # Read by position within the buffer: the partial event is carried into the next read, blank
+    # blocks (a third newline) are skipped, and each event's bytes are its own.
+    evs = await _collect(b"data: a\n\n\n\nevent: y\ndata: b\n\n\ndata: c\n\nda", b"ta: d\n\ndata: e\n\n")
+    assert [(e.name, e.data, e.more) for e in evs] == [
+        (None, b"a", True),
+        ("y", b"b", True),
+        (None, b"c", False),
+        (None, b"d", True),
+        (None, b"e", False),
+    ]
+    assert [e.raw for e in evs] == [
+        b"data: a\n\n",
+        b"event: y\ndata: b\n\n",
+        b"\ndata: c\n\n",
+        b"data: d\n\n",
+        b"data: e\n\n",
+    ]
+
+
 async def test_crlf_multiline_data_and_a_missing_final_blank_line() -> None:
     evs = await _collect(b"event: m\r\ndata: x\r\ndata: y\r\n\r\n", b"data: last")
     assert [(e.name, e.data) for e in evs] == [("m", b"x\ny"), (None, b"last")]
