@@ -52,7 +52,8 @@ async def read_body(request: Request, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+        if chunk:  # Starlette ends the stream with an empty chunk: a body of one is then not copied
+            chunks.append(chunk)
     return b"".join(chunks)
 
 
