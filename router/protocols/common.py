@@ -67,12 +67,18 @@ class ClientRequest:
     #: is (``forward.upstream.provider_json``) instead of encoding the conversation a second time.
     #: So nothing changes a parsed value in place: a changed one is a new object.
     encoded: dict[str, tuple[Any, bytes]] = field(default_factory=dict)
+    #: ``system_sha256``, once made: the task's identity and the log record both read it.
+    _system_sha256: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def tools_sha256(self) -> str | None:
         return sha256_json(self.tools) if self.tools else None
 
     def system_sha256(self) -> str | None:
-        return sha256_json(self.system) if self.system else None
+        if not self.system:
+            return None
+        if self._system_sha256 is None:
+            self._system_sha256 = sha256_json(self.system)
+        return self._system_sha256
 
 
 @dataclass(slots=True)

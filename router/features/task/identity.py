@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from router.protocols.common import ClientRequest, sha256_json
+from router.protocols.common import ClientRequest
 
 _CLIENT_TASK_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
 
@@ -37,7 +37,7 @@ def task_id_of(req: ClientRequest, header_value: str | None, key_hash: str) -> s
     h = hashlib.sha256()
     h.update(key_hash.encode())
     h.update(b"\0")
-    h.update((sha256_json(req.system) if req.system else "").encode())
+    h.update((req.system_sha256() or "").encode())
     h.update(b"\0")
     h.update(req.first_user_text.encode("utf-8", "replace"))
     return "t-" + h.hexdigest()[:24]
