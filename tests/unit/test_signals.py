@@ -532,6 +532,33 @@ def test_the_last_messages_read_once_give_the_signals_a_fresh_read_gives(protoco
     assert recent(msgs, window=0).results == [] == recent("not a list").calls
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_reading_keeps_its_window_tail_and_error_flags(protocol: str) -> None:
+    # What the mutation run at ce73435 found no test of (signals.Recent, from 89f28b8): the default
+    # window, a one-message window, max_chars on the way to the glance and to the full analysis, the
+    # protocol's error flag, and the switch signals' cache key.
+    steps = [Step("bash", {"command": f"c{i}"}, f"<returncode>{i}</returncode>") for i in range(12)]
+    msgs = conversation(protocol, steps)
+    assert len(recent(msgs).results) == len(recent(msgs, window=20).results) == 10
+    assert len(recent(msgs, window=21).results) == 11 and len(recent(msgs, window=1).results) == 1
+
+    long = PYTEST_PASS + "\n".join(f"log line {i}" for i in range(400))  # the summary 5 KB from the end
+    msgs = conversation(protocol, [Step("bash", {"command": "pytest"}, long, is_error=True)])
+    cut, whole = recent(msgs, max_chars=1000), recent(msgs)
+    assert cut.results[0][1] == glance(long, cut.results[0][1].is_error, max_chars=1000)
+    assert cut.results[0][1].digest != whole.results[0][1].digest
+    assert cut.analyzed()[0][1].tests is None and whole.analyzed()[0][1].tests is not None
+    flagged = protocol == "anthropic"  # the only protocol with an error flag on a result
+    assert whole.analyzed()[0][1].is_error is (True if flagged else None)
+
+    fail = "<returncode>1</returncode>\n<output>\nerror\n</output>"
+    read = recent(conversation(protocol, [Step("bash", {"command": f"c{i}"}, fail) for i in range(2)]))
+    w = Weights()
+    assert read.switching(w, 3, 3) == (None, None)
+    assert read.switching(w, 3, 3) is read.switching(w, 3, 3)  # read once
+    assert read.switching(w, 2, 3)[0] is not None  # another threshold is another reading
+
+
 def test_argument_key_order_does_not_hide_a_loop() -> None:
     msgs = conversation(
         "openai_chat", [Step("read", {"path": "a.py", "limit": 50}, f"v{i}") for i in range(3)]
