@@ -76,7 +76,9 @@ def cmd_upstream(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from router.app.demo import run_demo
 
-    return run_demo(store=args.store, keep_serving=args.serve, port=args.port)
+    return run_demo(
+        store=args.store, keep_serving=args.serve, port=args.port, upstream_port=args.upstream_port
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -259,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--port", type=int, help="the router's port (default 8080, or a free one if taken; 0: any)"
     )
+    demo.add_argument("--upstream-port", type=int, metavar="PORT",
+                      help="the local fake provider's port (default 9100, or a free one if taken; 0: any)")  # fmt: skip
     demo.set_defaults(func=cmd_demo)
 
     up = command("upstream", "run the local fake provider (OpenAI + Anthropic wire formats)",

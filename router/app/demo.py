@@ -80,15 +80,19 @@ def _requests(big_prompt: str) -> list[tuple[str, str, dict[str, Any], dict[str,
     ]  # fmt: skip
 
 
-def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, port: int | None = None) -> int:
-    """``port``: where the router listens (0: any free port); None: 8080, or any free port if taken."""
+def run_demo(
+    store: str = "sqlite:///router.db", keep_serving: bool = False, port: int | None = None,
+    upstream_port: int | None = None,
+) -> int:  # fmt: skip
+    """``port``: where the router listens (0: any free port); None: 8080, or any free port if taken;
+    ``upstream_port``: the same for the local fake provider (default 9100)."""
     from router.app.factory import create_app
     from router.app.serve import uvicorn_config
     from router.app.settings import Settings
     from router.fakeupstream import FakeUpstream
 
     console = Console()
-    up_sock = _free_port(9100)
+    up_sock = _free_port(9100 if upstream_port is None else upstream_port, required=upstream_port is not None)
     up_port = up_sock.getsockname()[1]
     up_sock.close()
     with FakeUpstream(port=up_port) as upstream:
@@ -120,7 +124,11 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
         # ~4.3 characters a token, as code usually has: the local provider counts characters / 4, and
         # the router tiktoken tokens, so the two counts the demo prints agree within a tenth.
         big = "    total = sum(item.price for item in order.items)\n" * 3300
-        with httpx.Client(base_url=base, timeout=30) as client:
+        # The demo is a client like any other: with a master key exported (README step 2) it
+        # sends that key, as an agent pointed at this router would.
+        key = settings.master_key.get_secret_value() if settings.master_key else None
+        auth = {"authorization": f"Bearer {key}"} if key else {}
+        with httpx.Client(base_url=base, timeout=30, headers=auth) as client:
             for label, path, body, headers in _requests(big):
                 t0 = time.perf_counter()
                 r = client.post(
@@ -135,14 +143,18 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
                 "/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": big}]}
             )
         tables.show(console, table)
-        p = preview.json()
-        console.print(f"POST /v1/route for the 40k-token prompt: chose [bold]{p['chosen']}[/] "
-                      f"({p['reason']}); excluded: "
-                      + ", ".join(f"{c['model']} ({c['excluded']})" for c in p["candidates"] if c.get("excluded")))  # fmt: skip
+        _print_route(console, preview)
         if keep_serving:
-            console.print(f"\nDashboard: [bold]{base}/ui[/] (the requests above are on it)\n"
+            login = " — log in with $ROUTER_MASTER_KEY" if key else ""
+            a_key, o_key = (
+                (" ANTHROPIC_API_KEY=$ROUTER_MASTER_KEY", " OPENAI_API_KEY=$ROUTER_MASTER_KEY")
+                if key
+                else ("", "")
+            )
+            console.print(f"\nDashboard: [bold]{base}/ui[/] (the requests above are on it){login}\n"
                           f"Serving until Ctrl-C. Point agents at it:\n"
-                          f"  ANTHROPIC_BASE_URL={base} claude ...\n  OPENAI_BASE_URL={base}/v1 ...")  # fmt: skip
+                          f"  ANTHROPIC_BASE_URL={base}{a_key} claude ...\n"
+                          f"  OPENAI_BASE_URL={base}/v1{o_key} ...", highlight=False)  # fmt: skip
             request_log.setLevel(logging.NOTSET)
             with contextlib.suppress(KeyboardInterrupt):
                 thread.join()
@@ -150,6 +162,16 @@ def run_demo(store: str = "sqlite:///router.db", keep_serving: bool = False, por
         thread.join(timeout=30)
         _print_log(console, store)
     return 0
+
+
+def _print_route(console: Console, r: httpx.Response) -> None:
+    if r.status_code != 200:  # say what the router said, as any client would see it
+        console.print(f"POST /v1/route for the 40k-token prompt: {r.status_code} {r.text}", highlight=False)
+        return
+    p = r.json()
+    excluded = ", ".join(f"{c['model']} ({c['excluded']})" for c in p["candidates"] if c.get("excluded"))
+    console.print(f"POST /v1/route for the 40k-token prompt: chose [bold]{p['chosen']}[/] ({p['reason']}); "
+                  f"excluded: {excluded or 'none'}")  # fmt: skip
 
 
 def _usage(r: httpx.Response) -> str:
