@@ -350,7 +350,7 @@ async def preview_posted(
     the latest ``max_requests`` requests are read (``window.capped`` says when older were left out)."""
     import asyncio
 
-    runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)")
+    runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)", posted=True)
     until = time.time()
     requests, capped = await latest_requests(store, until - seconds, max_requests)
     outcomes = await store.outcomes_since(until - seconds)

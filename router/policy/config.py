@@ -285,9 +285,16 @@ class CompiledRule:
 class Policy:
     """A validated policy file, with rules compiled and references checked."""
 
-    def __init__(self, spec: PolicyFile, source: str) -> None:
+    def __init__(
+        self, spec: PolicyFile, source: str, base: Path | None = None, *, confined: bool = False
+    ) -> None:
+        """``base``: the directory the file's paths are relative to (the file's own by default);
+        ``confined``: paths may not leave it (a policy posted to the server, whose paths would
+        otherwise let a caller read, or learn the hash of, any file the router can)."""
         self.spec = spec
         self.source = source
+        self.base = Path(source).parent if base is None else base
+        self.confined = confined
         self.name = spec.name
         self.models: dict[str, ModelSpec] = {m.id: m for m in spec.models}
         self.routes = spec.routes
@@ -297,12 +304,10 @@ class Policy:
         self.warnings: list[str] = []
         if spec.objective.min_success is not None:
             self.warnings.append(f"{source}: " + MIN_SUCCESS_DEPRECATED.format(v=spec.objective.min_success))
-        self.learned_path = (
-            (Path(source).parent / spec.learned.artifact).resolve() if spec.learned is not None else None
-        )
+        self.learned_path = self.file(spec.learned.artifact, "learned.artifact") if spec.learned else None
         ref = spec.tasks.label_model
         self.label_model = (
-            LabelModel.load(Path(source).parent / ref.artifact, ref.sha256)
+            LabelModel.load(self.file(ref.artifact, "tasks.label_model.artifact"), ref.sha256)
             if ref is not None
             else default_labels()
         )
@@ -311,6 +316,16 @@ class Policy:
             for i, r in enumerate(spec.rules)
         ]
         self._check_references()
+
+    def file(self, relative: str, field: str) -> Path:
+        """A path the policy names, resolved against its directory."""
+        path = (self.base / relative).resolve()
+        if self.confined and not path.is_relative_to(self.base.resolve()):
+            raise ConfigError(
+                f"{self.source}: {field}: {relative!r} is outside the policy's directory "
+                "(a posted policy reads only files beside the running one)"
+            )
+        return path
 
     def route_for(self, requested: str) -> Route | None:
         for route in self.routes:

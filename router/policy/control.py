@@ -42,12 +42,12 @@ class ControlArm:
     reference: str
 
 
-def control_path(policy: Policy, base: Path) -> Path | None:
-    """The reference policy file, if the control arm names one (relative to ``base``, the policy's directory)."""
+def control_path(policy: Policy) -> Path | None:
+    """The reference policy file, if the control arm names one (relative to the policy's directory)."""
     spec = policy.spec.control
     if spec is None or spec.policy is None:
         return None
-    return (base / spec.policy).resolve()
+    return policy.file(spec.policy, "control.policy")
 
 
 def build_control(
@@ -67,7 +67,9 @@ def build_control(
                   for x in policy.routes]  # fmt: skip
         ref = policy.spec.model_copy(update={"name": f"{policy.name}/control", "routes": routes, "rules": [],
                                              "learned": None, "control": None, "guard": None})  # fmt: skip
-        decider = Decider(Policy(ref, f"{policy.source}: control.route"), catalog)
+        decider = Decider(
+            Policy(ref, f"{policy.source}: control.route", policy.base, confined=policy.confined), catalog
+        )
         reference = "route"
     else:
         assert path is not None
@@ -84,7 +86,10 @@ def _reference_policy(
     where = f"{policy.source}: control.policy"
     if text is None:
         raise ConfigError(f"{where}: cannot read {path}")
-    ref = parse_policy(text.decode("utf-8", "replace"), source=str(path), env=os.environ)
+    # A reference read for a posted policy is still a file beside the running one, the operator's own.
+    ref = parse_policy(
+        text.decode("utf-8", "replace"), source=str(path), env=os.environ, confined=policy.confined
+    )
     if ref.spec.control is not None or ref.spec.guard is not None or ref.spec.scopes:
         raise ConfigError(
             f"{where}: {path} has a control arm, guard or scopes of its own (a reference cannot)"

@@ -3,7 +3,9 @@
 Only string values are expanded (mapping keys never are). ``$${`` is a literal ``${``; a
 ``$`` not followed by ``{`` is left alone. A substituted value is never expanded again, so an
 environment variable holding ``${X}`` stays literal. ``${VAR:-default}`` follows the shell:
-the default applies when ``VAR`` is unset *or* empty.
+the default applies when ``VAR`` is unset *or* empty. Without an environment (``env=None``:
+a policy posted to the server) only defaults apply, so no value of the router's environment
+can be echoed back to a caller in a preview or an error.
 """
 
 from __future__ import annotations
@@ -67,14 +69,22 @@ def _located(source: str, parts: Sequence[str | int], message: str, root: Any) -
     return ConfigError(f"{source}: {path}: {message}" if path else f"{source}: {message}")
 
 
-def _expand(text: str, env: Mapping[str, str], source: str, parts: list[str | int], root: Any) -> str:
+def _expand(text: str, env: Mapping[str, str] | None, source: str, parts: list[str | int], root: Any) -> str:
     def substitute(match: re.Match[str]) -> str:
         name = match.group("name")
         if name is not None:
             default = match.group("default")
-            value = env.get(name)
+            value = None if env is None else env.get(name)
             if default is not None:
                 return value if value else default
+            if env is None:
+                raise _located(
+                    source,
+                    parts,
+                    f"${{{name}}}: a posted policy is not read with the router's environment "
+                    f"(write ${{{name}:-value}} to preview with a value)",
+                    root,
+                )
             if value is None:
                 raise _located(
                     source,
@@ -101,7 +111,7 @@ def _expand(text: str, env: Mapping[str, str], source: str, parts: list[str | in
     return _TOKEN.sub(substitute, text)
 
 
-def interpolate(tree: Any, env: Mapping[str, str], *, source: str) -> Any:
+def interpolate(tree: Any, env: Mapping[str, str] | None, *, source: str) -> Any:
     """Return a copy of ``tree`` with references in string values expanded from ``env``.
 
     Raises ``ConfigError`` naming ``source`` and the field path for an unset variable

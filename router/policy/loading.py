@@ -29,7 +29,11 @@ def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Polic
     return parse_policy(text, source=source, env=os.environ if env is None else env)
 
 
-def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
+def parse_policy(
+    text: str, *, source: str, env: Mapping[str, str] | None, base: Path | None = None, confined: bool = False
+) -> Policy:
+    """``env=None``: no ``${VAR}`` is read from the environment (only defaults apply); ``base``,
+    ``confined``: see ``Policy``."""
     try:
         # The safe loader: no Python tags, no object construction from YAML.
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -50,7 +54,7 @@ def parse_policy(text: str, *, source: str, env: Mapping[str, str]) -> Policy:
         spec = PolicyFile.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source, raw)) from None
-    return Policy(spec, source)
+    return Policy(spec, source, base, confined=confined)
 
 
 def _yaml_problem(exc: yaml.YAMLError, source: str) -> str:

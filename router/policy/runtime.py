@@ -153,22 +153,22 @@ def load_runtime(path: str | Path, lookup: PriceLookup | None = None) -> Runtime
 
 
 def build_runtime(
-    text: bytes, path: Path, source: str, lookup: PriceLookup | None = None
+    text: bytes, path: Path, source: str, lookup: PriceLookup | None = None, *, posted: bool = False
 ) -> Runtime:  # fmt: skip
     """A runtime from a policy's bytes; ``path`` places it (its artifact is relative to it),
-    ``source`` names it in errors."""
+    ``source`` names it in errors. ``posted``: the bytes came from a caller (the served preview),
+    so they are not interpolated from the environment and read no file outside ``path``'s directory."""
     try:
         decoded = text.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text: {exc}") from None
-    policy = parse_policy(decoded, source=source, env=os.environ)
+    env = None if posted else os.environ
+    policy = parse_policy(decoded, source=source, env=env, base=path.parent, confined=posted)
     for warning in policy.warnings:
         log.warning("%s", warning)
-    if policy.learned_path is not None and policy.spec.learned is not None:
-        policy.learned_path = (path.parent / policy.spec.learned.artifact).resolve()
     artifact = _read(policy.learned_path, "learned artifact") if policy.learned_path is not None else None
     catalog = build_catalog(policy, lookup)
-    ref_path = control_path(policy, path.parent)
+    ref_path = control_path(policy)
     ref = _read(ref_path, "control policy") if ref_path is not None else None
     control = build_control(policy, catalog, ref_path, ref, scorer_for)
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)

@@ -125,7 +125,12 @@ def build_scopes(
         seen.add(scope.name)
         update: dict[str, object] = {"name": f"{policy.name}/{scope.name}", "scopes": [], "control": None,
                                      "guard": None, **overlay(policy.spec, scope)}  # fmt: skip
-        scoped = Policy(policy.spec.model_copy(update=update), f"{policy.source}: scopes[{i}]")
+        scoped = Policy(
+            policy.spec.model_copy(update=update),
+            f"{policy.source}: scopes[{i}]",
+            policy.base,
+            confined=policy.confined,
+        )
         decider = Decider(scoped, catalog, with_effects(scorer_for(scoped), scope))  # type: ignore[arg-type]
         out.append(ScopedDecider(scope.name, scope.match, decider))
     return tuple(out)
