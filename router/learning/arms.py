@@ -36,6 +36,8 @@ class ArmTasks:
     tasks: int = 0
     success: list[float] = field(default_factory=list)
     cost: list[float] = field(default_factory=list)
+    #: The virtual key that made each task (None: the master key or open mode), in the same order.
+    keys: list[str | None] = field(default_factory=list)
     latency_ms: list[float] = field(default_factory=list)
 
     @property
@@ -57,6 +59,7 @@ class TaskTally:
         self.revision = revision
         self.since = since
         self.arm_of: dict[str, str] = {}
+        self.key_of: dict[str, str | None] = {}
         self.cost: dict[str, float] = defaultdict(float)
         self.latency: dict[str, list[float]] | None = defaultdict(list) if latency else None
         #: Request ids counted, with their arrival time (``forget_before`` prunes them).
@@ -79,6 +82,7 @@ class TaskTally:
                     continue
                 self.seen[rid] = float(r.get("ts") or 0.0)
             self.arm_of.setdefault(task, arm)
+            self.key_of.setdefault(task, r.get("key_id"))
             self.cost[task] += float(r.get("cost_usd") or 0.0)
             self.answered |= answered((r,))
             if self.latency is not None and r.get("status") == 200 and r.get("total_ms") is not None:
@@ -101,6 +105,7 @@ class TaskTally:
             if v is not None:
                 a.success.append(success_value(v))
                 a.cost.append(self.cost[task])
+                a.keys.append(self.key_of.get(task))
         for arm, values in (self.latency or {}).items():
             arms[arm].latency_ms = sorted(values)
         return dict(arms)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import ConfigError
-from router.learning.arms import ArmTasks, TaskTally, ratio_of_means
+from router.learning.arms import ArmTasks, TaskTally
 from router.policy.config import GuardSpec
 from router.policy.control import CONTROL, TREATED
 from router.policy.revisions import rollback
@@ -70,43 +70,135 @@ class Verdict:
     cost_lr: float | None = None
     control_tasks: int = 0
     treated_tasks: int = 0
+    #: Virtual keys whose tasks were left out before a rollback was allowed (see ``judge``).
+    keys_left_out: int = 0
 
 
-def _rate(a: ArmTasks) -> tuple[float, float]:
-    """Success rate and its variance, smoothed by half a success and half a failure."""
-    n = a.n
-    p = (sum(a.success) + 0.5) / (n + 1)
-    return sum(a.success) / n, p * (1 - p) / n
+@dataclass(frozen=True, slots=True)
+class Moments:
+    """An arm's tasks with a verdict as sums (success ``y``, cost ``x``): what the tests need, and
+    what one key's tasks can be subtracted from in O(1)."""
+
+    n: int = 0
+    y: float = 0.0
+    x: float = 0.0
+    yy: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    @classmethod
+    def of(cls, success: Sequence[float], cost: Sequence[float]) -> Moments:
+        return cls(len(success), sum(success), sum(cost), sum(y * y for y in success),
+                   sum(x * x for x in cost), sum(x * y for x, y in zip(cost, success, strict=True)))  # fmt: skip
+
+    def __sub__(self, o: Moments) -> Moments:
+        return Moments(
+            self.n - o.n, self.y - o.y, self.x - o.x, self.yy - o.yy, self.xx - o.xx, self.xy - o.xy
+        )
+
+    def __add__(self, o: Moments) -> Moments:
+        return Moments(
+            self.n + o.n, self.y + o.y, self.x + o.x, self.yy + o.yy, self.xx + o.xx, self.xy + o.xy
+        )
+
+    def rate(self) -> tuple[float, float]:
+        """Success rate and its variance, smoothed by half a success and half a failure."""
+        p = (self.y + 0.5) / (self.n + 1)
+        return self.y / self.n, p * (1 - p) / self.n
+
+    def cost_per_completed(self) -> tuple[float, float] | None:
+        """``arms.ratio_of_means(cost, success)`` from the sums."""
+        n = self.n
+        if n < 2 or self.y <= 0:
+            return None
+        mn, md = self.x / n, self.y / n
+        r = mn / md
+        vn = max(0.0, self.xx - n * mn * mn) / (n - 1)
+        vd = max(0.0, self.yy - n * md * md) / (n - 1)
+        cov = (self.xy - n * mn * md) / (n - 1)
+        return r, max(0.0, (vn - 2 * r * cov + r * r * vd) / (n * md * md))
 
 
-def judge(control: ArmTasks, treated: ArmTasks, spec: GuardSpec) -> Verdict:
+def _test(control: Moments, treated: Moments, spec: GuardSpec) -> tuple[Verdict, float]:
+    """The two sequential tests on all the tasks given; with the verdict, the evidence for harm
+    (the larger Λ of a null whose estimate points to harm, else 0)."""
     nc, nt = control.n, treated.n
     if min(nc, nt) < spec.min_tasks:
         return Verdict(False, f"waiting: {nc} control and {nt} treated tasks with an outcome, "
-                              f"{spec.min_tasks} needed in each", control_tasks=nc, treated_tasks=nt)  # fmt: skip
+                              f"{spec.min_tasks} needed in each", control_tasks=nc, treated_tasks=nt), 0.0  # fmt: skip
     threshold = 2 / spec.alpha
-    pc, vc = _rate(control)
-    pt, vt = _rate(treated)
+    pc, vc = control.rate()
+    pt, vt = treated.rate()
     d = pc - pt - spec.max_success_drop
     tau = max(spec.max_success_drop, 0.01)
     success_lr = msprt(d, vc + vt, tau * tau)
+    evidence = success_lr if d > 0 else 0.0
     if d > 0 and success_lr >= threshold:
         return Verdict(True, f"success {pt:.1%} treated vs {pc:.1%} control: more than "
                              f"{spec.max_success_drop:.1%} worse (mSPRT Λ={success_lr:.3g} ≥ {threshold:g})",
-                       success_lr, None, nc, nt)  # fmt: skip
+                       success_lr, None, nc, nt), evidence  # fmt: skip
     cost_lr = None
-    rc, rt = ratio_of_means(control.cost, control.success), ratio_of_means(treated.cost, treated.success)
+    rc, rt = control.cost_per_completed(), treated.cost_per_completed()
     if rc is not None and rt is not None and rc[0] > 0 and rt[0] > 0:
         margin = math.log1p(spec.max_cost_per_completed_increase)
         d_cost = math.log(rt[0] / rc[0]) - margin
         var = rc[1] / rc[0] ** 2 + rt[1] / rt[0] ** 2
         tau_cost = max(margin, 0.05)
         cost_lr = msprt(d_cost, var, tau_cost * tau_cost)
+        if d_cost > 0:
+            evidence = max(evidence, cost_lr)
         if d_cost > 0 and cost_lr >= threshold:
             return Verdict(True, f"cost per completed task ${rt[0]:.5f} treated vs ${rc[0]:.5f} control: more "
                                  f"than {spec.max_cost_per_completed_increase:.0%} higher "
-                                 f"(mSPRT Λ={cost_lr:.3g} ≥ {threshold:g})", success_lr, cost_lr, nc, nt)  # fmt: skip
-    return Verdict(False, "no significant harm", success_lr, cost_lr, nc, nt)
+                                 f"(mSPRT Λ={cost_lr:.3g} ≥ {threshold:g})", success_lr, cost_lr, nc, nt), evidence  # fmt: skip
+    return Verdict(False, "no significant harm", success_lr, cost_lr, nc, nt), evidence
+
+
+def _by_key(a: ArmTasks) -> dict[str | None, Moments]:
+    keys = a.keys if len(a.keys) == a.n else [None] * a.n
+    tasks: dict[str | None, tuple[list[float], list[float]]] = {}
+    for key, y, x in zip(keys, a.success, a.cost, strict=True):
+        ys, xs = tasks.setdefault(key, ([], []))
+        ys.append(y)
+        xs.append(x)
+    return {k: Moments.of(ys, xs) for k, (ys, xs) in tasks.items()}
+
+
+def judge(control: ArmTasks, treated: ArmTasks, spec: GuardSpec) -> Verdict:
+    """Harm, and a rollback only if it is not the doing of a few virtual keys.
+
+    Any key can post outcomes for its own tasks (true or not), and any key can steer its tasks
+    into the treated arm (the arm is a public hash of the task id). So when the test finds harm,
+    it is run again without the keys that push hardest for it: ``ceil(spec.key_share × K)`` of the
+    K virtual keys with outcomes (at least one), left out one at a time, each time the key whose
+    removal weakens the evidence most. Only if harm is still found (with ``min_tasks`` in each arm
+    left) does the guard roll back. Tasks of the master key (and of open mode) are the operator's
+    and are never left out."""
+    c_keys, t_keys = _by_key(control), _by_key(treated)
+    c_all, t_all = sum(c_keys.values(), Moments()), sum(t_keys.values(), Moments())
+    verdict, _ = _test(c_all, t_all, spec)
+    keys = {k for k in (*c_keys, *t_keys) if k is not None}
+    if not verdict.worse or not keys:
+        return verdict
+    drop = min(len(keys), max(1, math.ceil(spec.key_share * len(keys))))
+    kept = (c_all, t_all)
+
+    def without(k: str, arms: tuple[Moments, Moments]) -> tuple[Moments, Moments]:
+        return arms[0] - c_keys.get(k, Moments()), arms[1] - t_keys.get(k, Moments())
+
+    for _ in range(drop):
+        now = kept
+        key = min(sorted(keys), key=lambda k: _test(*without(k, now), spec)[1])
+        keys.discard(key)
+        kept = without(key, kept)
+    robust, _ = _test(*kept, spec)
+    if robust.worse:
+        return dataclasses.replace(verdict, reason=f"{verdict.reason}; still so without the {drop} "
+                                   f"virtual key(s) that weigh most for it", keys_left_out=drop)  # fmt: skip
+    return dataclasses.replace(
+        robust, reason=f"no rollback: without the {drop} virtual key(s) that weigh most for it "
+                       f"({verdict.reason.split(':')[0]} harm), {robust.reason}", keys_left_out=drop,
+    )  # fmt: skip
 
 
 class Guard:

@@ -226,6 +226,9 @@ class GuardSpec(_Strict):
     alpha: float = Field(default=0.05, gt=0, lt=0.5)
     #: How often the log is read to update the test.
     check_every_s: float = Field(default=60.0, gt=0)
+    #: Harm must still be found without this share of the virtual keys with outcomes (at least
+    #: one key): those that weigh most for a rollback are left out (``router.learning.guard.judge``).
+    key_share: float = Field(default=0.1, ge=0, lt=1)
 
 
 class ScopeMatch(_Strict):

@@ -225,3 +225,32 @@ def test_a_revision_put_back_is_judged_on_its_new_requests_only(tmp_path: Path) 
     assert (at_once.control_tasks, at_once.treated_tasks) == (0, 0), at_once.reason
     assert later is not None and not later.worse
     assert (later.control_tasks, later.treated_tasks) == (10, 10), later.reason
+
+
+def keyed(successes: list[bool], keys: list[str | None]) -> ArmTasks:
+    a = arm(successes)
+    a.keys = keys
+    return a
+
+
+def test_one_key_cannot_decide_a_rollback() -> None:
+    # Three keys see no harm; a fourth reports all its treated tasks failed.
+    control = keyed([True] * 90, ["a", "b", "c"] * 20 + ["evil"] * 30)
+    treated = keyed([True] * 60 + [False] * 30, ["a", "b", "c"] * 20 + ["evil"] * 30)
+    assert judge(arm([True] * 90), arm([True] * 60 + [False] * 30), SPEC).worse  # unkeyed: it would
+    v = judge(control, treated, SPEC)
+    assert not v.worse and v.keys_left_out == 1 and v.reason.startswith("no rollback: without the 1")
+
+
+def test_harm_seen_by_many_keys_still_rolls_back() -> None:
+    keys = [f"k{i}" for i in range(10)] * 30
+    v = judge(keyed([True] * 300, keys), keyed([True, False] * 150, keys), SPEC)
+    assert v.worse and v.keys_left_out == 1 and "still so without the 1" in v.reason
+
+
+def test_the_operators_outcomes_are_never_left_out() -> None:
+    # Open mode and the master key: no key id; a lone virtual key beside them is left out.
+    control = keyed([True] * 100, [None] * 90 + ["k"] * 10)
+    treated = keyed([False] * 100, [None] * 90 + ["k"] * 10)
+    v = judge(control, treated, SPEC)
+    assert v.worse and v.keys_left_out == 1 and v.control_tasks == 100

@@ -1,0 +1,107 @@
+"""One tenant (one virtual key) cannot decide for the others (issue 30), through a real router."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from router.fakeupstream import FakeUpstream
+from router.policy.control import CONTROL, arm_of
+from tests.integration.conftest import RunningRouter, local_policy
+from tests.integration.test_keys import MASTER, create_key
+
+pytestmark = pytest.mark.integration
+
+Factory = Callable[..., RunningRouter]
+CHAT = "/v1/chat/completions"
+
+
+def policy_shown(r: RunningRouter) -> dict[str, Any]:
+    return httpx.get(r.url + "/v1/policy", headers={"x-api-key": MASTER}, timeout=10).json()  # type: ignore[no-any-return]
+
+
+def wait(check: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def tasks_in(key_id: str, arm: str, n: int) -> list[str]:
+    """``n`` task ids that a key's requests put in ``arm`` (the arm is a public hash of the scoped id)."""
+    out: list[str] = []
+    while len(out) < n:
+        task = uuid.uuid4().hex[:12]
+        if arm_of(f"{key_id}/{task}", 0.5) == arm:
+            out.append(task)
+    return out
+
+
+def run_task(c: httpx.Client, key: str, task: str, success: bool) -> None:
+    headers = {"x-api-key": key, "x-router-task-id": task}
+    r = c.post(CHAT, json={"model": "auto", "messages": [{"role": "user", "content": task}]}, headers=headers)
+    assert r.status_code == 200, r.text
+    posted = c.post("/v1/outcomes", json={"task_id": task, "success": success}, headers={"x-api-key": key})
+    assert posted.status_code == 200, posted.text
+
+
+def test_one_key_cannot_roll_the_policy_back_for_everyone(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Three honest keys see both arms succeed; a fourth runs 60 cheap tasks and reports every
+    treated one failed. Before, the guard rolled back 2 s later; now it leaves that key out and
+    finds no harm. When the honest keys do see harm, it still rolls back."""
+    upstream.clear()
+    base = local_policy(upstream.url)
+    arms = {
+        "control": {"share": 0.5, "route": {"passthrough": "local-mini"}},
+        "guard": {"min_tasks": 15, "check_every_s": 0.2, "max_success_drop": 0.05},
+        "rules": [],
+        "routes": [{"match": "auto", "passthrough": "local-mini"}],
+    }
+    r = router_factory({**base, **arms, "name": "good"}, master_key=MASTER)
+    config = r.db_path.parent / "policy.yaml"
+    first = policy_shown(r)["revision"]
+    config.write_text(yaml.safe_dump({**base, **arms, "name": "next"}))
+    assert wait(lambda: policy_shown(r)["name"] == "next")
+    trial = policy_shown(r)["revision"]
+
+    honest = [create_key(r, capsys, "--name", f"honest{i}") for i in range(3)]
+    attacker = create_key(r, capsys, "--name", "attacker")
+    with httpx.Client(base_url=r.url, timeout=30) as c:
+        for k in honest:
+            for arm in ("control", "treated"):
+                for task in tasks_in(k["key_id"], arm, 8):
+                    run_task(c, k["key"], task, True)
+        for arm in ("control", "treated"):
+            for task in tasks_in(attacker["key_id"], arm, 30):
+                run_task(c, attacker["key"], task, arm == CONTROL)
+
+        def judged_all() -> bool:
+            shown = policy_shown(r)
+            g = shown["guard"] or {}
+            return shown["revision"] != trial or g.get("keys_left_out", 0) > 0
+
+        assert wait(judged_all)
+        time.sleep(1.0)  # five more checks
+        shown = policy_shown(r)
+        assert shown["revision"] == trial, f"one key rolled the policy back: {shown.get('last_rollback')}"
+        assert shown["guard"]["reason"].startswith("no rollback: without the 1 virtual key"), shown["guard"]
+        assert shown["guard"]["keys_left_out"] == 1
+
+        # Harm seen by the honest keys themselves is still acted on.
+        for k in honest:
+            for arm in ("control", "treated"):
+                for task in tasks_in(k["key_id"], arm, 8):
+                    run_task(c, k["key"], task, arm == CONTROL)
+        assert wait(lambda: policy_shown(r)["revision"] == first), policy_shown(r)["guard"]
+        assert policy_shown(r)["last_rollback"]["reason"].startswith("guard: success")
