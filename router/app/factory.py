@@ -176,7 +176,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )  # fmt: skip
     register(
         app, proxy=proxy, auth=s.auth, counter=s.counter, runtime=runtime, tracker=s.tracker, store=s.store,
-        max_body_bytes=s.settings.max_body_bytes,
+        background=s.background, max_body_bytes=s.settings.max_body_bytes,
     )  # fmt: skip
     register_ops(
         app, auth=s.auth, store=s.store, state=s.state, writer=s.writer, telemetry=s.telemetry,

@@ -63,7 +63,7 @@ class Pipeline:
             counted = not size.settled and decider.size_matters(feats, size.low, size.high)
             if counted:
                 # A hard limit is never decided on a guess.
-                feats = replace(feats, prompt_tokens=self.sizer.settle(size))
+                feats = replace(feats, prompt_tokens=await self._settle(size))
             decision = decider.decide(feats)
         except BaseException:
             if label is not None:
@@ -78,12 +78,21 @@ class Pipeline:
         """The decision ``decide`` would make now, on the exact prompt size, remembering nothing."""
         size = self.sizer.measure(req, None, body_bytes)
         if not size.settled:
-            self.sizer.settle(size)
+            await self._settle(size)
         repo = headers.get("x-router-repo")
         view = await self.tasks.preview(rt.policy, req, task_id, attempt_header, size.tokens, repo)
         feats = request_features(req, size.tokens, headers, view)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
         return Decided(feats, view, decider.decide(feats), arm=arm)
+
+    async def _settle(self, size: PromptSize) -> int:
+        """``sizer.settle`` for a request that waits for it: on a worker thread unless the pending
+        text is short. Tokenizing reads ~10 MB/s, so a large new prompt counted on the event loop
+        stalled every other client for as long (seconds for the body cap's 32 MiB); tiktoken lets go
+        of the GIL while it encodes."""
+        if size.pending_chars <= INLINE_CHARS:
+            return self.sizer.settle(size)
+        return await self.background.in_thread(self.sizer.settle, size)
 
     def finish(
         self, rt: Runtime, decided: Decided, served_by: str | None, input_tokens: int | None,

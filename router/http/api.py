@@ -12,7 +12,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from router.background import Background
 from router.errors import BadRequest, RouterError, UnknownModel
+from router.features.promptsize import INLINE_CHARS
 from router.features.task.tracker import TaskTracker
 from router.features.tokens import TokenCounter
 from router.http.auth import Auth
@@ -27,7 +29,7 @@ from router.store import Store
 
 def register(
     app: FastAPI, *, proxy: Proxy, auth: Auth, counter: TokenCounter, runtime: RuntimeHolder,
-    tracker: TaskTracker, store: Store, max_body_bytes: int,
+    tracker: TaskTracker, store: Store, background: Background, max_body_bytes: int,
 ) -> None:  # fmt: skip
     started = int(time.time())
 
@@ -40,10 +42,14 @@ def register(
     async def count_tokens(request: Request) -> Response:
         try:
             await auth.check(request)
-            req = anthropic_protocol.parse(await read_body(request, max_body_bytes), count_only=True)
+            raw = await read_body(request, max_body_bytes)
+            req = anthropic_protocol.parse(raw, count_only=True)
         except RouterError as err:
             return error_reply(err, ANTHROPIC)
-        return json_reply({"input_tokens": counter.count_request(req)})
+        # Off the event loop unless short: a large prompt's count would stall every client.
+        if len(raw) <= INLINE_CHARS:
+            return json_reply({"input_tokens": counter.count_request(req)})
+        return json_reply({"input_tokens": await background.in_thread(counter.count_request, req)})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -1,0 +1,103 @@
+"""Denial of service (issue 30): what one client can do to every other client of a real router.
+
+Each test runs the hostile client beside a stall probe — ``/healthz`` asked over and over on its own
+connection — and bounds the worst wait the probe saw, generously: a router that holds its event loop
+for the hostile request stalls the probe for the whole of it (seconds), one that does not answers
+it in milliseconds, even on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from router.fakeupstream import FakeUpstream
+from tests.integration.conftest import RunningRouter, local_policy
+
+pytestmark = pytest.mark.integration
+
+Factory = Callable[..., RunningRouter]
+
+#: The worst /healthz wait allowed while a hostile client is served. What each test provokes held
+#: the loop for several times this before its fix.
+STALL_S = 1.0
+
+
+class Probe:
+    """The worst latency of ``/healthz`` while the probe runs: how long the event loop was held."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.answers = 0
+
+
+@contextmanager
+def stall_probe(url: str) -> Iterator[Probe]:
+    probe = Probe()
+    stop = threading.Event()
+
+    def run() -> None:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            while not stop.is_set():
+                started = time.monotonic()
+                assert client.get("/healthz").status_code == 200
+                probe.worst = max(probe.worst, time.monotonic() - started)
+                probe.answers += 1
+                stop.wait(0.01)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield probe
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
+def words(n_chars: int, seed: int = 0) -> str:
+    """Text that tokenizes like prose (made-up words: no cache or dictionary shortcut)."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out: list[str] = []
+    size = 0
+    while size < n_chars:
+        word = "".join(rng.choices(letters, k=rng.randint(2, 9)))
+        out.append(word)
+        size += len(word) + 1
+    return " ".join(out)
+
+
+# -- item 9: exact token counts of a large prompt ------------------------------------------------
+
+#: A prompt of ~8 MB: its bounds straddle every context window, so it is counted exactly before
+#: deciding (seconds of tiktoken), and the body is well under the 32 MiB cap.
+BIG = 8_000_000
+
+
+def test_a_large_prompt_is_counted_off_the_event_loop(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    r = router_factory(local_policy(upstream.url))
+    messages = [{"role": "user", "content": words(BIG)}]
+    # The proxy, the route preview and Anthropic's count_tokens all count it exactly.
+    for path, body in [
+        ("/v1/chat/completions", {"model": "auto", "max_tokens": 10}),
+        ("/v1/route", {"model": "auto"}),
+        ("/v1/messages/count_tokens", {"model": "auto"}),
+    ]:
+        with stall_probe(r.url) as probe:
+            time.sleep(0.2)
+            resp = httpx.post(r.url + path, json={**body, "messages": messages}, timeout=120)
+            time.sleep(0.2)
+        # Answered (a prompt that no window holds is a 400), not failed.
+        assert resp.status_code in (200, 400), (path, resp.text[:300])
+        assert probe.answers > 5, path
+        assert probe.worst < STALL_S, (
+            f"{path}: /healthz waited {probe.worst:.2f}s while a large prompt was counted"
+        )
