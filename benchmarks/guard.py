@@ -1,7 +1,7 @@
 """``python -m benchmarks.guard``: how often the guard rolls back, and how soon, by simulation.
 
 Each run draws task outcomes for a control and a treated arm (Bernoulli, independent tasks),
-calls ``router.learning.guard.judge`` every ``--look`` tasks per arm, as the router does every
+calls ``router.rollout.guard.judge`` every ``--look`` tasks per arm, as the router does every
 ``check_every_s``, up to ``--max-tasks``, and records whether and when it rolled back. Printed per
 true drop in success rate: the share of runs rolled back and the median tasks per arm it took.
 A drop at or under ``max_success_drop`` should roll back in at most ``alpha`` of the runs.
@@ -13,9 +13,9 @@ import argparse
 import random
 import statistics
 
-from router.learning.arms import ArmTasks
-from router.learning.guard import judge
 from router.policy.config import GuardSpec
+from router.rollout.arms import ArmTasks
+from router.rollout.guard import judge
 
 
 def run(

@@ -23,8 +23,8 @@ from pathlib import Path
 import orjson
 import yaml
 
+from router.app.commands.train import promote
 from router.features.task.vector import task_vector, with_attempt
-from router.learning.training.commands import promote
 from router.learning.training.dataset import AttemptRow
 from router.learning.training.fit import fit
 

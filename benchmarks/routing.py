@@ -107,11 +107,11 @@ class Pipeline:
         self, raw: bytes, protocol: str, sizer: Any, first_turn: bool, out: dict[str, list[float]]
     ) -> Any:
         """One request through every stage, appending each stage's µs to ``out``; returns the request."""
+        from router.features import signals
         from router.features.pipeline import request_features
         from router.features.task.context import vector_for, weak_label
         from router.features.task.identity import task_id_of
         from router.features.task.vector import Packed
-        from router.learning import signals
         from router.protocols import WIRES
 
         decider = self.runtime.decider
@@ -209,7 +209,7 @@ def measure(
     size: int, pipe: Pipeline, budget_s: float, max_iterations: int = 2000, protocol: str = "openai_chat"
 ) -> list[Case]:
     """The first-turn and next-turn cases of one conversation size."""
-    from router.learning import signals
+    from router.features import signals
 
     # What earlier cases read (the same tool results, in another protocol's shape) is not known
     # to a router seeing this conversation: only its own previous turn is (run below).

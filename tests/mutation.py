@@ -30,7 +30,7 @@ CRITICAL: dict[str, list[str]] = {
     "learned scorer": ["router.policy.learned.*", "router.policy.objective.*", "router.policy.prior.*"],
     "retry loop": ["router.forward.execute.*"],
     "admission": ["router.http.admission.*"],
-    "signals": ["router.learning.signals.*"],
+    "signals": ["router.features.signals.*"],
     "budgets": [
         "router.state.memory.xǁMemoryBudgetsǁ*",
         "router.state.memory.xǁ_Scopeǁ*",

@@ -82,7 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from router.learning.training.commands import train
+    from router.app.commands.train import train
     from router.store.window import parse_duration
 
     since = time.time() - parse_duration(args.since) if args.since else 0.0
@@ -100,7 +100,7 @@ def cmd_outcome(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from router.learning.training.commands import promote
+    from router.app.commands.train import promote
 
     sha = promote(args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"))
     print(
@@ -110,7 +110,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from router.learning.training.commands import _publish
+    from router.app.commands.train import _publish
     from router.policy.revisions import Archive, rollback
     from router.policy.runtime import load_runtime
 
@@ -128,7 +128,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     if args.by == "arm":
-        from router.learning.arms import run_arm_report
+        from router.rollout.arms import run_arm_report
 
         return run_arm_report(args)
     from router.telemetry.report import run_report
@@ -137,7 +137,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from router.learning.preview import run_preview
+    from router.rollout.preview import run_preview
 
     return run_preview(args)
 
@@ -149,13 +149,13 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from router.learning.evals.commands import run_eval
+    from router.app.commands.evals import run_eval
 
     return run_eval(args)
 
 
 def cmd_eval_labels(args: argparse.Namespace) -> int:
-    from router.learning.labels.commands import run
+    from router.app.commands.labels import run
 
     return run(args)
 
@@ -355,14 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--plot", metavar="FILE.png", help="also write stacked phases and distributions")
     report.set_defaults(func=cmd_report)
 
-    from router.learning.evals.commands import add_arguments as add_eval
+    from router.app.commands.evals import add_arguments as add_eval
 
     ev = command("eval", "offline evaluation of the learned policy on recorded agent outcomes",
                  "router eval --folds 5")  # fmt: skip
     add_eval(ev)
     ev.set_defaults(func=cmd_eval)
 
-    from router.learning.labels.commands import add_arguments as add_eval_labels
+    from router.app.commands.labels import add_arguments as add_eval_labels
 
     el = command("eval-labels", "measure the outcome label on replayed agent trajectories (both shapes)",
                  "router eval-labels")  # fmt: skip

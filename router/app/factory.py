@@ -31,9 +31,9 @@ from router.http.api import register
 from router.http.auth import Auth
 from router.http.ops import register_ops
 from router.http.proxy import Proxy
-from router.learning.guard import Guard
 from router.policy.revisions import Archive
 from router.policy.runtime import PolicyHistory, PolicyWatcher, RuntimeHolder, load_runtime
+from router.rollout.guard import Guard
 from router.state import MemoryState, SharedState, StateConfig, open_state
 from router.store import Store, open_store
 from router.store.writer import LogWriter

@@ -1,6 +1,6 @@
 """Operations endpoints: ``/healthz``, ``/readyz``, ``GET /metrics`` (Prometheus), ``GET /v1/tasks/{task_id}``
 (the task ledger), ``GET /v1/policy`` (the policy's revisions) and ``POST /v1/policy/preview`` (a
-policy edit tried on the logged traffic, ``router.learning.preview``).
+policy edit tried on the logged traffic, ``router.rollout.preview``).
 
 ``/metrics`` is open, like the health endpoints: it holds counts, timings and dollars per backend,
 never prompts or keys, and scrapers rarely carry credentials. The ledger names tasks and their
@@ -22,8 +22,8 @@ from router.forward.upstream import Upstream
 from router.http.auth import Auth
 from router.http.proxy import read_body
 from router.http.replies import error_reply, json_reply
-from router.learning.preview import preview_posted
 from router.policy.runtime import PolicyHistory, RuntimeHolder
+from router.rollout.preview import preview_posted
 from router.state import SharedState
 from router.store import Store
 from router.store.window import parse_duration

@@ -17,9 +17,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.errors import ConfigError
+from router.features.labels.model import LabelModel
+from router.features.labels.model import default as default_labels
 from router.features.request import RULE_FIELDS
-from router.learning.labels.model import LabelModel
-from router.learning.labels.model import default as default_labels
 from router.policy.rules import Condition, compile_condition
 
 Protocol = Literal["openai", "anthropic", "openai_responses"]
@@ -227,7 +227,7 @@ class GuardSpec(_Strict):
     #: How often the log is read to update the test.
     check_every_s: float = Field(default=60.0, gt=0)
     #: Harm must still be found without this share of the virtual keys with outcomes (at least
-    #: one key): those that weigh most for a rollback are left out (``router.learning.guard.judge``).
+    #: one key): those that weigh most for a rollback are left out (``router.rollout.guard.judge``).
     key_share: float = Field(default=0.1, ge=0, lt=1)
 
 

@@ -187,7 +187,7 @@ class PolicyHistory:
         self.rejected_reloads = 0
         #: Rollbacks this router's guard made (the archive knows every router's).
         self.rollbacks = 0
-        #: The guard's last verdict on the revision in force (``router.learning.guard``).
+        #: The guard's last verdict on the revision in force (``router.rollout.guard``).
         self.guard: dict[str, Any] | None = None
 
     def applied(self, rt: Runtime) -> None:

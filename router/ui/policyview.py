@@ -2,7 +2,7 @@
 revision in force, the guard's settings and state, the scopes (pure: no I/O, no HTML).
 
 The arms' numbers are those of ``router report --by arm`` over the same window
-(``router.learning.arms.arm_report``), so the page and the command never disagree.
+(``router.rollout.arms.arm_report``), so the page and the command never disagree.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from router.learning.arms import arm_report
 from router.policy.config import GuardSpec, PolicyFile, Targets
 from router.policy.control import CONTROL, TREATED
 from router.policy.runtime import Runtime
+from router.rollout.arms import arm_report
 
 Row = Mapping[str, Any]
 #: Arms in the order shown (and coloured: control first), any other after them.

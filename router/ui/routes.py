@@ -26,8 +26,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from router.errors import ConfigError, PayloadTooLarge
 from router.http.auth import Auth
 from router.http.proxy import read_body
-from router.learning.preview import preview_posted
 from router.policy.runtime import PolicyHistory, Runtime
+from router.rollout.preview import preview_posted
 from router.store import Store
 from router.store.window import latest_requests
 from router.telemetry.ledger import tokens

@@ -17,8 +17,8 @@ import orjson
 import pytest
 
 from router.fakeupstream import FakeUpstream
-from router.learning.labels import default
-from router.learning.labels.model import SOURCE
+from router.features.labels import default
+from router.features.labels.model import SOURCE
 from router.learning.labels.replay import load, replay, requests
 from tests.integration.conftest import RunningRouter, local_policy
 

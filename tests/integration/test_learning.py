@@ -19,8 +19,8 @@ import httpx
 import openai
 import pytest
 
+from router.app.commands.train import promote, train
 from router.fakeupstream import FakeUpstream
-from router.learning.training.commands import promote, train
 from tests.integration.conftest import RunningRouter
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from router.fakeupstream import FakeUpstream
-from router.learning import signals
+from router.features import signals
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from router.errors import ConfigError
-from router.learning.arms import arm_report, by_arm, ratio_of_means, wilson
 from router.policy.control import CONTROL, TREATED, arm_of
 from router.policy.runtime import load_runtime
+from router.rollout.arms import arm_report, by_arm, ratio_of_means, wilson
 
 M = {"litellm_model": "openai/x", "protocol": "openai", "prices": {"input": 1, "output": 2},
      "context_window": 100_000, "max_output_tokens": 1000}  # fmt: skip
@@ -130,7 +130,7 @@ def test_per_arm_summary_from_log_rows() -> None:
 
 
 def test_a_tally_counts_each_request_once_across_overlapping_reads() -> None:
-    from router.learning.arms import TaskTally
+    from router.rollout.arms import TaskTally
 
     rows = [{"request_id": f"r{i}", "ts": float(i), "task_id": f"t{i % 3}", "arm": "treated",
              "policy_revision": "r1", "cost_usd": 1.0} for i in range(6)]  # fmt: skip
@@ -145,7 +145,7 @@ def test_a_tally_counts_each_request_once_across_overlapping_reads() -> None:
 
 
 def test_a_label_counts_its_confidence_an_explicit_outcome_counts_whole() -> None:
-    from router.learning.arms import success_value
+    from router.rollout.arms import success_value
 
     assert success_value({"success": True, "explicit": True, "source": "explicit", "score": 0.2}) == 1.0
     assert success_value({"success": True, "explicit": False, "source": "outcome_model", "score": 0.8}) == 0.8

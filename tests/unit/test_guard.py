@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from router.learning.arms import ArmTasks
-from router.learning.guard import Guard, Verdict, judge, msprt
 from router.policy.config import GuardSpec
 from router.policy.revisions import Archive, rollback
 from router.policy.runtime import PolicyHistory, load_runtime
+from router.rollout.arms import ArmTasks
+from router.rollout.guard import Guard, Verdict, judge, msprt
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore
 

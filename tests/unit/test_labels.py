@@ -12,14 +12,14 @@ import orjson
 import pytest
 
 from router.errors import ConfigError
+from router.features import signals
+from router.features.labels import features
+from router.features.labels.model import DEFAULT_PATH, DEFAULT_SHA256, SOURCE, LabelModel, default
+from router.features.signals.transcript import ToolCall, ToolResult, message_events
 from router.features.task.context import weak_label
-from router.learning import signals
-from router.learning.labels import features
 from router.learning.labels import fit as fitting
 from router.learning.labels.evaluate import Attempt, checkpoint_quality, evaluate, stop_loss
-from router.learning.labels.model import DEFAULT_PATH, DEFAULT_SHA256, SOURCE, LabelModel, default
 from router.learning.labels.replay import Trajectory, load, replay, requests
-from router.learning.signals.transcript import ToolCall, ToolResult, message_events
 from router.learning.training import dataset
 from router.protocols import openai_chat
 from tests.unit.test_signals import PROTOCOLS, PYTEST_FAIL, PYTEST_PASS, Step, conversation

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from router.learning.preview import preview
 from router.policy.runtime import load_runtime
+from router.rollout.preview import preview
 
 # Prices per 1M tokens; the catalog keeps them per token.
 A = {"id": "a", "litellm_model": "openai/a", "protocol": "openai", "context_window": 10_000,

@@ -12,8 +12,8 @@ import pytest
 
 from router.app.cli import main
 from router.errors import ConfigError
-from router.learning.arms import by_arm
-from router.learning.labels.model import SOURCE as LABEL_MODEL
+from router.features.labels.model import SOURCE as LABEL_MODEL
+from router.rollout.arms import by_arm
 from router.store import open_store
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.window import parse_duration

@@ -222,8 +222,8 @@ def test_router_train_reports_each_scope_and_the_scorer_applies_the_kept_ones(
 def test_scopelog_writes_recorded_runs_as_a_log_with_a_scope_per_repository_owner(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from router.app.commands.train import read_log
     from router.learning.evals import scopelog
-    from router.learning.training.commands import read_log
     from router.policy.loading import load_policy
     from tests.unit.test_evals import OUTCOMES as OUTCOMES_3
     from tests.unit.test_evals import TASKS as TASKS_3

@@ -12,10 +12,10 @@ import yaml
 from router.errors import ConfigError
 from router.features.request import Features
 from router.features.task.vector import repo_hint
-from router.learning.preview import preview
 from router.policy.runtime import load_runtime
 from router.policy.scopes import ScopeFacts, scope_facts
 from router.protocols.common import ClientRequest
+from router.rollout.preview import preview
 
 M = {"litellm_model": "openai/x", "protocol": "openai", "context_window": 100_000, "max_output_tokens": 1000}
 

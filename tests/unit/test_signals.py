@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from router.learning.signals import (
+from router.features.signals import (
     BUILD_ERROR,
     EXIT_CODE,
     RESENT,
@@ -35,8 +35,8 @@ from router.learning.signals import (
     switches,
     without_tools,
 )
-from router.learning.signals.text import HEAD_CHARS, clean, strip_ansi
-from router.learning.signals.toolresult import test_summary as summary_of
+from router.features.signals.text import HEAD_CHARS, clean, strip_ansi
+from router.features.signals.toolresult import test_summary as summary_of
 
 SAMPLES = Path(__file__).parent / "samples"
 PROTOCOLS = ("openai_chat", "anthropic", "openai_responses")
@@ -330,7 +330,7 @@ def test_timing_masks_are_those_of_the_reference_pattern() -> None:
     # The masking pattern is written for speed; it must mask exactly what this one does.
     import re
 
-    from router.learning.signals import toolresult
+    from router.features.signals import toolresult
 
     reference = re.compile(r"(?<![\w.])\d+(?:\.\d+)?[ ]?(?:ms|s|seconds)\b|\b0x[0-9a-fA-F]{1,16}\b")
     rng = random.Random(3)
@@ -1032,7 +1032,7 @@ def test_without_tools_only_when_the_window_read_holds_no_tool_event(protocol: s
 
 
 def test_a_filled_slot_is_used_instead_of_the_message() -> None:
-    from router.learning.signals.conversation import read
+    from router.features.signals.conversation import read
 
     msgs = conversation("openai_chat", [Step("bash", {"command": "pytest -q"}, PYTEST_PASS)])
     failing = conversation("openai_chat", [Step("bash", {"command": "pytest -q"}, PYTEST_FAIL)])
@@ -1063,7 +1063,7 @@ def _switch_cases() -> list[list[Step]]:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("steps", _switch_cases(), ids=("loop", "failures", "neither", "tests"))
 def test_switches_are_the_loop_and_failure_signals_of_extract(protocol: str, steps: list[Step]) -> None:
-    from router.learning.signals import switches
+    from router.features.signals import switches
 
     msgs = conversation(protocol, steps)
     full = [s for s in extract(protocol, msgs) if s.name in (TOOL_LOOP, TOOL_FAILURES)]
@@ -1074,7 +1074,7 @@ def test_switches_are_the_loop_and_failure_signals_of_extract(protocol: str, ste
 
 
 def test_a_glance_is_the_analysis_without_errors_and_tests() -> None:
-    from router.learning.signals import glance
+    from router.features.signals import glance
 
     for text in (
         PYTEST_FAIL,

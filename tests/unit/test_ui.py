@@ -119,7 +119,7 @@ def _arm_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def test_arms_of_the_revision_in_force_are_the_reports() -> None:
-    from router.learning.arms import arm_report
+    from router.rollout.arms import arm_report
     from router.ui import policyview
 
     requests, outcomes = _arm_rows()

@@ -17,9 +17,9 @@ from functools import partial
 from typing import Any, Final, Protocol
 
 from router.background import Background
+from router.features import labels, signals
 from router.features.task.tracker import TaskState, TaskTracker, is_side_call
 from router.features.task.vector import Packed, Vector, repo_hint, task_vector
-from router.learning import labels, signals
 from router.policy.config import Policy
 from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest
 from router.state import Budgets, Sessions, StateUnavailable

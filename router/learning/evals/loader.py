@@ -25,6 +25,15 @@ OUTCOMES = "swe_outcomes.csv"
 MODEL_COLUMNS = ("model_id", "usd_per_m_input", "usd_per_m_output")
 OUTCOME_COLUMNS = ("instance_id", "model_id", "resolved", "cost_usd", "api_calls")
 
+#: The data shipped with the repository (relative to the checkout).
+DEFAULT_DATA = Path("evals") / "data" / "swebench-verified"
+
+
+def default_data_dir() -> Path:
+    """The shipped data: beside the package in a checkout, else relative to the working directory."""
+    beside = Path(__file__).resolve().parents[3] / DEFAULT_DATA
+    return beside if beside.is_dir() else DEFAULT_DATA
+
 
 class DataError(ConfigError):
     """An evaluation data directory is missing a file or holds a bad value (file:line: column)."""

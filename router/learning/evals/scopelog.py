@@ -26,9 +26,8 @@ import yaml
 from router.features.task.context import vector_for
 from router.features.tokens import TokenCounter
 from router.learning.evals.arrival import arrive, first_request
-from router.learning.evals.commands import default_data_dir
 from router.learning.evals.deploy import Knobs, log_records, policy_for
-from router.learning.evals.loader import Dataset, load
+from router.learning.evals.loader import Dataset, default_data_dir, load
 from router.protocols import openai_chat
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore

@@ -1,13 +1,2 @@
-"""Outcome labels: a calibrated P(success | the conversation so far), read from an agent's messages.
-
-``features`` reads each message once (into the conversation memo's slots) and sums the facts into
-a vector; ``model`` is the versioned, hash-pinned artifact that turns it into a probability
-(``default()`` is the one shipped, fitted on real SWE-bench agent runs); ``infer`` makes that a
-``WeakLabel``; ``fit`` fits and cross-validates; ``replay`` and ``evaluate`` are `router eval-labels`.
-"""
-
-from router.learning.labels.features import unread
-from router.learning.labels.infer import Reading, label, read
-from router.learning.labels.model import SOURCE, LabelModel, default
-
-__all__ = ["SOURCE", "LabelModel", "Reading", "default", "label", "read", "unread"]
+"""Fitting and checking the outcome label model offline (``router eval-labels``); the model and
+its inference run on the request path from ``router.features.labels``."""

@@ -19,8 +19,8 @@ from typing import Any, Final
 
 import orjson
 
+from router.features.labels.model import LabelModel
 from router.learning.labels import fit as fitting
-from router.learning.labels.model import LabelModel
 from router.learning.labels.replay import SHAPES, Trajectory, replay
 
 CHECKPOINTS: Final = ("last", 10, 20, 30)

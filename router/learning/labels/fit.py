@@ -20,7 +20,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedGroupKFold
 
-from router.learning.labels.model import FORMAT, LabelModel
+from router.features.labels.model import FORMAT, LabelModel
 from router.learning.training.fit import reliability
 
 #: The features the default model reads: few, chosen before looking at their fitted weights.

@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import orjson
 
+from router.features.labels.model import SOURCE, LabelModel
 from router.learning.labels import fit as fitting
-from router.learning.labels.model import SOURCE, LabelModel
 
 #: Fewer explicit outcomes (or fewer of either kind) than this and no new model is fitted.
 MIN_SAMPLES: Final = 50

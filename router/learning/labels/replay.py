@@ -22,14 +22,14 @@ from typing import Any, Final
 
 import orjson
 
+from router.features import signals
+from router.features.labels.model import LabelModel
 from router.features.memo import ConversationMemo
 from router.features.promptsize import PromptSizer
+from router.features.signals.base import WeakLabel
+from router.features.signals.transcript import TEXT_TOOL, text_command, text_result
 from router.features.task.context import weak_label
 from router.features.tokens import TokenCounter
-from router.learning import signals
-from router.learning.labels.model import LabelModel
-from router.learning.signals.base import WeakLabel
-from router.learning.signals.transcript import TEXT_TOOL, text_command, text_result
 from router.protocols import WIRES
 from router.protocols.common import OPENAI_CHAT
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.features.labels.model import SOURCE as MODEL_SOURCE
 from router.features.task.vector import Vector, from_json, with_attempt
-from router.learning.labels.model import SOURCE as MODEL_SOURCE
 from router.policy.scopes import ScopeFacts, logged_facts
 
 #: The weight of an inferred label that carries no calibrated probability (older hand-weighted

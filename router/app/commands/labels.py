@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     import orjson
     from rich.console import Console
 
+    from router.features.labels.model import LabelModel, default
     from router.learning.labels import evaluate as ev
-    from router.learning.labels.model import LabelModel, default
     from router.learning.labels.replay import SHAPES, load
 
     path = args.trajectories or default_trajectories()

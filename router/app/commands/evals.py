@@ -13,18 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from router.errors import ConfigError
+from router.learning.evals.loader import DEFAULT_DATA, default_data_dir
 
 if TYPE_CHECKING:
     from router.learning.evals.runner import Settings
-
-#: The data shipped with the repository (relative to the checkout).
-DEFAULT_DATA = Path("evals") / "data" / "swebench-verified"
-
-
-def default_data_dir() -> Path:
-    """The shipped data: beside the package in a checkout, else relative to the working directory."""
-    beside = Path(__file__).resolve().parents[3] / DEFAULT_DATA
-    return beside if beside.is_dir() else DEFAULT_DATA
 
 
 def _relative(path: Path) -> Path:

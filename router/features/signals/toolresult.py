@@ -16,8 +16,8 @@ from typing import Any, Final
 
 import orjson
 
-from router.learning.signals.testrunners import TestSummary, last_summary
-from router.learning.signals.text import DEFAULT_MAX_CHARS, HEAD_CHARS, TAIL_CHARS, clean, head
+from router.features.signals.testrunners import TestSummary, last_summary
+from router.features.signals.text import DEFAULT_MAX_CHARS, HEAD_CHARS, TAIL_CHARS, clean, head
 
 # How harnesses report a command's exit: mini-swe-agent's tag, Claude Code's and Codex's
 # "Exit code N" line, OpenHands' closing note, and the "[exit code: N]" style of others.

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from router.learning.signals.conversation import Reading, slot
-from router.learning.signals.toolresult import test_summary
-from router.learning.signals.transcript import CALL_ITEMS, ToolCall, ToolResult
+from router.features.signals.conversation import Reading, slot
+from router.features.signals.toolresult import test_summary
+from router.features.signals.transcript import CALL_ITEMS, ToolCall, ToolResult
 
 #: Every feature the reader computes, in a fixed order (an artifact names the ones it uses).
 NAMES: Final = (

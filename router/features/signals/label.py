@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from router.learning.signals.base import TESTS, Signal, WeakLabel
+from router.features.signals.base import TESTS, Signal, WeakLabel
 
 
 def summarize(signals: Iterable[Signal]) -> WeakLabel | None:

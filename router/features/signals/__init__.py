@@ -7,7 +7,7 @@ notices it in its conversation memo, ``router.features.memo``; ``request_fingerp
 question as a hash, for callers without one). Everything here is bounded in the text it reads.
 """
 
-from router.learning.signals.base import (
+from router.features.signals.base import (
     BUILD_ERROR,
     DEFAULT_WEIGHTS,
     EXIT_CODE,
@@ -21,12 +21,12 @@ from router.learning.signals.base import (
     Weights,
     resent_signal,
 )
-from router.learning.signals.conversation import Recent, extract, recent, switches, without_tools
-from router.learning.signals.fingerprint import request_fingerprint, stable_hash
-from router.learning.signals.label import summarize
-from router.learning.signals.testrunners import TestSummary, parse_test_summary
-from router.learning.signals.toolresult import ToolOutcome, analyze, forget_results, glance
-from router.learning.signals.transcript import forget_calls
+from router.features.signals.conversation import Recent, extract, recent, switches, without_tools
+from router.features.signals.fingerprint import request_fingerprint, stable_hash
+from router.features.signals.label import summarize
+from router.features.signals.testrunners import TestSummary, parse_test_summary
+from router.features.signals.toolresult import ToolOutcome, analyze, forget_results, glance
+from router.features.signals.transcript import forget_calls
 
 
 def clear_caches() -> None:

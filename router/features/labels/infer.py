@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.learning.labels import features
-from router.learning.labels.model import SOURCE, LabelModel
-from router.learning.signals.base import Signal, WeakLabel
+from router.features.labels import features
+from router.features.labels.model import SOURCE, LabelModel
+from router.features.signals.base import Signal, WeakLabel
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, Final
 
-from router.learning.signals.text import DEFAULT_MAX_CHARS, clean
+from router.features.signals.text import DEFAULT_MAX_CHARS, clean
 
 
 @dataclass(frozen=True, slots=True)

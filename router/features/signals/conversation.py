@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.learning.signals.base import (
+from router.features.signals.base import (
     BUILD_ERROR,
     DEFAULT_WEIGHTS,
     EXIT_CODE,
@@ -18,9 +18,9 @@ from router.learning.signals.base import (
     Signal,
     Weights,
 )
-from router.learning.signals.text import DEFAULT_MAX_CHARS
-from router.learning.signals.toolresult import ToolOutcome, analyze, glance
-from router.learning.signals.transcript import Event, ToolCall, ToolResult, message_events
+from router.features.signals.text import DEFAULT_MAX_CHARS
+from router.features.signals.toolresult import ToolOutcome, analyze, glance
+from router.features.signals.transcript import Event, ToolCall, ToolResult, message_events
 
 _Analyzed = tuple[ToolResult, ToolOutcome, ToolCall | None]
 
@@ -34,7 +34,7 @@ class Reading:
     events: list[tuple[Event, ToolOutcome | None]]
     label: Any = None
     #: What the label has summed up over the conversation up to and including this message
-    #: (``router.learning.labels.features.Tally``), kept by the latest request's last message.
+    #: (``router.features.labels.features.Tally``), kept by the latest request's last message.
     tally: Any = None
 
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import orjson
 
-from router.learning.signals.fingerprint import stable_hash
+from router.features.signals.fingerprint import stable_hash
 
 CALL_ITEMS: Final = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
 _OUTPUT_ITEMS: Final = frozenset(

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.learning.labels.model import SOURCE as LABEL_MODEL
+from router.features.labels.model import SOURCE as LABEL_MODEL
 from router.telemetry.ledger import answered, credible, final_outcome
 from router.telemetry.report import quantile
 

@@ -1,7 +1,7 @@
 """The outcome label model: a calibrated P(success | the conversation so far), as data.
 
 The artifact is JSON (``router-labels/1``): the features it reads (names from
-``router.learning.labels.features``), their standardisation, logistic coefficients, a Platt
+``router.features.labels.features``), their standardisation, logistic coefficients, a Platt
 calibration fitted on out-of-fold scores, and what it was fitted on and how well it did. It is
 pinned by sha256, like the routing artifact; nothing is unpickled. The package ships a default
 fitted on real agent trajectories (``default.json``, pinned by ``DEFAULT_SHA256``).
@@ -20,7 +20,7 @@ from typing import Any, Final
 import orjson
 
 from router.errors import ConfigError
-from router.learning.labels.features import NAMES
+from router.features.labels.features import NAMES
 
 FORMAT: Final = "router-labels/1"
 DEFAULT_PATH: Final = Path(__file__).with_name("default.json")

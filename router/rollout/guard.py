@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.errors import ConfigError
-from router.learning.arms import ArmTasks, TaskTally
 from router.policy.config import GuardSpec
 from router.policy.control import CONTROL, TREATED
 from router.policy.revisions import rollback
 from router.policy.runtime import PolicyHistory, Runtime
+from router.rollout.arms import ArmTasks, TaskTally
 from router.store import Store
 
 log = logging.getLogger("router.guard")
