@@ -8,10 +8,15 @@ names the variable rather than a failure at startup for a backend that may never
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from router.errors import ConfigError, MissingCredentials
 from router.policy.config import ModelSpec, Policy
@@ -157,8 +162,21 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
 
 
 def litellm_price_lookup(litellm_model: str) -> Mapping[str, Any] | None:
-    from router.forward.translate.litellm_setup import bundled_cost_map
-
     cost_map: Mapping[str, Any] = bundled_cost_map()
     bare = litellm_model.split("/", 1)[1] if "/" in litellm_model else litellm_model
     return cost_map.get(litellm_model) or cost_map.get(bare)
+
+
+@functools.cache
+def bundled_cost_map() -> dict[str, Any]:
+    """litellm's price and context-window map, from the file it ships (what it loads itself with
+    ``LITELLM_LOCAL_MODEL_COST_MAP``), without importing litellm: a tenth of a second, not seconds."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(next(iter(spec.submodule_search_locations))) / "model_prices_and_context_window_backup.json"
+    try:
+        cost_map: dict[str, Any] = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return cost_map

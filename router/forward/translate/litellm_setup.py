@@ -4,21 +4,18 @@ Importing litellm takes seconds (7.5 s of a 9 s cold start here) and changes pro
 happens on first use only, behind ``functools.cache``; every later call is a dictionary lookup.
 The router does not wait for it to start: ``Upstream`` loads it on a thread once serving, and a
 translated request that comes first waits for that load. Prices and context windows come from
-litellm's bundled price map file, read without importing litellm (``bundled_cost_map``).
+litellm's bundled price map file, read without importing litellm
+(``router.policy.catalog.bundled_cost_map``).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
-
-import orjson
 
 if TYPE_CHECKING:
     from router.forward.translate.target import Target
@@ -79,21 +76,6 @@ def get_litellm() -> ModuleType:
     ):
         setattr(litellm, name, [])
     return litellm
-
-
-@functools.cache
-def bundled_cost_map() -> dict[str, Any]:
-    """litellm's price and context-window map, from the file it ships (what it loads itself with
-    ``LITELLM_LOCAL_MODEL_COST_MAP``), without importing litellm: a tenth of a second, not seconds."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    path = Path(next(iter(spec.submodule_search_locations))) / "model_prices_and_context_window_backup.json"
-    try:
-        cost_map: dict[str, Any] = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return {}
-    return cost_map
 
 
 #: Providers whose key is a plain header value. Without a key litellm would fall back to the
