@@ -31,6 +31,7 @@ from router.http.api import register
 from router.http.auth import Auth
 from router.http.ops import register_ops
 from router.http.proxy import Proxy
+from router.policy.collector import PolicyCollector
 from router.policy.revisions import Archive
 from router.policy.runtime import PolicyHistory, PolicyWatcher, RuntimeHolder, load_runtime
 from router.rollout.guard import Guard
@@ -39,7 +40,6 @@ from router.store import Store, open_store
 from router.store.writer import LogWriter
 from router.telemetry import Telemetry, build_telemetry
 from router.telemetry.health import HealthCollector
-from router.telemetry.policy import PolicyCollector
 from router.ui import register_ui
 
 log = logging.getLogger("router.app.factory")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from router.store.records import RequestRecord
 from router.telemetry.metrics import InFlight, RequestMetrics
@@ -19,10 +19,24 @@ from router.telemetry.phases import Phases
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from router.policy.config import Policy
     from router.telemetry.tracing import RequestTracer
 
 log = logging.getLogger("router.telemetry")
+
+
+class RoutePattern(Protocol):
+    @property
+    def match(self) -> str: ...
+
+
+class RoutedPolicy(Protocol):
+    """What telemetry reads of the policy in force (``router.policy.config.Policy``, a layer above):
+    its routes, to label cost by pattern, and its models, to name a span's backend."""
+
+    @property
+    def models(self) -> Mapping[str, Any]: ...
+
+    def route_for(self, requested: str) -> RoutePattern | None: ...
 
 
 class Telemetry:
@@ -41,7 +55,7 @@ class Telemetry:
     def close(self) -> None:
         """Flush and stop exporters (idempotent)."""
 
-    def use_policy(self, current: Callable[[], Policy]) -> None:
+    def use_policy(self, current: Callable[[], RoutedPolicy]) -> None:
         """Where to find the policy in force (it may be reloaded), for naming routes."""
 
     def prompt_sized(self, remembered: bool, counted: bool) -> None:
@@ -76,7 +90,7 @@ class RouterTelemetry(Telemetry):
         if self.tracer is not None:
             self.tracer.shutdown()
 
-    def use_policy(self, current: Callable[[], Policy]) -> None:
+    def use_policy(self, current: Callable[[], RoutedPolicy]) -> None:
         self.metrics.route_of = _route_namer(current)
         if self.tracer is not None:
             from router.telemetry.tracing import backend_info_from
@@ -112,7 +126,7 @@ def build_telemetry(
     return RouterTelemetry(metrics, tracer)
 
 
-def _route_namer(current: Callable[[], Policy]) -> Callable[[str | None], str]:
+def _route_namer(current: Callable[[], RoutedPolicy]) -> Callable[[str | None], str]:
     """Label cost by the route's pattern, not the client's model string: clients choose that
     string freely, and an unbounded label would grow the registry without limit."""
 
