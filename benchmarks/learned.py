@@ -23,10 +23,10 @@ from pathlib import Path
 import orjson
 import yaml
 
-from router.app.commands.train import promote
 from router.features.task.vector import task_vector, with_attempt
 from router.learning.training.dataset import AttemptRow
 from router.learning.training.fit import fit
+from router.rollout.promote import promote
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_POLICY = ROOT / "policies" / "examples" / "local.yaml"

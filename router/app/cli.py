@@ -100,7 +100,7 @@ def cmd_outcome(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from router.app.commands.train import promote
+    from router.rollout.promote import promote
 
     sha = promote(args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"))
     print(
@@ -110,9 +110,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from router.app.commands.train import _publish
-    from router.policy.revisions import Archive, rollback
+    from router.policy.revisions import Archive
     from router.policy.runtime import load_runtime
+    from router.rollout.promote import publish
+    from router.rollout.rollback import rollback
 
     config = args.config or os.environ.get("ROUTER_CONFIG", "policies/default.yaml")
     done = rollback(Archive(Path(config)), args.to, "router rollback", time.time())
@@ -121,7 +122,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     load_runtime(config)  # the restored files load as they did when that revision was applied
     redis = args.redis or os.environ.get("ROUTER_REDIS_URL")
     if redis:
-        asyncio.run(_publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))
+        asyncio.run(publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))
     print(f"{config}: rolled back from revision {old} to {new}; running routers reload it within a second")
     return 0
 

@@ -1,16 +1,16 @@
-"""Policy revisions: what is applied, what was before it, what was refused, and going back.
+"""Policy revisions: what is applied, what was before it, what was refused.
 
 A revision is a short content hash of the policy file's bytes (which pin the learned artifact by
 its SHA-256, so the artifact is part of it) and of the control arm's policy file, if any. Every
 revision that a router applies is archived next to the policy file, in
 ``.revisions/<policy stem>/<revision>/`` (the YAML, the artifact, the control policy, and a
-``meta.json``), so that ``router rollback`` and the guard can put an earlier one back. Replicas
+``meta.json``), so that ``router rollback`` and the guard can put an earlier one back
+(``router.rollout.rollback``). Replicas
 sharing the policy file share the archive, and so the history.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -178,43 +178,3 @@ class Archive:
                 if not Path(target).is_file() or Path(target).read_bytes() != data:
                     _atomic_write(Path(target), data)
         _atomic_write(self.policy_path, (where / "policy.yaml").read_bytes())
-
-
-def rollback(
-    archive: Archive, to: str | None, reason: str, at: float, expect: str | None = None
-) -> tuple[str, str] | None:
-    """Put back revision ``to`` (default: the latest applied before the one in force that was not
-    itself rolled back); the one in force is marked rolled back. Returns (from, to).
-
-    The revision in force is the one most recently applied by any router sharing the archive:
-    a policy file that was refused never became one. With ``expect``, nothing happens (None)
-    unless ``expect`` is still in force: of several replicas judging the same revision, one
-    rolls it back, and the others do not roll back what it put back."""
-    if not archive.policy_path.is_file():
-        raise ConfigError(f"{archive.policy_path}: cannot read policy file: No such file or directory")
-    if not archive.history():  # said before the lock's directory is made: a typo leaves nothing
-        raise ConfigError(
-            f"{archive.policy_path}: no policy revision has been applied yet (archive {archive.dir})"
-        )
-    archive.dir.mkdir(parents=True, exist_ok=True)
-    with open(archive.dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        history = archive.history()
-        if not history:
-            raise ConfigError(
-                f"{archive.policy_path}: no policy revision has been applied yet (archive {archive.dir})"
-            )
-        current = str(history[0]["revision"])
-        if expect is not None and current != expect:
-            return None
-        if to is None:
-            earlier = archive.previous(current, skip_rolled_back=True)
-            if not earlier:
-                raise ConfigError(f"{archive.policy_path}: no earlier revision to roll back to")
-            to = str(earlier[0]["revision"])
-        if to == current:
-            raise ConfigError(f"{archive.policy_path}: revision {to} is already in force")
-        archive.restore(to)
-        archive.mark_rolled_back(current, at, reason, to)
-        archive.mark_applied(to, at)
-        return current, to

@@ -1,1 +1,2 @@
-"""Putting a learned policy into service and watching it: arms, guard (and its rollback), preview."""
+"""Putting a policy into service and watching it: promote (and publish), rollback, preview, arms,
+guard (a policy change tried, compared, rolled back)."""

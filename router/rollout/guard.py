@@ -41,9 +41,9 @@ from typing import Any
 from router.errors import ConfigError
 from router.policy.config import GuardSpec
 from router.policy.control import CONTROL, TREATED
-from router.policy.revisions import rollback
 from router.policy.runtime import PolicyHistory, Runtime
 from router.rollout.arms import ArmTasks, TaskTally
+from router.rollout.rollback import rollback
 from router.store import Store
 
 log = logging.getLogger("router.guard")

@@ -19,8 +19,9 @@ import httpx
 import openai
 import pytest
 
-from router.app.commands.train import promote, train
+from router.app.commands.train import train
 from router.fakeupstream import FakeUpstream
+from router.rollout.promote import promote
 from tests.integration.conftest import RunningRouter
 
 pytestmark = pytest.mark.integration

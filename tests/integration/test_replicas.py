@@ -21,10 +21,10 @@ import pytest
 import redis
 import yaml
 
-from router.app.commands.train import promote
 from router.fakeupstream import FakeUpstream
 from router.learning.training import dataset
 from router.learning.training.fit import fit
+from router.rollout.promote import promote
 from router.state.redis_keys import Keys
 from tests.integration.conftest import local_policy
 from tests.integration.tcpproxy import TcpProxy

@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from router.policy.config import GuardSpec
-from router.policy.revisions import Archive, rollback
+from router.policy.revisions import Archive
 from router.policy.runtime import PolicyHistory, load_runtime
 from router.rollout.arms import ArmTasks
 from router.rollout.guard import Guard, Verdict, judge, msprt
+from router.rollout.rollback import rollback
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore
 

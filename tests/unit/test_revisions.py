@@ -104,7 +104,7 @@ def test_rollback_goes_to_the_revision_before_and_not_back_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from router.app.cli import main
-    from router.policy.revisions import rollback
+    from router.rollout.rollback import rollback
 
     path = write(tmp_path / "p.yaml", "one")
     history = PolicyHistory(Archive(path))

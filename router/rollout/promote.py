@@ -1,0 +1,82 @@
+"""`router promote`: pin a trained artifact in the policy file, archive the revisions before and
+after (so `router rollback` can undo it), and tell every replica to reload now."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import time
+from pathlib import Path
+
+from router.errors import ConfigError
+from router.policy.learned import Artifact
+from router.policy.loading import load_policy
+from router.policy.revisions import Archive
+from router.policy.runtime import Runtime, load_runtime
+from router.state import StateConfig, open_state
+
+_LEARNED_BLOCK = re.compile(r"^learned:\n(?:[ \t]+.*\n?)*", re.MULTILINE)
+
+
+def promote(artifact: str, config: str, redis_url: str | None = None, redis_prefix: str = "router:") -> str:
+    """Pin ``artifact`` in the policy file (path and sha256); running routers pick it up."""
+    art = Path(artifact).resolve()
+    try:
+        raw = art.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"artifact {artifact}: {exc.strerror}") from None
+    Artifact.from_bytes(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now
+    sha = hashlib.sha256(raw).hexdigest()
+    cfg = Path(config)
+    try:
+        text = cfg.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{config}: cannot read policy file: {exc.strerror}") from None
+    try:
+        rel = art.relative_to(cfg.resolve().parent)
+    except ValueError:
+        rel = art
+    block = f"learned:\n  artifact: {rel}\n  sha256: {sha}\n"
+    new = (
+        _LEARNED_BLOCK.sub(block, text, count=1)
+        if _LEARNED_BLOCK.search(text)
+        else text.rstrip("\n") + "\n\n" + block
+    )
+    # Archived as a router applying it would (the file's revision before, if no router did), so
+    # `router rollback` can undo a promotion whether or not a router was serving the file.
+    archive = Archive(cfg)
+    try:
+        before: Runtime | None = load_runtime(cfg)
+    except ConfigError:
+        before = None  # a file no router would load: nothing worth going back to
+    # Validate before writing: a promotion never leaves a policy file the router would refuse.
+    tmp = cfg.with_suffix(cfg.suffix + ".promote")
+    tmp.write_text(new, encoding="utf-8")
+    try:
+        policy = load_policy(tmp)
+        if policy.learned_path is None:
+            raise ConfigError(f"{config}: the learned block did not parse")
+        # An atomic swap: a watching router reads the old file or the new one, never half of one.
+        written_at = cfg.stat().st_mtime
+        os.replace(tmp, cfg)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if before is not None and before.files is not None and archive.meta(before.revision or "") is None:
+        archive.keep(before.files, before.policy.name, written_at)
+    after = load_runtime(cfg)
+    if after.files is not None:
+        archive.keep(after.files, after.policy.name, time.time())
+    if redis_url:
+        asyncio.run(publish(redis_url, redis_prefix, hashlib.sha256(new.encode()).hexdigest()))
+    return sha
+
+
+async def publish(redis_url: str, prefix: str, version: str) -> None:
+    """Tell every replica to reload now (each also polls its files, for when Redis is away)."""
+    state = open_state(redis_url, StateConfig(prefix=prefix))
+    try:
+        await state.policy.publish_version(version)
+    finally:
+        await state.aclose()
