@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import sys
 import textwrap
@@ -32,6 +33,14 @@ def _settings(args: argparse.Namespace) -> Any:
         name = ".".join(str(p) for p in err["loc"])
         env = "ROUTER_" + name.replace(".", "__").upper()
         raise ConfigError(f"{name}: {err['msg']} (set by a flag or {env})") from None
+
+
+def _fitting() -> None:
+    """The commands that fit models need scikit-learn, the ``learn`` extra a serving install leaves out."""
+    if importlib.util.find_spec("sklearn") is None:
+        raise ConfigError(
+            "fits models with scikit-learn, which this install leaves out: pip install 'router[learn]'"
+        )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -82,6 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    _fitting()
     from router.app.commands.train import train
     from router.store.window import parse_duration
 
@@ -150,12 +160,14 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    _fitting()
     from router.app.commands.evals import run_eval
 
     return run_eval(args)
 
 
 def cmd_eval_labels(args: argparse.Namespace) -> int:
+    _fitting()
     from router.app.commands.labels import run
 
     return run(args)
