@@ -8,7 +8,17 @@ from typing import Any
 import orjson
 
 from router.errors import BadRequest, RouterError
-from router.fakeupstream.reply import Frame, Ids, Prompt, Reply, Tool, Usage, sign_thinking, split_text, sse
+from router.fakeupstream.reply import (
+    FakeReply,
+    FakeUsage,
+    Frame,
+    Ids,
+    Prompt,
+    Tool,
+    sign_thinking,
+    split_text,
+    sse,
+)
 
 _MARKER = b'"cache_control"'
 _SIGNATURE = b'"signature"'
@@ -72,7 +82,7 @@ def chosen_tools(tools: list[Any], choice: Any) -> list[Tool]:
     return found
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
+def usage_body(usage: FakeUsage) -> dict[str, Any]:
     # Anthropic's input_tokens excludes what was read from or written to the cache.
     fresh = max(0, usage.input_tokens - usage.cached_tokens - usage.cache_creation_tokens)
     return {
@@ -139,7 +149,7 @@ class AnthropicMessages:
             cache_marker=cache_marker(head, items),
         )
 
-    def content(self, reply: Reply, ids: Ids) -> tuple[list[dict[str, Any]], str]:
+    def content(self, reply: FakeReply, ids: Ids) -> tuple[list[dict[str, Any]], str]:
         blocks: list[dict[str, Any]] = []
         if reply.thinking is not None:
             blocks.append({"type": "thinking", "thinking": reply.thinking, "signature": reply.signature})
@@ -151,7 +161,7 @@ class AnthropicMessages:
         blocks.append({"type": "tool_use", "id": tool_id, "name": call.name, "input": call.arguments})
         return blocks, "tool_use"
 
-    def complete(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]:
+    def complete(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]:
         message_id = ids.new("msg_")
         blocks, stop = self.content(reply, ids)
         return {
@@ -165,7 +175,7 @@ class AnthropicMessages:
             "usage": usage_body(reply.usage),
         }
 
-    def frames(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> list[Frame]:
+    def frames(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> list[Frame]:
         message = self.complete(reply, body, ids)
         frames: list[Frame] = []
 

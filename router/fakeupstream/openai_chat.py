@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from router.errors import BadRequest, RouterError
-from router.fakeupstream.reply import Frame, Ids, Prompt, Reply, Tool, Usage
+from router.fakeupstream.reply import FakeReply, FakeUsage, Frame, Ids, Prompt, Tool
 
 FINGERPRINT = "fp_fakeupstream"
 
@@ -44,7 +44,7 @@ def chosen_tools(tools: list[Any], choice: Any) -> list[Tool]:
     return found
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
+def usage_body(usage: FakeUsage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
@@ -96,7 +96,7 @@ class OpenAIChat:
             reasoning_effort=effort,
         )
 
-    def complete(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]:
+    def complete(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None, "refusal": None}
         finish = "stop"
         call = reply.tool_call
@@ -121,7 +121,7 @@ class OpenAIChat:
             "system_fingerprint": FINGERPRINT,
         }
 
-    def frames(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> list[Frame]:
+    def frames(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> list[Frame]:
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         envelope = {

@@ -1,7 +1,7 @@
 """The provider-independent part of an answer: what to say, whether to call a tool, and usage.
 
 Each protocol module boils its request down to a ``Prompt``; ``Planner.plan`` turns a prompt and a
-behaviour into a ``Reply`` that the protocol module then renders in its own wire format.
+behaviour into a ``FakeReply`` that the protocol module then renders in its own wire format.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Prompt:
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class FakeUsage:
     input_tokens: int
     cached_tokens: int
     #: Tokens written to the (Anthropic) cache; 0 unless the request carries a cache marker.
@@ -78,7 +78,7 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
+class FakeReply:
     model: str
     text: str
     #: The text cut into the stream's deltas (empty when the reply is a tool call).
@@ -86,7 +86,7 @@ class Reply:
     tool_call: ToolCall | None
     thinking: str | None
     signature: str | None
-    usage: Usage
+    usage: FakeUsage
 
 
 def example_value(schema: Any, text: str = "ls") -> Any:
@@ -213,7 +213,7 @@ class Planner:
         arguments_json = orjson.dumps(arguments).decode()
         return ToolCall(tool.name, arguments, arguments_json, split_text(arguments_json, behaviour.chunks))
 
-    def _usage(self, prompt: Prompt, behaviour: Behaviour, output_tokens: int) -> Usage:
+    def _usage(self, prompt: Prompt, behaviour: Behaviour, output_tokens: int) -> FakeUsage:
         lengths = [len(prompt.head)]
         for item in prompt.items:
             lengths.append(lengths[-1] + len(item))
@@ -229,9 +229,9 @@ class Planner:
         reasoning = 0
         if prompt.reasoning_effort is not None:
             reasoning = REASONING_TOKENS.get(prompt.reasoning_effort, REASONING_TOKENS["medium"])
-        return Usage(total, cached, creation, output_tokens + reasoning, reasoning)
+        return FakeUsage(total, cached, creation, output_tokens + reasoning, reasoning)
 
-    def plan(self, prompt: Prompt, behaviour: Behaviour) -> Reply:
+    def plan(self, prompt: Prompt, behaviour: Behaviour) -> FakeReply:
         thinking = THINKING_TEXT if prompt.thinking else None
         extra = count_words(THINKING_TEXT) if thinking else 0
         call = self._tool_call(prompt, behaviour)
@@ -241,7 +241,7 @@ class Planner:
         else:
             text = self._text(prompt, behaviour)
             pieces, words = self._split(text, behaviour.chunks)
-        return Reply(
+        return FakeReply(
             model=prompt.model,
             text=text,
             pieces=pieces,

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from router.errors import BadRequest, RouterError
-from router.fakeupstream.reply import Frame, Ids, Prompt, Reply, Tool, Usage, sign_thinking, sse
+from router.fakeupstream.reply import FakeReply, FakeUsage, Frame, Ids, Prompt, Tool, sign_thinking, sse
 
 #: Items that carry a tool's output back to the model (Codex sends both kinds).
 _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
@@ -48,7 +48,7 @@ def chosen_tools(tools: list[Any], choice: Any) -> list[Tool]:
     return found
 
 
-def usage_body(usage: Usage) -> dict[str, Any]:
+def usage_body(usage: FakeUsage) -> dict[str, Any]:
     return {
         "input_tokens": usage.input_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
@@ -107,7 +107,7 @@ class Responses:
             reasoning_effort=effort if isinstance(effort, str) and effort != "none" else None,
         )
 
-    def _output(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> list[dict[str, Any]]:
+    def _output(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> list[dict[str, Any]]:
         output: list[dict[str, Any]] = []
         if reply.usage.reasoning_tokens:
             reasoning: dict[str, Any] = {"id": ids.new("rs_"), "type": "reasoning", "summary": []}
@@ -140,7 +140,7 @@ class Responses:
             )
         return output
 
-    def _response(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]:
+    def _response(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]:
         reasoning = body.get("reasoning")
         return {
             "id": ids.new("resp_"),
@@ -170,10 +170,10 @@ class Responses:
             "metadata": body.get("metadata") or {},
         }
 
-    def complete(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]:
+    def complete(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]:
         return self._response(reply, body, ids)
 
-    def frames(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> list[Frame]:
+    def frames(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> list[Frame]:
         done = self._response(reply, body, ids)
         sequence = itertools.count()
         frames: list[Frame] = []

@@ -16,7 +16,7 @@ from router.errors import BadRequest, ContextTooLarge, RouterError, from_upstrea
 from router.fakeupstream import behaviour as bh
 from router.fakeupstream.anthropic import AnthropicMessages, count_tokens
 from router.fakeupstream.openai_chat import OpenAIChat
-from router.fakeupstream.reply import Frame, Ids, Planner, Prompt, Reply
+from router.fakeupstream.reply import FakeReply, Frame, Ids, Planner, Prompt
 from router.fakeupstream.responses import Responses
 
 MODELS = ("fake-small", "fake-large", "fake-reasoning")
@@ -47,8 +47,8 @@ class Dialect(Protocol):
     context_message: str
 
     def prompt(self, body: dict[str, Any], model: str) -> Prompt: ...
-    def complete(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]: ...
-    def frames(self, reply: Reply, body: Mapping[str, Any], ids: Ids) -> list[Frame]: ...
+    def complete(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> dict[str, Any]: ...
+    def frames(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> list[Frame]: ...
     def error_body(self, error: RouterError) -> dict[str, Any]: ...
 
 

@@ -166,7 +166,7 @@ def _offpolicy_success(
     def choose(r: dataset.AttemptRow) -> str:
         return tally.attempts[(r.task_id, r.attempt)][1]
 
-    def est(e: offpolicy.Estimate) -> dict[str, Any]:
+    def est(e: offpolicy.OffPolicyEstimate) -> dict[str, Any]:
         ok = e.success == e.success  # not NaN
         return {"success": round(e.success, 4) if ok else None,
                 "ci95": [round(x, 4) for x in e.ci_success] if e.ci_success[0] == e.ci_success[0] else None}  # fmt: skip

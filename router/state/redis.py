@@ -19,7 +19,7 @@ from router.errors import ConfigError
 from router.state.memory import MemorySessions, MemoryState
 from router.state.redis_breaker import RedisBreakers
 from router.state.redis_budgets import RedisBudgets
-from router.state.redis_guard import Guard, RedisDown
+from router.state.redis_guard import RedisDown, RedisGuard
 from router.state.redis_keys import Keys
 from router.state.redis_limits import RedisRateLimits
 from router.state.redis_version import RedisPolicyVersion
@@ -56,7 +56,7 @@ class RedisSessions:
     answer when Redis is down (counted) or has never heard of the task (pinned during an outage,
     or Redis restarted empty)."""
 
-    def __init__(self, client: Redis, guard: Guard, keys: Keys, local: MemorySessions) -> None:
+    def __init__(self, client: Redis, guard: RedisGuard, keys: Keys, local: MemorySessions) -> None:
         self._client = client
         self._guard = guard
         self._keys = keys
@@ -108,7 +108,7 @@ class RedisState:
     def __init__(self, url: str, config: StateConfig | None = None) -> None:
         self.config = config or StateConfig()
         self._client = connect(url, self.config)
-        self._guard = Guard(self.config.op_timeout_s, self.config.backoff_s)
+        self._guard = RedisGuard(self.config.op_timeout_s, self.config.backoff_s)
         self.local = MemoryState(self.config)
         keys = Keys(self.config.prefix)
         c, g = self._client, self._guard

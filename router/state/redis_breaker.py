@@ -12,7 +12,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from router.state.memory import MemoryBreakers
-from router.state.redis_guard import Guard
+from router.state.redis_guard import RedisGuard
 from router.state.redis_keys import Keys
 from router.state.types import BreakerConfig, BreakerState
 
@@ -85,7 +85,7 @@ return 'half_open'
 
 class RedisBreakers:
     def __init__(
-        self, client: Redis, guard: Guard, keys: Keys, config: BreakerConfig, local: MemoryBreakers
+        self, client: Redis, guard: RedisGuard, keys: Keys, config: BreakerConfig, local: MemoryBreakers
     ) -> None:
         self._guard = guard
         self._keys = keys

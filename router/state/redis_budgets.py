@@ -19,7 +19,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from router.state.memory import unique_scopes
-from router.state.redis_guard import Guard
+from router.state.redis_guard import RedisGuard
 from router.state.redis_keys import Keys
 from router.state.types import NANO, BudgetExceeded, Reservation, Spend, StateConfig, to_nano
 
@@ -115,7 +115,7 @@ return {v[1] or '0', v[2] or '0'}
 class RedisBudgets:
     """Fails closed: when Redis cannot answer, every method raises ``StateUnavailable``."""
 
-    def __init__(self, client: Redis, guard: Guard, keys: Keys, config: StateConfig) -> None:
+    def __init__(self, client: Redis, guard: RedisGuard, keys: Keys, config: StateConfig) -> None:
         self._guard = guard
         self._keys = keys
         self._default_ttl = config.reservation_ttl_s

@@ -1,4 +1,4 @@
-"""Every Redis call of the state layer goes through a ``Guard``: a hard timeout, a back-off after a
+"""Every Redis call of the state layer goes through a ``RedisGuard``: a hard timeout, a back-off after a
 failure (so a dead Redis costs one timeout per back-off window, not one per request), and the
 fail-open / fail-closed bookkeeping behind ``degraded`` and the counters."""
 
@@ -27,7 +27,7 @@ class RedisDown(Exception):
         self.reason = reason
 
 
-class Guard:
+class RedisGuard:
     def __init__(
         self, op_timeout_s: float, backoff_s: float, *, clock: Callable[[], float] = time.monotonic
     ) -> None:

@@ -13,7 +13,7 @@ import uuid
 from redis.asyncio import Redis
 
 from router.state.memory import MemoryRateLimits
-from router.state.redis_guard import Guard
+from router.state.redis_guard import RedisGuard
 from router.state.redis_keys import Keys
 from router.state.types import Allowed, StateConfig
 
@@ -89,7 +89,7 @@ return {1, '0', ''}
 
 class RedisRateLimits:
     def __init__(
-        self, client: Redis, guard: Guard, keys: Keys, config: StateConfig, local: MemoryRateLimits
+        self, client: Redis, guard: RedisGuard, keys: Keys, config: StateConfig, local: MemoryRateLimits
     ) -> None:
         self._guard = guard
         self._keys = keys

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from router.state.memory import deliver_version
-from router.state.redis_guard import Guard, RedisDown
+from router.state.redis_guard import RedisDown, RedisGuard
 from router.state.redis_keys import Keys
 from router.state.types import StateConfig, VersionCallback
 
@@ -27,7 +27,7 @@ _LISTEN_S = 1.0
 
 
 class RedisPolicyVersion:
-    def __init__(self, client: Redis, guard: Guard, keys: Keys, config: StateConfig) -> None:
+    def __init__(self, client: Redis, guard: RedisGuard, keys: Keys, config: StateConfig) -> None:
         self._client = client
         self._guard = guard
         self._key = keys.policy_version

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from router.store.records import RequestRecord
-from router.telemetry.metrics import InFlight, RequestMetrics
+from router.telemetry.metrics import RequestMetrics, StartedRequest
 from router.telemetry.phases import Phases
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class RoutedPolicy(Protocol):
 class Telemetry:
     """The no-op base: what runs when neither tracing nor metrics are configured."""
 
-    def started(self, request: InFlight | None = None) -> None:
+    def started(self, request: StartedRequest | None = None) -> None:
         pass
 
     def finished(self, record: RequestRecord, phases: Phases) -> None:
@@ -74,7 +74,7 @@ class RouterTelemetry(Telemetry):
         self.tracer = tracer
         self._failed_once = False
 
-    def started(self, request: InFlight | None = None) -> None:
+    def started(self, request: StartedRequest | None = None) -> None:
         if request is not None:
             self._guard(self.metrics.started, request)
 

@@ -61,7 +61,7 @@ PREFILL_RATE_BUCKETS = (100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000,
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write", "reasoning")
 
 
-class InFlight(Protocol):
+class StartedRequest(Protocol):
     """A request being handled: whether it streams is known once it has been parsed."""
 
     @property
@@ -139,7 +139,7 @@ class RequestMetrics:
                                ("backend",), registry=r)  # fmt: skip
         # Records of requests in flight: the stream gauge counts the ones that asked to stream,
         # which is only known after parsing, hence records rather than two counters.
-        self._inflight: dict[str, InFlight] = {}
+        self._inflight: dict[str, StartedRequest] = {}
         inflight = self._inflight
         Gauge("router_inflight_requests", "Requests being handled now.", registry=r).set_function(
             lambda: len(inflight)
@@ -158,7 +158,7 @@ class RequestMetrics:
             child = self._children[(metric, values)] = metric.labels(*values)
         return child
 
-    def started(self, request: InFlight) -> None:
+    def started(self, request: StartedRequest) -> None:
         self._inflight[request.request_id] = request
 
     def finished(self, rec: RequestRecord, phases: Phases) -> None:

@@ -18,8 +18,8 @@ from router.app.cli import main
 from router.learning.evals import baselines as bl
 from router.learning.evals import deploy, loader, render, runner
 from router.learning.evals.loader import DataError, Dataset
-from router.learning.evals.metrics import combine, summarize
 from router.learning.evals.simulate import Verifier, replay
+from router.learning.evals.summary import combine, summarize
 from router.learning.training import dataset, taskeffect
 from router.policy.plan import Option, best_plan, evaluate
 
@@ -316,7 +316,7 @@ def slice_of_shipped(root: Path, n_tasks: int, models: list[str]) -> Path:
 def test_cross_validation_on_a_slice(tmp_path: Path) -> None:
     models = ["deepseek-v3.2-reasoner", "gpt-5-mini-medium", "gemini-3-pro-preview", "claude-opus-4-5"]
     data = loader.load(slice_of_shipped(tmp_path / "slice", 40, models))
-    settings = runner.Settings(retries=1, folds=2, frontier=(0.05, 1.0), targets=(0.65,), strong_shares=(0.5,),
+    settings = runner.EvalSettings(retries=1, folds=2, frontier=(0.05, 1.0), targets=(0.65,), strong_shares=(0.5,),
                                workers=1, target_success=0.6)  # fmt: skip
     report = runner.cross_validate(data, settings)
     assert set(report) == {"policy", "baselines", "oracle", "frontier"}

@@ -31,7 +31,7 @@ from router.state import (
     open_state,
 )
 from router.state.memory import TTLCache
-from router.state.redis_guard import Guard, RedisDown
+from router.state.redis_guard import RedisDown, RedisGuard
 
 
 @dataclass
@@ -453,7 +453,7 @@ def test_errors_fit_the_tree() -> None:
 
 async def test_guard_backs_off_after_a_failure_then_tries_again() -> None:
     t = [100.0]
-    guard = Guard(op_timeout_s=0.5, backoff_s=1.0, clock=lambda: t[0])
+    guard = RedisGuard(op_timeout_s=0.5, backoff_s=1.0, clock=lambda: t[0])
     calls = 0
 
     async def failing() -> str:
@@ -482,7 +482,7 @@ async def test_guard_backs_off_after_a_failure_then_tries_again() -> None:
 
 
 async def test_guard_caps_every_call() -> None:
-    guard = Guard(op_timeout_s=0.05, backoff_s=1.0)
+    guard = RedisGuard(op_timeout_s=0.05, backoff_s=1.0)
 
     async def hangs() -> None:
         await asyncio.sleep(5)

@@ -16,7 +16,7 @@ from router.errors import ConfigError
 from router.learning.evals.loader import DEFAULT_DATA, default_data_dir
 
 if TYPE_CHECKING:
-    from router.learning.evals.runner import Settings
+    from router.learning.evals.runner import EvalSettings
 
 
 def _relative(path: Path) -> Path:
@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="processes for the folds (default: up to 2)")
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace) -> EvalSettings:
     from router.learning.evals import runner
 
     retries, value, target, budget = args.retries, args.value_usd, args.target_success, args.max_cost_per_task
@@ -70,7 +70,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if budget is not None and budget <= 0:
         raise ConfigError(f"--max-cost-per-task: expected dollars > 0, got {budget}")
     extra: dict[str, Any] = {} if args.workers is None else {"workers": max(1, args.workers)}
-    return runner.Settings(retries=retries, folds=args.folds, seed=args.seed, value=value, target_success=target,
+    return runner.EvalSettings(retries=retries, folds=args.folds, seed=args.seed, value=value, target_success=target,
                            max_cost_per_task=budget, noise=_noise(args.verifier_noise), **extra)  # fmt: skip
 
 
@@ -125,7 +125,7 @@ def run_eval(args: argparse.Namespace) -> int:
 TARGET_RUNS = ((0, (0.0, 0.0)), (2, (0.0, 0.0)), (2, (0.2, 0.1)))
 
 
-def _targets(train: Any, settings: Settings, as_json: bool) -> int:
+def _targets(train: Any, settings: EvalSettings, as_json: bool) -> int:
     """The three cross-validations the issue's targets are stated on, and one table of them."""
     import dataclasses
 

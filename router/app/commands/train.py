@@ -157,7 +157,7 @@ def prior_line(scorer: LearnedScorer) -> str:
                    f"gaining ${point.gain:.5f} per task")  # fmt: skip
 
 
-def _est(e: offpolicy.Estimate) -> dict[str, Any]:
+def _est(e: offpolicy.OffPolicyEstimate) -> dict[str, Any]:
     def r(x: float) -> float | None:
         return None if math.isnan(x) or math.isinf(x) else round(x, 6)
 

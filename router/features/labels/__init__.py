@@ -7,7 +7,7 @@ a vector; ``model`` is the versioned, hash-pinned artifact that turns it into a 
 """
 
 from router.features.labels.features import unread
-from router.features.labels.infer import Reading, label, read
+from router.features.labels.infer import LabelReading, label, read
 from router.features.labels.model import SOURCE, LabelModel, default
 
-__all__ = ["SOURCE", "LabelModel", "Reading", "default", "label", "read", "unread"]
+__all__ = ["SOURCE", "LabelModel", "LabelReading", "default", "label", "read", "unread"]

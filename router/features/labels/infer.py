@@ -18,19 +18,19 @@ from router.features.signals.base import Signal, WeakLabel
 
 
 @dataclass(frozen=True, slots=True)
-class Reading:
+class LabelReading:
     """The label model's view of a conversation: its features and P(success)."""
 
     x: dict[str, float]
     p: float
 
 
-def read(messages: Sequence[Any], model: LabelModel, seen: list[Any] | None = None) -> Reading:
+def read(messages: Sequence[Any], model: LabelModel, seen: list[Any] | None = None) -> LabelReading:
     x = features.of(messages, seen)
-    return Reading(x, model.p_success(x))
+    return LabelReading(x, model.p_success(x))
 
 
-def label(reading: Reading, model: LabelModel, found: Sequence[Signal] = ()) -> WeakLabel:
+def label(reading: LabelReading, model: LabelModel, found: Sequence[Signal] = ()) -> WeakLabel:
     """The weak label: success when P reaches the model's threshold; its weight is the evidence
     margin |2P − 1| (a coin flip weighs nothing, an explicit outcome, weight 1, always more)."""
     p = reading.p

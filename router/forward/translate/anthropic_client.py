@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from router.forward.translate import streams
-from router.forward.translate.litellm_setup import Route, call_kwargs, get_litellm, route_of
+from router.forward.translate.litellm_setup import ProviderRoute, call_kwargs, get_litellm, route_of
 from router.forward.translate.target import Target
 
 #: Anthropic request fields the adapter translates. ``output_config`` is consumed by it
@@ -97,7 +97,7 @@ def _without_cache_control(block: Any) -> Any:
     return out
 
 
-def _fit_reasoning_effort(request: dict[str, Any], route: Route) -> None:
+def _fit_reasoning_effort(request: dict[str, Any], route: ProviderRoute) -> None:
     """Chat backends take a plain effort string the model supports (e.g. no "max" for o-series)."""
     effort = request.get("reasoning_effort")
     if isinstance(effort, dict):

@@ -107,7 +107,7 @@ def call_kwargs(target: Target) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class ProviderRoute:
     """What litellm makes of a ``provider/model`` string."""
 
     model: str
@@ -119,7 +119,7 @@ class Route:
 
 
 @functools.lru_cache(maxsize=256)
-def route_of(litellm_model: str) -> Route:
+def route_of(litellm_model: str) -> ProviderRoute:
     """Resolve a backend's provider once per model string."""
     get_litellm()
     from litellm.litellm_core_utils.get_llm_provider_logic import get_llm_provider
@@ -128,7 +128,7 @@ def route_of(litellm_model: str) -> Route:
         model, provider, _, _ = get_llm_provider(litellm_model)
     except Exception:
         provider, _, model = litellm_model.partition("/")
-    return Route(
+    return ProviderRoute(
         model=model,
         provider=provider,
         anthropic_family=_builds_anthropic_request(model, provider),

@@ -31,8 +31,8 @@ from router.learning.evals import baselines as bl
 from router.learning.evals.arrival import Arrival, arrive
 from router.learning.evals.deploy import Deployment, Knobs, Router, price_decider, train
 from router.learning.evals.loader import DataError, Dataset
-from router.learning.evals.metrics import combine, summarize
 from router.learning.evals.simulate import EXACT, Chooser, Verifier, replay
+from router.learning.evals.summary import combine, summarize
 
 #: The policy's trade-off sweep: the value of a completed task, in USD.
 FRONTIER: tuple[float, ...] = tuple(round(float(v), 4) for v in np.geomspace(0.01, 30.0, 15))
@@ -52,7 +52,7 @@ MAX_CASCADE = 3
 
 
 @dataclass(frozen=True)
-class Settings:
+class EvalSettings:
     retries: int = 0
     folds: int = 5
     seed: int = 0
@@ -118,7 +118,7 @@ def value_within(curve: Sequence[Sequence[float]], cap: float) -> float | None:
 
 
 def evaluate_fold(
-    data: Dataset, train_ids: Sequence[str], test_ids: Sequence[str], settings: Settings,
+    data: Dataset, train_ids: Sequence[str], test_ids: Sequence[str], settings: EvalSettings,
     arrivals: Mapping[str, Arrival] | None = None,
 ) -> FoldResult:  # fmt: skip
     """Train on ``train_ids``, replay everything on ``test_ids``. ``data`` holds both sets of tasks."""
@@ -209,12 +209,12 @@ def evaluate_fold(
                       float(meta.get("task_effect_sd", 0.0)), fit_metrics)  # fmt: skip
 
 
-def _fold_job(args: tuple[Dataset, list[str], list[str], Settings]) -> FoldResult:
+def _fold_job(args: tuple[Dataset, list[str], list[str], EvalSettings]) -> FoldResult:
     data, train_ids, test_ids, settings = args
     return evaluate_fold(data, train_ids, test_ids, settings)
 
 
-def cross_validate(data: Dataset, settings: Settings) -> dict[str, Any]:
+def cross_validate(data: Dataset, settings: EvalSettings) -> dict[str, Any]:
     folds = split(data.task_ids, settings.folds, settings.seed)
     jobs = [(data, [t for t in data.task_ids if t not in set(test)], test, settings) for test in folds]
     if settings.workers > 1 and len(jobs) > 1:
@@ -226,7 +226,7 @@ def cross_validate(data: Dataset, settings: Settings) -> dict[str, Any]:
     return assemble(results, settings, mode=f"{settings.folds}-fold cross-validation", data=data)
 
 
-def train_test(train_data: Dataset, test_data: Dataset, settings: Settings) -> dict[str, Any]:
+def train_test(train_data: Dataset, test_data: Dataset, settings: EvalSettings) -> dict[str, Any]:
     if train_data.model_ids != test_data.model_ids:
         raise DataError(
             f"{test_data.source}: models differ from {train_data.source}: "
@@ -248,7 +248,7 @@ def train_test(train_data: Dataset, test_data: Dataset, settings: Settings) -> d
 
 
 def assemble(
-    results: Sequence[FoldResult], settings: Settings, *, mode: str, data: Dataset
+    results: Sequence[FoldResult], settings: EvalSettings, *, mode: str, data: Dataset
 ) -> dict[str, Any]:
     """Fold results → the report object: policy, baselines, oracle, frontier (pooled, ± std)."""
     policy = combine([r.policy for r in results])
@@ -298,7 +298,7 @@ def assemble(
     return report
 
 
-def targets(report: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def targets(report: dict[str, Any], settings: EvalSettings) -> dict[str, Any]:
     """The issue's targets, checked on the numbers above (test folds only, pooled)."""
     out: dict[str, Any] = {}
     refs = report["policy"]["setup"]["reference_model"]

@@ -28,7 +28,7 @@ from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from threadpoolctl import threadpool_limits
 
 from router.features.task.vector import HASH_DIM, NUMERIC, Vector, schema
-from router.learning.training import metrics, permodel, pooled, prior, taskeffect, value
+from router.learning.training import permodel, pooled, prior, quality, taskeffect, value
 from router.learning.training import scopes as scoped
 from router.learning.training.dataset import AttemptRow
 from router.policy.config import Scope
@@ -220,8 +220,8 @@ def _artifact(
         "metrics": {
             "brier": round(float(np.mean((p - y) ** 2)), 4),
             "brier_base_rate": round(float(np.mean((y.mean() - y) ** 2)), 4),
-            "auc": metrics.auc(p, y),
-            "pairwise": metrics.pairwise(p, y, groups, [r.model for r in rows]),
+            "auc": quality.auc(p, y),
+            "pairwise": quality.pairwise(p, y, groups, [r.model for r in rows]),
             "reliability": reliability(p, y),
         },
         "shared_score": {"c": c_shared, "deviation_c": c_dev},

@@ -18,7 +18,7 @@ from router.learning.training.dataset import AttemptRow
 
 
 @dataclass(frozen=True, slots=True)
-class Estimate:
+class OffPolicyEstimate:
     success: float
     cost_per_attempt: float
     cost_per_completed: float
@@ -40,7 +40,7 @@ def _point(rows: Sequence[AttemptRow], agree: Sequence[bool], snips: bool) -> tu
 def evaluate(
     rows: Sequence[AttemptRow], choose: Callable[[AttemptRow], str], *, snips: bool = True,
     resamples: int = 200, seed: int = 0,
-) -> Estimate:  # fmt: skip
+) -> OffPolicyEstimate:  # fmt: skip
     agree = [choose(r) == r.model for r in rows]
     success, cost = _point(rows, agree, snips)
     rng = random.Random(seed)
@@ -56,7 +56,7 @@ def evaluate(
         succ_s.append(s)
         if s > 0:
             cpc_s.append(c / s)
-    return Estimate(
+    return OffPolicyEstimate(
         # Inverse-propensity weights can carry an estimate past 1 on few matched attempts; a
         # probability and its interval are shown within [0, 1].
         success=min(max(success, 0.0), 1.0) if success == success else success,
@@ -68,7 +68,7 @@ def evaluate(
     )
 
 
-def logged(rows: Sequence[AttemptRow]) -> Estimate:
+def logged(rows: Sequence[AttemptRow]) -> OffPolicyEstimate:
     """The logging policy's own numbers: plain means over what it did."""
     unweighted = [replace(r, propensity=1.0) for r in rows]
     return evaluate(unweighted, lambda r: r.model, snips=False)
