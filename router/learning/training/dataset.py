@@ -1,7 +1,7 @@
 """The log as a training set: one row per task attempt, with its model, outcome and cost.
 
 An attempt's label is its explicit outcome when the client sent one; else the label inferred
-from the conversation (the label model's, ``router.learning.labels``, before older hand-weighted
+from the conversation (the label model's, ``router.features.labels``, before older hand-weighted
 ones); else, for an attempt with no request for ``abandon_after_s``, a failure marked
 "abandoned"; attempts still in progress are left out.
 
