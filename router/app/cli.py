@@ -85,9 +85,8 @@ def cmd_upstream(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from router.app.demo import run_demo
 
-    return run_demo(
-        store=args.store, keep_serving=args.serve, port=args.port, upstream_port=args.upstream_port
-    )
+    return run_demo(store=args.store, keep_serving=args.serve, port=args.port, upstream_port=args.upstream_port,
+                    tasks=args.tasks, data=args.data, concurrency=args.concurrency)  # fmt: skip
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -265,7 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = command("demo", "local upstream + router + example requests, end to end", "router demo --serve --port 8080",
                    "Start a local fake provider and the router on the demo policy, send a few typical agent "
-                   "requests in both protocols, and print what was decided. With --serve, keep serving (and "
+                   "requests in both protocols, and print what was decided. With --tasks N, work N real "
+                   "SWE-bench tasks through it instead, each labelled with the outcome the real model its "
+                   "backend stands for had: enough (N=300) to train on. With --serve, keep serving (and "
                    "print the dashboard's URL) until Ctrl-C.")  # fmt: skip
     demo.add_argument(
         "--store", default="sqlite:///router.db", help="log store URL (default sqlite:///router.db)"
@@ -276,6 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--upstream-port", type=int, metavar="PORT",
                       help="the local fake provider's port (default 9100, or a free one if taken; 0: any)")  # fmt: skip
+    demo.add_argument("--tasks", type=_positive_int, metavar="N",
+                      help="instead of the example requests, work N SWE-bench agent tasks of several turns through "
+                      "the router and post each one's outcome (from the shipped data): a log `router train` learns from")  # fmt: skip
+    demo.add_argument("--data", type=Path, metavar="DIR",
+                      help="the SWE-bench data for --tasks (default: the checkout's evals/data/swebench-verified, "
+                      "else ../shared/data)")  # fmt: skip
+    demo.add_argument("--concurrency", type=_positive_int, default=16, metavar="N",
+                      help="tasks in flight at once with --tasks (default 16)")  # fmt: skip
     demo.set_defaults(func=cmd_demo)
 
     up = command("upstream", "run the local fake provider (OpenAI + Anthropic wire formats)",

@@ -13,6 +13,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +82,26 @@ def _requests(big_prompt: str) -> list[tuple[str, str, dict[str, Any], dict[str,
     ]  # fmt: skip
 
 
-def run_demo(
-    store: str = "sqlite:///router.db", keep_serving: bool = False, port: int | None = None,
-    upstream_port: int | None = None,
-) -> int:  # fmt: skip
-    """``port``: where the router listens (0: any free port); None: 8080, or any free port if taken;
-    ``upstream_port``: the same for the local fake provider (default 9100)."""
+@dataclass
+class Live:
+    """The demo's router and fake provider, serving in this process."""
+
+    base: str
+    upstream: str
+    #: What a client sends to be let in: the master key when one is exported (README step 2).
+    auth: dict[str, str]
+    server: uvicorn.Server
+    thread: threading.Thread
+
+
+@contextlib.contextmanager
+def serving(store: str, port: int | None, upstream_port: int | None) -> Iterator[Live]:
+    """The local fake provider and the router on the demo policy, stopped (log flushed) on exit."""
     from router.app.factory import create_app
     from router.app.serve import uvicorn_config
     from router.app.settings import Settings
     from router.fakeupstream import FakeUpstream
 
-    console = Console()
     up_sock = _free_port(9100 if upstream_port is None else upstream_port, required=upstream_port is not None)
     up_port = up_sock.getsockname()[1]
     up_sock.close()
@@ -101,12 +111,7 @@ def run_demo(
         # import (5-10 s on the first request otherwise, which reads as a slow router).
         settings = Settings(config=POLICY, store=store, preload=True)
         app = create_app(settings)
-        # The demo's table says what its own requests did; the per-request log lines start with --serve.
-        request_log = logging.getLogger("router.requests")
-        request_log.setLevel(logging.WARNING)
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # its own client's "HTTP Request:" lines
         sock = _free_port(8080 if port is None else port, required=port is not None)
-        port = sock.getsockname()[1]
         server = uvicorn.Server(
             uvicorn_config(app, settings, log_level="warning")
         )  # as `router serve` serves
@@ -114,54 +119,100 @@ def run_demo(
         thread.start()
         while not server.started:
             time.sleep(0.02)
-        base = f"http://127.0.0.1:{port}"
-        console.print(
-            f"[bold]router[/] on {base}  ·  local upstream on {upstream.url}  ·  policy {POLICY.name}"
-        )
-        table = Table(title="Routed requests")
-        for col in ("request", "status", "routed to", "in/out tokens", "ms"):
-            table.add_column(col, no_wrap=col != "request")
-        # ~4.3 characters a token, as code usually has: the local provider counts characters / 4, and
-        # the router tiktoken tokens, so the two counts the demo prints agree within a tenth.
-        big = "    total = sum(item.price for item in order.items)\n" * 3300
-        # The demo is a client like any other: with a master key exported (README step 2) it
-        # sends that key, as an agent pointed at this router would.
         key = settings.master_key.get_secret_value() if settings.master_key else None
         auth = {"authorization": f"Bearer {key}"} if key else {}
-        with httpx.Client(base_url=base, timeout=30, headers=auth) as client:
-            for label, path, body, headers in _requests(big):
-                t0 = time.perf_counter()
-                r = client.post(
-                    path, content=orjson.dumps(body), headers={"content-type": "application/json", **headers}
-                )
-                ms = (time.perf_counter() - t0) * 1000
-                usage = _usage(r)
-                table.add_row(
-                    label, str(r.status_code), r.headers.get("x-router-model", "-"), usage, f"{ms:.0f}"
-                )
-            preview = client.post(
-                "/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": big}]}
-            )
-        tables.show(console, table)
-        _print_route(console, preview)
+        try:
+            yield Live(f"http://127.0.0.1:{sock.getsockname()[1]}", upstream.url, auth, server, thread)
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+
+
+def run_demo(
+    store: str = "sqlite:///router.db", keep_serving: bool = False, port: int | None = None,
+    upstream_port: int | None = None, tasks: int | None = None, data: Path | None = None,
+    concurrency: int = 16,
+) -> int:  # fmt: skip
+    """``port``: where the router listens (0: any free port); None: 8080, or any free port if taken;
+    ``upstream_port``: the same for the local fake provider (default 9100); ``tasks``: work that
+    many SWE-bench tasks through it (``router.app.demotasks``) instead of the example requests."""
+    console = Console()
+    source = None
+    if tasks:
+        from router.app.demotasks import load_source
+
+        source = load_source(data)  # before anything starts: missing data is said at once
+    # The demo's tables say what its own requests did; the per-request log lines start with --serve.
+    request_log = logging.getLogger("router.requests")
+    request_log.setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its own client's "HTTP Request:" lines
+    with serving(store, port, upstream_port) as live:
+        console.print(
+            f"[bold]router[/] on {live.base}  ·  local upstream on {live.upstream}  ·  policy {POLICY.name}"
+        )
+        if source is not None and tasks:
+            from router.app.demotasks import report, run_tasks
+
+            t0 = time.perf_counter()
+            runs = asyncio.run(run_tasks(live.base, live.auth, source, tasks, concurrency=concurrency))
+            report(console, runs, time.perf_counter() - t0, source, store, POLICY)
+        else:
+            _examples(console, live, store)
         if keep_serving:
-            login = " — log in with $ROUTER_MASTER_KEY" if key else ""
-            a_key, o_key = (
-                (" ANTHROPIC_API_KEY=$ROUTER_MASTER_KEY", " OPENAI_API_KEY=$ROUTER_MASTER_KEY")
-                if key
-                else ("", "")
-            )
-            console.print(f"\nDashboard: [bold]{base}/ui[/] (the requests above are on it){login}\n"
-                          f"Serving until Ctrl-C. Point agents at it:\n"
-                          f"  ANTHROPIC_BASE_URL={base}{a_key} claude ...\n"
-                          f"  OPENAI_BASE_URL={base}/v1{o_key} ...", highlight=False)  # fmt: skip
-            request_log.setLevel(logging.NOTSET)
-            with contextlib.suppress(KeyboardInterrupt):
-                thread.join()
-        server.should_exit = True
-        thread.join(timeout=30)
+            _serve_on(console, live, request_log, "the tasks above" if tasks else "the requests above")
+    if not tasks:
         _print_log(console, store)
     return 0
+
+
+def _examples(console: Console, live: Live, store: str) -> None:
+    table = Table(title="Routed requests")
+    for col in ("request", "status", "routed to", "in/out tokens", "ms"):
+        table.add_column(col, no_wrap=col != "request")
+    # ~4.3 characters a token, as code usually has: the local provider counts characters / 4, and
+    # the router tiktoken tokens, so the two counts the demo prints agree within a tenth.
+    big = "    total = sum(item.price for item in order.items)\n" * 3300
+    with httpx.Client(base_url=live.base, timeout=30, headers=live.auth) as client:
+        sent = []
+        for label, path, body, headers in _requests(big):
+            t0 = time.perf_counter()
+            r = client.post(
+                path, content=orjson.dumps(body), headers={"content-type": "application/json", **headers}
+            )
+            sent.append((label, r, (time.perf_counter() - t0) * 1000))
+        # A task of its own: the same prompt again would be the task above, pinned where it went.
+        preview = client.post(
+            "/v1/route", json={"model": "auto", "messages": [{"role": "user", "content": big}]},
+            headers={"x-router-task-id": f"demo-route-{time.time_ns():x}"},
+        )  # fmt: skip
+    # The demo policy explores (one attempt in five): such a pick is no decision of the policy's.
+    explored = _explored(
+        store, [r.headers["x-request-id"] for _, r, _ in sent if "x-request-id" in r.headers]
+    )
+    for label, r, ms in sent:
+        model = r.headers.get("x-router-model", "-")
+        model += " (explored)" if r.headers.get("x-request-id") in explored else ""
+        table.add_row(label, str(r.status_code), model, _usage(r), f"{ms:.0f}")
+    tables.show(console, table)
+    if explored:
+        console.print("(explored): a random pick, as the demo policy makes one attempt in five so that its "
+                      "log can train; the policy's own choice is in the log's reason", highlight=False)  # fmt: skip
+    _print_route(console, preview)
+
+
+def _serve_on(console: Console, live: Live, request_log: logging.Logger, what: str) -> None:
+    """Keep serving until Ctrl-C, saying where the dashboard is and how to point agents at it."""
+    key = bool(live.auth)
+    login = " — log in with $ROUTER_MASTER_KEY" if key else ""
+    a_key = " ANTHROPIC_API_KEY=$ROUTER_MASTER_KEY" if key else ""
+    o_key = " OPENAI_API_KEY=$ROUTER_MASTER_KEY" if key else ""
+    console.print(f"\nDashboard: [bold]{live.base}/ui[/] ({what} are on it){login}\n"
+                  f"Serving until Ctrl-C. Point agents at it:\n"
+                  f"  ANTHROPIC_BASE_URL={live.base}{a_key} claude ...\n"
+                  f"  OPENAI_BASE_URL={live.base}/v1{o_key} ...", highlight=False)  # fmt: skip
+    request_log.setLevel(logging.NOTSET)
+    with contextlib.suppress(KeyboardInterrupt):
+        live.thread.join()
 
 
 def _print_route(console: Console, r: httpx.Response) -> None:
@@ -172,6 +223,32 @@ def _print_route(console: Console, r: httpx.Response) -> None:
     excluded = ", ".join(f"{c['model']} ({c['excluded']})" for c in p["candidates"] if c.get("excluded"))
     console.print(f"POST /v1/route for the 40k-token prompt: chose [bold]{p['chosen']}[/] ({p['reason']}); "
                   f"excluded: {excluded or 'none'}")  # fmt: skip
+
+
+def _explored(store: str, request_ids: list[str], wait_s: float = 3.0) -> set[str]:
+    """Which of these requests were explored, from their log records (written in batches, so
+    waited for; a store other than SQLite's is not read)."""
+    if not store.startswith("sqlite:///"):
+        return set()
+    import sqlite3
+
+    from router.policy.decide import was_explored
+
+    marks = ",".join("?" * len(request_ids))
+    deadline = time.monotonic() + wait_s
+    while True:
+        con = sqlite3.connect(store.removeprefix("sqlite:///"))
+        try:
+            rows = con.execute(
+                f"SELECT request_id, decision_reason FROM requests WHERE request_id IN ({marks})", request_ids
+            ).fetchall()
+        except sqlite3.OperationalError:  # the table is not there yet
+            rows = []
+        finally:
+            con.close()
+        if len(rows) >= len(request_ids) or time.monotonic() > deadline:
+            return {rid for rid, reason in rows if was_explored(reason)}
+        time.sleep(0.05)
 
 
 def _usage(r: httpx.Response) -> str:

@@ -146,6 +146,7 @@ def register(
                 "reason": decision.reason,
                 "policy": decision.policy,
                 "propensity": decision.propensity,
+                "explored": decision.explored,
                 "rules_applied": decision.rules_applied,
                 "prompt_tokens": feats.prompt_tokens,
                 "side_call": feats.side_call,

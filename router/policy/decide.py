@@ -57,6 +57,8 @@ class Decision:
     #: Probability with which ``order[0]`` was picked (1.0 for deterministic choices).
     propensity: float = 1.0
     rules_applied: list[str] = field(default_factory=list)
+    #: ``order[0]`` is exploration's random pick, not the policy's choice (``reason`` names that).
+    explored: bool = False
 
     @property
     def chosen(self) -> str:
@@ -64,6 +66,16 @@ class Decision:
 
     def estimate(self, model: str) -> Estimate | None:
         return next((e for e in self.candidates if e.model == model), None)
+
+
+#: How an explored decision's reason starts, in the log and on the console (whose cut at 60
+#: characters keeps the policy's own choice after it).
+EXPLORED = "explored ("
+
+
+def was_explored(reason: str | None) -> bool:
+    """Whether a logged decision was exploration's random pick (its reason says so)."""
+    return reason is not None and reason.startswith(EXPLORED)
 
 
 class Scorer(Protocol):
@@ -119,7 +131,9 @@ class Decider:
         self.rule_headers = tuple(sorted({f[8:] for r in policy.rules for f in r.condition.fields()
                                           if f.startswith("headers.")}))  # fmt: skip
 
-    def decide(self, features: Features) -> Decision:
+    def decide(self, features: Features, *, explore: bool = True) -> Decision:
+        """``explore``: False for a look at the decision (``/v1/route``) — a preview shows the
+        policy's choice, and must not draw from the exploration's seeded sequence either."""
         route = self.policy.route_for(features.requested_model)
         if route is None:
             raise UnknownModel(
@@ -161,8 +175,10 @@ class Decider:
         scorer = self.scorer if not features.side_call else _CHEAPEST
         ranked, propensity, reason = scorer.rank(features, eligible)
         order = [e.model for e in ranked]
-        if self.epsilon > 0 and len(order) > 1 and not features.side_call and features.pinned is None:
-            order, propensity, reason = self._explore(order, reason)
+        explored = None
+        once = not features.side_call and features.pinned is None  # an attempt's first model only
+        if explore and self.epsilon > 0 and len(order) > 1 and once:
+            order, propensity, explored = self._explore(order)
         pinned = features.pinned
         if pinned in order and not features.side_call:
             # Within an attempt the task stays where it started: its context is warm there.
@@ -174,6 +190,9 @@ class Decider:
             order = front + [m for m in order if m not in front]
             reason = f"preferred by rule; then {reason}"
             propensity = 1.0
+            explored = None  # a rule decided the front, whatever exploration drew
+        if explored is not None:
+            reason = f"{EXPLORED}epsilon {self.epsilon}); the policy chose {explored}: {reason}"
         if route.passthrough is not None:
             # One model named: nothing was ranked, explored, pinned or preferred, whatever the scorer says.
             reason, propensity = "passthrough route", 1.0
@@ -189,6 +208,7 @@ class Decider:
             reason=reason,
             propensity=propensity,
             rules_applied=applied,
+            explored=explored is not None,
         )
 
     def size_matters(self, features: Features, low: int, high: int) -> bool:
@@ -219,8 +239,9 @@ class Decider:
                     return True
         return False
 
-    def _explore(self, order: list[str], reason: str) -> tuple[list[str], float, str]:
-        """Epsilon-greedy over the eligible candidates, at the start of an attempt only.
+    def _explore(self, order: list[str]) -> tuple[list[str], float, str | None]:
+        """Epsilon-greedy over the eligible candidates, at the start of an attempt only: the
+        order, the propensity, and the policy's own choice when the random pick replaced it.
 
         The logged propensity is what off-policy evaluation divides by: the probability that
         this policy would pick the model it picked.
@@ -229,9 +250,9 @@ class Decider:
         if self._rng.random() < eps:
             order = list(order)
             order.insert(0, order.pop(self._rng.randrange(k)))
-            reason = f"exploring (epsilon {eps}); best was {best}: {reason}"
-        propensity = (1 - eps) + eps / k if order[0] == best else eps / k
-        return order, propensity, reason
+        if order[0] == best:  # a random draw of the policy's own choice: nothing was explored
+            return order, (1 - eps) + eps / k, None
+        return order, eps / k, best
 
     def _switch_rules(self, features: Features, estimates: list[Estimate]) -> None:
         """Leave the pinned model only when told to, and only for backends that accept the history."""

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from router.policy.decide import was_explored
 from router.telemetry.ledger import final_outcome, summary, task_ledger, task_ledgers
 from router.telemetry.report import GROUP_COLUMNS, PHASES, build_report, is_ok, stats, with_parts
 
@@ -143,6 +144,7 @@ def task_detail(task_id: str, requests: Sequence[Row], outcomes: Sequence[Row]) 
             "when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r["ts"]))),
             "ok": is_ok(r),
             "fallbacks": tries[:-1],
+            "explored": was_explored(r.get("decision_reason")),
         })  # fmt: skip
     verdicts = [{**o, "verdict": verdict_text(final_outcome([o]))} for o in outcomes]
     return {"ledger": ledger, "requests": rows, "outcomes": verdicts}

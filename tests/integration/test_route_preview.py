@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningRouter
+from router.fakeupstream import FakeUpstream
+from tests.integration.conftest import RunningRouter, local_policy
 
 pytestmark = pytest.mark.integration
 
@@ -45,3 +47,33 @@ def test_the_preview_sees_the_tasks_pin_and_changes_nothing(router: RunningRoute
         again = c.post("/v1/route", json=turn(1), headers={**task, "x-router-attempt": "2"}).json()
         assert (again["attempt"], again["pinned"]) == (2, None)
         assert c.post("/v1/route", json=turn(3), headers=task).json()["attempt"] == 1
+
+
+def test_an_explored_choice_is_labelled_in_the_log_and_on_the_dashboard(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    """On a policy that explores every attempt, the proxy's explored picks say so in the log (whose
+    reason the console line starts with) and on the task's dashboard page; the others do not."""
+    upstream.clear()
+    policy = local_policy(upstream.url)
+    policy["objective"]["exploration"] = {"epsilon": 1.0, "seed": 5}
+    router = router_factory(policy)
+    body = {"model": "auto", "messages": [{"role": "user", "content": "say hi"}]}
+    with httpx.Client(base_url=router.url, timeout=20) as c:
+        served = [
+            c.post("/v1/chat/completions", json=body, headers={"x-router-task-id": f"explore-{i}"})
+            for i in range(12)
+        ]
+    assert all(r.status_code == 200 for r in served)
+    records = router.records(wait_for=12)
+    explored = [r for r in records if r["chosen_model"] != "local-nano"]
+    assert explored, "epsilon 1 over four backends explored nothing in 12 attempts"
+    for r in explored:
+        assert r["decision_reason"].startswith("explored (epsilon 1.0); the policy chose local-nano")
+    for r in records:
+        if r["chosen_model"] == "local-nano":
+            assert not r["decision_reason"].startswith("explored")
+    page = httpx.get(f"{router.url}/ui/tasks/{explored[0]['task_id']}").text
+    assert 'class="tag explored"' in page
+    plain = next(r for r in records if r["chosen_model"] == "local-nano")
+    assert 'class="tag explored"' not in httpx.get(f"{router.url}/ui/tasks/{plain['task_id']}").text

@@ -79,3 +79,11 @@ def test_json_log_lines_carry_the_request_fields(caplog: object) -> None:
     assert request["task_id"] == "t-9" and request["cost_usd"] == 0.000368 and request["status"] == 200
     assert request["message"] == console.request_line(_rec())
     assert request["time"].endswith("Z") and request["logger"] == "router.requests"
+
+
+def test_an_explored_choice_says_so_first_and_keeps_the_policys_own() -> None:
+    reason = (
+        "explored (epsilon 0.2); the policy chose local-nano: cheapest expected cost among the candidates"
+    )
+    line = console.request_line(_rec(chosen_model="local-claude", decision_reason=reason))
+    assert "local-claude (explored (epsilon 0.2); the policy chose local-nano: " in line

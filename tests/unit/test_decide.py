@@ -157,3 +157,44 @@ def test_a_decision_on_either_bound_agrees_when_size_does_not_matter(sized: Deci
         assert a.rules_applied == b.rules_applied
         assert [e.excluded is None for e in a.candidates] == [e.excluded is None for e in b.candidates]
         assert a.order == b.order
+
+
+def exploring(share: float) -> Decider:
+    policy = parse_policy(
+        POLICY + f"objective: {{exploration: {{epsilon: {share}, seed: 3}}}}\n", source="t.yaml", env={}
+    )
+    return Decider(policy, build_catalog(policy, lookup=lambda m: None))
+
+
+def test_an_explored_choice_says_so_and_names_the_policys_own() -> None:
+    decider = exploring(1.0)  # every attempt's first model drawn at random among the three
+    decisions = [decider.decide(feats()) for _ in range(60)]
+    explored = [d for d in decisions if d.explored]
+    assert {d.chosen for d in explored} == {"mid", "big"}  # the draws that differ from the policy's
+    for d in explored:
+        assert d.reason.startswith("explored (epsilon 1.0); the policy chose cheap: cheapest")
+        assert d.propensity == pytest.approx(1 / 3)
+    # A draw of the policy's own choice is no exploration: no label, its propensity that of the choice.
+    same = [d for d in decisions if d.chosen == "cheap"]
+    assert same and all(not d.explored and d.reason.startswith("cheapest") for d in same)
+    assert all(d.propensity == pytest.approx(1 / 3) for d in same)
+
+
+def test_a_look_at_the_decision_does_not_explore_nor_draw_from_the_sequence() -> None:
+    looking, alone = exploring(1.0), exploring(1.0)
+    for _ in range(20):
+        d = looking.decide(feats(), explore=False)
+        assert (d.chosen, d.explored, d.propensity) == ("cheap", False, 1.0)
+    # The seeded sequence is where it was: the next real decisions are those of a fresh decider.
+    assert [looking.decide(feats()).chosen for _ in range(10)] == [
+        alone.decide(feats()).chosen for _ in range(10)
+    ]
+
+
+def test_a_rule_that_decides_the_front_is_not_called_exploration() -> None:
+    decider = exploring(1.0)
+    for _ in range(20):
+        d = decider.decide(feats(protocol="anthropic", thinking=True))
+        assert (
+            d.chosen == "big" and not d.explored and d.reason.startswith("preferred by rule; then cheapest")
+        )
