@@ -83,7 +83,7 @@ class Pipeline:
         view = await self.tasks.preview(rt.policy, req, task_id, attempt_header, size.tokens, repo)
         feats = request_features(req, size.tokens, headers, view)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
-        return Decided(feats, view, decider.decide(feats), arm=arm)
+        return Decided(feats, view, decider.decide(feats, explore=False), arm=arm)
 
     async def _settle(self, size: PromptSize) -> int:
         """``sizer.settle`` for a request that waits for it: on a worker thread unless the pending

@@ -77,3 +77,21 @@ def test_an_explored_choice_is_labelled_in_the_log_and_on_the_dashboard(
     assert 'class="tag explored"' in page
     plain = next(r for r in records if r["chosen_model"] == "local-nano")
     assert 'class="tag explored"' not in httpx.get(f"{router.url}/ui/tasks/{plain['task_id']}").text
+
+
+def test_the_route_preview_shows_the_policys_choice_never_an_exploration(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    # /v1/route explored as the proxy does: the demo printed a random pick as "the decision".
+    upstream.clear()
+    policy = local_policy(upstream.url)
+    policy["objective"]["exploration"] = {"epsilon": 1.0, "seed": 5}
+    router = router_factory(policy)
+    body = {"model": "auto", "messages": [{"role": "user", "content": "say hi"}]}
+    with httpx.Client(base_url=router.url, timeout=20) as c:
+        looks = [
+            c.post("/v1/route", json=body, headers={"x-router-task-id": f"look-{i}"}).json()
+            for i in range(12)
+        ]
+    assert {(p["chosen"], p["explored"], p["propensity"]) for p in looks} == {("local-nano", False, 1.0)}
+    assert all(p["reason"].startswith("cheapest") for p in looks)
