@@ -31,7 +31,6 @@ def register(
     app: FastAPI, *, proxy: Proxy, auth: Auth, counter: TokenCounter, runtime: RuntimeHolder,
     tracker: TaskTracker, store: Store, background: Background, max_body_bytes: int,
 ) -> None:  # fmt: skip
-    started = int(time.time())
 
     # router.app.asgi.RouterApp serves the proxied paths before FastAPI sees them; they are declared
     # here for the OpenAPI document (and for the FastAPI app mounted on its own).
@@ -115,9 +114,12 @@ def register(
                 limits.setdefault(r.match, (max(limits[i][0] for i in ids), max(limits[i][1] for i in ids)))
         names = [r.match for r in policy.routes if r.match in limits]
         names += [b for b in catalog.backends if b not in names]
+        # When this catalog was loaded: a reload that changes the models changes their date.
+        loaded = runtime.current.applied_at
+        created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(loaded))
         return [
             {"id": n, "object": "model", "type": "model", "display_name": n, "owned_by": "router",
-             "created": started, "created_at": "1970-01-01T00:00:00Z", "context_length": limits[n][0],
+             "created": int(loaded), "created_at": created_at, "context_length": limits[n][0],
              "max_input_tokens": limits[n][0], "max_output_tokens": limits[n][1]}
             for n in names
         ]  # fmt: skip

@@ -193,7 +193,11 @@ async def _list(store: Store, args: argparse.Namespace) -> int:
 
 async def _revoke(store: Store, args: argparse.Namespace) -> int:
     if await store.revoke_key(args.key_id, time.time()):
-        print(f"revoked {args.key_id}")
+        if args.json:
+            rec = next(k for k in await store.list_keys() if k.key_id == args.key_id)
+            print(orjson.dumps(_public(rec)).decode())
+        else:
+            print(f"revoked {args.key_id}")
         return 0
     known = {k.key_id for k in await store.list_keys()}
     why = "already revoked" if args.key_id in known else "no such key"

@@ -332,3 +332,16 @@ def test_cli_refuses_bad_limits(tmp_path: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
+
+
+def test_cli_revoke_json_gives_the_revoked_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `keys revoke --json` took the flag and printed "revoked key_…" as text.
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    made = orjson.loads(run_cli(capsys, "keys", "create", "--name", "ci", "--store", url, "--json")[1])
+    code, out, _ = run_cli(capsys, "keys", "revoke", made["key_id"], "--store", url, "--json")
+    assert code == 0
+    revoked = orjson.loads(out)
+    assert (revoked["key_id"], revoked["name"]) == (made["key_id"], "ci") and revoked["revoked"] is not None
+    assert "key" not in revoked and "key_hash" not in revoked
+    code, out, err = run_cli(capsys, "keys", "revoke", made["key_id"], "--store", url, "--json")
+    assert code == 1 and not out and "already revoked" in err

@@ -81,3 +81,16 @@ async def test_a_model_the_list_gives_can_be_retrieved(fake: FakeUpstream, tmp_p
         assert missing.status_code == 404
         assert missing.json()["type"] == "error" and missing.json()["error"]["type"] == "not_found_error"
         assert (await r.client.get("/v1/models/a")).status_code == 401
+
+
+async def test_models_are_created_when_the_catalog_was_loaded(fake: FakeUpstream, tmp_path: Path) -> None:
+    # `created` was the process's start, and Anthropic's `created_at` the epoch, whatever reloads did.
+    import dataclasses
+
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        r.s.runtime.install(dataclasses.replace(r.s.runtime.current, applied_at=1_767_225_600.5))
+        listed = (await r.client.get("/v1/models", headers=AS_MASTER)).json()["data"]
+        one = (await r.client.get("/v1/models/a", headers=AS_MASTER)).json()
+    assert {(m["created"], m["created_at"]) for m in [*listed, one]} == {
+        (1_767_225_600, "2026-01-01T00:00:00Z")
+    }
