@@ -7,6 +7,7 @@ next candidate) may succeed where this one failed::
     RouterError                      500  api_error             (not retryable)
     ├── BadRequest                   400  invalid_request_error
     │   ├── ContextTooLarge          400  invalid_request_error (code context_length_exceeded)
+    │   ├── AttemptStopped           400  invalid_request_error (code attempt_stopped)
     │   ├── UnknownModel             404  not_found_error       (code model_not_found)
     │   └── TaskNotFound             404  not_found_error       (code task_not_found)
     ├── PayloadTooLarge              413  request_too_large
@@ -76,6 +77,15 @@ class ContextTooLarge(BadRequest):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="context_length_exceeded")
+
+
+class AttemptStopped(BadRequest):
+    """The router ended the task's attempt (its model's call cap, or the stop-loss): the agent should
+    start the task over, and the next attempt goes to the next model of the plan. A 400, so that an
+    SDK does not resend the same request (it would be stopped again); ``param`` names the rule."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message, code="attempt_stopped", param=reason)
 
 
 class UnknownModel(BadRequest):

@@ -20,6 +20,7 @@ from router.errors import ConfigError
 from router.features.labels.model import LabelModel
 from router.features.labels.model import default as default_labels
 from router.features.request import RULE_FIELDS
+from router.policy.attempt import AttemptControl
 from router.policy.rules import Condition, compile_condition
 
 Protocol = Literal["openai", "anthropic", "openai_responses"]
@@ -59,6 +60,9 @@ class ModelSpec(_Strict):
     cache_ttl_s: float = Field(default=300, ge=0)
     #: Calls in flight to this backend from one replica; more wait (and the wait is queue time).
     max_concurrency: int | None = Field(default=None, gt=0)
+    #: LLM calls one attempt may make on this model; the next is refused and the task escalates
+    #: (``router.policy.attempt``). Unset: the learned cap, if the artifact has one.
+    max_calls_per_attempt: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _api_base_is_http(self) -> ModelSpec:
@@ -314,6 +318,13 @@ class Policy:
             if ref is not None
             else default_labels()
         )
+        #: Per model, the rules that end an attempt early: the file's caps here; the runtime adds
+        #: what the learned artifact holds (``router.policy.runtime.attempt_controls``).
+        self.attempt_controls: dict[str, AttemptControl] = {
+            m.id: AttemptControl(max_calls=m.max_calls_per_attempt)
+            for m in spec.models
+            if m.max_calls_per_attempt is not None
+        }
         self.rules = [
             CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}] (name {r.name!r}).when"))
             for i, r in enumerate(spec.rules)

@@ -175,6 +175,17 @@ class Decider:
         scorer = self.scorer if not features.side_call else _CHEAPEST
         ranked, propensity, reason = scorer.rank(features, eligible)
         order = [e.model for e in ranked]
+        failed = [m for m in order if m in features.failed_models]
+        if (
+            failed
+            and isinstance(scorer, CheapestScorer)
+            and features.pinned is None
+            and len(failed) < len(order)
+        ):
+            # A new attempt after failures (reported, or stopped by the router) escalates: the
+            # models that failed the task go last (a learned plan knows what failed already).
+            order = [m for m in order if m not in failed] + failed
+            reason = f"{reason}; failed this task before: {', '.join(failed)}"
         explored = None
         once = not features.side_call and features.pinned is None  # an attempt's first model only
         if explore and self.epsilon > 0 and len(order) > 1 and once:

@@ -31,6 +31,7 @@ from router.errors import ConfigError
 from router.features.request import Features
 from router.features.task.vector import HASH_DIM, NUMERIC, arrays, dot, schema, with_attempt
 from router.policy import prior as priors
+from router.policy.attempt import AttemptControl
 from router.policy.objective import Choice, Next, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
 
@@ -88,6 +89,8 @@ class Artifact:
     frontiers: dict[int, tuple[priors.FixedPlan, ...]] = field(default_factory=dict)
     #: max_attempts → operating points (prior plan, deviation margin) measured by ``router train``.
     points: dict[int, tuple[priors.Point, ...]] = field(default_factory=dict)
+    #: Per model, the call cap and stop-loss threshold ``router train`` learned (``router.policy.attempt``).
+    controls: dict[str, AttemptControl] = field(default_factory=dict)
 
     def expected_output(self, model: str, prompt_tokens: int) -> int | None:
         """The median output tokens of a call, learned from the log (None: no history)."""
@@ -146,8 +149,9 @@ class Artifact:
         scopes = _scope_effects(obj.get("scopes"), source)
         frontiers = priors.frontier_from_json(obj.get("prior_plans"), source)
         points = priors.points_from_json(obj.get("operating_points"), source)
+        controls = _attempt_controls(obj.get("attempt_control"), source)
         return cls(digest, models, obj["feature_schema"], meta, float(task_sd), curves, scopes=scopes,
-                   frontiers=frontiers, points=points)  # fmt: skip
+                   frontiers=frontiers, points=points, controls=controls)  # fmt: skip
 
     @functools.cached_property
     def arrays(self) -> _Arrays:
@@ -225,6 +229,29 @@ def _scope_effects(raw: Any, source: str) -> dict[str, ScopeEffects]:
     except (AttributeError, KeyError, TypeError, ValueError):
         raise ConfigError(
             f"{source}: scopes: expected {{name: {{match: {{...}}, common: number, models: {{model: number}}}}}}"
+        ) from None
+
+
+def _attempt_controls(raw: Any, source: str) -> dict[str, AttemptControl]:
+    if raw is None:
+        return {}
+    try:
+        out = {}
+        for model, c in raw.items():
+            cap, below = c.get("max_calls"), c.get("stop_below")
+            if cap is not None and (int(cap) != cap or cap < 1):
+                raise ValueError(cap)
+            if below is not None and not 0 < float(below) < 1:
+                raise ValueError(below)
+            out[str(model)] = AttemptControl(
+                max_calls=None if cap is None else int(cap),
+                stop_below=None if below is None else float(below),
+            )
+        return out
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigError(
+            f"{source}: attempt_control: expected {{model: {{max_calls: whole number ≥ 1 or null, "
+            "stop_below: a probability in (0, 1) or null}}}}"
         ) from None
 
 

@@ -24,6 +24,9 @@ class Objective:
     margin: float = math.inf
     #: The success target the value stands for, when the policy gives one.
     target: float | None = None
+    #: No value or target was given: single shot serves the best single model on the training log
+    #: (the value is the one at which it is the prior plan, for weighing deviations).
+    default: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,28 @@ def value_of_target(frontier: Sequence[FixedPlan], target: float) -> float:
     return float(_VALUES[-1])
 
 
+def least_cost_per_completed(frontier: Sequence[FixedPlan]) -> FixedPlan:
+    """The order that costs least per completed task (ties: the shorter), ``STOP`` if none completes any."""
+    done = [p for p in frontier if p.success > 0]
+    return min(done, key=lambda p: (p.cost_per_completed, len(p.models))) if done else STOP
+
+
+def value_of_plan(frontier: Sequence[FixedPlan], plan: FixedPlan) -> float:
+    """The least value at which ``plan`` is the order worth most (its own cost per completed task
+    when it never is: the value at which it starts to be worth its cost)."""
+    for v in _VALUES:
+        if for_value(frontier, float(v)).models == plan.models:
+            return float(v)
+    return plan.cost_per_completed
+
+
+def default_point(frontier: Sequence[FixedPlan], points: Sequence[Point], plan: FixedPlan) -> Point | None:
+    """The measured point standing for ``plan`` without a value: the least value at which it is the
+    prior plan (so its margin says whether leaving it paid out of fold where it is served)."""
+    own = [p for p in points if p.target is None and for_value(frontier, p.value).models == plan.models]
+    return min(own, key=lambda p: p.value) if own else None
+
+
 def remainder(
     prior: Sequence[str], failed: Sequence[str], allowed: Sequence[str], attempts_left: int
 ) -> list[str]:

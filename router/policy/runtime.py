@@ -13,13 +13,14 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from router.errors import ConfigError
 from router.policy import prior as priors
+from router.policy.attempt import AttemptControl
 from router.policy.catalog import Catalog, PriceLookup, build_catalog
 from router.policy.config import Policy
 from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_control, control_path
@@ -116,9 +117,13 @@ def objective_for(policy: Policy, artifact: Artifact) -> Objective:
     """The policy's objective with its prior plan: the best fixed order on the training log for a
     value or a target (a target also gives the value that stands for it), and the margin a task's
     own plan must clear to leave it, as ``router train`` measured them (``router.policy.prior``).
-    Without a value or a target there is no prior plan: each task is planned alone at its own least
-    cost per completed task (a deviation cannot be weighed without a value, and where the task
-    features say much, as in the learning loop's test, a fixed order would throw that away)."""
+    Without a value or a target, single shot (``max_attempts: 1``) serves the model with the least
+    cost per completed task on the training log — the best single model — and a task leaves it only
+    where its own plan paid out of fold (``priors.default_point``: the margin measured at the values
+    at which that model is the prior). With retries and no value there is no prior plan: each task
+    is planned alone at its own least cost per completed task (a deviation cannot be weighed without
+    a value, and where the task features say much, as in the learning loop's test, a fixed order
+    would throw that away)."""
     o = policy.spec.objective
     value = o.value_per_completed_usd
     k = o.max_attempts
@@ -141,9 +146,30 @@ def objective_for(policy: Policy, artifact: Artifact) -> Objective:
         prior = priors.for_value(frontier, value).models
         point = priors.nearest(artifact.points.get(k, ()), value=value)
         margin = point.margin if point is not None else math.inf
+    elif frontier is not None and k == 1:
+        best = priors.least_cost_per_completed(frontier)
+        if best.models:
+            prior = best.models
+            point = priors.default_point(frontier, artifact.points.get(k, ()), best)
+            value = point.value if point is not None else priors.value_of_plan(frontier, best)
+            margin = point.margin if point is not None else math.inf
     return Objective(
-        max_attempts=k, value=value, max_cost_per_task=o.max_cost_per_task, prior=prior, margin=margin
-    )
+        max_attempts=k, value=value, max_cost_per_task=o.max_cost_per_task, prior=prior, margin=margin,
+        default=o.value_per_completed_usd is None and o.target is None and prior is not None,
+    )  # fmt: skip
+
+
+def attempt_controls(policy: Policy, artifact: Artifact) -> dict[str, AttemptControl]:
+    """Per model of the policy, the learned cap and stop-loss; a cap in the file
+    (``models.X.max_calls_per_attempt``) overrides the learned one."""
+    out: dict[str, AttemptControl] = {}
+    for model in policy.models:
+        learned = artifact.controls.get(model, AttemptControl())
+        own = policy.attempt_controls.get(model)
+        control = replace(learned, max_calls=own.max_calls) if own is not None else learned
+        if control.active:
+            out[model] = control
+    return out
 
 
 def load_runtime(path: str | Path, lookup: PriceLookup | None = None) -> Runtime:
@@ -172,7 +198,10 @@ def build_runtime(
     ref = _read(ref_path, "control policy") if ref_path is not None else None
     control = build_control(policy, catalog, ref_path, ref, scorer_for)
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)
-    decider = Decider(policy, catalog, scorer_for(policy, artifact))
+    scorer = scorer_for(policy, artifact)
+    if isinstance(scorer, LearnedScorer):
+        policy.attempt_controls = attempt_controls(policy, scorer.artifact)
+    decider = Decider(policy, catalog, scorer)
     scopes = build_scopes(policy, catalog, lambda p: scorer_for(p, artifact))
     return Runtime(policy, catalog, decider, files, control=control, scopes=scopes)
 

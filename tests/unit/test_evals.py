@@ -214,11 +214,14 @@ def test_a_noisy_verifier_ends_tasks_on_false_accepts_and_discards_false_rejects
     yes = Verifier(false_accept=0.999999, false_reject=0.0)
     [t2] = replay(tiny, ["t2"], cascade, retries=1, verifier=yes)
     assert t2.models == ("cheap",) and not t2.resolved
-    # Rejects every right result: the cheap model's right result on t1 is discarded, the strong
-    # one's too; the task ends unresolved having paid for both.
+    # Rejects every right result: the cheap model's right result on t1 is discarded and the strong
+    # one tries; its right result, rejected too, is the last attempt's: the task ends with it, done.
     no = Verifier(false_accept=0.0, false_reject=0.999999)
     [t1] = replay(tiny, ["t1"], cascade, retries=1, verifier=no)
-    assert t1.models == ("cheap", "strong") and not t1.resolved and t1.cost == pytest.approx(1.1)
+    assert t1.models == ("cheap", "strong") and t1.resolved and t1.cost == pytest.approx(1.1)
+    # With no attempt after it, the cheap model's rejected right result stands as well.
+    [alone] = replay(tiny, ["t1"], cascade, retries=0, verifier=no)
+    assert alone.models == ("cheap",) and alone.resolved
     # Verdicts are seeded per task, attempt and model: every chooser sees the same one.
     half = Verifier(0.5, 0.5, seed=3)
     assert [half.accepts("t", 1, "m", True) for _ in range(3)] == [half.accepts("t", 1, "m", True)] * 3
@@ -226,9 +229,9 @@ def test_a_noisy_verifier_ends_tasks_on_false_accepts_and_discards_false_rejects
     [c] = [
         c for c in bl.cascades(tiny, ["t1", "t2"], 2, Verifier(0.2, 0.1)) if c.models == ("cheap", "strong")
     ]
-    # t1: cheap right, accepted 0.9; else (0.1) strong right, accepted 0.9 → 0.9 + 0.1 × 0.9.
-    # t2: cheap wrong, rejected 0.8 → strong right, accepted 0.9 → 0.72.
-    assert c.resolved_rate == pytest.approx((0.99 + 0.72) / 2)
+    # t1: cheap right, accepted 0.9; else (0.1) strong right, the last step, standing either way → 1.0.
+    # t2: cheap wrong, rejected 0.8 → strong right, the last step → 0.8.
+    assert c.resolved_rate == pytest.approx((1.0 + 0.8) / 2)
     assert c.cost_per_task == pytest.approx((0.1 + 0.1 * 1.0 + 0.2 + 0.8 * 1.0) / 2)
 
 
@@ -322,7 +325,7 @@ def test_cross_validation_on_a_slice(tmp_path: Path) -> None:
     assert set(report) == {"policy", "baselines", "oracle", "frontier"}
     keys = {"resolved_rate", "cost_per_task", "cost_per_completed", "mean_attempts", "share_of_calls", "std"}
     assert keys <= set(report["policy"]) and keys <= set(report["oracle"])
-    assert {f"single:{m}" for m in models} | {"random", "always-cheapest", "always-strongest", "routellm@50%",
+    assert {f"single:{m}" for m in models} | {"random", "always-cheapest", "always-strongest", "routellm@50%", "best-single",
                                                "cascade", "cascade@65%"} == set(report["baselines"])  # fmt: skip
     assert [p["value"] for p in report["frontier"]] == [0.05, 1.0]
     # The target was turned into a value on each fold's training tasks.

@@ -175,9 +175,11 @@ def test_orders_from_a_full_log_are_the_exact_replay_of_each_order() -> None:
     p_b_after = (1 + shrink * 0.5) / (2 + shrink)
     assert plans["a", "b"].success == pytest.approx(p_a + (1 - p_a) * p_b_after)
     assert plans["a", "b"].cost == pytest.approx(1.0 + (1 - p_a) * 3.0)
-    # With a noisy verifier a right result is rejected a fifth of the time, and the task goes on.
-    noisy = {p.models: p for p in training_prior.orders(rows, groups, 1, noise=(0.0, 0.2))}
-    assert noisy["a",].success == pytest.approx(0.8 * plans["a",].success)
+    # With a noisy verifier a right result is rejected a fifth of the time, and the task goes on
+    # (paying for b); on an order's last step it stands whatever the verdict: nothing replaces it.
+    noisy = {p.models: p for p in training_prior.orders(rows, groups, 2, noise=(0.0, 0.2))}
+    assert noisy["a",].success == pytest.approx(plans["a",].success)
+    assert noisy["a", "b"].cost == pytest.approx(1.0 + (1 - 0.8 * p_a) * 3.0)
 
 
 def test_orders_from_a_large_full_log_are_exactly_each_orders_replay() -> None:
@@ -299,3 +301,31 @@ def test_the_objective_takes_its_prior_plan_value_and_margin_from_the_artifact(t
     assert objective_for(policy_with(tmp_path, {"max_attempts": 2}), art).prior is None
     with pytest.raises(ConfigError, match=r"no prior plans for max_attempts=3.*retrain"):
         objective_for(policy_with(tmp_path, {"max_attempts": 3, "target_success": 0.7}), art)
+
+
+def test_the_default_single_shot_serves_the_best_single_model(tmp_path: Path) -> None:
+    # CHEAP completes half the tasks at $0.01 ($0.02 per completed task), the other orders cost more
+    # per completed task: with neither a value nor a target, single shot serves CHEAP.
+    single = (CHEAP, FixedPlan(("strong",), 0.75, 0.06))
+    assert prior.least_cost_per_completed(single) == CHEAP
+    assert prior.least_cost_per_completed(()) == STOP
+    # Whether a task may leave it is the margin measured at the least value at which CHEAP is the
+    # prior plan (the points at which it is not, or at a target, say nothing about it).
+    points = (
+        prior.Point(0.01, None, 0.0, 0.0, 0.0),  # stop is the prior here
+        prior.Point(0.05, None, 0.3, 0.5, 0.01),
+        prior.Point(0.06, None, 0.1, 0.5, 0.01),
+        prior.Point(0.05, 0.5, 0.0, 0.5, 0.01),
+    )
+    assert prior.default_point(single, points, CHEAP) == points[1]
+    art = dataclasses.replace(artifact(), frontiers={1: single}, points={1: points})
+    o = objective_for(policy_with(tmp_path, {"max_attempts": 1}), art)
+    assert (o.prior, o.value, o.margin, o.default) == (CHEAP.models, 0.05, 0.3, True)
+    # No point measured for it: CHEAP at the value where it starts being the prior, never left.
+    bare = objective_for(policy_with(tmp_path, {"max_attempts": 1}), dataclasses.replace(art, points={}))
+    assert bare.prior == CHEAP.models and bare.margin == math.inf and bare.default
+    assert prior.for_value(single, bare.value).models == CHEAP.models
+    # A value given is not the default.
+    assert not objective_for(
+        policy_with(tmp_path, {"max_attempts": 1, "value_per_completed_usd": 1.0}), art
+    ).default

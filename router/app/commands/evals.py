@@ -38,7 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cost-per-task", type=float, help="per-task budget in USD the policy plans within")
     p.add_argument("--verifier-noise", metavar="FA,FR", help="outcomes reach the policy through a verifier that accepts a wrong result with probability FA and rejects a right one with FR (default 0,0)")  # fmt: skip
     p.add_argument("--config", help="take the objective (max_attempts, value_per_completed_usd or target_success, max_cost_per_task) from this policy file; flags override")  # fmt: skip
-    p.add_argument("--targets", action="store_true", help="the issue's targets in one table: --retries 0, --retries 2, and --retries 2 with --verifier-noise 0.2,0.1 (three cross-validations)")  # fmt: skip
+    p.add_argument("--trajectories", type=Path, help="agent trajectories (a file or a directory of *.jsonl[.gz]): the replay stops an attempt where its run is known (caps, stop-loss) and charges only the calls made; turns on the in-attempt control evaluation")  # fmt: skip
+    p.add_argument("--verifier", choices=("exact", "labels"), default=None, help="who judges a finished attempt: the recorded outcome (exact, with --verifier-noise) or the router's own label model where a trajectory exists (labels; --verifier-noise elsewhere)")  # fmt: skip
+    p.add_argument("--plot", type=Path, help="with --trajectories or --targets: write the frontier plot (resolved vs $ per completed task) here (PNG)")  # fmt: skip
+    p.add_argument("--targets", action="store_true", help="the targets in one table: the default single shot (--retries 0), up to 4 attempts with caps and stop-loss (--retries 3, shipped trajectories), and the same with --verifier-noise 0.3,0.2 (three cross-validations)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--out", type=Path, help="write report.md, report.json and PNG plots here")
     p.add_argument("--workers", type=int, default=None, help="processes for the folds (default: up to 2)")
@@ -96,7 +99,9 @@ def run_eval(args: argparse.Namespace) -> int:
     started = time.monotonic()
     train = loader.load(args.train or _relative(default_data_dir()))
     if args.targets:
-        return _targets(train, settings, args.json)
+        return _targets(train, settings, args)
+    if args.trajectories is not None or args.verifier == "labels":
+        return _control(train, settings, args)
     if args.test is not None:
         result = runner.train_test(train, loader.load(args.test), settings)
     else:
@@ -121,29 +126,90 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-#: What ``--targets`` runs: (retries, verifier noise).
-TARGET_RUNS = ((0, (0.0, 0.0)), (2, (0.0, 0.0)), (2, (0.2, 0.1)))
+def default_trajectories() -> Path:
+    """The shipped trajectories (beside the shipped data)."""
+    return default_data_dir().parent / "trajectories"
 
 
-def _targets(train: Any, settings: EvalSettings, as_json: bool) -> int:
-    """The three cross-validations the issue's targets are stated on, and one table of them."""
+def _control_settings(settings: EvalSettings, retries: int, verifier: str, noise: tuple[float, float]) -> Any:
+    from router.learning.evals import attempts
+
+    extra: dict[str, Any] = {"workers": settings.workers}
+    return attempts.ControlSettings(retries=retries, folds=settings.folds, seed=settings.seed, verifier=verifier,
+                             noise=noise, **extra)  # fmt: skip
+
+
+def _control(train: Any, settings: EvalSettings, args: argparse.Namespace) -> int:
+    """Caps, stop-loss and escalation against fixed cascades (``router.learning.evals.attempts``)."""
+    import orjson
+
+    from router.learning.evals import attempts, controlview, render, turns
+
+    if args.test is not None:
+        raise ConfigError("--trajectories/--verifier labels: cross-validation only for now (drop --test)")
+    path = args.trajectories or default_trajectories()
+    known = turns.load([path], train.task_ids)
+    verifier = args.verifier or "exact"
+    if verifier == "labels" and not known:
+        raise ConfigError(f"--verifier labels: no trajectory in {path} is of a task in {train.source}")
+    retries = settings.retries if args.retries is not None or args.config else 3
+    result = attempts.cross_validate(
+        train, known, _control_settings(settings, retries, verifier, settings.noise)
+    )
+    if args.plot is not None:
+        controlview.plot([result], args.plot)
+    if args.json:
+        sys.stdout.write(orjson.dumps(render.jsonable(result)).decode() + "\n")
+    else:
+        sys.stdout.write(controlview.table(result))
+        if args.plot is not None:
+            sys.stdout.write(f"wrote {args.plot}\n")
+    return 0
+
+
+#: What ``--targets`` runs with caps and stop-loss: (retries, verifier, noise).
+CONTROL_RUNS = ((3, "exact", (0.0, 0.0)), (3, "exact", (0.3, 0.2)))
+
+
+def _targets(train: Any, settings: EvalSettings, args: argparse.Namespace) -> int:
+    """The cross-validations the targets are stated on, and one table of them."""
     import dataclasses
 
     import orjson
 
-    from router.learning.evals import render, runner
+    from router.learning.evals import attempts, controlview, render, runner, turns
 
-    results = []
-    for retries, noise in TARGET_RUNS:
-        started = time.monotonic()
-        run = dataclasses.replace(settings, retries=retries, noise=noise, value=None, target_success=None)
-        result = runner.cross_validate(train, run)
-        result["policy"]["setup"]["seconds"] = round(time.monotonic() - started, 1)
-        results.append(result)
-    if as_json:
-        sys.stdout.write(
-            orjson.dumps(render.jsonable([r["policy"]["targets"] for r in results])).decode() + "\n"
-        )
+    started = time.monotonic()
+    single = runner.cross_validate(
+        train, dataclasses.replace(settings, retries=0, noise=(0.0, 0.0), value=None, target_success=None)
+    )
+    single["policy"]["setup"]["seconds"] = round(time.monotonic() - started, 1)
+    known = turns.load([args.trajectories or default_trajectories()], train.task_ids)
+    runs = [
+        attempts.cross_validate(train, known, _control_settings(settings, retries, verifier, noise))
+        for retries, verifier, noise in CONTROL_RUNS
+    ]
+    if args.plot is not None:
+        controlview.plot(runs, args.plot)
+    if args.json:
+        out = {"single": single["policy"]["targets"], "control": [r["targets"] for r in runs]}
+        sys.stdout.write(orjson.dumps(render.jsonable(out)).decode() + "\n")
     else:
-        sys.stdout.write(render.targets_table(results))
+        sys.stdout.write(controlview.targets_table(single, runs))
+        sys.stdout.write("\n" + prior_default(single) + "\n")
+        for r in runs:
+            sys.stdout.write("\n" + controlview.table(r))
     return 0
+
+
+def prior_default(single: dict[str, Any]) -> str:
+    """Which model the default single shot served, per fold (the best single model unless a
+    deviation paid out of fold)."""
+    from router.learning.evals import controlview
+
+    best = single["baselines"]["best-single"].get("chosen_on_training") or []
+    shares = single["policy"]["share_of_attempts"]
+    served = sorted(((v, m) for m, v in shares.items() if v > 0), reverse=True)
+    top = ", ".join(f"{m} {v:.1%}" for v, m in served[:3])
+    return (f"default single shot: the best single model on each fold's training tasks is "
+            f"{controlview.folds_chosen(best)}; the policy's attempts went to {top}")  # fmt: skip

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from router.errors import ConfigError
 from router.learning.labels import fromlog
-from router.learning.training import dataset, offpolicy
+from router.learning.training import control, dataset, offpolicy
 from router.learning.training import scopes as scoped
 from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
@@ -101,6 +101,7 @@ def train(
     artifact = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
                    scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     artifact["output_tokens"] = fit_output_tokens(requests)
+    artifact["attempt_control"] = control.caps_from_log(rows)
     raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
     scorer = scorer_for_evaluation(raw, policy)
 
@@ -123,6 +124,7 @@ def train(
     sha = hashlib.sha256(raw).hexdigest()
     _print(console, artifact, path, sha)
     console.print(prior_line(scorer), highlight=False)
+    console.print(control.caps_line(artifact["attempt_control"]), highlight=False)
     # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
     labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
     for line in fromlog.lines(labels):
@@ -142,6 +144,9 @@ def prior_line(scorer: LearnedScorer) -> str:
     plan = " → ".join(o.prior) or "stop (no order is worth its cost)"
     fixed = next((p for p in art.frontiers.get(o.max_attempts, ()) if p.models == o.prior), None)
     line = f"prior plan (the best fixed order on this log for the objective): {plan}"
+    if o.default:
+        line = (f"default single shot (no value or target): serves {plan}, the best single model on this log "
+                "(the least cost per completed task)")  # fmt: skip
     if fixed is not None:
         line += f", completing {fixed.success:.1%} of the training tasks at ${fixed.cost:.4f} per task"
     target = o.target
@@ -151,7 +156,7 @@ def prior_line(scorer: LearnedScorer) -> str:
     tried = "/".join(f"{m:g}" for m in MARGINS if not math.isinf(m))
     if point is None or math.isinf(o.margin):
         return line + (f"; per-task deviations (margins {tried} × V tried on out-of-fold replays of the training "
-                       "tasks) gained nothing clear of noise: the policy is the prior plan")  # fmt: skip
+                       f"tasks) gained nothing clear of noise: the policy is {'that model' if o.default else 'the prior plan'}")  # fmt: skip
     return line + (f"; a task leaves it when its own plan is worth {o.margin:g} × V more (chosen on out-of-fold "
                    f"replays of the training tasks): it did on {point.deviations:.1%} of attempts there, "
                    f"gaining ${point.gain:.5f} per task")  # fmt: skip

@@ -17,9 +17,11 @@ from functools import partial
 from typing import Any, Final, Protocol
 
 from router.background import Background
+from router.errors import AttemptStopped
 from router.features import labels, signals
 from router.features.task.tracker import TaskState, TaskTracker, is_side_call
 from router.features.task.vector import Packed, Vector, repo_hint, task_vector
+from router.policy import attempt
 from router.policy.config import Policy
 from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest
 from router.state import Budgets, Sessions, StateUnavailable
@@ -94,7 +96,10 @@ class TaskContext:
         """``seen``: per-message slots kept with the conversation, where the signals' reading of each
         message is remembered (from ``router.features.memo``)."""
         state = self.tracker.begin(task_id, req, attempt_header)
-        return await self._view(policy, req, task_id, state, prompt_tokens, repo, seen)
+        view = await self._view(policy, req, task_id, state, prompt_tokens, repo, seen)
+        if not view.side_call:
+            stop(policy, state)
+        return view
 
     def label_reader(
         self, policy: Policy, req: ClientRequest, view: TaskView, resent: bool, seen: list[Any] | None
@@ -249,6 +254,27 @@ def signed_history(req: ClientRequest) -> str | None:
 def vector_for(req: ClientRequest, repo: str | None = None) -> Vector:
     """The task features of a request that starts a task (the same code for proxy, train, eval)."""
     return task_vector(req.first_user_text, req.system_text, len(req.tools), repo)
+
+
+def stop(policy: Policy, state: TaskState) -> None:
+    """End the attempt here when its model's cap is reached or the stop-loss fires on the
+    attempt's latest stored label (``router.policy.attempt``): the attempt counts as failed, the
+    next restart of the conversation opens the next one (on the plan's next model), and until then
+    every main-loop request of the attempt is told the same."""
+    if state.stopped == state.attempt and state.stop_said is not None:
+        raise AttemptStopped(*state.stop_said)
+    model = state.pinned
+    control = policy.attempt_controls.get(model) if model is not None else None
+    if control is None or model is None:
+        return
+    label = state.last_label
+    p = label[2] if label is not None and label[0] == state.attempt and label[3] == labels.SOURCE else None
+    reason = attempt.stop_reason(control, state.calls, p)
+    if reason is None:
+        return
+    state.stopped, state.failed_open = state.attempt, True
+    state.stop_said = (attempt.message(reason, model, state.calls, control, p), reason)
+    raise AttemptStopped(*state.stop_said)
 
 
 def escalation(threshold: float | None, state: TaskState) -> str | None:

@@ -41,6 +41,11 @@ class TaskState:
     escalated: int = 0
     #: (attempt, messages) of the latest request whose label was read: an older one read later is dropped.
     label_at: tuple[int, int] = (0, 0)
+    #: Main-loop calls the current attempt's model has answered (its cap counts these).
+    calls: int = 0
+    #: The attempt the router stopped (its cap or the stop-loss; 0: none), and (message, rule) it was told.
+    stopped: int = 0
+    stop_said: tuple[str, str] | None = None
     seen: float = field(default_factory=time.time)
 
 
@@ -107,7 +112,7 @@ class TaskTracker:
     def _new_attempt(state: TaskState, n: int) -> None:
         if state.pinned and state.pinned not in state.failed_models:
             state.failed_models.append(state.pinned)
-        state.attempt, state.pinned, state.failed_open = n, None, False
+        state.attempt, state.pinned, state.failed_open, state.calls = n, None, False, 0
 
     def outcome(self, task_id: str, attempt: int | None, success: bool) -> None:
         state = self._tasks.get(task_id)
@@ -123,6 +128,7 @@ class TaskTracker:
         # The first main-loop request pins the attempt; a later switch (a loop, a context that
         # outgrew the window) moves the pin with it.
         state.pinned = model
+        state.calls += 1
         state.warm_model, state.warm_tokens = model, prompt_tokens
         state.warm_until = time.time() + cache_ttl_s
 

@@ -97,6 +97,12 @@ def training_rates(data: Dataset, task_ids: Sequence[str]) -> dict[str, tuple[fl
     return out
 
 
+def least_cost_per_completed(data: Dataset, task_ids: Sequence[str]) -> str:
+    """The best single model for the default objective: the least cost per completed task."""
+    rates = training_rates(data, task_ids)
+    return min(rates, key=lambda m: rates[m][1] / rates[m][0] if rates[m][0] else float("inf"))
+
+
 def strongest_order(data: Dataset, task_ids: Sequence[str]) -> list[str]:
     rates = training_rates(data, task_ids)
     return sorted(rates, key=lambda m: (-rates[m][0], rates[m][1]))
@@ -124,7 +130,7 @@ def cascades(
 
     With a noisy verifier, in expectation over its verdicts: a step goes on when its result is
     rejected (a wrong one rightly, a right one falsely) and completes the task when a right one is
-    accepted.
+    accepted; the last step's right result completes it either way (as the replay counts it).
     """
     models = data.model_ids
     s = np.array([[data.outcome(t, m).resolved for m in models] for t in task_ids], dtype=np.float64)
@@ -138,9 +144,10 @@ def cascades(
             alive = np.ones(len(task_ids))
             cost = np.zeros(len(task_ids))
             resolved = np.zeros(len(task_ids))
-            for j in seq:
+            for step, j in enumerate(seq, 1):
                 cost += alive * c[:, j]
-                resolved += alive * done[:, j]
+                # The last step's result stands, accepted or not: nothing comes after to replace it.
+                resolved += alive * (s[:, j] if step == len(seq) else done[:, j])
                 alive = alive * going[:, j]
             out.append(Cascade(tuple(models[j] for j in seq), float(resolved.mean()), float(cost.mean())))
     return out

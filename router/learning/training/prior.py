@@ -7,7 +7,8 @@ the exact replay of the order; a live log has it where exploration tried several
 task). A step measured on few tasks (under ``FULL_SUPPORT``) is shrunk towards the model's rate
 over all its tasks (``SHRINK`` pseudo-tasks), and a step no task measured takes that rate. With a noisy verifier, an
 attempt goes on when its result is rejected (a wrong one rightly, a right one falsely) and
-completes the task when a right one is accepted, as ``router eval`` replays it.
+completes the task when a right one is accepted, as ``router eval`` replays it; the last step's
+right result completes it either way (nothing comes after it to replace it).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def orders(
     n_seen = np.maximum(seen.sum(axis=0), 1)
     base_done, base_go = (seen * done).sum(axis=0) / n_seen, (seen * going).sum(axis=0) / n_seen
     base_cost = (seen * c).sum(axis=0) / n_seen
+    base_s = (seen * s).sum(axis=0) / n_seen
     plans: list[FixedPlan] = []
 
     def extend(
@@ -72,16 +74,20 @@ def orders(
         shrink = np.where(support >= FULL_SUPPORT, 0.0, SHRINK)
         total = support + shrink
         d = ((w * done).sum(axis=0) + shrink * base_done) / total
+        # An order's last step: its right result stands whatever the verdict (nothing replaces it).
+        d_last = ((w * s).sum(axis=0) + shrink * base_s) / total
         g = ((w * going).sum(axis=0) + shrink * base_go) / total
         k = ((w * c).sum(axis=0) + shrink * base_cost) / total
         for j in range(len(models)):
             if j in prefix:
                 continue
             seq = (*prefix, j)
-            s_j, c_j = success + alive * d[j], cost + alive * k[j]
-            plans.append(FixedPlan(tuple(models[i] for i in seq), float(s_j), float(c_j)))
+            c_j = cost + alive * k[j]
+            plans.append(
+                FixedPlan(tuple(models[i] for i in seq), float(success + alive * d_last[j]), float(c_j))
+            )
             if len(seq) < max_len:
-                extend(seq, weight * seen[:, j] * going[:, j], alive * g[j], s_j, c_j)
+                extend(seq, weight * seen[:, j] * going[:, j], alive * g[j], success + alive * d[j], c_j)
 
     if models:
         extend((), np.ones(len(s)), 1.0, 0.0, 0.0)

@@ -1,0 +1,244 @@
+"""Control inside the attempt: the pure stop decision, a run replayed under it, the grid of fixed
+orders under it (checked against the replay), and what `learn` keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.learning.evals import baselines as bl
+from router.learning.evals import loader
+from router.learning.evals.loader import Dataset
+from router.learning.evals.simulate import BUDGET, Execution, LabelVerifier, Verifier, replay
+from router.learning.training import control
+from router.policy.attempt import CAP, NONE, STOP_LOSS, AttemptControl, first_stop, message, stop_reason
+from tests.unit.test_evals import write_data
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Dataset:
+    return loader.load(write_data(tmp_path / "tiny"))
+
+
+def test_the_cap_refuses_the_call_after_max_calls() -> None:
+    c = AttemptControl(max_calls=3)
+    assert [stop_reason(c, k) for k in range(5)] == [None, None, None, CAP, CAP]
+    assert stop_reason(NONE, 10_000) is None
+
+
+def test_the_stop_loss_waits_for_min_calls_and_needs_a_reading() -> None:
+    c = AttemptControl(stop_below=0.4, min_calls=3)
+    assert stop_reason(c, 2, 0.1) is None  # too early to read anything into it
+    assert stop_reason(c, 3, 0.1) == STOP_LOSS
+    assert stop_reason(c, 3, 0.4) is None  # at the threshold: goes on
+    assert stop_reason(c, 3, None) is None  # no reading: never stopped on a guess
+    # Both rules: the cap comes first and says so.
+    both = AttemptControl(max_calls=3, stop_below=0.4)
+    assert stop_reason(both, 3, 0.1) == CAP
+
+
+def test_first_stop_scans_a_recorded_run() -> None:
+    c = AttemptControl(stop_below=0.5, min_calls=2)
+    assert first_stop(c, 5, [0.9, 0.1, 0.6, 0.3, 0.2]) == (3, STOP_LOSS)
+    assert first_stop(c, 3, [0.9, 0.8, 0.7]) is None
+    assert first_stop(AttemptControl(max_calls=4), 4) is None  # exactly at the cap: it ran to its end
+    assert first_stop(AttemptControl(max_calls=4), 9) == (4, CAP)
+
+
+def test_the_stop_message_names_the_reason_and_the_setting() -> None:
+    c = AttemptControl(max_calls=12, stop_below=0.35)
+    assert "models.m.max_calls_per_attempt (12)" in message(CAP, "m", 12, c, None)
+    text = message(STOP_LOSS, "m", 5, c, 0.2)
+    assert "0.20" in text and "0.35" in text and "next model" in text
+
+
+def test_a_capped_run_pays_only_the_calls_made() -> None:
+    run = control.Run(True, 2.0, 10)
+    got = control.controlled(run, AttemptControl(max_calls=4))
+    assert (got.right, got.calls, got.stopped) == (False, 4, CAP) and got.cost == pytest.approx(0.8)
+    # Where the conversation is known, the calls before the stop at their recorded costs.
+    known = control.Run(True, 1.0, 4, call_costs=(0.1, 0.2, 0.3, 0.4), readings=(0.9, 0.9, 0.9, 0.1))
+    got = control.controlled(known, AttemptControl(stop_below=0.5, min_calls=1))
+    assert (got.right, got.calls, got.stopped) == (False, 3, STOP_LOSS) and got.cost == pytest.approx(0.6)
+    # Without readings the stop-loss cannot act: only the cap can.
+    assert control.controlled(run, AttemptControl(stop_below=0.9)).right
+
+
+def test_the_cap_is_twice_the_median_of_resolved_runs() -> None:
+    assert control.cap_for([10, 20, 30]) == 40
+    assert control.cap_for([7], 1.5) == 11
+    assert control.cap_for([]) is None
+
+
+def test_the_replay_stops_an_attempt_and_escalates(tiny: Dataset) -> None:
+    cascade = bl.sequence(["cheap", "strong"])
+    # t1 on cheap takes 5 calls: a cap of 2 stops it at 2/5 of its cost, and strong solves it.
+    ex = Execution({"cheap": AttemptControl(max_calls=2)})
+    [t1] = replay(tiny, ["t1"], cascade, 1, execution=ex)
+    assert t1.models == ("cheap", "strong") and t1.resolved and t1.stops == (CAP, None)
+    assert t1.calls == (2, 4) and t1.cost == pytest.approx(0.1 * 2 / 5 + 1.0)
+    # A stopped attempt is a failure the router knows of itself: no verifier is asked, nothing stands.
+    [alone] = replay(tiny, ["t1"], cascade, 0, execution=ex)
+    assert not alone.resolved and alone.attempts == 1
+
+
+def test_the_budget_is_enforced_as_the_proxy_does(tiny: Dataset) -> None:
+    cascade = bl.sequence(["cheap", "strong"])
+    # t2: cheap fails ($0.2); strong would cost $1.0 (6 calls) but only $0.55 is left: the 4th call
+    # would pass it, so three are made and paid.
+    [t2] = replay(tiny, ["t2"], cascade, 1, budget=0.75)
+    assert t2.stops == (None, BUDGET) and not t2.resolved and t2.cost == pytest.approx(0.2 + 0.5)
+    assert t2.calls == (10, 3)
+
+
+def test_the_label_verifier_judges_where_it_has_read_the_run(tiny: Dataset) -> None:
+    cascade = bl.sequence(["cheap", "strong"])
+    # The label rejects cheap's right result on t1 (it read the run); strong is judged exactly.
+    judge = LabelVerifier({("t1", "cheap"): False}, Verifier())
+    [t1] = replay(tiny, ["t1"], cascade, 1, verifier=judge)
+    assert t1.models == ("cheap", "strong") and t1.resolved
+
+
+def _runs(data: Dataset) -> dict[str, dict[str, control.Run]]:
+    return {
+        m: {t: control.Run(data.outcome(t, m).resolved, data.outcome(t, m).cost, data.outcome(t, m).calls)
+            for t in data.task_ids}
+        for m in data.model_ids
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("noise", [(0.0, 0.0), (0.2, 0.1)])
+def test_the_grid_of_orders_matches_the_cascades_and_the_replay(
+    tiny: Dataset, noise: tuple[float, float]
+) -> None:
+    runs = _runs(tiny)
+    caps = {"cheap": AttemptControl(max_calls=8)}
+    o = control.orders(control.table(runs, tiny.task_ids, caps, exact_noise=noise), 2)
+    assert {o.names(i) for i in range(len(o.cost))} == {
+        ("cheap",),
+        ("strong",),
+        ("cheap", "strong"),
+        ("strong", "cheap"),
+    }
+    old = {c.models: c for c in bl.cascades(tiny, tiny.task_ids, 2, Verifier(*noise))}
+    uncapped = control.orders(control.table(runs, tiny.task_ids, {}, exact_noise=noise), 2)
+    for i in range(len(uncapped.cost)):
+        c = old[uncapped.names(i)]
+        assert uncapped.resolved[i] == pytest.approx(c.resolved_rate)
+        assert uncapped.cost[i] == pytest.approx(c.cost_per_task)
+    if noise == (0.0, 0.0):
+        # Exactly what the replay measures under the same caps.
+        for i in range(len(o.cost)):
+            runs_ = replay(tiny, tiny.task_ids, bl.sequence(o.names(i)), 1, execution=Execution(caps))
+            assert o.resolved[i] == pytest.approx(sum(r.resolved for r in runs_) / 3)
+            assert o.cost[i] == pytest.approx(sum(r.cost for r in runs_) / 3)
+
+
+def test_best_order_meets_the_target_at_least_cost_per_completed(tiny: Dataset) -> None:
+    o = control.orders(control.table(_runs(tiny), tiny.task_ids, {}), 2)
+    assert o.names(o.best(None)) == ("cheap",)  # $0.2/task for a third: the least per completed task
+    assert o.names(o.best(0.6)) == ("cheap", "strong")
+
+
+def _stoppable(n: int) -> dict[str, dict[str, control.Run]]:
+    """An expensive model whose failing runs read low from their third call on, and a cheap one."""
+    runs: dict[str, dict[str, control.Run]] = {"a-cheap": {}, "b-dear": {}}
+    for i in range(n):
+        t = f"t{i}"
+        ok = i % 2 == 0
+        runs["a-cheap"][t] = control.Run(i % 4 == 0, 0.01, 5)
+        readings = [0.8, 0.8, 0.8] + [0.8 if ok else 0.1] * 17
+        runs["b-dear"][t] = control.Run(ok, 2.0, 20, call_costs=(0.1,) * 20, readings=tuple(readings))
+    return runs
+
+
+def test_learn_keeps_a_stop_loss_that_beats_a_random_stop() -> None:
+    runs = _stoppable(40)
+    got = control.learn(runs, sorted(runs["b-dear"]), 2, 0.5, caps=False)
+    assert got.controls["b-dear"].stop_below is not None
+    report = got.report["b-dear"]
+    assert report["kept"] and report["cost_per_completed"] < report["random_stop"]
+
+
+def test_learn_turns_off_a_stop_loss_that_reads_nothing() -> None:
+    runs = _stoppable(120)
+    # The same readings on resolved and failed runs: a stop is a random stop.
+    blind = {t: control.Run(r.resolved, r.cost, r.calls, r.call_costs, tuple([0.8, 0.8, 0.8] + [0.1 if int(t[1:]) % 3 else 0.8] * 17))
+             for t, r in runs["b-dear"].items()}  # fmt: skip
+    got = control.learn({**runs, "b-dear": blind}, sorted(blind), 2, 0.5, caps=False)
+    assert "b-dear" not in got.controls and not got.report["b-dear"]["kept"]
+
+
+def test_a_random_stop_matches_the_stop_loss_share() -> None:
+    runs = _stoppable(400)["b-dear"]
+    c = AttemptControl(stop_below=0.5)
+    rnd = control.matched_random_stop(runs, c, seed=1)
+    assert rnd is not None and set(rnd.at_calls) == {3}
+    stopped = sum(rnd.stop_at(t, "b-dear") is not None for t in runs) / len(runs)
+    assert stopped == pytest.approx(0.5, abs=0.07)
+
+
+def test_train_caps_each_model_at_twice_the_median_of_its_resolved_attempts() -> None:
+    from router.learning.training.dataset import AttemptRow
+
+    def row(model: str, ok: bool, calls: int, failed: tuple[str, ...] = ()) -> AttemptRow:
+        return AttemptRow("t", 1, model, {}, ok, "explicit", 0.1, calls, 1.0, [model], list(failed))
+
+    rows = [row("a", True, n) for n in (4, 6, 8)] + [row("a", False, 100), row("a", True, 90, ("a",))]
+    rows += [row("b", True, 5)]
+    block = control.caps_from_log(rows, min_resolved=3)
+    # a: its first resolved attempts (4, 6, 8: median 6); a repeat and the failures do not count;
+    # b has too few resolved attempts for a cap.
+    assert block == {"a": {"max_calls": 12, "stop_below": None}}
+    assert "a 12" in control.caps_line(block) and "none" in control.caps_line({})
+
+
+def test_the_proxy_stops_on_the_attempts_latest_label_and_keeps_saying_so(tmp_path: Path) -> None:
+    import dataclasses
+
+    from router.errors import AttemptStopped
+    from router.features.labels.model import SOURCE
+    from router.features.task.context import stop
+    from router.features.task.tracker import TaskState
+    from router.policy.runtime import attempt_controls
+    from tests.unit.test_prior_plan import artifact, policy_with
+
+    policy = policy_with(tmp_path, {"max_attempts": 2})
+    learned = {"cheap": AttemptControl(max_calls=50, stop_below=0.3), "strong": AttemptControl(max_calls=9)}
+    policy.attempt_controls = {
+        "strong": AttemptControl(max_calls=4)
+    }  # as models.strong.max_calls_per_attempt: 4
+    merged = attempt_controls(policy, dataclasses.replace(artifact(), controls=learned))
+    # The file's cap overrides the learned one; the learned stop-loss stays.
+    assert merged == {
+        "cheap": AttemptControl(max_calls=50, stop_below=0.3),
+        "strong": AttemptControl(max_calls=4),
+    }
+    policy.attempt_controls = merged
+    state = TaskState(attempt=2, pinned="cheap", calls=5)
+    stop(policy, state)  # no label yet: goes on
+    state.last_label = (1, False, 0.1, SOURCE, ())  # a low reading of the previous attempt: not this one's
+    stop(policy, state)
+    state.last_label = (2, False, 0.1, SOURCE, ())
+    with pytest.raises(
+        AttemptStopped, match=r"P\(success\) 0.10 fell below the stop-loss threshold 0.30"
+    ) as err:
+        stop(policy, state)
+    assert err.value.param == STOP_LOSS and err.value.code == "attempt_stopped" and err.value.status == 400
+    assert state.failed_open and state.stopped == 2
+    state.last_label = (2, True, 0.9, SOURCE, ())  # a later reading changes nothing: the attempt is over
+    with pytest.raises(AttemptStopped):
+        stop(policy, state)
+
+
+def test_the_artifact_reads_its_attempt_control_block() -> None:
+    from router.errors import ConfigError
+    from router.policy.learned import _attempt_controls
+
+    got = _attempt_controls({"a": {"max_calls": 12, "stop_below": None}, "b": {"stop_below": 0.4}}, "x.json")
+    assert got == {"a": AttemptControl(max_calls=12), "b": AttemptControl(stop_below=0.4)}
+    assert _attempt_controls(None, "x.json") == {}
+    for bad in ({"a": {"max_calls": 0}}, {"a": {"stop_below": 1.5}}, {"a": 3}):
+        with pytest.raises(ConfigError, match=r"x.json: attempt_control"):
+            _attempt_controls(bad, "x.json")
