@@ -158,6 +158,12 @@ async def record_outcome(
                 + " in the log"
             )
         judged = attempt or latest
+        if not any(r.get("status") == 200 and (r.get("attempt") or 1) == judged for r in rows):
+            # Nothing answered it (refused, failed, every backend down): there is no model to credit or blame.
+            raise ConfigError(
+                f"task {task_id!r} attempt {judged}: no backend served it (every request was refused or "
+                "failed), so there is no verdict to record"
+            )
         rec = OutcomeRecord(
             task_id=task_id, attempt=judged, success=success, score=score, source=EXPLICIT,
             details={"client_source": "cli"}, ts=time.time(), explicit=True,
