@@ -6,12 +6,17 @@ replica or many, through ``router.state`` — cannot overspend by more than what
 Rate limits are a sliding window of requests and tokens per key. A budget store that cannot be
 reached refuses the request (503): money is not spent blind. Rate limits fall back to local
 counts instead (the state layer counts each such fail-open).
+
+A settle that cannot reach the budget store is kept and retried until it lands (each lands once:
+the store drops a repeat), and no new reservation is made before the kept ones have landed, so
+what was spent while the store was away is counted before anything more is admitted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from router.errors import PayloadTooLarge, RateLimited
 from router.http.auth import Principal
@@ -32,12 +37,24 @@ log = logging.getLogger("router.http.admission")
 
 
 class Admission:
-    """``log``: where in-process budgets recall a scope's spend from (None with Redis, which keeps it)."""
+    """``log``: where in-process budgets recall a scope's spend from (None with Redis, which keeps
+    it); ``retry_s``: how often settles that could not land are tried again."""
 
-    def __init__(self, limits: RateLimits, budgets: Budgets, log: Store | None = None) -> None:
+    def __init__(
+        self, limits: RateLimits, budgets: Budgets, log: Store | None = None, *, retry_s: float = 1.0
+    ) -> None:
         self.limits = limits
         self.budgets = budgets
         self.log = log
+        self.retry_s = retry_s
+        #: Settles that have not landed yet, by reservation id: (the reservation, its actual cost).
+        self._unsettled: dict[str, tuple[Reservation, float]] = {}
+        self._retrying = False
+
+    @property
+    def unsettled_usd(self) -> float:
+        """Spend not yet counted in the budgets (settles waiting for the budget store)."""
+        return sum(usd for _, usd in self._unsettled.values())
 
     async def admit(
         self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
@@ -73,6 +90,8 @@ class Admission:
         if not limits:
             return None
         amount = est.cost_usd if est else 0.0
+        if self._unsettled:
+            await self.land_unsettled()  # StateUnavailable (a 503) while they cannot land
         if self.log is not None and isinstance(self.budgets, MemoryBudgets):
             await recall_spend(self.budgets, self.log, limits)
         try:
@@ -81,14 +100,43 @@ class Admission:
             raise refusal(exc) from None
 
     async def settle(self, reservation: Reservation, actual_usd: float | None) -> None:
-        """Turn the hold into spend (a failed request spends what it used, usually nothing)."""
+        """Turn the hold into spend (a failed request spends what it used, usually nothing). When
+        the budget store cannot be reached the settle is kept and retried until it lands."""
+        usd = actual_usd or 0.0
         try:
-            await self.budgets.settle(reservation, actual_usd or 0.0)
+            await self.budgets.settle(reservation, usd)
         except StateUnavailable as exc:
-            # The hold expires by itself; the log keeps the real cost. Nothing to fail here.
-            log.warning(
-                "budget settle skipped (%s): reservation %s expires on its own", exc.reason, reservation.id
-            )
+            log.warning("budget settle of reservation %s deferred (%s): retried until it lands",
+                        reservation.id, exc.reason)  # fmt: skip
+            self._unsettled[reservation.id] = (reservation, usd)
+            if not self._retrying:
+                await self._retry()
+
+    async def land_unsettled(self) -> None:
+        """Settle what could not be settled before; raises ``StateUnavailable`` if it still cannot."""
+        for rid, (reservation, usd) in list(self._unsettled.items()):
+            await self.budgets.settle(reservation, usd)
+            self._unsettled.pop(rid, None)
+
+    async def _retry(self) -> None:
+        """One loop per process (in the settle task that found the store away) until all have landed."""
+        self._retrying = True
+        try:
+            while self._unsettled:
+                await asyncio.sleep(self.retry_s)
+                try:
+                    await self.land_unsettled()
+                except StateUnavailable:
+                    continue
+            log.warning("budget settles deferred by the budget store's outage have all landed")
+        except asyncio.CancelledError:
+            # Shutting down with the store still away: the log keeps these costs, the budgets not.
+            if self._unsettled:
+                log.error("%d budget settles ($%.6f) never reached the budget store before shutdown",
+                          len(self._unsettled), self.unsettled_usd)  # fmt: skip
+            raise
+        finally:
+            self._retrying = False
 
 
 #: What a client refused for money held by requests in flight is told to wait: they settle in
@@ -125,16 +173,22 @@ async def recall_spend(budgets: MemoryBudgets, store: Store, scopes: Iterable[st
 
 
 async def restore_spend(state: SharedState, store: Store, task_budgets: bool) -> int:
-    """In-process budgets start from the spend in the log, so a restart does not reset them.
+    """Budgets start from the spend in the log when their counts are lost, so that neither a
+    restart of the router (in-process budgets: restored here, now) nor of Redis without its data
+    (restored by the state layer when it finds the counts gone) resets them.
 
-    Redis keeps its own counts across restarts; this is for the embedded state only. Returns
-    the number of scopes restored.
+    Returns the number of scopes restored now (0 with Redis, which restores when it must).
     """
+
+    async def logged(since: float) -> Mapping[str, float]:
+        spent = {f"key:{k}": usd for k, usd in (await store.spend_by("key_id", since)).items()}
+        if task_budgets:
+            spent.update({f"task:{t}": usd for t, usd in (await store.spend_by("task_id", since)).items()})
+        return spent
+
     if not isinstance(state, MemoryState):
+        state.budgets.restore_from(logged)
         return 0
-    since = state.budgets.active_since()
-    spent = {f"key:{k}": usd for k, usd in (await store.spend_by("key_id", since)).items()}
-    if task_budgets:
-        spent.update({f"task:{t}": usd for t, usd in (await store.spend_by("task_id", since)).items()})
+    spent = await logged(state.budgets.active_since())
     state.budgets.restore(spent)
     return len(spent)

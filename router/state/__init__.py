@@ -26,11 +26,13 @@ Redis key layout (prefix ``StateConfig.prefix``, default ``router:``; times on t
 ``budget:spent:{scope}``           hash   ``spent``, ``reserved`` (integer nano-USD); PX idle
 ``budget:exp:{scope}``             zset   reservation id -> expiry (ms); PX idle
 ``budget:amt:{scope}``             hash   reservation id -> amount (nano-USD); PX idle
+``budget:done:{reservation}``      str    the reservation was settled (retries count once); PX 1 hour
+``budget:restored``                str    the budget counts are whole (absent: restore from the log)
 ``rl:log:{key}``                   zset   ``"{id}:{requests}:{tokens}"`` -> time (ms); PX window
 ``rl:sum:{key}``                   hash   ``req``, ``tok`` sums of the log; PX window
 ``breaker:state:{backend}``        hash   ``failures`` (while closed), ``open_until`` (ms)
 ``breaker:probe:{backend}``        str    half-open probe lock; SET NX PX probe TTL
-``policy:version``                 str    promoted policy version (the one key without a TTL)
+``policy:version``                 str    promoted policy version (no TTL, like ``budget:restored``)
 ``policy:events``                  chan   pub/sub: a version was published
 =================================  =====  ===================================================
 
@@ -70,6 +72,7 @@ from router.state.types import (
     Pin,
     Reservation,
     Spend,
+    SpendSource,
     StateConfig,
     StateUnavailable,
     VersionCallback,
@@ -91,6 +94,7 @@ __all__ = [
     "Sessions",
     "SharedState",
     "Spend",
+    "SpendSource",
     "StateConfig",
     "StateUnavailable",
     "VersionCallback",
@@ -139,6 +143,11 @@ class Budgets(Protocol):
         ...
 
     async def spent(self, scope: str) -> Spend: ...
+
+    def restore_from(self, source: SpendSource) -> None:
+        """Where spend comes from when the counts are found lost (Redis restarted empty): every
+        scope is restored from ``source`` before the next reserve or read answers."""
+        ...
 
 
 class RateLimits(Protocol):

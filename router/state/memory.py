@@ -26,6 +26,7 @@ from router.state.types import (
     Pin,
     Reservation,
     Spend,
+    SpendSource,
     StateConfig,
     VersionCallback,
     Warm,
@@ -176,6 +177,10 @@ class MemoryBudgets:
         reservation.closed = True
         for name in reservation.scopes:
             self._scope(name).holds.pop(reservation.id, None)
+
+    def restore_from(self, source: SpendSource) -> None:
+        """Nothing to do: in-process counts are lost only with the process, and a new one starts
+        from the log (``router.http.admission.restore_spend``, ``recall_spend``)."""
 
     def active_since(self) -> float:
         """A scope last used before this time has been forgotten (``budget_idle_ttl_s``): spend

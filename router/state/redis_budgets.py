@@ -7,13 +7,22 @@ script first purges expired reservations of the scopes it touches (subtracting t
 ``reserved``), so a crashed replica's holds stop counting once their TTL passes without anyone
 having to clean up. Scripts run atomically, so the check-then-add of ``reserve`` cannot interleave
 with another replica's.
+
+Settles are idempotent: ``budget:done:{reservation}`` marks one that has landed, so a settle
+retried after a lost reply (the script ran, the answer did not come back) is not counted twice.
+``budget:restored`` (no TTL) says the counts are whole: Redis restarted without its data (or a
+new prefix) lacks it, and ``reserve``/``spent`` then first restore every scope from the log
+(``restore_from``) before they answer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from redis.asyncio import Redis
@@ -21,7 +30,16 @@ from redis.asyncio import Redis
 from router.state.memory import unique_scopes
 from router.state.redis_guard import RedisGuard
 from router.state.redis_keys import Keys
-from router.state.types import NANO, BudgetExceeded, Reservation, Spend, StateConfig, to_nano
+from router.state.types import (
+    NANO,
+    BudgetExceeded,
+    Reservation,
+    Spend,
+    SpendSource,
+    StateConfig,
+    StateUnavailable,
+    to_nano,
+)
 
 # Shared prelude: Redis-clock "now" in ms, and the purge of one scope's expired reservations
 # (bounded per call; leftovers go next time and meanwhile still count, i.e. err on the safe side).
@@ -46,16 +64,18 @@ local function touch(h, z, a, idle)
 end
 """
 
-# KEYS: (spent hash, exp zset, amt hash) per scope.
+# KEYS: the restored marker, then (spent hash, exp zset, amt hash) per scope.
 # ARGV: amount, reservation id, ttl ms, idle ms, then one limit per scope (-1 = no limit).
-# Returns {1} when reserved, else {0, scope index (1-based), spent, reserved}.
+# Returns {1} when reserved, {2} when the counts must first be restored from the log, else
+# {0, scope index (1-based), spent, reserved}.
 RESERVE = (
     _PRELUDE
     + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {2} end
 local amount = tonumber(ARGV[1])
-local n = #KEYS / 3
+local n = (#KEYS - 1) / 3
 for i = 1, n do
-  local h, z, a = KEYS[3*i-2], KEYS[3*i-1], KEYS[3*i]
+  local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
   purge(h, z, a)
   local limit = tonumber(ARGV[4 + i])
   if limit >= 0 then
@@ -67,7 +87,7 @@ for i = 1, n do
   end
 end
 for i = 1, n do
-  local h, z, a = KEYS[3*i-2], KEYS[3*i-1], KEYS[3*i]
+  local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
   redis.call('HINCRBY', h, 'reserved', ARGV[1])
   redis.call('ZADD', z, now + tonumber(ARGV[3]), ARGV[2])
   redis.call('HSET', a, ARGV[2], ARGV[1])
@@ -77,15 +97,18 @@ return {1}
 """
 )
 
-# KEYS as RESERVE. ARGV: reservation id, actual spend (0 for a release), idle ms.
+# KEYS: the reservation's done marker, then the scopes' triples as RESERVE.
+# ARGV: reservation id, actual spend (0 for a release), idle ms, done marker's lifetime ms.
 # Drops the hold where it is still live and adds the actual spend to every scope. Returns how many
-# scopes still held the reservation (0: it had expired; the spend is recorded anyway).
+# scopes still held the reservation (0: it had expired; the spend is recorded anyway), or -1 when
+# it had already been closed (a retry whose first try landed but whose reply was lost).
 CLOSE = (
     _PRELUDE
     + """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[4]) then return -1 end
 local live = 0
-for i = 1, #KEYS / 3 do
-  local h, z, a = KEYS[3*i-2], KEYS[3*i-1], KEYS[3*i]
+for i = 1, (#KEYS - 1) / 3 do
+  local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
   purge(h, z, a)
   local amount = redis.call('HGET', a, ARGV[1])
   if amount then
@@ -101,28 +124,63 @@ return live
 """
 )
 
-# KEYS: one scope's triple. Returns {spent, reserved} after purging expired holds.
+# KEYS: the restored marker, one scope's triple. Returns {spent, reserved} after purging expired
+# holds, or {} when the counts must first be restored from the log.
 USAGE = (
     _PRELUDE
     + """
-purge(KEYS[1], KEYS[2], KEYS[3])
-local v = redis.call('HMGET', KEYS[1], 'spent', 'reserved')
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+purge(KEYS[2], KEYS[3], KEYS[4])
+local v = redis.call('HMGET', KEYS[2], 'spent', 'reserved')
 return {v[1] or '0', v[2] or '0'}
 """
 )
+
+# KEYS: the restored marker, then one spent hash per scope. ARGV: idle ms, whether to set the
+# marker ('1' on the last slice), then each scope's spend in the log (nano-USD). A scope's spend
+# becomes the larger of the two: a settle that landed since Redis came back is in both or only in
+# Redis, never counted twice, and replicas restoring at once write the same values. The marker,
+# set last, says the counts are whole again.
+RESTORE = """
+for i = 2, #KEYS do
+  local logged = tonumber(ARGV[i + 1])
+  if logged > tonumber(redis.call('HGET', KEYS[i], 'spent') or '0') then
+    redis.call('HSET', KEYS[i], 'spent', ARGV[i + 1])
+  end
+  redis.call('PEXPIRE', KEYS[i], ARGV[1])
+end
+if ARGV[2] == '1' then redis.call('SET', KEYS[1], redis.call('TIME')[1]) end
+return #KEYS - 1
+"""
+
+#: How long a settle's done marker outlives it: the longest a retry may follow the try that landed
+#: unanswered (the outage that cut its reply) and still count nothing again. A marker is ~100 bytes
+#: of Redis memory per request for this long: an hour at 100 requests/s is ~36 MB.
+DONE_TTL_MS = 3_600_000
+
+log = logging.getLogger(__name__)
 
 
 class RedisBudgets:
     """Fails closed: when Redis cannot answer, every method raises ``StateUnavailable``."""
 
     def __init__(self, client: Redis, guard: RedisGuard, keys: Keys, config: StateConfig) -> None:
+        self._client = client
         self._guard = guard
         self._keys = keys
         self._default_ttl = config.reservation_ttl_s
-        self._idle_ms = str(int(max(config.budget_idle_ttl_s, config.reservation_ttl_s) * 1000) + 60_000)
+        self._idle_s = max(config.budget_idle_ttl_s, config.reservation_ttl_s)
+        self._idle_ms = str(int(self._idle_s * 1000) + 60_000)
         self._reserve = client.register_script(RESERVE)
         self._close = client.register_script(CLOSE)
         self._usage = client.register_script(USAGE)
+        self._restore = client.register_script(RESTORE)
+        self._source: SpendSource | None = None
+        self._restoring = asyncio.Lock()
+
+    def restore_from(self, source: SpendSource) -> None:
+        """Where spend comes from when Redis is found without its counts (restarted empty)."""
+        self._source = source
 
     def _triples(self, scopes: Sequence[str]) -> list[str]:
         return [k for s in scopes for k in self._keys.budget(s)]
@@ -146,8 +204,15 @@ class RedisBudgets:
             return reservation
         lims = [str(to_nano(limits[s])) if limits.get(s) is not None else "-1" for s in scopes]
         args: list[Any] = [str(amount), rid, str(int(ttl * 1000)), self._idle_ms, *lims]
-        keys = self._triples(scopes)
+        keys = [self._keys.budget_restored, *self._triples(scopes)]
         result = await self._guard.fail_closed("budgets", "budget check", lambda: self._reserve(keys, args))
+        if int(result[0]) == 2:
+            await self._restore_counts()
+            result = await self._guard.fail_closed(
+                "budgets", "budget check", lambda: self._reserve(keys, args)
+            )
+        if int(result[0]) == 2:
+            raise StateUnavailable("budget check", "the budget counts could not be restored from the log")
         if int(result[0]) != 1:
             i = int(result[1]) - 1
             spent, reserved = int(result[2]) / NANO, int(result[3]) / NANO
@@ -155,8 +220,8 @@ class RedisBudgets:
         return reservation
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:
-        """Raises ``StateUnavailable`` if Redis is down: the hold then expires by itself and this
-        spend goes unrecorded in Redis (the request log still has it)."""
+        """Raises ``StateUnavailable`` if Redis is down: the reservation stays open, so the same
+        call may be retried (it is counted once however many tries reach Redis)."""
         await self._finish(reservation, to_nano(actual_usd))
 
     async def release(self, reservation: Reservation) -> None:
@@ -165,14 +230,51 @@ class RedisBudgets:
     async def _finish(self, reservation: Reservation, actual: int) -> None:
         if reservation.closed:
             return
+        if reservation.scopes:
+            keys = [self._keys.budget_done(reservation.id), *self._triples(reservation.scopes)]
+            args = [reservation.id, str(actual), self._idle_ms, str(DONE_TTL_MS)]
+            await self._guard.fail_closed("budgets", "budget accounting", lambda: self._close(keys, args))
         reservation.closed = True
-        if not reservation.scopes:
-            return
-        keys = self._triples(reservation.scopes)
-        args = [reservation.id, str(actual), self._idle_ms]
-        await self._guard.fail_closed("budgets", "budget accounting", lambda: self._close(keys, args))
 
     async def spent(self, scope: str) -> Spend:
-        keys = list(self._keys.budget(scope))
-        spent, reserved = await self._guard.fail_closed("budgets", "budget check", lambda: self._usage(keys))
-        return Spend(int(spent) / NANO, int(reserved) / NANO)
+        keys = [self._keys.budget_restored, *self._keys.budget(scope)]
+        found = await self._guard.fail_closed("budgets", "budget check", lambda: self._usage(keys))
+        if not found:
+            await self._restore_counts()
+            found = await self._guard.fail_closed("budgets", "budget check", lambda: self._usage(keys))
+        if not found:
+            raise StateUnavailable("budget check", "the budget counts could not be restored from the log")
+        return Spend(int(found[0]) / NANO, int(found[1]) / NANO)
+
+    async def _restore_counts(self) -> None:
+        """Redis has lost its counts (restarted empty): every scope's spend from the log, once
+        per replica at a time (the others wait for it and then find the marker)."""
+        async with self._restoring:
+            marker = self._keys.budget_restored
+            if await self._guard.fail_closed("budgets", "budget check", lambda: self._exists(marker)):
+                return  # restored meanwhile, here or by another replica
+            spent: Mapping[str, float] = {}
+            if self._source is not None:
+                try:
+                    spent = await self._source(time.time() - self._idle_s)
+                except Exception as exc:  # counts restored from nothing would reset every budget
+                    raise StateUnavailable(
+                        "budget check", f"the log could not be read to restore budgets: {exc}"
+                    ) from None
+            scopes = [s for s, usd in spent.items() if usd > 0]
+            log.warning("shared state: Redis has no budget counts (restarted empty?): restoring %d "
+                        "scopes from the log", len(scopes))  # fmt: skip
+            # In slices: one script call holds Redis for its whole run. The last sets the marker.
+            for start in range(0, max(len(scopes), 1), _RESTORE_SLICE):
+                part = scopes[start : start + _RESTORE_SLICE]
+                last = "1" if start + _RESTORE_SLICE >= len(scopes) else "0"
+                keys = [marker, *(self._keys.budget(s)[0] for s in part)]
+                args = [self._idle_ms, last, *(str(to_nano(max(0.0, spent[s]))) for s in part)]
+                await self._guard.fail_closed("budgets", "budget check", partial(self._restore, keys, args))
+
+    async def _exists(self, key: str) -> bool:
+        return bool(await self._client.exists(key))
+
+
+#: Scopes written per restore script call.
+_RESTORE_SLICE = 2_000

@@ -37,6 +37,15 @@ class Keys:
             f"{self.prefix}budget:amt:{s}",
         )
 
+    @property
+    def budget_restored(self) -> str:
+        """Present while the budget counts are whole (absent in a Redis that lost its data)."""
+        return f"{self.prefix}budget:restored"
+
+    def budget_done(self, reservation_id: str) -> str:
+        """Marks a reservation whose settle (or release) has landed."""
+        return f"{self.prefix}budget:done:{_part(reservation_id)}"
+
     def rate(self, key: str) -> tuple[str, str]:
         """The window's event log (zset) and its running sums (hash)."""
         k = _part(key)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
@@ -14,6 +14,10 @@ from router.errors import PermissionDenied, ServiceUnavailable
 NANO = 1_000_000_000
 
 VersionCallback = Callable[[str], Awaitable[None]]
+
+#: Where budgets restore spend from (the log): the total per scope (``key:…``, ``task:…``) of the
+#: scopes used at or after the given time (unix seconds).
+SpendSource = Callable[[float], Awaitable[Mapping[str, float]]]
 
 
 def to_nano(usd: float) -> int:

@@ -1,0 +1,150 @@
+"""Money through a real router (issue 30): what a key or a task spends is counted, whatever
+Redis does meanwhile, and a budget refuses only what does not fit.
+
+Redis is the machine's real server behind a ``TcpProxy`` (cut and restored without touching the
+shared server); each test has its own key prefix, so "Redis came back empty" is played by
+deleting that prefix's keys.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from router.fakeupstream import FakeUpstream
+from router.forward.timeouts import Timeouts
+from router.state import Spend, StateConfig, open_state
+from router.state.redis_keys import Keys
+from tests.integration.conftest import RunningRouter
+from tests.integration.tcpproxy import TcpProxy
+from tests.integration.test_faults import HI, faulty
+
+pytestmark = pytest.mark.integration
+
+Factory = Callable[..., RunningRouter]
+REDIS_PORT = int(os.environ.get("ROUTER_TEST_REDIS_PORT", "6379"))
+CHAT = "/v1/chat/completions"
+SLOW = Timeouts(connect=1.0, first_token=10.0, idle=10.0, overall=60.0)
+
+
+def redis_router(
+    router_factory: Factory, policy: dict[str, Any], port: int = REDIS_PORT, **kw: Any
+) -> tuple[RunningRouter, str]:
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    r = router_factory(policy, redis_url=f"redis://127.0.0.1:{port}/0", redis_prefix=prefix,
+                       redis_timeout_s=2.0, timeouts=SLOW, **kw)  # fmt: skip
+    return r, prefix
+
+
+def redis_spent(prefix: str, scope: str) -> float:
+    """What Redis counts as spent in ``scope`` (settled, not held)."""
+    with redis.Redis(port=REDIS_PORT) as r:
+        nano = r.hget(Keys(prefix).budget(scope)[0], "spent")
+    return int(nano or 0) / 1e9
+
+
+def held(prefix: str, scope: str) -> int:
+    """How many reservations hold money in ``scope``."""
+    with redis.Redis(port=REDIS_PORT) as r:
+        return int(r.hlen(Keys(prefix).budget(scope)[2]))
+
+
+def logged_spend(r: RunningRouter, task_id: str, n: int) -> float:
+    rows = [row for row in r.records(n, timeout=10) if row["task_id"] == task_id]
+    return sum(row["cost_usd"] or 0.0 for row in rows)
+
+
+def flush_prefix(prefix: str) -> None:
+    """Redis restarted without its data, as far as this router's keys go."""
+    with redis.Redis(port=REDIS_PORT) as r:
+        keys = list(r.scan_iter(match=prefix + "*", count=1000))
+        if keys:
+            r.delete(*keys)
+
+
+def chat(r: RunningRouter, model: str, task: str, **headers: str) -> httpx.Response:
+    return httpx.post(r.url + CHAT, json={"model": model, "messages": HI},
+                      headers={"x-router-task-id": task, **headers}, timeout=30)  # fmt: skip
+
+
+def test_settles_cut_off_by_a_redis_outage_land_when_it_returns(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    """Issue 30 #2: requests in flight when Redis goes away settle once it is back, each once."""
+    proxy = TcpProxy(REDIS_PORT).start()
+    policy = faulty(upstream, "ttft_ms=4000")
+    policy["objective"] = {"max_cost_per_task": 10.0}
+    r, prefix = redis_router(router_factory, policy, port=proxy.port)
+    task = f"settle-{uuid.uuid4().hex[:8]}"
+    assert chat(r, "solo", task).status_code == 200  # one settled normally, before the cut
+    with ThreadPoolExecutor(6) as pool:
+        flying = [pool.submit(chat, r, "solo", task) for _ in range(6)]
+        deadline = time.monotonic() + 3.5
+        while held(prefix, f"task:{task}") < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until all six hold their estimate and wait for the slow backend
+        proxy.stop()  # Redis "restarts": the six finish and settle while it is away
+        statuses = [f.result().status_code for f in flying]
+    assert statuses.count(200) >= 3, statuses
+    time.sleep(1.0)
+    proxy.start()
+    logged = logged_spend(r, task, 1 + len(statuses))
+    assert logged > 0
+    deadline = time.monotonic() + 15
+    while abs(redis_spent(prefix, f"task:{task}") - logged) > 1e-9 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # Every settle landed once: the spend Redis counts is the spend the log has, no less, no more.
+    assert redis_spent(prefix, f"task:{task}") == pytest.approx(logged, abs=1e-9)
+    proxy.stop()
+
+
+def test_a_budget_outlives_redis_coming_back_empty(router_factory: Factory, upstream: FakeUpstream) -> None:
+    """Issue 30 #3: an exhausted budget stays exhausted when Redis restarts without its data."""
+    policy = faulty(upstream, "")
+    est, cost = _estimate(redis_router(router_factory, policy)[0])
+    # Room for the estimate and about three calls' actual cost: the fourth or so is refused.
+    policy["objective"] = {"max_cost_per_task": est + 3 * cost}
+    r, prefix = redis_router(router_factory, policy, durable_log=True)
+    task = f"flush-{uuid.uuid4().hex[:8]}"
+    statuses: list[int] = []
+    while 403 not in statuses:
+        statuses.append(chat(r, "solo", task).status_code)
+        assert len(statuses) < 20, statuses
+    spent = redis_spent(prefix, f"task:{task}")
+    assert spent > 0
+    flush_prefix(prefix)
+    assert chat(r, "solo", task).status_code == 403, "the budget started again from zero"
+    # Restored from the log, and no more than it was.
+    assert redis_spent(prefix, f"task:{task}") == pytest.approx(spent, abs=1e-9)
+    other = f"fresh-{uuid.uuid4().hex[:8]}"
+    assert chat(r, "solo", other).status_code == 200, "a task with nothing spent is refused"
+
+
+def _estimate(r: RunningRouter) -> tuple[float, float]:
+    """The estimate and the actual cost of one call of the test's request."""
+    assert chat(r, "solo", "estimate").status_code == 200
+    row = r.records(1)[-1]
+    assert row["cost_est_usd"] > row["cost_usd"] > 0
+    return row["cost_est_usd"], row["cost_usd"]
+
+
+async def test_a_settle_retried_after_its_reply_was_lost_counts_once() -> None:
+    """The retry of a settle whose first try landed unanswered (#2) must not count it twice."""
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    state = open_state(f"redis://127.0.0.1:{REDIS_PORT}/0", StateConfig(prefix=prefix, op_timeout_s=3.0))
+    try:
+        held = await state.budgets.reserve(["key:k"], 0.5, {"key:k": 1.0})
+        await state.budgets.settle(held, 0.25)
+        held.closed = False  # as a retry sees it: it never heard that the first try landed
+        await state.budgets.settle(held, 0.25)
+        assert await state.budgets.spent("key:k") == Spend(0.25, 0.0)
+    finally:
+        await state.aclose()
+        flush_prefix(prefix)
