@@ -8,6 +8,7 @@ out from its logged token counts by hand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -218,17 +219,25 @@ async def test_a_free_model_is_never_refused_by_a_budget(fake: FakeUpstream, tmp
     assert answers == [200, 200, 200] and usage.spent == 0
 
 
-async def test_settle_that_cannot_reach_the_state_is_logged_not_raised(
+async def test_a_settle_that_cannot_reach_the_state_is_kept_and_retried(
     fake: FakeUpstream, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # It was logged and dropped: the hold expired and the spend was never counted (issue 30 #2).
     redis_url = f"redis://127.0.0.1:{closed_port()}/0"
     held = Reservation(id="res-unreachable", scopes=("key:k",), amount_usd=0.01, expires_at=0.0)
     async with serving(tmp_path, [model("a", fake.url)], redis_url=redis_url) as r:
+        adm = admission.Admission(r.s.state.limits, r.s.state.budgets, retry_s=0.05)
         with caplog.at_level(logging.WARNING, logger="router.http.admission"):
-            await admission.Admission(r.s.state.limits, r.s.state.budgets).settle(held, 0.004)
-    (message,) = [rec.getMessage() for rec in caplog.records if rec.name == "router.http.admission"]
-    assert message.startswith("budget settle skipped (") and "reservation res-unreachable expires" in message
-    assert "(None)" not in message
+            settling = asyncio.create_task(adm.settle(held, 0.004))
+            await asyncio.sleep(0.3)
+            assert not settling.done() and adm.unsettled_usd == pytest.approx(0.004)
+            settling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await settling
+    messages = [rec.getMessage() for rec in caplog.records if rec.name == "router.http.admission"]
+    assert messages[0].startswith("budget settle of reservation res-unreachable deferred (")
+    assert "(None)" not in messages[0]
+    assert messages[-1] == "1 budget settles ($0.004000) never reached the budget store before shutdown"
 
 
 async def test_shared_budgets_are_not_restored_from_the_log(tmp_path: Path) -> None:
