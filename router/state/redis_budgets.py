@@ -199,9 +199,8 @@ class RedisBudgets:
             raise ValueError(f"ttl_s must be > 0, got {ttl!r}")
         scopes = unique_scopes(scope_keys)
         rid = uuid.uuid4().hex
-        reservation = Reservation(rid, scopes, amount_usd, time.time() + ttl)
         if not scopes:
-            return reservation
+            return Reservation(rid, scopes, amount_usd, time.time() + ttl)
         lims = [str(to_nano(limits[s])) if limits.get(s) is not None else "-1" for s in scopes]
         args: list[Any] = [str(amount), rid, str(int(ttl * 1000)), self._idle_ms, *lims]
         keys = [self._keys.budget_restored, *self._triples(scopes)]
@@ -217,7 +216,8 @@ class RedisBudgets:
             i = int(result[1]) - 1
             spent, reserved = int(result[2]) / NANO, int(result[3]) / NANO
             raise BudgetExceeded(scopes[i], limits[scopes[i]], spent, reserved, amount_usd)
-        return reservation
+        # Timed from the answer: a restore before it may have taken a while.
+        return Reservation(rid, scopes, amount_usd, time.time() + ttl)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:
         """Raises ``StateUnavailable`` if Redis is down: the reservation stays open, so the same
