@@ -10,7 +10,7 @@ import pytest
 from router.app.cli import main
 from router.fakeupstream import FakeUpstream
 from tests.integration.conftest import RunningRouter
-from tests.integration.test_faults import FAST, HI, faulty
+from tests.integration.test_faults import HI, faulty
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_outcome_refuses_a_task_no_backend_served(
     router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    r = router_factory(faulty(upstream, "status=500"), timeouts=FAST)
+    r = router_factory(faulty(upstream, "status=500"))
     for task in ("unserved", "served"):
         model = "solo" if task == "unserved" else "auto"  # auto falls back to the good backend
         resp = httpx.post(r.url + "/v1/chat/completions", json={"model": model, "messages": HI},
