@@ -26,6 +26,7 @@ def test_outcome_refuses_a_task_no_backend_served(
         assert resp.status_code == (502 if task == "unserved" else 200), resp.text
     r.records(2)
     store = f"sqlite:///{r.db_path}"
+    capsys.readouterr()  # the router's own log lines, once a CLI test has sent logging to stderr
     assert main(["outcome", "unserved", "--success", "--store", store]) == 2
     err = capsys.readouterr().err
     assert "no backend served it" in err and err.count("\n") == 1, err
