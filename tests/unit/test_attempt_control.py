@@ -242,3 +242,21 @@ def test_the_artifact_reads_its_attempt_control_block() -> None:
     for bad in ({"a": {"max_calls": 0}}, {"a": {"stop_below": 1.5}}, {"a": 3}):
         with pytest.raises(ConfigError, match=r"x.json: attempt_control"):
             _attempt_controls(bad, "x.json")
+
+
+def test_the_control_evaluation_runs_end_to_end(tiny: Dataset) -> None:
+    from router.learning.evals import attempts, controlview
+
+    s = attempts.ControlSettings(retries=1, folds=3, targets=(0.6,), reference_attempts=1, workers=1)
+    result = attempts.cross_validate(tiny, {}, s)
+    rows = result["rows"]
+    assert {
+        "cascade1@60%",
+        "cascade2@60%",
+        "cascade2+caps@60%",
+        "policy@60%",
+        "policy, random stop@60%",
+    } == set(rows)
+    assert len(rows["policy@60%"]["chosen_on_training"]) == 3  # one order per fold, each named
+    assert result["targets"]["0.60"]["ratio"] > 0
+    assert "| policy@60% |" in controlview.table(result)

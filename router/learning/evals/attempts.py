@@ -29,9 +29,9 @@ from threadpoolctl import threadpool_limits
 from router.learning.evals import baselines as bl
 from router.learning.evals import turns as trajectories
 from router.learning.evals.loader import Dataset
-from router.learning.evals.metrics import combine, summarize
 from router.learning.evals.runner import split
 from router.learning.evals.simulate import Execution, Judge, LabelVerifier, Verifier, replay
+from router.learning.evals.summary import combine, summarize
 from router.learning.training import control
 from router.policy.attempt import AttemptControl
 
