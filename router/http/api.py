@@ -162,7 +162,7 @@ def register(
 
     @app.post("/v1/outcomes", tags=["outcomes"])
     async def outcomes(request: Request) -> Response:
-        return await post_outcome(request, auth, tracker, store, runtime.current)
+        return await post_outcome(request, auth, tracker, store, runtime.current, max_body_bytes)
 
 
 def _proxied(proxy: Proxy, protocol: str) -> Callable[[Request], Awaitable[Response]]:

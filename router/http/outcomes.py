@@ -28,6 +28,7 @@ from router.features.task import vector as taskfeatures
 from router.features.task.identity import scoped
 from router.features.task.tracker import TaskState, TaskTracker
 from router.http.auth import Auth
+from router.http.proxy import read_body
 from router.http.replies import error_reply, json_reply
 from router.policy.control import CONTROL
 from router.policy.decide import Decider
@@ -53,12 +54,12 @@ class OutcomeIn(BaseModel):
 
 
 async def post_outcome(
-    request: Request, auth: Auth, tracker: TaskTracker, store: Store, runtime: Runtime
+    request: Request, auth: Auth, tracker: TaskTracker, store: Store, runtime: Runtime, max_body_bytes: int
 ) -> Response:
     """``runtime``: the policy in force, for the recommendation that answers a failure."""
     try:
         principal = await auth.check(request)
-        body = load_json(await request.body())
+        body = load_json(await read_body(request, max_body_bytes))
         try:
             out = OutcomeIn.model_validate(body)
         except ValidationError as exc:  # a 400 like every other endpoint's (FastAPI's default is 422)

@@ -101,3 +101,16 @@ def test_a_large_prompt_is_counted_off_the_event_loop(
         assert probe.worst < STALL_S, (
             f"{path}: /healthz waited {probe.worst:.2f}s while a large prompt was counted"
         )
+
+
+# -- item 11: the body of POST /v1/outcomes ------------------------------------------------------
+
+
+def test_an_outcome_body_over_the_cap_is_a_413(router_factory: Factory, upstream: FakeUpstream) -> None:
+    r = router_factory(local_policy(upstream.url), max_body_bytes=1 << 20)
+    outcome = {"task_id": "t", "success": True, "details": {"note": "x" * (2 << 20)}}
+    resp = httpx.post(r.url + "/v1/outcomes", json=outcome, timeout=30)
+    assert resp.status_code == 413, resp.text[:300]
+    err = resp.json()["error"]
+    assert err["type"] == "invalid_request_error" and f"{1 << 20} bytes" in err["message"]
+
