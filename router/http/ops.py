@@ -100,7 +100,7 @@ def register_ops(
                     "of tasks here; `router tasks --recent` lists the recent ones)",
                     code="task_id_required", param="task_id",
                 )  # fmt: skip
-            ledger = await load_task(store, scoped(principal.key_id, task_id))
+            ledger = await load_task(store, scoped(principal.key_id, task_id), max_window_requests)
             if ledger is None:
                 raise TaskNotFound(task_id)
         except RouterError as err:

@@ -40,6 +40,8 @@ from router.store.records import OutcomeRecord
 from router.store.window import opened
 
 EXPLICIT = "explicit"
+#: The task's latest requests an outcome reads (its attempt, route, scope and failed models).
+OUTCOME_ROWS = 1_000
 
 
 class OutcomeIn(BaseModel):
@@ -67,8 +69,9 @@ async def post_outcome(
         # Another key's task is not found, not forbidden: its existence is not for this key to learn.
         out.task_id = scoped(principal.key_id, out.task_id)
         state = tracker.peek(out.task_id)
-        # Read even when the task is in memory: the log says which route and scope decided it.
-        rows = await store.requests_for_task(out.task_id)
+        # Read even when the task is in memory: the log says which route and scope decided it. The
+        # latest requests hold the latest attempt and decision; a task may have any number.
+        rows = await store.requests_for_task(out.task_id, OUTCOME_ROWS)
         if state is None and not rows:
             raise TaskNotFound(out.task_id)
         attempt = out.attempt or (state.attempt if state else max(r.get("attempt") or 1 for r in rows))

@@ -55,8 +55,8 @@ class Store(Protocol):
         """Insert or replace outcome rows (``schema.encode_outcome``) in one transaction, in order
         (a later row for the same (task_id, attempt, source) wins). Raises as ``write_rows``."""
 
-    async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
-        """Oldest first."""
+    async def requests_for_task(self, task_id: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """Oldest first; with ``limit``, only the latest ``limit`` of them."""
 
     async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]: ...
 

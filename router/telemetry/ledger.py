@@ -186,12 +186,20 @@ def summary(ledgers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def load_task(store: Store, task_id: str) -> dict[str, Any] | None:
-    """One task's ledger, or None when the log has no request of it."""
-    requests = await store.requests_for_task(task_id)
+async def load_task(store: Store, task_id: str, limit: int | None = None) -> dict[str, Any] | None:
+    """One task's ledger, or None when the log has no request of it. With ``limit``, of its latest
+    ``limit`` requests only (``capped`` says so), added up on a worker thread: what a server reads
+    for one look at a task, which must not hold the event loop however long the task."""
+    requests = await store.requests_for_task(task_id, None if limit is None else limit + 1)
     if not requests:
         return None
-    return task_ledger(task_id, requests, await store.outcomes_for_task(task_id))
+    outcomes = await store.outcomes_for_task(task_id)
+    if limit is None:
+        return task_ledger(task_id, requests, outcomes)
+    capped = len(requests) > limit
+    ledger = await asyncio.to_thread(task_ledger, task_id, requests[-limit:], outcomes)
+    ledger["capped"] = limit if capped else None
+    return ledger
 
 
 # ---- `router tasks`

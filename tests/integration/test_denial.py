@@ -9,6 +9,7 @@ it in milliseconds, even on a loaded machine.
 from __future__ import annotations
 
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -114,3 +115,46 @@ def test_an_outcome_body_over_the_cap_is_a_413(router_factory: Factory, upstream
     err = resp.json()["error"]
     assert err["type"] == "invalid_request_error" and f"{1 << 20} bytes" in err["message"]
 
+
+# -- item 10: a task of many requests ------------------------------------------------------------
+
+#: Requests of one task in the log: its ledger and an outcome on it read them.
+TASK_ROWS = 20_000
+
+
+def many_requests(r: RunningRouter, task: str, n: int) -> None:
+    """``n`` copies of one real logged request of ``task``, written to the router's SQLite log."""
+    resp = httpx.post(r.url + "/v1/chat/completions", headers={"x-router-task-id": task}, timeout=30,
+                      json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert resp.status_code == 200
+    row = r.records(1)[-1]
+    columns = list(row)
+    con = sqlite3.connect(r.db_path, timeout=30)
+    try:
+        copies = [
+            tuple(f"{row['request_id']}-{i}" if c == "request_id" else row["ts"] - i if c == "ts" else row[c]
+                  for c in columns)
+            for i in range(1, n)
+        ]  # fmt: skip
+        con.executemany(
+            f"INSERT INTO requests ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", copies
+        )
+        con.commit()
+    finally:
+        con.close()
+
+
+def test_a_task_of_many_requests_stalls_no_one(router_factory: Factory, upstream: FakeUpstream) -> None:
+    # The ledger reads the latest 5,000 requests (the dashboard's cap, ROUTER_MAX_WINDOW_REQUESTS).
+    r = router_factory(local_policy(upstream.url), max_window_requests=5_000)
+    many_requests(r, "long", TASK_ROWS)
+    with stall_probe(r.url) as probe:
+        time.sleep(0.2)
+        ledger = httpx.get(r.url + "/v1/tasks/long", timeout=120)
+        outcome = httpx.post(r.url + "/v1/outcomes", json={"task_id": "long", "success": False}, timeout=120)
+        time.sleep(0.2)
+    assert ledger.status_code == 200, ledger.text[:300]
+    assert ledger.json()["capped"] == 5_000 and ledger.json()["requests"] == 5_000
+    assert outcome.status_code == 200, outcome.text[:300]
+    assert probe.answers > 5
+    assert probe.worst < STALL_S, f"/healthz waited {probe.worst:.2f}s while a long task was read"

@@ -471,7 +471,7 @@ class FakeStore:
             raise ConnectionError("database is down")
         self.label_batches.append([(r[0], r[1], r[3]) for r in rows])  # task, attempt, score
 
-    async def requests_for_task(self, task_id: str) -> list[dict[str, Any]]:
+    async def requests_for_task(self, task_id: str, limit: int | None = None) -> list[dict[str, Any]]:
         return []
 
     async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
