@@ -40,6 +40,9 @@ class RouterError(Exception):
     retryable: bool = False
     #: Whether the next candidate may succeed even though this backend will not.
     next_candidate: bool = False
+    #: Answered with ``Connection: close``: refused before its body was read, a request's client
+    #: could otherwise hold the connection as long as it takes to send the rest.
+    close_connection: bool = False
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
@@ -110,12 +113,14 @@ class TaskNotFound(BadRequest):
 
 class PayloadTooLarge(RouterError):
     status = 413
+    close_connection = True
     openai_type = "invalid_request_error"
     anthropic_type = "request_too_large"
 
 
 class AuthenticationFailed(RouterError):
     status = 401
+    close_connection = True
     openai_type = "authentication_error"
     anthropic_type = "authentication_error"
 

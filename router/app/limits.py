@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -23,8 +24,11 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-#: How long a refused connection is kept half-closed so the client reads the answer.
+#: How long a refused connection is kept half-closed so the client reads the answer: until the
+#: client has sent nothing for _LINGER_S, or _LINGER_MAX_S at most (nginx: 5 s and 30 s). A client
+#: that sends its whole body before it reads (most do) would otherwise see a reset, not the reply.
 _LINGER_S = 2.0
+_LINGER_MAX_S = 10.0
 
 
 class Limits(BaseSettings):
@@ -38,6 +42,9 @@ class Limits(BaseSettings):
     header_timeout_s: float = Field(default=10.0, gt=0)
     #: Longest silence while a request body is being received.
     body_timeout_s: float = Field(default=30.0, gt=0)
+    #: Past ``body_timeout_s`` from its headers, a body must have come at this average rate (bytes a
+    #: second; Apache's mod_reqtimeout ``MinRate``): each byte received buys ``1 / min_body_rate`` s.
+    min_body_rate: float = Field(default=1024.0, gt=0)
     #: Open client connections; more are answered 503 and closed at once.
     max_connections: int = Field(default=4096, gt=0)
     #: An idle keep-alive connection is closed after this long (uvicorn's timeout_keep_alive).
@@ -51,6 +58,17 @@ def error_response(status: int, reason: str, message: str, kind: str) -> bytes:
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+class _LingeringClose:
+    """A connection's transport as a request's cycle sees it: ``close`` is ``on_close``."""
+
+    def __init__(self, transport: asyncio.Transport, on_close: Callable[[], None]) -> None:
+        self._transport = transport
+        self.close = on_close
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _no_delay(transport: asyncio.Transport) -> None:
@@ -76,7 +94,13 @@ class GuardedHttpTools(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         #: Status line parts and message of a refusal decided inside a parser callback.
         self._refusal: tuple[int, str, str, str] | None = None
-        self._refusal_sent = False
+        #: Closing lingers: what the client still sends is read and dropped.
+        self._discarding = False
+        self._linger_until = 0.0
+        #: The current request's body is still arriving (the app answered without it, if at all).
+        self._body_pending = False
+        self._body_started = 0.0
+        self._body_bytes = 0
 
     @classmethod
     def with_limits(cls, limits: Limits) -> type[GuardedHttpTools]:
@@ -87,6 +111,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         _no_delay(transport)
+        self._cycle_transport = _LingeringClose(transport, self._close)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, "Service Unavailable", "too many connections; retry shortly", "api_error")
             return
@@ -97,8 +122,17 @@ class GuardedHttpTools(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if not self._refusal_sent:  # what a refused client still sends is read and dropped
+        if not self._discarding:
             super().data_received(data)
+        elif (left := self._linger_until - self.loop.time()) > 0:  # read and dropped while lingering
+            self._arm(min(_LINGER_S, left), self.transport.close)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._body_pending and not self.transport.is_closing():
+            # Answered before the body arrived (a 401, a 413): reading on would let the client hold
+            # the connection as long as it trickles the rest.
+            self._close()
 
     # -- parser callbacks -------------------------------------------------------------------------
 
@@ -120,15 +154,30 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
-        if self.cycle is not None and self.cycle.more_body:
+        cycle = self.cycle
+        if cycle is None:
+            return
+        # The cycle closes the connection after a reply with "Connection: close": lingering, so the
+        # client reads the reply even while it is still sending its body.
+        cycle.transport = self._cycle_transport  # type: ignore[assignment]
+        self._body_pending = cycle.more_body
+        if self._body_pending:
+            self._body_started = self.loop.time()
+            self._body_bytes = 0
             self._arm(self.limits.body_timeout_s, self._body_too_slow)
 
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
-        self._arm(self.limits.body_timeout_s, self._body_too_slow)
+        limits = self.limits
+        self._body_bytes += len(body)
+        now = self.loop.time()
+        # The longest silence, and the minimum rate: one byte every few seconds is never silent.
+        earned = self._body_started + limits.body_timeout_s + self._body_bytes / limits.min_body_rate
+        self._arm(min(limits.body_timeout_s, earned - now), self._body_too_slow)
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._body_pending = False
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
@@ -140,12 +189,25 @@ class GuardedHttpTools(HttpToolsProtocol):
             "malformed HTTP request",
             "invalid_request_error",
         )
-        self._refusal_sent = True
         self.transport.write(error_response(status, reason, message, kind))
+        self._linger()
+
+    def _close(self) -> None:
+        """Close after a reply: lingering while the request's body is still arriving."""
+        if self._body_pending:
+            self._linger()
+        elif not self.transport.is_closing():
+            self.transport.close()
+
+    def _linger(self) -> None:
+        """A lingering close, as nginx does: closing with the client's bytes still unread would
+        reset the connection, and the client might never read the reply it was sent."""
+        if self.transport.is_closing() or self._discarding:
+            return
+        self._discarding = True
         if self.transport.can_write_eof():
-            # A lingering close, as nginx does: closing with the client's bytes still unread
-            # would reset the connection, and the client might never read why.
             self.transport.write_eof()
+            self._linger_until = self.loop.time() + _LINGER_MAX_S
             self._arm(_LINGER_S, self.transport.close)
         else:
             self.transport.close()

@@ -27,4 +27,6 @@ def error_reply(
     retry_after = getattr(err, "retry_after", None)
     if retry_after is not None:
         h["retry-after"] = str(int(retry_after + 0.999))
+    if err.close_connection:
+        h["connection"] = "close"
     return kind(orjson.dumps(WIRES[protocol].error_body(err)), err.status, h, "application/json")

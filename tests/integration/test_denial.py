@@ -8,7 +8,9 @@ it in milliseconds, even on a loaded machine.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import socket
 import sqlite3
 import threading
 import time
@@ -18,8 +20,10 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from router.app.limits import Limits
 from router.fakeupstream import FakeUpstream
 from tests.integration.conftest import RunningRouter, local_policy
+from tests.integration.test_keys import MASTER
 
 pytestmark = pytest.mark.integration
 
@@ -158,3 +162,97 @@ def test_a_task_of_many_requests_stalls_no_one(router_factory: Factory, upstream
     assert outcome.status_code == 200, outcome.text[:300]
     assert probe.answers > 5
     assert probe.worst < STALL_S, f"/healthz waited {probe.worst:.2f}s while a long task was read"
+
+
+# -- item 8: bodies trickled byte by byte, and what follows a refusal ----------------------------
+
+
+def connect(r: RunningRouter) -> socket.socket:
+    host, port = r.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def trickle(s: socket.socket, stop: threading.Event, every_s: float) -> None:
+    """A byte of body every ``every_s`` seconds until ``stop`` or the server closes."""
+    with contextlib.suppress(OSError):
+        while not stop.wait(every_s):
+            s.sendall(b" ")
+
+
+def read_until_closed(s: socket.socket, timeout: float) -> tuple[bytes, float]:
+    """What the server sent until it closed the connection (or ``timeout``), and how long that took."""
+    started = time.monotonic()
+    got = b""
+    s.settimeout(timeout)
+    with contextlib.suppress(OSError):
+        while chunk := s.recv(65536):
+            got += chunk
+            s.settimeout(max(0.01, timeout - (time.monotonic() - started)))
+    return got, time.monotonic() - started
+
+
+BODY_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+
+def test_trickled_bodies_are_cut_and_free_their_connections(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    # A byte every 0.3 s is never silent for the body timeout (1 s), and far below the minimum rate.
+    r = router_factory(local_policy(upstream.url), limits=Limits(body_timeout_s=1.0, max_connections=8))
+    stop = threading.Event()
+    held = [connect(r) for _ in range(8)]
+    threads = []
+    try:
+        for s in held:
+            s.sendall(BODY_HEAD + b"Content-Length: 100000\r\n\r\n{")
+            threads.append(threading.Thread(target=trickle, args=(s, stop, 0.3), daemon=True))
+            threads[-1].start()
+        # Every slot is taken by a trickle; another client is served once they are cut.
+        started = time.monotonic()
+        status = 0
+        while status != 200 and time.monotonic() - started < 20:
+            with contextlib.suppress(httpx.HTTPError):
+                status = httpx.get(r.url + "/healthz", timeout=5).status_code
+            time.sleep(0.2)
+        assert status == 200, "trickled bodies held every connection"
+        for s in held:
+            assert read_until_closed(s, 10)[1] < 10, "a trickled body held its connection"
+    finally:
+        stop.set()
+        for s in held:
+            s.close()
+
+
+def test_an_auth_failure_closes_the_connection(router_factory: Factory, upstream: FakeUpstream) -> None:
+    r = router_factory(local_policy(upstream.url), master_key=MASTER)
+    stop = threading.Event()
+    with connect(r) as s:
+        s.sendall(BODY_HEAD + b"Content-Length: 100000\r\n\r\n{")
+        threading.Thread(target=trickle, args=(s, stop, 0.3), daemon=True).start()
+        try:
+            # The default limits: 30 s of silence, 75 s of keep-alive; a byte every 0.3 s is neither.
+            reply, took = read_until_closed(s, 15)
+        finally:
+            stop.set()
+    head = reply.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 401") and b"connection: close" in head, reply[:300]
+    assert took < 10, f"the connection stayed open {took:.1f}s after its 401"
+
+
+@pytest.mark.parametrize("connection", [b"", b"Connection: close\r\n"], ids=["keep-alive", "close"])
+def test_a_413_reaches_a_client_still_sending(
+    router_factory: Factory, upstream: FakeUpstream, connection: bytes
+) -> None:
+    r = router_factory(local_policy(upstream.url), max_body_bytes=1 << 20)
+    with connect(r) as s:
+        # Refused by its Content-Length; the client sends it whole before it reads, as most do.
+        s.sendall(BODY_HEAD + connection + b"Content-Length: %d\r\n\r\n" % (64 << 20))
+        try:
+            for _ in range(1024):
+                s.sendall(b"x" * 65536)
+        except OSError as exc:
+            raise AssertionError(f"the connection was reset while the client sent: {exc!r}") from None
+        reply, took = read_until_closed(s, 15)
+    head = reply.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 413"), f"no 413 (a reset?): {reply[:100]!r}"
+    assert b"connection: close" in head and took < 10
