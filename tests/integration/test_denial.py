@@ -2,8 +2,9 @@
 
 Each test runs the hostile client beside a stall probe — ``/healthz`` asked over and over on its own
 connection — and bounds the worst wait the probe saw, generously: a router that holds its event loop
-for the hostile request stalls the probe for the whole of it (seconds), one that does not answers
-it in milliseconds, even on a loaded machine.
+for the hostile request stalls the probe for about as long as the request takes (seconds), one that
+does not answers it in a small part of that. A machine loaded by other work slows both alike, so the
+bound is half of the hostile request's own time (0.5 s at least), not a fixed figure.
 """
 
 from __future__ import annotations
@@ -29,10 +30,6 @@ pytestmark = pytest.mark.integration
 
 Factory = Callable[..., RunningRouter]
 
-#: The worst /healthz wait allowed while a hostile client is served. What each test provokes held
-#: the loop for several times this before its fix.
-STALL_S = 1.0
-
 
 class Probe:
     """The worst latency of ``/healthz`` while the probe runs: how long the event loop was held."""
@@ -40,6 +37,13 @@ class Probe:
     def __init__(self) -> None:
         self.worst = 0.0
         self.answers = 0
+
+    def assert_not_held(self, took: float, what: str) -> None:
+        """The loop was held for less than half of ``took``, the hostile request's time (0.5 s at least)."""
+        assert self.answers > 5, what
+        assert self.worst < max(0.5, took / 2), (
+            f"{what}: /healthz waited {self.worst:.2f}s (it took {took:.2f}s)"
+        )
 
 
 @contextmanager
@@ -98,14 +102,13 @@ def test_a_large_prompt_is_counted_off_the_event_loop(
     ]:
         with stall_probe(r.url) as probe:
             time.sleep(0.2)
+            started = time.monotonic()
             resp = httpx.post(r.url + path, json={**body, "messages": messages}, timeout=120)
+            took = time.monotonic() - started
             time.sleep(0.2)
         # Answered (a prompt that no window holds is a 400), not failed.
         assert resp.status_code in (200, 400), (path, resp.text[:300])
-        assert probe.answers > 5, path
-        assert probe.worst < STALL_S, (
-            f"{path}: /healthz waited {probe.worst:.2f}s while a large prompt was counted"
-        )
+        probe.assert_not_held(took, f"{path}, a large prompt")
 
 
 # -- item 11: the body of POST /v1/outcomes ------------------------------------------------------
@@ -154,14 +157,15 @@ def test_a_task_of_many_requests_stalls_no_one(router_factory: Factory, upstream
     many_requests(r, "long", TASK_ROWS)
     with stall_probe(r.url) as probe:
         time.sleep(0.2)
+        started = time.monotonic()
         ledger = httpx.get(r.url + "/v1/tasks/long", timeout=120)
         outcome = httpx.post(r.url + "/v1/outcomes", json={"task_id": "long", "success": False}, timeout=120)
+        took = time.monotonic() - started
         time.sleep(0.2)
     assert ledger.status_code == 200, ledger.text[:300]
     assert ledger.json()["capped"] == 5_000 and ledger.json()["requests"] == 5_000
     assert outcome.status_code == 200, outcome.text[:300]
-    assert probe.answers > 5
-    assert probe.worst < STALL_S, f"/healthz waited {probe.worst:.2f}s while a long task was read"
+    probe.assert_not_held(took, "a ledger and an outcome of a long task")
 
 
 # -- item 8: bodies trickled byte by byte, and what follows a refusal ----------------------------
