@@ -141,7 +141,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         from router.rollout.arms import run_arm_report
 
         return run_arm_report(args)
-    from router.telemetry.report import run_report
+    from router.app.commands.report import run_report
 
     return run_report(args)
 

@@ -1,4 +1,4 @@
-"""``router report``: where the time and the money went, phase by phase, per backend, route, task or policy.
+"""The report of ``router report`` and the dashboard: where the time and the money went, phase by phase, per backend, route, task or policy.
 
 End to end splits into parts that add up to it: queue (arrival → the first try's upstream call:
 intake, routing, concurrency waits), retry (the first try's call → the last try's: failed tries
@@ -18,16 +18,13 @@ length). The window runs from the first arrival to the last completion in the se
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from router.errors import ConfigError
 from router.telemetry import tries
-from router.telemetry.ledger import answered, credible, final_outcome, usd
+from router.telemetry.ledger import answered, credible, final_outcome
 
 Row = Mapping[str, Any]
 
@@ -40,7 +37,6 @@ PARTS = {"queue": "queue_ms", "retry": "retry_ms", "prefill": "ttft_ms", "decode
          "upstream_other": "upstream_other_ms", "delivery": "delivery_ms"}  # fmt: skip
 SETTINGS = ("temperature", "top_p", "max_tokens", "reasoning_effort", "system_sha256", "tools_sha256",
             "provider_model")  # fmt: skip
-MAX_TABLE_GROUPS = 30
 
 
 def quantile(ordered: Sequence[float], q: float) -> float | None:
@@ -181,136 +177,3 @@ def build_report(
 
 
 # ---- rendering
-
-
-def _ms(x: float | None) -> str:
-    if x is None:
-        return "—"
-    if x >= 10_000:
-        return f"{x / 1000:.1f}s"
-    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{x * 100:.1f}%"
-
-
-def _num(x: float | None, fmt: str = "{:.1f}") -> str:
-    return "—" if x is None else fmt.format(x)
-
-
-def render(report: Mapping[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from router.telemetry import tables
-
-    console = Console(soft_wrap=True)  # long lines stay whole, for a pager or grep
-    w = report["window"]
-    console.print(
-        f"[bold]{w['requests']} requests[/] over {_num(w['seconds'], '{:.1f}')} s: "
-        f"{_num(w['rps'], '{:.3f}')} req/s, mean concurrency {_num(w['concurrency'], '{:.2f}')} "
-        f"— grouped by {report['by']}"
-    )
-    groups = report["groups"][:MAX_TABLE_GROUPS]
-    summary = Table(title="Load, errors, cache, cost; token rates are medians", title_justify="left")
-    for col in ("group", "reqs", "req/s", "conc", "errors", "retried", "fell back", "cached in", "$/req",
-                "$/done task", "prefill tok/s", "decode tok/s"):  # fmt: skip
-        summary.add_column(col, justify="left" if col == "group" else "right")
-    for g in groups:
-        per_task = g["cost_per_completed_task_usd"]
-        if per_task is None:
-            per_task_text = "n/a" if not g["tasks"]["with_outcome"] else "none completed"
-        else:
-            per_task_text = usd(per_task)
-        summary.add_row(
-            g["key"], str(g["requests"]), _num(g["load"]["rps"], "{:.3f}"),
-            _num(g["load"]["concurrency"], "{:.2f}"), _pct(g["error_rate"]), _pct(g["retry_rate"]),
-            _pct(g["fallback_rate"]), _pct(g["cached_input_share"]), usd(g["cost_per_request_usd"] or 0.0), per_task_text,
-            _num(g["prefill_tok_s"]["p50"], "{:.0f}"), _num(g["decode_tok_s"]["p50"], "{:.1f}"),
-        )  # fmt: skip
-    tables.show(console, summary)
-    phases = Table(title="Phases in ms (successful requests); share of end to end", title_justify="left")
-    for col in ("group", "phase", "n", "p50", "p95", "p99", "share"):
-        phases.add_column(col, justify="left" if col in ("group", "phase") else "right")
-    for g in groups:
-        for i, (phase, s) in enumerate(g["phases_ms"].items()):
-            phases.add_row(g["key"] if i == 0 else "", phase.removesuffix("_ms"), str(s["n"]), _ms(s["p50"]),
-                           _ms(s["p95"]), _ms(s["p99"]), _pct(s.get("share")),
-                           end_section=i == len(g["phases_ms"]) - 1)  # fmt: skip
-    tables.show(console, phases)
-    for g in groups:
-        for name, values in g["settings_differ"].items():
-            shown = ", ".join(f"{v[:12]} x{n}" for v, n in list(values.items())[:5])
-            console.print(f"[yellow]{g['key']}[/]: {name} differs within the group: {shown}")
-    if len(report["groups"]) > len(groups):
-        console.print(f"… {len(report['groups']) - len(groups)} more groups (all of them are in --json)")
-
-
-def plot(report: Mapping[str, Any], requests: Sequence[Row], path: str) -> None:
-    """Stacked mean phases per group, and each phase's distribution per group, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display; must precede pyplot
-    import matplotlib.pyplot as plt
-
-    groups = report["groups"][:MAX_TABLE_GROUPS]
-    keys = [g["key"] for g in groups]
-    column = GROUP_COLUMNS[report["by"]]
-    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in requests:
-        if is_ok(r):
-            rows[str(r.get(column) or "(none)")].append(with_parts(r))
-    fig = plt.figure(figsize=(15, 3 + 0.35 * max(len(keys), 4)), layout="constrained")
-    grid = fig.add_gridspec(2, 3)
-    ax = fig.add_subplot(grid[:, 0])
-    left = [0.0] * len(keys)
-    for part in PARTS:
-        widths = [g["mean_parts_ms"][part] for g in groups]
-        ax.barh(keys, widths, left=left, label=part.replace("_", " "))
-        left = [a + b for a, b in zip(left, widths, strict=True)]
-    ax.invert_yaxis()
-    ax.set_xlabel("mean ms per successful request")
-    ax.set_title("Where end to end goes")
-    ax.legend(loc="lower right", fontsize="small")
-    for i, phase in enumerate(("queue_ms", "ttft_ms", "decode_ms", "total_ms")):
-        sub = fig.add_subplot(grid[i // 2, 1 + i % 2])
-        data = [[r[phase] for r in rows[k] if r.get(phase) is not None] for k in keys]
-        present = [(k, d) for k, d in zip(keys, data, strict=True) if d]
-        if present:
-            values = [[max(v, 0.01) for v in d] for _, d in present]  # a log axis cannot show 0
-            sub.boxplot(values, orientation="horizontal", tick_labels=[k for k, _ in present], whis=(1, 99))
-            sub.invert_yaxis()
-            lo, hi = min(min(v) for v in values), max(max(v) for v in values)
-            if hi / lo > 20:  # tails over orders of magnitude: only a log axis shows both ends
-                sub.set_xscale("log")
-        sub.set_title(f"{phase.removesuffix('_ms')} (ms, whiskers p1-p99)")
-    w = report["window"]
-    fig.suptitle(f"{w['requests']} requests by {report['by']}: {_num(w['rps'], '{:.3f}')} req/s, "
-                 f"mean concurrency {_num(w['concurrency'], '{:.2f}')}")  # fmt: skip
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise ConfigError(f"--plot {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-
-
-def run_report(args: argparse.Namespace) -> int:
-    import orjson
-
-    from router.store.window import parse_duration, read_window
-
-    window = asyncio.run(read_window(args.store, parse_duration(args.since)))
-    report = build_report(
-        window.requests, window.outcomes, by=args.by, since=window.since, until=window.until
-    )
-    if args.plot:
-        plot(report, window.requests, args.plot)
-    if args.json:
-        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
-    else:
-        render(report)
-        if args.plot:
-            print(f"plot written to {args.plot}")
-    return 0

@@ -1,1 +1,1 @@
-"""The CLI's commands that are more than a call: train and promote, eval, eval-labels."""
+"""The CLI's commands that are more than a call: train, eval, eval-labels, report."""
