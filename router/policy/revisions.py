@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,10 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+#: What a revision looks like (``revision_of``): nothing else names a folder of the archive.
+REVISION_NAME = re.compile(r"[0-9a-f]{12}")
+
+
 class Archive:
     """Revisions kept on disk: ``<dir>/<revision>/{policy.yaml, artifact, control.yaml, meta.json}``."""
 
@@ -125,6 +130,16 @@ class Archive:
             log.warning(
                 "policy revision %s not archived (a rollback to it will not be possible): %s", rev, exc
             )
+
+    def archived(self, revision: str, name: str = "policy.yaml") -> bytes | None:
+        """A file an archived revision kept (``policy.yaml``, ``artifact``, ``control.yaml``), or
+        None; ``revision`` may come from a request, so it must look like one."""
+        if not REVISION_NAME.fullmatch(revision):
+            return None
+        try:
+            return (self.dir / revision / name).read_bytes()
+        except OSError:
+            return None
 
     def mark_applied(self, revision: str, at: float) -> None:
         meta = self.meta(revision)

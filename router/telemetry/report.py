@@ -29,7 +29,7 @@ from router.telemetry.ledger import answered, credible, final_outcome
 Row = Mapping[str, Any]
 
 GROUP_COLUMNS = {"backend": "chosen_model", "route": "requested_model", "task": "task_id", "policy": "policy",
-                 "revision": "policy_revision", "arm": "arm"}  # fmt: skip
+                 "revision": "policy_revision", "arm": "arm", "key": "key_id"}  # fmt: skip
 PHASES = ("queue_ms", "retry_ms", "ttft_ms", "decode_ms", "gap_mean_ms", "gap_max_ms", "upstream_other_ms",
           "delivery_ms", "total_ms")  # fmt: skip
 #: The parts of end to end, in time order; they add up to ``total_ms``.

@@ -35,10 +35,19 @@ def _text(x: float, y: float, text: str, anchor: str = "start", cls: str = "") -
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{klass}>{escape(text)}</text>'
 
 
-def hbars(items: Sequence[tuple[str, float | None]], *, title: str, fmt: str = "{:.4g}") -> Markup:
+Fmt = str | Callable[[float], str]
+
+
+def _formatter(fmt: Fmt) -> Callable[[float], str]:
+    """A format string's ``format``, or the function itself (money: never in exponent form)."""
+    return fmt.format if isinstance(fmt, str) else fmt
+
+
+def hbars(items: Sequence[tuple[str, float | None]], *, title: str, fmt: Fmt = "{:.4g}") -> Markup:
     """One horizontal bar per (label, value); a value of None is drawn as 'n/a'."""
     if not items:
         return Markup("")
+    f = _formatter(fmt)
     top = max((v for _, v in items if v is not None), default=0.0) or 1.0
     plot_w = WIDTH - LABEL_W - 70
     body: list[str] = []
@@ -50,8 +59,8 @@ def hbars(items: Sequence[tuple[str, float | None]], *, title: str, fmt: str = "
             continue
         w = max(1.0, plot_w * value / top)
         body.append(f'<rect x="{LABEL_W}" y="{y + 3}" width="{w:.1f}" height="{ROW_H - 6}" fill="{colour(i)}">'
-                    f"<title>{escape(label)}: {escape(fmt.format(value))}</title></rect>")  # fmt: skip
-        body.append(_text(LABEL_W + w + 4, y + 15, fmt.format(value)))
+                    f"<title>{escape(label)}: {escape(f(value))}</title></rect>")  # fmt: skip
+        body.append(_text(LABEL_W + w + 4, y + 15, f(value)))
     return _svg(WIDTH, ROW_H * len(items) + 4, body, title)
 
 
@@ -78,20 +87,21 @@ def share_bar(items: Sequence[tuple[str, float]], *, title: str) -> Markup:
     return _svg(WIDTH, 34 + 18 * len(items) + 4, body, title)
 
 
-def columns(buckets: Sequence[tuple[str, float]], *, title: str, fmt: str = "{:g}") -> Markup:
+def columns(buckets: Sequence[tuple[str, float]], *, title: str, fmt: Fmt = "{:g}") -> Markup:
     """Vertical bars over time (labels under the first, middle and last bar)."""
     if not buckets:
         return Markup("")
+    f = _formatter(fmt)
     height, base = 120, 100
     top = max(v for _, v in buckets) or 1.0
     step = (WIDTH - 40) / len(buckets)
     body = [f'<line x1="30" y1="{base}" x2="{WIDTH}" y2="{base}" class="axis"/>',
-            _text(32, 12, f"max {fmt.format(top)}", "start", "muted")]  # fmt: skip
+            _text(32, 12, f"max {f(top)}", "start", "muted")]  # fmt: skip
     for i, (label, value) in enumerate(buckets):
         h = (base - 8) * value / top
         x = 32 + i * step
         body.append(f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{max(step - 2, 1):.1f}" height="{h:.1f}" '
-                    f'fill="{colour(0)}"><title>{escape(label)}: {escape(fmt.format(value))}</title></rect>')  # fmt: skip
+                    f'fill="{colour(0)}"><title>{escape(label)}: {escape(f(value))}</title></rect>')  # fmt: skip
     for i in sorted({0, len(buckets) // 2, len(buckets) - 1}):
         body.append(_text(32 + i * step + step / 2, height - 4, buckets[i][0], "middle", "muted"))
     return _svg(WIDTH, height, body, title)

@@ -7,6 +7,8 @@ The arms' numbers are those of ``router report --by arm`` over the same window
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -105,3 +107,23 @@ def scopes(policy: PolicyFile) -> list[dict[str, Any]]:
             )
         out.append({"name": s.name, "match": match, "overrides": overrides})
     return out
+
+
+def diff(against: str, old: bytes | None, current: str, new: bytes | None,
+         artifacts: tuple[bytes | None, bytes | None]) -> dict[str, Any] | None:  # fmt: skip
+    """What changed from revision ``against`` to ``current``: the policy file's lines (unified
+    diff) and whether the pinned artifact's bytes differ; None when either file was not kept."""
+    if old is None or new is None:
+        return None
+    lines = list(difflib.unified_diff(old.decode("utf-8", "replace").splitlines(),
+                                      new.decode("utf-8", "replace").splitlines(),
+                                      f"{against}/policy.yaml", f"{current}/policy.yaml", lineterm="", n=2))  # fmt: skip
+    before, after = (hashlib.sha256(a).hexdigest()[:12] if a is not None else None for a in artifacts)
+    return {
+        "against": against,
+        "lines": [
+            (line[:1] if line[:1] in "+-@" and not line.startswith(("+++", "---")) else "", line)
+            for line in lines
+        ],
+        "artifact": None if before == after else (before, after),
+    }

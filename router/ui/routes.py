@@ -143,14 +143,18 @@ def register_ui(
         label, since, until, requests, outcomes, capped = await window(request)
         # A page's numbers take up to seconds of Python: in a worker thread, so that the event
         # loop goes on serving the agents' requests meanwhile.
-        data = await asyncio.to_thread(views.overview, requests, outcomes, since, until)
+        names = {k.key_id: k.name for k in await store.list_keys()}
+        data = await asyncio.to_thread(views.overview, requests, outcomes, since, until, names)
         return render(request, "overview.html", window=label, o=data, **shown(capped, requests))
 
     @gated
     async def tasks(request: Request) -> Response:
         label, _, _, requests, outcomes, capped = await window(request)
         q = request.query_params.get("q", "")
-        rows = await asyncio.to_thread(views.task_rows, requests, outcomes, q)
+        page = request.query_params.get("page", "1")
+        rows = await asyncio.to_thread(
+            views.task_rows, requests, outcomes, q, int(page) if page.isdigit() else 1
+        )
         return render(request, "tasks.html", window=label, q=q, t=rows, **shown(capped, requests))
 
     @gated
@@ -168,6 +172,13 @@ def register_ui(
         lat = await asyncio.to_thread(views.latency, requests, outcomes)
         return render(request, "latency.html", window=label, lat=lat, **shown(capped, requests))
 
+    def _diff(against: str, current: str) -> dict[str, Any] | None:
+        archive = history.archive
+        return policyview.diff(
+            against, archive.archived(against), current, archive.archived(current),
+            (archive.archived(against, "artifact"), archive.archived(current, "artifact")),
+        )  # fmt: skip
+
     async def policy_page(request: Request, label: str, status: int = 200, **context: Any) -> Response:
         """``label``: the window of the arms' numbers and the preview's default."""
         rt = runtime()
@@ -184,11 +195,13 @@ def register_ui(
             requests, outcomes, capped = await read(until - views.WINDOWS[label], until)
             arms = await asyncio.to_thread(policyview.arms, requests, outcomes, rt.revision)
         applied = await asyncio.to_thread(history.archive.since, rt.revision or "")
+        against = request.query_params.get("diff") or next((m["revision"] for m in h["previous"]), None)
+        diff = await asyncio.to_thread(_diff, against, rt.revision) if against and rt.revision else None
         return render(
             request, "policy.html", status, rt=rt, yaml_text=text, h=h, window=label,
             control=policyview.control(rt), arms=arms,
             guard=policyview.guard(rt.policy.spec.guard, h["guard"], applied or rt.applied_at),
-            scopes=policyview.scopes(rt.policy.spec), **shown(capped, requests), **context,
+            scopes=policyview.scopes(rt.policy.spec), diff=diff, **shown(capped, requests), **context,
         )  # fmt: skip
 
     @gated

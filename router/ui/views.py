@@ -22,12 +22,15 @@ WINDOWS: dict[str, float] = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 864
 DEFAULT_WINDOW = "24h"
 #: The groupings of "cost per completed task", in the order shown; a grouping appears once the
 #: log has the column (policy revisions and arms are recorded only by policies that have them).
-GROUPINGS = (("backend", "by backend"), ("revision", "by policy revision"), ("arm", "by arm"))
+GROUPINGS = (("backend", "by backend"), ("revision", "by policy revision"), ("arm", "by arm"),
+             ("route", "by route (requested model)"), ("key", "by key"))  # fmt: skip
 PHASE_NAMES = {"queue_ms": "queue", "retry_ms": "retry", "ttft_ms": "TTFT", "decode_ms": "decode",
                "gap_mean_ms": "inter-token gap", "gap_max_ms": "worst gap", "upstream_other_ms": "upstream other",
                "delivery_ms": "delivery", "total_ms": "end to end"}  # fmt: skip
 TIMELINE_BUCKETS = 24
-MAX_TASKS_LISTED = 200
+TASKS_PER_PAGE = 100
+#: Characters of an error's message shown beside its status and reason.
+ERROR_MESSAGE_CHARS = 160
 
 
 def window_seconds(label: str | None, default: str = DEFAULT_WINDOW) -> tuple[str, float]:
@@ -37,7 +40,11 @@ def window_seconds(label: str | None, default: str = DEFAULT_WINDOW) -> tuple[st
     return default, WINDOWS[default]
 
 
-def overview(requests: Sequence[Row], outcomes: Sequence[Row], since: float, until: float) -> dict[str, Any]:
+def overview(
+    requests: Sequence[Row], outcomes: Sequence[Row], since: float, until: float,
+    key_names: Mapping[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """``key_names``: virtual keys' names by id, to show a key's spend under its name."""
     ledgers = task_ledgers(requests, outcomes)
     tasks = summary(ledgers)
     spend = sum(r.get("cost_usd") or 0.0 for r in requests)
@@ -47,19 +54,62 @@ def overview(requests: Sequence[Row], outcomes: Sequence[Row], since: float, unt
         if column is None or not any(r.get(column) for r in requests):
             continue
         groups = build_report(requests, outcomes, by=by)["groups"]
-        chart = [(g["key"], g["cost_per_completed_task_usd"]) for g in groups]
+        for g in groups:
+            judged = g["tasks"]["with_outcome"]
+            g["success_rate"] = g["tasks"]["completed"] / judged if judged else None
+            g["label"] = _key_label(g["key"], key_names or {}) if by == "key" else g["key"]
+        # The chart's labels have 150 px: a key by its name alone.
+        chart = [((key_names or {}).get(g["key"], g["label"]) if by == "key" else g["label"],
+                  g["cost_per_completed_task_usd"]) for g in groups]  # fmt: skip
         groupings.append({"by": by, "title": title, "groups": groups, "chart": chart})
     backends = build_report(requests, outcomes, by="backend")["groups"]
+    # What the headline leaves out: spend on tasks without a verdict, and on requests of no task.
+    unlabelled = max(0.0, spend - tasks["cost_of_judged_tasks_usd"])
     return {
         "requests": len(requests),
         "errors": sum(1 for r in requests if not is_ok(r)),
+        "error_kinds": errors(requests),
         "spend_usd": spend,
+        "unlabelled_spend_usd": unlabelled,
+        "unlabelled_share": unlabelled / spend if spend else None,
+        "tokens": {
+            c: sum(r.get(c) or 0 for r in requests)
+            for c in ("input_tokens", "output_tokens", "cache_read_tokens")
+        },
         "tasks": tasks,
         "success_rate": tasks["completed"] / tasks["with_outcome"] if tasks["with_outcome"] else None,
         "groupings": groupings,
         "share": [(g["key"], g["requests"]) for g in backends],
         "timeline": timeline(requests, since, until),
     }
+
+
+def _key_label(key_id: str, names: Mapping[str, str]) -> str:
+    if key_id == "(none)":
+        return "(master or open)"
+    return f"{names[key_id]} ({key_id})" if key_id in names else key_id
+
+
+def errors(requests: Sequence[Row]) -> list[dict[str, Any]]:
+    """The failed requests by status and reason (error type), most frequent first: how many, on
+    which backends, when last, and the latest message."""
+    kinds: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in requests:
+        if is_ok(r):
+            continue
+        status = int(r.get("status") or 0)
+        kind = kinds.setdefault((status, r.get("error_type") or "-"), {
+            "status": status, "reason": r.get("error_type") or "-", "count": 0, "backends": Counter(),
+            "last_ts": 0.0, "message": "",
+        })  # fmt: skip
+        kind["count"] += 1
+        kind["backends"][r.get("chosen_model") or "(none: refused before routing)"] += 1
+        if float(r["ts"]) >= kind["last_ts"]:
+            kind["last_ts"] = float(r["ts"])
+            message = r.get("error_message") or ""
+            cut = len(message) > ERROR_MESSAGE_CHARS
+            kind["message"] = message[: ERROR_MESSAGE_CHARS - 1] + "…" if cut else message
+    return sorted(kinds.values(), key=lambda k: (-k["count"], k["status"], k["reason"]))
 
 
 def timeline(requests: Sequence[Row], since: float, until: float) -> dict[str, list[tuple[str, float]]]:
@@ -103,9 +153,12 @@ def latency(requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
     }
 
 
-def task_rows(requests: Sequence[Row], outcomes: Sequence[Row], query: str = "") -> dict[str, Any]:
+def task_rows(
+    requests: Sequence[Row], outcomes: Sequence[Row], query: str = "", page: int = 1
+) -> dict[str, Any]:
     """The task list, most recently active first, filtered by a case-insensitive substring of the
-    task id, its repository, a backend, the client or the verdict."""
+    task id, its repository, a backend, the client or the verdict; ``page``: which
+    ``TASKS_PER_PAGE`` of them (from 1; past the last page, the last)."""
     ledgers = task_ledgers(requests, outcomes)
     clients: dict[str, Counter[str]] = defaultdict(Counter)
     repos: dict[str, str] = {}
@@ -124,7 +177,11 @@ def task_rows(requests: Sequence[Row], outcomes: Sequence[Row], query: str = "")
         if q and q not in haystack:
             continue
         rows.append({**x, "client": client, "repo": repo, "verdict": verdict})
-    return {"summary": summary(ledgers), "matched": len(rows), "tasks": rows[:MAX_TASKS_LISTED]}
+    pages = max(1, -(-len(rows) // TASKS_PER_PAGE))
+    page = min(max(1, page), pages)
+    first = (page - 1) * TASKS_PER_PAGE
+    return {"summary": summary(ledgers), "matched": len(rows), "tasks": rows[first : first + TASKS_PER_PAGE],
+            "page": page, "pages": pages, "first": first + 1}  # fmt: skip
 
 
 def verdict_text(outcome: Mapping[str, Any] | None) -> str:

@@ -8,6 +8,7 @@ why, where they are missing. The login's cookie rules are also checked over plai
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -513,3 +514,140 @@ def test_policy_page_shows_a_rollback_in_words(
     # one rolled back is named with the window's others.
     assert bad in text(browser, "#other-revisions")
     assert f"{first}'s tasks" in text(browser, "main") or "No task of revision" in text(browser, "#arms")
+
+
+SHOTS = Path("/tmp/router-ui-shots")
+WIDE = 1400
+
+
+def fits(driver: Any, name: str) -> None:
+    """The page is as wide as the window at most (no sideways scrolling), and a screenshot of it."""
+    SHOTS.mkdir(exist_ok=True)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(WIDE, min(max(height + 150, 900), 6000))
+    driver.save_screenshot(str(SHOTS / f"{name}.png"))
+    width = driver.execute_script("return document.documentElement.scrollWidth")
+    assert width <= WIDE, f"{name}: {width} px wide"
+    # Money never in exponent form ($4e-06): every figure of the page's text and its charts' labels.
+    page = driver.execute_script("return document.body.innerText + document.body.innerHTML")
+    assert not re.search(r"\$\d(\.\d+)?e-?\d", page), name
+
+
+def test_the_dashboard_an_operator_keeps_open(
+    browser: Any, router_factory: Callable[..., RunningRouter], upstream: FakeUpstream,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Errors by status and reason; spend and requests per key and per route; success and cost per
+    completed task per revision on one row; token totals; what changed between revisions; the task
+    list in pages; the preview's result and its errors where the eye is after submit; every page
+    within 1400 px and no money in exponent form."""
+    import json
+
+    from selenium.webdriver.common.by import By
+
+    from router.app.cli import main
+    from router.telemetry.ledger import tokens
+
+    upstream.clear()
+    policy = local_policy(upstream.url)
+    # A backend whose provider answers every call with a 500 (the fake provider reads "@status=").
+    policy["models"].append(
+        {**policy["models"][0], "id": "local-broken", "litellm_model": "openai/nano-model@status=500"}
+    )
+    policy["routes"].append({"match": "broken", "passthrough": "local-broken"})
+    router = router_factory(policy, master_key=MASTER)
+    store = f"sqlite:///{router.db_path}"
+    assert main(["keys", "create", "--store", store, "--name", "ci-bot", "--json"]) == 0
+    ci_key = json.loads(capsys.readouterr().out)["key"]
+    master = {"authorization": f"Bearer {MASTER}"}
+    policy_file = router.db_path.parent / "policy.yaml"
+    with httpx.Client(base_url=router.url, timeout=30) as c:
+        for i in range(105):  # more than a page of tasks; a fifth of them labelled, half of those done
+            key = master if i % 2 else {"authorization": f"Bearer {ci_key}"}  # the even ones the CI key's
+            chat(c, f"op-task-{i:03d}", f"step of task {i}", key)
+            if i % 5 == 0:
+                done = {"task_id": f"op-task-{i:03d}", "success": i % 10 == 0}
+                assert c.post("/v1/outcomes", json=done, headers=key).status_code == 200
+        assert c.post("/v1/chat/completions", headers=master,
+                      json={"model": "no-such", "messages": [{"role": "user", "content": "x"}]}).status_code == 404  # fmt: skip
+        broken = c.post("/v1/chat/completions", headers={**master, "x-router-task-id": "op-broken"},
+                        json={"model": "broken", "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+        assert broken.status_code >= 500
+        # A second revision: the file edited while serving (what the diff must show).
+        spec = yaml.safe_load(policy_file.read_text())
+        spec["objective"]["exploration"] = {"epsilon": 0.05}
+        policy_file.write_text(yaml.safe_dump(spec))
+        poll(lambda: c.get("/v1/policy", headers=master).json()["previous"], bool)
+        for i in range(3):
+            chat(c, f"op-late-{i}", "after the edit", master)
+            c.post("/v1/outcomes", json={"task_id": f"op-late-{i}", "success": True}, headers=master)
+    records = router.records(wait_for=111)
+    browser.delete_all_cookies()
+    browser.get(f"{router.url}/ui/login")
+    browser.find_element(By.ID, "key").send_keys(MASTER)
+    browser.find_element(By.ID, "key").submit()
+    wait(browser, lambda d: d.current_url.endswith("/ui"))
+    try:
+        # Overview: errors, tokens, the headline's unlabelled spend, per key and per route, per revision.
+        kinds = rows(browser, "error-kinds")
+        assert any(r.startswith("404 UnknownModel 1") for r in kinds), kinds
+        assert len(kinds) == 2, kinds
+        assert any(r.split()[2:4] == ["1", "local-broken"] and r.startswith("5") for r in kinds), kinds
+        inputs, outputs = (sum(r[c] or 0 for r in records) for c in ("input_tokens", "output_tokens"))
+        assert text(browser, "#total-tokens") == f"{tokens(inputs)} / {tokens(outputs)}"
+        assert "on tasks without a verdict" in text(browser, "#unlabelled-spend")
+        keys = {row.split()[0]: row for row in rows(browser, "by-key")}
+        assert set(keys) == {"ci-bot", "(master"}, keys
+        assert keys["ci-bot"].split()[2] == "53"  # its requests: the even tasks
+        routes = {row.split()[0] for row in rows(browser, "by-route")}
+        assert {"auto", "no-such", "broken"} <= routes, routes
+        revisions = rows(browser, "by-revision")
+        revisions = [r for r in revisions if not r.startswith("(none)")]  # the refused request: no policy
+        assert len(revisions) == 2 and revisions[1].split()[1:7] == [
+            "3",
+            revisions[1].split()[2],
+            "3",
+            "3",
+            "3",
+            "100.0%",
+        ]
+        fits(browser, "overview")
+        # Tasks: in pages, not capped.
+        browser.get(f"{router.url}/ui/tasks")
+        assert len(rows(browser, "tasks")) == 100 and "page 1 of 2" in text(browser, "#pages")
+        browser.find_element(By.ID, "page-next").click()
+        wait(browser, lambda d: "page=2" in d.current_url)
+        assert len(rows(browser, "tasks")) == 110 - 100 and "page 2 of 2" in text(
+            browser, "#pages"
+        )  # and op-broken, the late ones, the refused one
+        fits(browser, "tasks-page-2")
+        browser.get(f"{router.url}/ui/tasks/op-task-001")  # the master key's: the CI key's ids are scoped
+        assert "local-nano · est. $" in text(browser, "#requests")
+        fits(browser, "task")
+        browser.get(f"{router.url}/ui/latency")
+        fits(browser, "latency")
+        # Policy: what changed between the revisions.
+        browser.get(f"{router.url}/ui/policy")
+        diff = text(browser, "#diff-lines")
+        assert "-    epsilon: 0.0\n+    epsilon: 0.05" in diff, diff
+        fits(browser, "policy")
+        # The preview's result, and an error, in view right after submit.
+        browser.set_window_size(WIDE, 900)
+        browser.find_element(By.ID, "preview-button").click()
+        wait(browser, lambda d: d.find_elements(By.ID, "preview"))
+        assert browser.execute_script(
+            "const r = document.getElementById('preview-result').getBoundingClientRect();"
+            "return r.top >= 0 && r.top < window.innerHeight;"
+        )
+        browser.save_screenshot(str(SHOTS / "preview-result.png"))
+        box = browser.find_element(By.ID, "edit")
+        browser.execute_script("arguments[0].value = 'modelz: []';", box)
+        browser.find_element(By.ID, "preview-button").click()
+        wait(browser, lambda d: d.find_elements(By.ID, "preview-error"))
+        assert browser.execute_script(
+            "const r = document.getElementById('preview-error').getBoundingClientRect();"
+            "return r.top >= 0 && r.top < window.innerHeight;"
+        )
+        browser.save_screenshot(str(SHOTS / "preview-error.png"))
+    finally:
+        browser.set_window_size(1300, 1600)

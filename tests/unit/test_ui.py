@@ -187,3 +187,94 @@ async def test_the_login_page_offers_no_log_out_and_names_no_policy(fake: Any, t
         await r.client.post("/ui/login", data={"key": MASTER, "next": "/ui"})
         page = await r.client.get("/ui")
         assert page.status_code == 200 and "log out" in page.text and "acme-secret" in page.text
+
+
+def test_overview_says_what_failed_what_each_key_and_route_spent_and_what_the_headline_leaves_out() -> None:
+    ok = [_row("a", 10.0, "cheap", 0.25), _row("b", 20.0, "large", 0.5), _row("c", 30.0, "large", 1.25)]
+    ok[0].update(
+        key_id="key_1", requested_model="auto", input_tokens=1000, output_tokens=10, cache_read_tokens=800
+    )
+    ok[1].update(requested_model="auto", input_tokens=500, output_tokens=5)
+    ok[2].update(key_id="key_2", requested_model="claude-sonnet", input_tokens=2500, output_tokens=40)
+    failed = [
+        {
+            **_row("a", 40.0, "cheap", 0.0),
+            "status": 502,
+            "error_type": "UpstreamError",
+            "error_message": "old",
+        },
+        {
+            **_row("a", 41.0, "large", 0.0),
+            "status": 502,
+            "error_type": "UpstreamError",
+            "error_message": "x" * 500,
+        },
+        {**_row("b", 42.0, "cheap", 0.0), "status": 404, "error_type": "UnknownModel", "chosen_model": None},
+    ]
+    outcomes = [{"task_id": t, "attempt": 1, "success": s, "source": "explicit", "explicit": True, "ts": 99.0}
+                for t, s in (("a", True), ("b", False))]  # fmt: skip
+    o = views.overview([*ok, *failed], outcomes, since=0.0, until=100.0, key_names={"key_1": "ci"})
+    assert o["tokens"] == {"input_tokens": 4000, "output_tokens": 55, "cache_read_tokens": 800}
+    # Task c has no verdict: its $1.25 of the $2.00 spent is outside the headline cost per completed task.
+    assert (o["unlabelled_spend_usd"], o["unlabelled_share"]) == (1.25, 0.625)
+    kinds = [(e["status"], e["reason"], e["count"]) for e in o["error_kinds"]]
+    assert kinds == [(502, "UpstreamError", 2), (404, "UnknownModel", 1)]
+    upstream = o["error_kinds"][0]
+    assert dict(upstream["backends"]) == {"cheap": 1, "large": 1} and upstream["last_ts"] == 41.0
+    assert upstream["message"] == "x" * (views.ERROR_MESSAGE_CHARS - 1) + "…"
+    assert dict(o["error_kinds"][1]["backends"]) == {"(none: refused before routing)": 1}
+    groups = {g["by"]: {x["label"]: x for x in g["groups"]} for g in o["groupings"]}
+    assert set(groups) == {"backend", "route", "key"}
+    assert {k: (x["requests"], x["cost_usd"]) for k, x in groups["key"].items()} == {
+        "ci (key_1)": (1, 0.25), "key_2": (1, 1.25), "(master or open)": (4, 0.5)}  # fmt: skip
+    auto = groups["route"]["auto"]
+    assert (auto["requests"], auto["cost_usd"], auto["success_rate"]) == (2, 0.75, 0.5)
+    assert groups["route"]["claude-sonnet"]["success_rate"] is None  # no verdict: not 0%
+
+
+def test_the_task_list_is_paginated_not_capped() -> None:
+    requests = [_row(f"t{i:03d}", float(i), "cheap", 0.01) for i in range(250)]
+    first = views.task_rows(requests, [])
+    assert (first["matched"], first["pages"], first["page"], len(first["tasks"])) == (250, 3, 1, 100)
+    assert first["tasks"][0]["task_id"] == "t249"  # most recent first
+    last = views.task_rows(requests, [], page=3)
+    assert (last["first"], [t["task_id"] for t in last["tasks"]][-1], len(last["tasks"])) == (201, "t000", 50)
+    assert views.task_rows(requests, [], page=99)["page"] == 3
+    assert views.task_rows(requests, [], "t24", page=1)["pages"] == 1
+
+
+def test_money_on_charts_is_never_in_exponent_form() -> None:
+    # Charts formatted dollars with "${:.4g}": a nano model's $0.000004 read "$4e-06".
+    from router.ui.routes import _usd
+
+    bars = str(charts.hbars([("nano", 0.000004), ("large", 0.0123)], title="t", fmt=_usd))
+    columns = str(charts.columns([("now", 0.0000031)], title="t", fmt=_usd))
+    assert "$0.00000400" in bars and "$0.0123" in bars and "$0.00000310" in columns
+    assert "e-0" not in bars + columns
+
+
+def test_a_revision_diff_shows_the_policy_lines_and_the_artifact() -> None:
+    from router.ui import policyview
+
+    old = b"name: p\nobjective:\n  exploration: {epsilon: 0.2}\n"
+    new = b"name: p\nobjective:\n  exploration: {epsilon: 0.1}\nlearned: {artifact: a.json}\n"
+    d = policyview.diff("aaaaaaaaaaaa", old, "bbbbbbbbbbbb", new, (None, b"{}"))
+    assert d is not None and d["against"] == "aaaaaaaaaaaa"
+    assert ("-", "-  exploration: {epsilon: 0.2}") in d["lines"] and (
+        "+",
+        "+learned: {artifact: a.json}",
+    ) in d["lines"]
+    assert d["artifact"] == (None, "44136fa355b3")
+    assert policyview.diff("aaaaaaaaaaaa", None, "bbbbbbbbbbbb", new, (None, None)) is None
+
+
+def test_the_archive_reads_only_revision_folders(tmp_path: Any) -> None:
+    from router.policy.revisions import Archive
+
+    archive = Archive(tmp_path / "policy.yaml")
+    (archive.dir / "0123456789ab").mkdir(parents=True)
+    (archive.dir / "0123456789ab" / "policy.yaml").write_text("name: p\n")
+    (tmp_path / "secret").write_text("key")
+    assert archive.archived("0123456789ab") == b"name: p\n"
+    assert archive.archived("../../secret", "") is None and archive.archived("../../..") is None
+    assert archive.archived("0123456789ab", "artifact") is None
