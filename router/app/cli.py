@@ -111,7 +111,9 @@ def cmd_outcome(args: argparse.Namespace) -> int:
 def cmd_promote(args: argparse.Namespace) -> int:
     from router.rollout.promote import promote
 
-    sha = promote(args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"))
+    sha = promote(
+        args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"), force=args.force
+    )
     print(
         f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second"
     )
@@ -357,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("artifact", help="the artifact `router train` wrote")
     pr.add_argument("--config", required=True, help="the policy file to pin it in")
     pr.add_argument("--redis", help=REDIS_HELP)
+    pr.add_argument("--force", action="store_true",
+                    help="pin an artifact trained for other models than the policy's (refused otherwise)")  # fmt: skip
     pr.set_defaults(func=cmd_promote)
 
     rb = command("rollback", "put an earlier policy revision back (routers reload it)",

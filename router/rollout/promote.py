@@ -20,24 +20,27 @@ from router.state import StateConfig, open_state
 _LEARNED_BLOCK = re.compile(r"^learned:\n(?:[ \t]+.*\n?)*", re.MULTILINE)
 
 
-def promote(artifact: str, config: str, redis_url: str | None = None, redis_prefix: str = "router:") -> str:
-    """Pin ``artifact`` in the policy file (path and sha256); running routers pick it up."""
+def promote(
+    artifact: str, config: str, redis_url: str | None = None, redis_prefix: str = "router:", *,
+    force: bool = False,
+) -> str:  # fmt: skip
+    """Pin ``artifact`` in the policy file (path and sha256); running routers pick it up.
+    Refused when the artifact was trained for other models than the policy's (``force``: pinned
+    anyway: the router then warns, and scores the models it lacks as an even chance)."""
     art = Path(artifact).resolve()
     try:
         raw = art.read_bytes()
     except OSError as exc:
         raise ConfigError(f"artifact {artifact}: {exc.strerror}") from None
-    Artifact.from_bytes(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now
+    learned = Artifact.from_bytes(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now
     sha = hashlib.sha256(raw).hexdigest()
     cfg = Path(config)
     try:
         text = cfg.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{config}: cannot read policy file: {exc.strerror}") from None
-    try:
-        rel = art.relative_to(cfg.resolve().parent)
-    except ValueError:
-        rel = art
+    # Relative to the policy file, as the loader reads it: the pair survives a move or a clone.
+    rel = Path(os.path.relpath(art, cfg.resolve().parent))
     block = f"learned:\n  artifact: {rel}\n  sha256: {sha}\n"
     new = (
         _LEARNED_BLOCK.sub(block, text, count=1)
@@ -51,6 +54,8 @@ def promote(artifact: str, config: str, redis_url: str | None = None, redis_pref
         before: Runtime | None = load_runtime(cfg)
     except ConfigError:
         before = None  # a file no router would load: nothing worth going back to
+    if before is not None and not force:
+        _same_models(artifact, config, list(learned.models), list(before.policy.models))
     # Validate before writing: a promotion never leaves a policy file the router would refuse.
     tmp = cfg.with_suffix(cfg.suffix + ".promote")
     tmp.write_text(new, encoding="utf-8")
@@ -80,3 +85,17 @@ async def publish(redis_url: str, prefix: str, version: str) -> None:
         await state.policy.publish_version(version)
     finally:
         await state.aclose()
+
+
+def _same_models(artifact: str, config: str, learned: list[str], catalog: list[str]) -> None:
+    """Refuse, in one line, an artifact trained for other models than the policy routes to."""
+    unseen = [m for m in catalog if m not in learned]
+    foreign = [m for m in learned if m not in catalog]
+    if not unseen and not foreign:
+        return
+    parts = [f"no attempt of {', '.join(unseen)} (scored as an even chance)"] if unseen else []
+    parts += [f"models the policy does not have: {', '.join(foreign)}"] if foreign else []
+    raise ConfigError(
+        f"{artifact} does not match the models of {config}: {'; '.join(parts)} — train on a log of this "
+        "policy's models (router train --config it), or pass --force to pin it anyway"
+    )

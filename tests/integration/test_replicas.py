@@ -165,7 +165,7 @@ def test_policy_promoted_on_a_is_used_by_b_within_a_second(pair, tmp_path: Path)
     assert "learned" not in httpx.post(b.url + "/v1/route", json=route_body).json()["policy"]
     started = time.monotonic()
     promote(str(artifact), str(config), f"redis://127.0.0.1:{REDIS_PORT}/0",
-            a.server.config.app.state.services.settings.redis_prefix)  # fmt: skip
+            a.server.config.app.state.services.settings.redis_prefix, force=True)  # two of the four models  # fmt: skip
     while "learned" not in httpx.post(b.url + "/v1/route", json=route_body).json()["policy"]:
         assert time.monotonic() - started < 1.5, "B did not pick up the promoted policy"
         time.sleep(0.05)

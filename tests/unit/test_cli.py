@@ -209,7 +209,7 @@ def test_rollback_undoes_a_promotion_with_no_router_serving(
     # revision has been applied yet" (README step 8).
     config, artifact = _trained(tmp_path)
     original = config.read_bytes()
-    assert main(["promote", str(artifact), "--config", str(config)]) == 0
+    assert main(["promote", str(artifact), "--config", str(config), "--force"]) == 0  # another catalog's
     assert config.read_bytes() != original
     capsys.readouterr()
     assert main(["rollback", "--config", str(config)]) == 0, capsys.readouterr().err
@@ -281,20 +281,46 @@ def test_keys_on_a_missing_store_leave_no_new_file(
     assert not missing.exists()
 
 
-def test_promote_says_which_models_the_artifact_and_the_catalog_do_not_share(
+def test_promote_refuses_an_artifact_of_other_models_unless_forced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Promoting an artifact trained on other models' log (here `cheap`/`strong`, into local.yaml's
-    # catalog) warned only that the artifact's own models are ignored, not that every model the
-    # policy routes to would be scored as an even chance.
+    # catalog) pinned it with a warning: every model the policy routes to then scored blind.
     config, artifact = _trained(tmp_path)
+    original = config.read_bytes()
     capsys.readouterr()
-    assert main(["promote", str(artifact), "--config", str(config)]) == 0
+    assert main(["promote", str(artifact), "--config", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert config.read_bytes() == original and not out
+    assert (
+        err.startswith(f"router promote: {artifact} does not match the models of {config}: ")
+        and err.count("\n") == 1
+    )
+    assert "no attempt of local-nano, local-mini, local-large, local-claude" in err, err
+    assert "models the policy does not have: cheap, strong" in err and "--force" in err, err
+    # Forced: pinned, with the same facts said as warnings.
+    assert main(["promote", str(artifact), "--config", str(config), "--force"]) == 0
     out, err = capsys.readouterr()
     assert "now pins" in out
     assert "no labelled attempt of catalog models" in err, err
     assert "local-nano, local-mini, local-large, local-claude" in err, err
     assert "cheap, strong" in err and "not in the catalog" in err, err
+
+
+def test_promote_pins_the_artifact_by_a_path_relative_to_the_policy_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An artifact outside the policy's folder (README step 8 on policies/examples/local.yaml with
+    # policies/learned/v1.json) was pinned by its absolute path: a moved or cloned checkout broke.
+    config, artifact = _trained(tmp_path)
+    (tmp_path / "examples").mkdir()
+    moved = tmp_path / "examples" / "policy.yaml"
+    config.rename(moved)
+    monkeypatch.chdir(tmp_path)
+    assert main(["promote", artifact.name, "--config", "examples/policy.yaml", "--force"]) == 0
+    assert "  artifact: ../v1.json\n" in moved.read_text()
+    capsys.readouterr()
+    assert main(["check", "--config", str(moved)]) == 0, capsys.readouterr().err
 
 
 def test_promote_a_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
