@@ -174,6 +174,12 @@ def cmd_eval_labels(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_eval_sizes(args: argparse.Namespace) -> int:
+    from router.app.commands.sizes import run
+
+    return run(args)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -394,6 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
                  "router eval-labels")  # fmt: skip
     add_eval_labels(el)
     el.set_defaults(func=cmd_eval_labels)
+
+    from router.app.commands.sizes import add_arguments as add_eval_sizes
+
+    es = command("eval-sizes", "measure the prompt, output and cost estimates on replayed agent trajectories",
+                 "router eval-sizes --json")  # fmt: skip
+    add_eval_sizes(es)
+    es.set_defaults(func=cmd_eval_sizes)
 
     mg = command("migrate", "create or upgrade the log store's schema, then exit",
                  "router migrate --store postgresql://router@db/router")  # fmt: skip

@@ -20,7 +20,7 @@ from router.app.settings import Settings
 from router.background import Background, on_daemon_thread
 from router.features.memo import ConversationMemo
 from router.features.pipeline import Pipeline
-from router.features.promptsize import PromptSizer
+from router.features.promptsize import COUNT_NEW_CHARS, PromptSizer
 from router.features.task.context import TaskContext
 from router.features.task.tracker import TaskTracker
 from router.features.tokens import TokenCounter
@@ -83,7 +83,9 @@ def build_services(settings: Settings) -> Services:
         settings=settings,
         runtime=RuntimeHolder(runtime, on_install=lambda rt: executor.use(rt.catalog)),
         counter=counter,
-        sizer=PromptSizer(counter, ConversationMemo(settings.transcript_memory_bytes)),
+        sizer=PromptSizer(
+            counter, ConversationMemo(settings.transcript_memory_bytes), count_new_chars=COUNT_NEW_CHARS
+        ),
         upstream=upstream,
         executor=executor,
         store=store,

@@ -47,6 +47,8 @@ class Snapshot:
     #: ``(k, tokens)``: the provider's own count of a prompt made of this request's first ``k``
     #: messages with its system and tools (an earlier request of the conversation, as served).
     anchor: tuple[int, int] | None = None
+    #: The backend that reported ``anchor`` (its tokens are that provider's), if known.
+    anchor_model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,12 +58,16 @@ class Pipeline:
         view = await self.tasks.enter(rt.policy, req, task_id, attempt_header, size.tokens, repo, size.facts)
         label = self.tasks.label_reader(rt.policy, req, view, size.repeat, size.facts)
         try:
-            feats = request_features(req, size.tokens, headers, view)
+            feats = request_features(req, size.tokens, headers, view, size)
             arm, decider = _decider(rt, req, task_id, key_id, headers)
-            counted = not size.settled and decider.size_matters(feats, size.low, size.high)
+            # A hard limit is never decided on a guess, and a short prompt nothing anchors (a
+            # conversation's first request) is counted: once, and its o200k count converts well.
+            counted = not size.settled and (
+                self.sizer.wants_count(size) or decider.size_matters(feats, size.low, size.high)
+            )
             if counted:
-                # A hard limit is never decided on a guess.
-                feats = replace(feats, prompt_tokens=await self._settle(size))
+                await self._settle(size)
+                feats = replace(feats, prompt_tokens=size.tokens, prompt_anchor=size.provider_tokens)
             decision = decider.decide(feats)
         except BaseException:
             if label is not None:
@@ -81,7 +85,7 @@ class Pipeline:
             await self._settle(size)
         repo = headers.get("x-router-repo")
         view = await self.tasks.preview(rt.policy, req, task_id, attempt_header, size.tokens, repo)
-        feats = request_features(req, size.tokens, headers, view)
+        feats = request_features(req, size.tokens, headers, view, size)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
         return Decided(feats, view, decider.decide(feats, explore=False), arm=arm)
 
@@ -104,8 +108,16 @@ class Pipeline:
         and read the weak label."""
         size = decided.size
         if size is not None:
-            if reported_input_tokens and size.snapshot is not None:  # a 0 is no count of a prompt
-                self.sizer.reported(size, reported_input_tokens)
+            if reported_input_tokens and size.snapshot is not None and served_by:  # a 0 is no count
+                b = rt.catalog[served_by]
+                # The reply's count teaches the rate of b's tokens; now and then its tail is counted
+                # too (a thread), for b's provider/o200k ratio of a conversation's tail.
+                if self.sizer.reported(
+                    size, reported_input_tokens, b.id, rt.decider.estimates.tokens_ratio(b.id, b.provider)
+                ):
+                    self.background.spawn_blocking(
+                        self.sizer.learn_tail, size, reported_input_tokens, b.id, name="learn-tail"
+                    )
             elif not size.settled:
                 if size.pending_chars <= INLINE_CHARS:
                     self.sizer.settle(size)  # cheaper here than handing it to a thread
@@ -129,9 +141,11 @@ def _decider(
 
 
 def request_features(
-    req: ClientRequest, prompt_tokens: int, headers: Mapping[str, str], task: TaskView | None = None
-) -> Features:
-    """The request's features; without ``task``, those of a fresh task's first request."""
+    req: ClientRequest, prompt_tokens: int, headers: Mapping[str, str], task: TaskView | None = None,
+    size: PromptSize | None = None,
+) -> Features:  # fmt: skip
+    """The request's features; without ``task``, those of a fresh task's first request; ``size``:
+    the measured prompt, whose anchored part is in its provider's tokens."""
     extra: dict[str, Any] = {}
     if task is not None:
         extra = {
@@ -140,6 +154,8 @@ def request_features(
             "signed_history": task.signed_history, "task_budget_left": task.budget_left,
             "warm_model": task.warm_model, "warm_tokens": task.warm_tokens,
         }  # fmt: skip
+    if size is not None:
+        extra["prompt_anchor"], extra["anchor_model"] = size.provider_tokens, size.anchor_model
     return Features(
         protocol=req.protocol,
         requested_model=req.model,

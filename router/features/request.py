@@ -26,6 +26,8 @@ RULE_FIELDS = (
 class Features:
     protocol: str
     requested_model: str
+    #: The prompt's estimate: ``prompt_anchor`` tokens counted by ``anchor_model``'s provider, the
+    #: rest in o200k tokens (each backend's count: ``router.policy.estimates``).
     prompt_tokens: int
     #: What the client allows the reply to use, if it said.
     max_output_tokens: int | None
@@ -52,6 +54,10 @@ class Features:
     #: The backend holding this task's warm prompt prefix, and how many tokens of it.
     warm_model: str | None = None
     warm_tokens: int = 0
+    #: The part of ``prompt_tokens`` in ``anchor_model``'s provider tokens (the rest is o200k);
+    #: None: the whole estimate is taken as any backend's count (nothing is converted).
+    prompt_anchor: int | None = None
+    anchor_model: str | None = None
 
     def for_rules(self) -> dict[str, Any]:
         """The mapping that rule conditions read (names as in the policy file)."""

@@ -116,9 +116,11 @@ class Rule(_Strict):
 class Defaults(_Strict):
     """Estimates used before the log can teach better ones."""
 
-    #: Output tokens assumed when the client sets no limit (the log refines this later).
+    #: Output tokens assumed when the client sets no limit, until the learned artifact has the
+    #: backend's mean (``router.policy.estimates``).
     expected_output_tokens: int = Field(default=1024, gt=0)
-    #: Output tokens reserved when checking that a prompt fits, when the client sets no limit.
+    #: Output tokens reserved when checking that a prompt fits, when the client sets no limit,
+    #: until the learned artifact has the backend's 90th percentile.
     reserve_output_tokens: int = Field(default=4096, gt=0)
 
 

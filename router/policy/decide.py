@@ -16,13 +16,16 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
 from router.features.request import Features
 from router.ids import IdMaker
 from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
+from router.policy.estimates import Estimates
+
+_PRIORS: Final = Estimates()
 
 
 @dataclass(slots=True)
@@ -37,6 +40,8 @@ class Estimate:
     p_success: float | None = None
     attempt_cost_usd: float | None = None
     cost_per_completed_usd: float | None = None
+    #: What a budget holds for this call: the cost at a high quantile of its output.
+    hold_usd: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         # By hand: dataclasses.asdict deep-copies, and this runs for every candidate of every request.
@@ -99,29 +104,44 @@ class CheapestScorer:
 _CHEAPEST = CheapestScorer()
 
 
-def estimate(backend: Backend, features: Features, expected_output: int) -> Estimate:
+def estimate(
+    backend: Backend, features: Features, expected_output: int, estimates: Estimates | None = None,
+    prompt: int | None = None, hold_output: int | None = None,
+) -> Estimate:  # fmt: skip
     """Tokens and dollars of this call on ``backend``, prompt caching included.
 
-    The task's prefix is warm only on the backend it last used, within that provider's cache
-    lifetime; anywhere else the whole prompt is new, and where the provider charges for cache
-    writes (Anthropic) a switch pays them.
+    ``prompt``: the prompt in the backend's tokens (default ``features.prompt_tokens``). The task's
+    prefix is warm only on the backend it last used, within that provider's cache lifetime, and
+    the provider caches the share of it ``estimates`` learned; anywhere else the whole prompt is
+    new, and where the provider charges for cache writes (Anthropic) a switch pays them.
+    ``hold_output``: the output a budget holds for (the cost at it is ``hold_usd``; without it, the
+    hold is the expected cost).
     """
+    est = estimates or _PRIORS
     out = min(features.max_output_tokens or expected_output, expected_output, backend.max_output_tokens)
-    prompt = features.prompt_tokens
-    cached = min(features.warm_tokens, prompt) if features.warm_model == backend.id else 0
+    prompt = features.prompt_tokens if prompt is None else prompt
+    warm = min(features.warm_tokens, prompt) if features.warm_model == backend.id else 0
+    cached = min(warm, round(prompt * est.cache_share(backend.id)))
     fresh = prompt - cached
     writes = fresh if backend.protocol == "anthropic" else 0
     cost = backend.price.cost(fresh - writes, out, cached, writes)
-    return Estimate(backend.id, prompt, out, cached, cost)
+    e = Estimate(backend.id, prompt, out, cached, cost, hold_usd=cost)
+    if hold_output is not None:
+        held = min(features.max_output_tokens or hold_output, hold_output, backend.max_output_tokens)
+        e.hold_usd = cost + max(0, held - out) * backend.price.output
+    return e
 
 
 class Decider:
     def __init__(
-        self, policy: Policy, catalog: Catalog, scorer: Scorer | None = None, rng: random.Random | None = None
-    ) -> None:
+        self, policy: Policy, catalog: Catalog, scorer: Scorer | None = None, rng: random.Random | None = None,
+        estimates: Estimates | None = None,
+    ) -> None:  # fmt: skip
         self.policy = policy
         self.catalog = catalog
         self.scorer = scorer or CheapestScorer()
+        #: Per-backend provider tokens, output and cache share: given, the learned artifact's, or priors.
+        self.estimates: Estimates = estimates or getattr(self.scorer, "estimates", None) or _PRIORS
         self.epsilon = policy.objective.exploration.epsilon
         self._rng = rng or random.Random(policy.objective.exploration.seed)
         self._new_id = IdMaker()
@@ -155,16 +175,14 @@ class Decider:
                     excluded[n] = f"rule {rule.name}"
             preferred.extend(p for p in rule.prefer if p not in preferred)
 
-        defaults = self.policy.defaults
-        # Output length learned from the log, when the scorer has it (the learned policy does).
-        out_model: Callable[[str, int], int | None] | None = getattr(self.scorer, "expected_output", None)
         estimates = []
         for n in names:
             backend = self.catalog[n]
-            learned = out_model(n, features.prompt_tokens) if out_model else None
-            e = estimate(backend, features, learned or defaults.expected_output_tokens)
+            prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
+            mean, high = self.output(backend, features)
+            e = estimate(backend, features, mean, self.estimates, prompt, high)
             e.excluded = excluded.get(n) or self._hard_constraint(
-                backend, features, defaults.reserve_output_tokens
+                backend, features, self.reserve(backend), prompt
             )
             estimates.append(e)
         self._switch_rules(features, estimates)
@@ -209,7 +227,12 @@ class Decider:
             reason, propensity = "passthrough route", 1.0
         for fb in route.fallbacks:
             backend = self.catalog[fb]
-            if fb not in order and fb not in excluded and not self._hard_constraint(backend, features, 0):
+            prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
+            if (
+                fb not in order
+                and fb not in excluded
+                and not self._hard_constraint(backend, features, 0, prompt)
+            ):
                 order.append(fb)
         return Decision(
             decision_id=self._new_id(),
@@ -239,16 +262,51 @@ class Decider:
             for rule in self._sized_rules:
                 if rule.condition.matches(small) != rule.condition.matches(large):
                     return True
-        reserve = self.policy.defaults.reserve_output_tokens
         names = [route.passthrough] if route.passthrough else list(route.candidates)
-        for names_, reserve_ in ((names, reserve), (route.fallbacks, 0)):
+        for names_, reserved in ((names, True), (route.fallbacks, False)):
             for n in names_:
                 backend = self.catalog[n]
-                if _over_window(backend, features, reserve_, low) != _over_window(
-                    backend, features, reserve_, high
+                reserve = self.reserve(backend) if reserved else 0
+                least, most = (self.prompt_tokens(backend, x, features) for x in (low, high))
+                if _over_window(backend, features, reserve, least) != _over_window(
+                    backend, features, reserve, most
                 ):
                     return True
         return False
+
+    def prompt_tokens(self, backend: Backend, tokens: int, features: Features) -> int:
+        """``tokens`` (an estimate of ``features``' prompt) in ``backend``'s provider tokens: the
+        anchor's part as its provider counted it (converted if another provider is asked), the
+        rest from o200k at the backend's ratio."""
+        if features.prompt_anchor is None:
+            return tokens
+        est = self.estimates
+        ratio = est.tokens_ratio(backend.id, backend.provider)
+        anchor = min(features.prompt_anchor, tokens)
+        source = features.anchor_model
+        if anchor and source is not None and source != backend.id and source in self.catalog.backends:
+            anchor = round(anchor * ratio / est.tokens_ratio(source, self.catalog[source].provider))
+        return anchor + round((tokens - min(features.prompt_anchor, tokens)) * ratio)
+
+    def output(self, backend: Backend, features: Features) -> tuple[int, int | None]:
+        """The expected output of a call on ``backend`` (its cost) and the high one a budget holds for.
+
+        Learned per backend (the mean and the 90th percentile), else the scorer's fit (older
+        artifacts), else the policy's default (and the hold is the expected cost)."""
+        defaults = self.policy.defaults
+        learned = self.estimates.of(backend.id)
+        mean: int | None = round(learned.output_mean) if learned.output_mean else None
+        if mean is None:
+            out_model: Callable[[str, int], int | None] | None = getattr(self.scorer, "expected_output", None)
+            mean = out_model(backend.id, features.prompt_tokens) if out_model else None
+        high = max(1, round(learned.output_p90)) if learned.output_p90 else None
+        return max(1, mean or defaults.expected_output_tokens), high
+
+    def reserve(self, backend: Backend) -> int:
+        """The output a context window must leave room for when the client set no limit: the
+        backend's learned 90th percentile, else the policy's ``reserve_output_tokens``."""
+        p90 = self.estimates.of(backend.id).output_p90
+        return max(1, round(p90)) if p90 else self.policy.defaults.reserve_output_tokens
 
     def _explore(self, order: list[str]) -> tuple[list[str], float, str | None]:
         """Epsilon-greedy over the eligible candidates, at the start of an attempt only: the
@@ -289,13 +347,10 @@ class Decider:
         return model == features.pinned or self.catalog[model].protocol != features.signed_history
 
     @staticmethod
-    def _hard_constraint(backend: Backend, features: Features, reserve: int) -> str | None:
-        if _over_window(backend, features, reserve, features.prompt_tokens):
+    def _hard_constraint(backend: Backend, features: Features, reserve: int, prompt: int) -> str | None:
+        if _over_window(backend, features, reserve, prompt):
             wanted_out = _wanted_output(backend, features, reserve)
-            return (
-                f"context: ~{features.prompt_tokens} prompt + {wanted_out} output tokens "
-                f"> window {backend.context_window}"
-            )
+            return f"context: ~{prompt} prompt + {wanted_out} output tokens > window {backend.context_window}"
         if features.tools and not backend.tools:
             return "capability: no tool use"
         if features.vision and not backend.vision:

@@ -32,6 +32,7 @@ from router.features.request import Features
 from router.features.task.vector import HASH_DIM, NUMERIC, arrays, dot, schema, with_attempt
 from router.policy import prior as priors
 from router.policy.attempt import AttemptControl
+from router.policy.estimates import Estimates
 from router.policy.objective import Choice, Next, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
 
@@ -91,6 +92,8 @@ class Artifact:
     points: dict[int, tuple[priors.Point, ...]] = field(default_factory=dict)
     #: Per model, the call cap and stop-loss threshold ``router train`` learned (``router.policy.attempt``).
     controls: dict[str, AttemptControl] = field(default_factory=dict)
+    #: Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
+    estimates: Estimates = field(default_factory=Estimates)
 
     def expected_output(self, model: str, prompt_tokens: int) -> int | None:
         """The median output tokens of a call, learned from the log (None: no history)."""
@@ -150,8 +153,9 @@ class Artifact:
         frontiers = priors.frontier_from_json(obj.get("prior_plans"), source)
         points = priors.points_from_json(obj.get("operating_points"), source)
         controls = _attempt_controls(obj.get("attempt_control"), source)
+        estimates = Estimates.from_json(obj.get("estimates"), source)
         return cls(digest, models, obj["feature_schema"], meta, float(task_sd), curves, scopes=scopes,
-                   frontiers=frontiers, points=points, controls=controls)  # fmt: skip
+                   frontiers=frontiers, points=points, controls=controls, estimates=estimates)  # fmt: skip
 
     @functools.cached_property
     def arrays(self) -> _Arrays:
@@ -291,6 +295,10 @@ class LearnedScorer:
 
     def expected_output(self, model: str, prompt_tokens: int) -> int | None:
         return self.artifact.expected_output(model, prompt_tokens)
+
+    @property
+    def estimates(self) -> Estimates:
+        return self.artifact.estimates
 
     def options(
         self,

@@ -52,7 +52,7 @@ def features_of(r: Row, vector: Mapping[int, float] | None) -> Features:
     return Features(
         protocol=str(r.get("protocol") or ""),
         requested_model=str(r.get("requested_model") or ""),
-        prompt_tokens=int(r.get("prompt_tokens_est") or r.get("input_tokens") or 0),
+        prompt_tokens=(prompt := int(r.get("prompt_tokens_est") or r.get("input_tokens") or 0)),
         max_output_tokens=r.get("max_tokens"),
         tools=bool(r.get("n_tools")),
         n_tools=int(r.get("n_tools") or 0),
@@ -64,6 +64,9 @@ def features_of(r: Row, vector: Mapping[int, float] | None) -> Features:
         headers=r.get("rule_headers") or {},
         task_vector=vector,  # as the tracker hands it over: the scorer adds the attempt
         attempt=attempt,
+        # Mostly an anchored estimate, in the tokens of the backend that served it.
+        prompt_anchor=prompt,
+        anchor_model=r.get("chosen_model"),
     )
 
 
@@ -230,6 +233,7 @@ def preview(
         backend = catalog[new]
         usage = logged_usage(r)
         same_cost = cost_split(backend.price, usage).total
+        held = usage.input_tokens or 0  # what the call leaves warm, in the tokens of the backend that took it
         if new == r["chosen_model"]:
             cost = same_cost
         else:
@@ -239,15 +243,19 @@ def preview(
                     tally.risk_examples.append(
                         {"request_id": r["request_id"], "move": f"{old} -> {new}", "risk": kind}
                     )
-            sized = replace(f, prompt_tokens=usage.input_tokens or 0, max_output_tokens=None)
-            cost = estimate(backend, sized, usage.output_tokens or 0).cost_usd
+            # The served backend's count, in the new backend's tokens.
+            reported = usage.input_tokens or 0
+            sized = replace(f, prompt_tokens=reported, prompt_anchor=reported, max_output_tokens=None)
+            decider = runtime.decider
+            held = decider.prompt_tokens(backend, reported, sized)
+            cost = estimate(backend, sized, usage.output_tokens or 0, decider.estimates, held).cost_usd
             tally.cache_switch += cost - same_cost
         tally.cost_after += cost
         if not side:
             if f.attempt not in t.pinned:
                 t.pinned[f.attempt] = new
                 tally.attempts[(task_id, f.attempt)] = (str(r["chosen_model"]), new)
-            t.warm = (new, usage.input_tokens or 0, float(r["ts"]) + backend.cache_ttl_s)
+            t.warm = (new, held, float(r["ts"]) + backend.cache_ttl_s)
     scorer = runtime.decider.scorer
     learned = (
         _learned_success(scorer, tally, {k: v.vector for k, v in tasks.items()}, resamples)

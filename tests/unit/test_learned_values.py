@@ -339,3 +339,40 @@ def test_after_a_failure_the_policy_recommends_escalating_or_stopping() -> None:
     # The task's budget left bounds the recommendation as it bounds the plan: mid fits $0.06, strong not.
     poor = valuable.recommend(TASK, list(MODELS), attempt=3, failed=("cheap",), budget=0.06)
     assert (poor.retry, poor.model) == (True, "mid")
+
+
+def test_the_artifacts_estimates_reach_the_decision() -> None:
+    from router.policy.catalog import build_catalog
+    from router.policy.decide import Decider
+    from router.policy.loading import parse_policy
+
+    learned = {"m": {"tokens_ratio": 1.25, "output_mean": 300.0, "output_p90": 900.0, "cache_share": 0.5}}
+    art = Artifact.from_bytes(
+        orjson.dumps(artifact_json(estimates=learned)), source="a.json", expected_sha256=None
+    )
+    policy = parse_policy(
+        "models:\n  - {id: m, litellm_model: openai/m, protocol: openai, prices: {input: 1, output: 2},"
+        " context_window: 100000, max_output_tokens: 4000}\nroutes:\n  - {match: auto, candidates: [m]}\n",
+        source="p.yaml", env={},
+    )  # fmt: skip
+    d = Decider(policy, build_catalog(policy, lookup=lambda m: None), LearnedScorer(art, Objective()))
+    f = Features(
+        "openai_chat",
+        "auto",
+        1_000,
+        None,
+        False,
+        0,
+        False,
+        False,
+        False,
+        2,
+        warm_model="m",
+        warm_tokens=1_000,
+        prompt_anchor=0,  # all of it in o200k tokens
+    )
+    e = d.decide(f).estimate("m")
+    assert e is not None and (e.prompt_tokens, e.output_tokens, e.cached_tokens) == (1_250, 300, 625)
+    with pytest.raises(ConfigError, match=r"a\.json: estimates\.m\.tokens_ratio"):
+        Artifact.from_bytes(orjson.dumps(artifact_json(estimates={"m": {"tokens_ratio": "x"}})), source="a.json",
+                            expected_sha256=None)  # fmt: skip

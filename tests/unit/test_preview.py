@@ -51,10 +51,11 @@ def test_a_move_pays_the_new_prices_and_the_lost_cache(tmp_path: Path) -> None:
     rows = [row(1, "a", inp=1000, cost=1.4e-3), row(2, "a", inp=1200, read=800, cost=1.0e-3)]
     p = preview(rows, [], runtime(tmp_path, ["b"]))
     assert p["moves"] == {"a -> b": 2}
-    # On b (anthropic) the first call writes its whole prompt to the cache; the second reads what
-    # the replay's first call left warm on b (1000 tokens) and writes the new 200.
-    first = (1000 * 3.75 + 100 * 15.0) * M
-    second = (1000 * 0.3 + 200 * 3.75 + 100 * 15.0) * M
+    # b (anthropic) counts the same prompts in its own tokens, 1.2 per o200k token before its log
+    # says (1000 → 1200, 1200 → 1440). The first call writes its whole prompt to the cache; the
+    # second reads what the replay's first call left warm on b (1200 tokens) and writes the new 240.
+    first = (1200 * 3.75 + 100 * 15.0) * M
+    second = (1200 * 0.3 + 240 * 3.75 + 100 * 15.0) * M
     assert p["cost_usd_after"] == pytest.approx(first + second, abs=1e-9)
     # At b's prices with the logged cache reads (as if the cache had moved along):
     carried = (1000 * 3.0 + 100 * 15.0) * M + (400 * 3.0 + 800 * 0.3 + 100 * 15.0) * M
@@ -77,10 +78,15 @@ def test_a_move_that_loses_no_cache_costs_nothing_for_the_switch(tmp_path: Path)
 
 def test_within_an_attempt_the_task_stays_where_the_new_policy_started_it(tmp_path: Path) -> None:
     # The new policy would pick a for the small first call, and b only for the one a cannot hold.
-    rows = [row(1, "b", inp=500), row(2, "b", inp=9_500, out=900), row(3, "b", attempt=2, inp=9_800, out=900)]
+    rows = [
+        row(1, "b", inp=500),
+        row(2, "b", inp=11_500, out=900),
+        row(3, "b", attempt=2, inp=11_800, out=900),
+    ]
     p = preview(rows, [], runtime(tmp_path, ["a", "b"]))
-    # Call 2 no longer fits a (9500 + 1000 reserved > 10000): the pin cannot hold it; attempt 2
-    # starts after a "failed" and goes to b, where it was.
+    # Call 2 no longer fits a (b's 11,500 tokens are ~9,580 of a's, 1.2 to 1 before the log says;
+    # + 1000 reserved > 10000): the pin cannot hold it; attempt 2 starts after a "failed" and goes
+    # to b, where it was.
     assert p["moves"] == {"b -> a": 1}
     assert p["attempts"] == 2
 

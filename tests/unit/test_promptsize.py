@@ -255,13 +255,66 @@ def test_the_anchor_is_not_used_for_another_prompt(encoding: Any, change: str) -
     assert s.settle(size) == exact(req, encoding)
 
 
-def test_the_chars_per_token_ratio_is_learned_from_the_providers_counts(encoding: Any) -> None:
+def test_each_backends_chars_per_token_is_learned_from_its_providers_counts(encoding: Any) -> None:
     s = sizer(encoding)
-    s.reported(s.measure(chat_req(conversation(1)), "t", 10_000), REPORTED)
-    before = s.chars_per_token
+    s.reported(s.measure(chat_req(conversation(1)), "t", 10_000), REPORTED, "gemini", 1.157)
+    o200k, before = s.chars_per_token, s.provider_chars_per_token("gemini")
     big = "x" * 40_000
     size = s.measure(chat_req(conversation(1) + tool_turn(1, result=big)), "t", 10_000)
+    assert size.anchor_model == "gemini" and size.provider_tokens == size.tokens
     # The provider counted one token per character of the new text (and the fixed overheads).
     fixed = sum(u.fixed for u in size.pending)
-    s.reported(size, REPORTED + fixed + size.pending_chars)
-    assert s.chars_per_token < before
+    s.reported(size, REPORTED + fixed + size.pending_chars, "gemini", 1.157)
+    assert s.provider_chars_per_token("gemini") < before
+    # Neither the o200k rate nor another backend's learns from this provider's counts.
+    assert s.chars_per_token == o200k and s.provider_chars_per_token("other") == o200k
+    # The next tail of the conversation is estimated at the rate this backend taught.
+    nxt = s.measure(
+        chat_req(conversation(1) + tool_turn(1, result=big) + tool_turn(2, result=big)), "t", 10_000
+    )
+    assert nxt.anchored and nxt.tokens - nxt.exact > 0.8 * len(big)
+
+
+def test_a_count_by_another_backend_teaches_no_rate(encoding: Any) -> None:
+    s = sizer(encoding)
+    s.reported(s.measure(chat_req(conversation(1)), "t", 10_000), REPORTED, "gemini", 1.157)
+    size = s.measure(chat_req(conversation(1) + tool_turn(1, result="x" * 40_000)), "t", 10_000)
+    s.reported(size, REPORTED + 40_000, "gpt", 1.0)  # switched: the anchor was in another provider's tokens
+    assert s.provider_chars_per_token("gpt") == s.provider_chars_per_token("gemini") == s.chars_per_token
+
+
+def test_a_settled_tail_is_in_o200k_tokens_beside_the_anchor(encoding: Any) -> None:
+    s = sizer(encoding)
+    s.reported(s.measure(chat_req(conversation(2)), "t", 10_000), REPORTED, "gemini", 1.157)
+    size = s.measure(chat_req(conversation(2) + tool_turn(2)), "t", 10_000)
+    assert size.provider_tokens == size.tokens > size.anchor_tokens == REPORTED
+    s.settle(size)
+    assert size.provider_tokens == REPORTED < size.tokens  # the rest is o200k, for the decision to convert
+
+
+def test_a_sampled_tails_ratio_converts_what_settle_counts_of_a_later_tail(encoding: Any) -> None:
+    from router.features.promptsize import TAIL_SAMPLE
+
+    s = sizer(encoding)
+    counter = TokenCounter(encoding=encoding)
+    msgs = conversation(1)
+    s.reported(s.measure(chat_req(msgs), "t", 10_000), REPORTED, "gemini", 1.1)
+    total, samples = REPORTED, 0
+    for i in range(2, 200):
+        new = tool_turn(i, result=f"line {i} of a long file\n" * 200)
+        msgs = msgs + new
+        size = s.measure(chat_req(msgs), "t", 10_000)
+        # This provider counts 1.3 tokens per o200k token of tool output.
+        total += round(1.3 * sum(counter.count_item(m) for m in new))
+        if s.reported(size, total, "gemini", 1.1):
+            samples += 1
+            s.learn_tail(size, total, "gemini")
+        if s.tail_ratio("gemini") is not None:
+            break
+    # Only one tail in TAIL_SAMPLE was counted, and only once enough was.
+    assert 1 < samples < i // TAIL_SAMPLE + 1 and s.tail_ratio("gemini") == pytest.approx(1.3, rel=0.01)
+    msgs = msgs + tool_turn(999, result="more output\n" * 300)
+    size = s.measure(chat_req(msgs), "t", 10_000)
+    tail = sum(counter.count_item(m) for m in msgs[-2:])
+    assert s.settle(size) == size.provider_tokens == total + round(1.3 * tail)
+    assert s.tail_ratio("other") is None

@@ -17,6 +17,7 @@ from router.errors import ConfigError
 from router.learning.labels import fromlog
 from router.learning.training import control, dataset, offpolicy
 from router.learning.training import scopes as scoped
+from router.learning.training.estimates import fit_estimates
 from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
 from router.learning.training.value import MARGINS
@@ -102,6 +103,8 @@ def train(
                    scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     artifact["output_tokens"] = fit_output_tokens(requests)
     artifact["attempt_control"] = control.caps_from_log(rows)
+    # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
+    artifact["estimates"] = fit_estimates(requests)
     raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
     scorer = scorer_for_evaluation(raw, policy)
 
@@ -207,6 +210,12 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
     tables.show(console, t)
     for r in a.get("scope_report") or []:
         console.print(_scope_line(r), highlight=False, soft_wrap=True)  # one line each, for grep
+    est = Table("backend", "calls", "provider/o200k", "mean output", "p90 output", "cached share",
+                title="estimates (n/a: too few calls, the prior stays)")  # fmt: skip
+    for mid, e in (a.get("estimates") or {}).items():
+        est.add_row(mid, str(e.get("n", "")), _fmt(e.get("tokens_ratio"), "{:.3f}"), _fmt(e.get("output_mean"), "{:.0f}"),
+                    _fmt(e.get("output_p90"), "{:.0f}"), _fmt(e.get("cache_share"), "{:.1%}"))  # fmt: skip
+    tables.show(console, est)
     console.print(
         f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>"
     )

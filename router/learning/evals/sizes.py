@@ -1,0 +1,311 @@
+"""`router eval-sizes`: the router's prompt, output and cost estimates against what the provider reported.
+
+Each trajectory (``router.learning.labels.replay``: one request before each assistant turn, the
+provider's ``usage`` on that turn) is replayed through what the proxy does with a request: the
+protocol parser, ``PromptSizer.measure`` (memo, anchor, estimate), the decision (``Decider``: its
+per-call estimate of output and cost, the context-window constraint, ``size_matters`` and the
+exact count it asks for), then ``PromptSizer.reported`` with the provider's count, as
+``Pipeline.finish`` does. The warm prefix is the previous call's reported prompt on the same
+backend, as ``TaskContext.served`` records it.
+
+The fit columns ask, per window W in ``WINDOWS``: would a backend of that window be kept by the
+decision on the router's size (an exact count when the bounds straddle the window), and would it
+be kept on the provider's count? A *false fit* is kept but too small (the call fails or is cut);
+a *false exclude* is dropped but would have fitted.
+
+Baselines in the same run, on the same requests: ``chars4`` (all characters / 4), ``o200k`` (an
+exact o200k count of the whole prompt) and ``prev_chars4`` (the previous call's reported count +
+the new messages' characters / 4; the first call: chars / 4).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from router.errors import ContextTooLarge
+from router.features.memo import ConversationMemo
+from router.features.pipeline import request_features
+from router.features.promptsize import COUNT_NEW_CHARS, PromptSizer
+from router.features.request import Features
+from router.features.tokens import TokenCounter, item_text
+from router.learning.labels.replay import Trajectory, requests
+from router.learning.training.estimates import fit_estimates
+from router.policy.catalog import build_catalog
+from router.policy.decide import Decider
+from router.policy.estimates import Estimates
+from router.policy.loading import parse_policy
+from router.protocols import WIRES
+from router.protocols.common import OPENAI_CHAT
+
+WINDOWS: Final = (16_384, 32_768, 65_536, 131_072)
+BASELINES: Final = ("chars4", "o200k", "prev_chars4")
+#: The replayed backend: Gemini 3 Pro's prices (USD per million), as the trajectories' provider billed them.
+BACKEND: Final = "gemini"
+_MEMO_BYTES: Final = 256 << 20
+
+
+def _policy_text() -> str:
+    price = "prices: {input: 2.0, output: 12.0, cache_read: 0.2}, max_output_tokens: 65536"
+    models = [f"  - {{id: {BACKEND}, litellm_model: gemini/gemini-3-pro-preview, protocol: openai, "
+              f"{price}, context_window: 1048576}}"]  # fmt: skip
+    routes = [f"  - {{match: replay, candidates: [{BACKEND}]}}"]
+    for w in WINDOWS:
+        models.append(
+            f"  - {{id: w{w}, litellm_model: gemini/w{w}, protocol: openai, {price}, context_window: {w}}}"
+        )
+        routes.append(f"  - {{match: w{w}, candidates: [w{w}]}}")
+    return "models:\n" + "\n".join(models) + "\nroutes:\n" + "\n".join(routes) + "\n"
+
+
+@dataclass(slots=True)
+class Row:
+    """One replayed request: the router's estimates, the baselines and what the provider reported."""
+
+    task: str
+    turn: int
+    anchored: bool
+    prompt: int  # provider's count
+    prompt_est: int  # the router's, in the provider's tokens (the decision's estimate for the backend)
+    #: The size the log keeps (``prompt_tokens_est``): the anchor in its provider's tokens, the rest o200k.
+    logged: int
+    output: int
+    output_est: int
+    cost: float | None  # None: the provider reported no cost for the call
+    cost_est: float
+    cached: int
+    cached_est: int
+    micros: float
+    #: Per window: (router keeps it, the provider's count keeps it).
+    fits: dict[int, tuple[bool, bool]]
+    baselines: dict[str, int]
+    baseline_fits: dict[str, dict[int, bool]]
+
+
+class Replayer:
+    """The router's sizing, decision and cost code over trajectories, one conversation after another."""
+
+    def __init__(self, learned: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """``learned``: ``fit_estimates``' output for the replayed backend (None: the priors)."""
+        policy = parse_policy(_policy_text(), source="eval-sizes", env={})
+        catalog = build_catalog(policy, lookup=lambda m: None)
+        fitted = (learned or {}).get(BACKEND)
+        # Every window's backend is the replayed one with another window: it learned the same.
+        estimates = Estimates.from_json(
+            {b: fitted for b in catalog.backends} if fitted else None, "eval-sizes"
+        )
+        self.decider = Decider(policy, catalog, estimates=estimates)
+        self.backend = catalog[BACKEND]
+        self.ratio = estimates.tokens_ratio(BACKEND, self.backend.provider)
+        self.sizer = PromptSizer(
+            TokenCounter(), ConversationMemo(_MEMO_BYTES), count_new_chars=COUNT_NEW_CHARS
+        )
+        # Loaded before the first request is timed, as the router loads it at start.
+        assert self.sizer.counter.encoding is not None
+        # The baselines' exact counts and the exact counts of what the router left pending: a
+        # counter of their own, so the router's cache knows only what the router counted.
+        self.exact = TokenCounter()
+        self.wire = WIRES[OPENAI_CHAT]
+
+    def replay(self, t: Trajectory) -> list[Row]:
+        usages = [
+            m.get("usage") or {} for k, m in enumerate(t.messages) if k >= 2 and m.get("role") == "assistant"
+        ]
+        rows: list[Row] = []
+        warm = 0
+        prev: tuple[int, int] | None = None  # (messages, reported prompt) of the previous call
+        for turn, (raw, usage) in enumerate(zip(requests(t, "text"), usages, strict=True), 1):
+            req = self.wire.parse(raw)
+            started = time.perf_counter()
+            size = self.sizer.measure(req, t.instance_id, len(raw))
+            if self.sizer.wants_count(size):  # as Pipeline.decide does
+                self.sizer.settle(size)
+            micros = (time.perf_counter() - started) * 1e6
+            feats = replace(
+                request_features(req, size.tokens, {}, None, size), requested_model="replay",
+                warm_model=BACKEND if warm else None, warm_tokens=warm,
+            )  # fmt: skip
+            est = self.decider.decide(feats).estimate(BACKEND)
+            assert est is not None
+            true = int(usage["prompt_tokens"])
+            exact_pending: tuple[int, int] | None = None
+            fits: dict[int, tuple[bool, bool]] = {}
+            for w in WINDOWS:
+                wf = replace(feats, requested_model=f"w{w}")
+                if not size.settled and self.decider.size_matters(wf, size.low, size.high):
+                    # What Pipeline.decide does: a hard limit is never decided on a guess.
+                    if exact_pending is None:
+                        exact_pending = self.sizer.counted(size, self._exact(size))
+                    wf = replace(wf, prompt_tokens=exact_pending[0], prompt_anchor=exact_pending[1])
+                fits[w] = (self._keeps(wf), self._keeps(_provider(wf, true)))
+            chars = [len(item_text(m)[1]) for m in req.messages]
+            base = {
+                "chars4": round(sum(chars) / 4),
+                "o200k": self.exact.count_request(req),
+                "prev_chars4": (prev[1] + round(sum(chars[prev[0]:]) / 4)) if prev else round(sum(chars) / 4),
+            }  # fmt: skip
+            base_fits = {
+                name: {w: self._keeps(_provider(replace(feats, requested_model=f"w{w}"), n)) for w in WINDOWS}
+                for name, n in base.items()
+            }
+            rows.append(Row(
+                t.instance_id, turn, size.anchored, true, est.prompt_tokens, size.tokens,
+                int(usage.get("completion_tokens") or 0),
+                est.output_tokens, _cost(usage.get("cost")), est.cost_usd,
+                int(usage.get("cached_tokens") or 0), est.cached_tokens, micros, fits, base, base_fits,
+            ))  # fmt: skip
+            # Pipeline.finish, the call served with its usage (the sampled count runs on a thread there).
+            if self.sizer.reported(size, true, BACKEND, self.ratio):
+                self.sizer.learn_tail(size, true, BACKEND)
+            warm, prev = true, (len(req.messages), true)
+        return rows
+
+    def _exact(self, size: Any) -> int:
+        """What ``PromptSizer.settle`` counts (before ``counted``), without changing the router's state."""
+        return size.exact + sum(self.exact.count_item(u.value) if u.slot != -2 else self.exact.count_tools(u.value)
+                                for u in size.pending)  # fmt: skip
+
+    def _keeps(self, feats: Features) -> bool:
+        try:
+            self.decider.decide(feats)
+        except ContextTooLarge:
+            return False
+        return True
+
+
+def _cost(raw: Any) -> float | None:
+    return float(raw) if isinstance(raw, int | float) else None
+
+
+def _provider(feats: Features, tokens: int) -> Features:
+    """``feats`` with a prompt of ``tokens`` in the provider's own tokens (a count, not an estimate)."""
+    return replace(feats, prompt_tokens=tokens, prompt_anchor=tokens, anchor_model=None)
+
+
+def replay(
+    trajectories: Iterable[Trajectory], learned: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[Row]:
+    r = Replayer(learned)
+    return [row for t in trajectories for row in r.replay(t)]
+
+
+def log_row(r: Row) -> dict[str, Any]:
+    """The replayed call as the router's log keeps it (the columns ``fit_estimates`` reads)."""
+    return {
+        "task_id": r.task, "ts": float(r.turn), "status": 200, "side_call": False, "usage_estimated": False,
+        "chosen_model": BACKEND, "input_tokens": r.prompt, "output_tokens": r.output,
+        "cache_read_tokens": r.cached, "prompt_tokens_est": r.logged,
+        "candidates": [{"model": BACKEND, "cached_tokens": r.cached_est}],
+    }  # fmt: skip
+
+
+def cross_validate(
+    trajectories: Sequence[Trajectory], folds: int = 5, seed: int = 0
+) -> tuple[dict[str, Any], list[Row]]:
+    """The learned estimates measured on held-out tasks: the log of a router running on the priors
+    (every trajectory replayed once), ``fit_estimates`` on the other folds' calls, each fold replayed
+    with what was learned without it. The priors' own figures are in ``priors``. Returns the report
+    and the held-out rows."""
+    ids = [t.instance_id for t in trajectories]
+    random.Random(seed).shuffle(ids)
+    fold_of = {task: i % folds for i, task in enumerate(ids)}
+    prior_rows = replay(trajectories)
+    rows: list[Row] = []
+    fitted = []
+    for k in range(folds):
+        learned = fit_estimates(log_row(r) for r in prior_rows if fold_of[r.task] != k)
+        fitted.append(learned.get(BACKEND))
+        rows += replay([t for t in trajectories if fold_of[t.instance_id] == k], learned)
+    report = summarize(rows)
+    report["setup"] = {"folds": folds, "seed": seed, "fitted": fitted}
+    report["priors"] = summarize(prior_rows)
+    del report["priors"]["baselines"]
+    return report, rows
+
+
+def _ape(est: Sequence[float], true: Sequence[float]) -> list[float]:
+    return [abs(e - t) / t for e, t in zip(est, true, strict=True) if t > 0]
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return round(statistics.median(xs), 6) if xs else None
+
+
+def _ratio(est: Sequence[float], true: Sequence[float]) -> float | None:
+    s = sum(true)
+    return round(sum(est) / s, 6) if s else None
+
+
+def _signed(est: Sequence[float], true: Sequence[float]) -> float | None:
+    return _median([(e - t) / t for e, t in zip(est, true, strict=True) if t > 0])
+
+
+def _prompt(rows: Sequence[Row], est: Sequence[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, flag in (("anchored", True), ("unanchored", False)):
+        idx = [i for i, r in enumerate(rows) if r.anchored is flag]
+        e, t = [est[i] for i in idx], [rows[i].prompt for i in idx]
+        out[name] = {"n": len(idx), "median_ape": _median(_ape(e, t)), "median_error": _signed(e, t),
+                     "sum_ratio": _ratio(e, t)}  # fmt: skip
+    return out
+
+
+def _fit(rows: Sequence[Row], keeps: Sequence[dict[int, bool]]) -> dict[str, dict[str, int]]:
+    ff = {
+        str(w): sum(1 for r, k in zip(rows, keeps, strict=True) if k[w] and not r.fits[w][1]) for w in WINDOWS
+    }
+    fx = {
+        str(w): sum(1 for r, k in zip(rows, keeps, strict=True) if not k[w] and r.fits[w][1]) for w in WINDOWS
+    }
+    return {"false_fits": ff, "false_excludes": fx}
+
+
+def summarize(rows: Sequence[Row]) -> dict[str, Any]:
+    """The report: the router's figures (the issue's keys) and the baselines' beside them."""
+    out_e, out_t = [r.output_est for r in rows], [r.output for r in rows]
+    priced = [r for r in rows if r.cost is not None]
+    cost_e, cost_t = [r.cost_est for r in priced], [r.cost or 0.0 for r in priced]
+    micros = sorted(r.micros for r in rows)
+    report: dict[str, Any] = {
+        "requests": len(rows),
+        "tasks": len({r.task for r in rows}),
+        "prompt": _prompt(rows, [r.prompt_est for r in rows]),
+        "output": {"sum_ratio": _ratio(out_e, out_t), "median_ape": _median(_ape(out_e, out_t))},
+        "cost": {
+            "n": len(priced),
+            "sum_ratio": _ratio(cost_e, cost_t),
+            "median_ape": _median(_ape(cost_e, cost_t)),
+        },
+        "cache": {
+            "sum_ratio": _ratio([r.cached_est for r in rows], [r.cached for r in rows]),
+            "share": _ratio([r.cached for r in rows], [r.prompt for r in rows]),
+            "share_est": _ratio([r.cached_est for r in rows], [r.prompt_est for r in rows]),
+        },
+        "fit": _fit(rows, [{w: r.fits[w][0] for w in WINDOWS} for r in rows]),
+        "time": {
+            "median_us": _median(micros),
+            "p90_us": round(micros[int(0.9 * (len(micros) - 1))], 1) if micros else None,
+        },
+        "baselines": {
+            name: {
+                "prompt": _prompt(rows, [r.baselines[name] for r in rows]),
+                "fit": _fit(rows, [r.baseline_fits[name] for r in rows]),
+            }
+            for name in BASELINES
+        },
+    }
+    return report
+
+
+def per_request(rows: Sequence[Row]) -> Iterable[dict[str, Any]]:
+    for r in rows:
+        yield {
+            "task": r.task, "turn": r.turn, "anchored": r.anchored, "prompt": r.prompt, "prompt_est": r.prompt_est,
+            "output": r.output, "output_est": r.output_est, "cost": r.cost, "cost_est": round(r.cost_est, 8),
+            "cached": r.cached, "cached_est": r.cached_est, "micros": round(r.micros, 1),
+            "fits": {str(w): list(v) for w, v in r.fits.items()}, "baselines": r.baselines,
+        }  # fmt: skip

@@ -1,0 +1,65 @@
+"""Per backend, from the log: provider tokens per o200k token, the output of a call, the cached share.
+
+What ``router.policy.estimates`` reads (the artifact's ``estimates``). Each number needs
+``MIN_ROWS`` calls of its own; a backend with fewer keeps its prior.
+
+* ``tokens_ratio``: the provider's reported prompt over the router's estimate, the median over the
+  calls that started a task (no earlier count of the conversation anchored them, so the estimate
+  is in o200k tokens; a median, as a few odd prompts would pull a sum's ratio off the typical one);
+* ``output_mean`` and ``output_p90``: the reported output of the main loop's calls;
+* ``cache_share``: the reported cached tokens over the prompt, summed over the calls the router
+  expected a warm prefix for (its estimate held cached tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+MIN_ROWS: Final = 20
+
+
+def fit_estimates(requests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float | int]]:
+    """``{backend: {tokens_ratio, output_mean, output_p90, cache_share, n}}`` (only what was learned)."""
+    outputs: dict[str, list[int]] = defaultdict(list)
+    cache: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    first: dict[str, tuple[float, str, int, int]] = {}  # task → (ts, backend, reported, estimated)
+    for r in requests:
+        model = r.get("chosen_model")
+        reported = r.get("input_tokens")
+        if r.get("status") != 200 or not model or r.get("usage_estimated") or not reported:
+            continue
+        if r.get("side_call"):
+            continue
+        out = r.get("output_tokens")
+        if out is not None:
+            outputs[model].append(int(out))
+        chosen = next((c for c in r.get("candidates") or () if c.get("model") == model), None)
+        if chosen is not None and chosen.get("cached_tokens"):
+            c = cache[model]
+            c[0] += r.get("cache_read_tokens") or 0
+            c[1] += reported
+            c[2] += 1
+        task, est, ts = r.get("task_id"), r.get("prompt_tokens_est"), float(r.get("ts") or 0.0)
+        if task and est and (task not in first or ts < first[task][0]):
+            first[task] = (ts, model, int(reported), int(est))
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for _, model, reported, est in first.values():
+        ratios[model].append(reported / est)
+    fitted: dict[str, dict[str, float | int]] = defaultdict(dict)
+    for model, outs in outputs.items():
+        if len(outs) >= MIN_ROWS:
+            outs.sort()
+            fitted[model]["output_mean"] = round(sum(outs) / len(outs), 2)
+            fitted[model]["output_p90"] = float(outs[min(len(outs) - 1, math.ceil(0.9 * len(outs)) - 1)])
+            fitted[model]["n"] = len(outs)
+    for model, (read, prompt, n) in cache.items():
+        if n >= MIN_ROWS and prompt > 0:
+            fitted[model]["cache_share"] = round(min(1.0, read / prompt), 4)
+    for model, rs in ratios.items():
+        if len(rs) >= MIN_ROWS:
+            fitted[model]["tokens_ratio"] = round(statistics.median(rs), 4)
+    return dict(fitted)

@@ -1,0 +1,101 @@
+"""What a call will take on a backend: its prompt in that provider's tokens, its output, its cached share.
+
+Pure numbers, learned by ``router train`` from the log (the artifact's ``estimates``, per backend:
+``router.learning.training.estimates``) or, before the log has any, priors:
+
+* **Provider tokens.** The router counts (and estimates) prompts in o200k tokens; a provider bills
+  and limits in its own. The ratio provider/o200k is learned per backend from the reported usage of
+  the calls the router estimated without an anchor; before that, per provider family (Gemini's
+  tokenizer counts 1.157 o200k tokens per token on agent conversations, OpenAI's is o200k).
+* **Output.** The mean output of a call prices it (a median undercounts an agent's total output
+  about 3x: most calls are short, a few are long); the 90th percentile is what a budget holds and
+  what the context window must leave room for.
+* **Cache.** The share of a warm prompt the provider reports as cached (not all of it: a cache
+  entry is evicted, a prefix is cut, a call goes to another machine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from router.errors import ConfigError
+
+__all__ = ["FAMILY_RATIOS", "BackendEstimates", "Estimates"]
+
+#: Provider tokens per o200k token, by the provider part of a litellm model name, before data.
+FAMILY_RATIOS: Final[Mapping[str, float]] = {
+    "openai": 1.0,
+    "azure": 1.0,
+    "gemini": 1.157,
+    "vertex_ai": 1.157,
+    # Claude's tokenizer cuts English and code finer than o200k (a rough prior; the log corrects it).
+    "anthropic": 1.2,
+    "bedrock": 1.2,
+}
+#: The cached share of a warm prompt before the log says: the whole warm prefix (the provider's promise).
+PRIOR_CACHE_SHARE: Final = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class BackendEstimates:
+    """One backend's learned numbers (None: not learned, the prior or the policy's default applies)."""
+
+    tokens_ratio: float | None = None
+    output_mean: float | None = None
+    output_p90: float | None = None
+    cache_share: float | None = None
+
+
+_NONE: Final = BackendEstimates()
+
+
+class Estimates:
+    """Per backend id: learned numbers, with priors by provider family where the log has none."""
+
+    def __init__(self, learned: Mapping[str, BackendEstimates] | None = None) -> None:
+        self.learned = dict(learned or {})
+
+    def of(self, backend: str) -> BackendEstimates:
+        return self.learned.get(backend, _NONE)
+
+    def tokens_ratio(self, backend: str, provider: str) -> float:
+        learned = self.of(backend).tokens_ratio
+        return learned if learned is not None else FAMILY_RATIOS.get(provider, 1.0)
+
+    def cache_share(self, backend: str) -> float:
+        share = self.of(backend).cache_share
+        return share if share is not None else PRIOR_CACHE_SHARE
+
+    @classmethod
+    def from_json(cls, raw: Any, source: str) -> Estimates:
+        """The artifact's ``estimates``: ``{backend: {tokens_ratio, output_mean, output_p90, cache_share}}``."""
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: estimates: expected {{backend: {{...}}}}, got {type(raw).__name__}")
+        out = {}
+        for backend, e in raw.items():
+            if not isinstance(e, dict):
+                raise ConfigError(f"{source}: estimates.{backend}: expected an object")
+            values: dict[str, float | None] = {}
+            for name, low, high in _BOUNDS:
+                v = e.get(name)
+                if v is not None and (
+                    isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high
+                ):
+                    raise ConfigError(
+                        f"{source}: estimates.{backend}.{name}: expected a number in [{low}, {high}], got {v!r}"
+                    )
+                values[name] = float(v) if v is not None else None
+            out[str(backend)] = BackendEstimates(**values)
+        return cls(out)
+
+
+_BOUNDS: Final = (
+    ("tokens_ratio", 0.2, 5.0),
+    ("output_mean", 0.0, 10_000_000.0),
+    ("output_p90", 0.0, 10_000_000.0),
+    ("cache_share", 0.0, 1.0),
+)

@@ -1,0 +1,127 @@
+"""Per-backend estimates: provider tokens, output mean and 90th percentile, cached share; learned from the log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from router.errors import ConfigError, ContextTooLarge
+from router.features.request import Features
+from router.learning.training.estimates import MIN_ROWS, fit_estimates
+from router.policy.catalog import build_catalog
+from router.policy.decide import Decider
+from router.policy.estimates import BackendEstimates, Estimates
+from router.policy.loading import parse_policy
+
+POLICY = """
+models:
+  - {id: gem, litellm_model: gemini/g, protocol: openai, prices: {input: 2, output: 12, cache_read: 0.2},
+     context_window: 20000, max_output_tokens: 8000}
+  - {id: gpt, litellm_model: openai/o, protocol: openai, prices: {input: 1, output: 4, cache_read: 0.1},
+     context_window: 20000, max_output_tokens: 8000}
+routes:
+  - {match: auto, candidates: [gem, gpt]}
+"""
+
+
+def decider(learned: dict[str, BackendEstimates] | None = None) -> Decider:
+    policy = parse_policy(POLICY, source="t.yaml", env={})
+    return Decider(policy, build_catalog(policy, lookup=lambda m: None), estimates=Estimates(learned))
+
+
+def feats(prompt: int = 10_000, **kw: Any) -> Features:
+    base: dict[str, Any] = dict(protocol="openai_chat", requested_model="auto", prompt_tokens=prompt,
+                                max_output_tokens=None, tools=False, n_tools=0, thinking=False, vision=False,
+                                stream=False, n_messages=3, prompt_anchor=0)  # fmt: skip
+    base.update(kw)
+    return Features(**base)
+
+
+def test_an_o200k_estimate_is_counted_in_each_providers_tokens() -> None:
+    d = decider().decide(feats(10_000))
+    assert d.estimate("gem").prompt_tokens == 11_570  # type: ignore[union-attr]  # Gemini's prior 1.157
+    assert d.estimate("gpt").prompt_tokens == 10_000  # type: ignore[union-attr]
+    learned = decider({"gem": BackendEstimates(tokens_ratio=1.3)}).decide(feats(10_000))
+    assert learned.estimate("gem").prompt_tokens == 13_000  # type: ignore[union-attr]
+
+
+def test_an_estimate_of_unknown_units_is_taken_as_is() -> None:
+    d = decider().decide(feats(10_000, prompt_anchor=None))
+    assert [e.prompt_tokens for e in d.candidates] == [10_000, 10_000]
+
+
+def test_an_anchor_stays_in_its_providers_tokens_and_converts_for_another() -> None:
+    # 9,000 tokens as gem's provider counted them (with the estimate of the tail after), 1,000 o200k.
+    f = feats(10_000, prompt_anchor=9_000, anchor_model="gem")
+    d = decider().decide(f)
+    assert d.estimate("gem").prompt_tokens == 9_000 + 1_157  # type: ignore[union-attr]
+    assert d.estimate("gpt").prompt_tokens == round(9_000 / 1.157) + 1_000  # type: ignore[union-attr]
+
+
+def test_the_window_is_checked_in_the_backends_own_tokens() -> None:
+    # 16,000 o200k tokens + the 4,096 reserve fit gpt's 20k window; in Gemini's tokens they do not.
+    d = decider().decide(feats(15_000))
+    assert d.estimate("gem").excluded is not None and d.estimate("gem").excluded.startswith("context")  # type: ignore[union-attr]
+    assert d.estimate("gpt").excluded is None  # type: ignore[union-attr]
+
+
+def test_learned_output_mean_prices_a_call_and_its_90th_percentile_is_held_and_reserved() -> None:
+    d = decider({"gpt": BackendEstimates(output_mean=300, output_p90=2_000)})
+    e = d.decide(feats(1_000)).estimate("gpt")
+    assert e is not None and e.output_tokens == 300
+    assert e.cost_usd == pytest.approx((1_000 * 1 + 300 * 4) / 1e6)
+    assert e.hold_usd == pytest.approx((1_000 * 1 + 2_000 * 4) / 1e6)
+    # The window leaves room for the 90th percentile, not the policy's 4,096.
+    assert d.decide(feats(17_500)).estimate("gpt").excluded is None  # type: ignore[union-attr]
+    with pytest.raises(ContextTooLarge, match=r"gpt: context: ~17500 prompt \+ 4096 output"):
+        decider().decide(feats(17_500))
+    # Nothing learned: the policy's default output, and the hold is the expected cost.
+    plain = decider().decide(feats(1_000)).estimate("gpt")
+    assert plain is not None and plain.output_tokens == 1024 and plain.hold_usd == plain.cost_usd
+
+
+def test_a_warm_prompt_is_cached_at_the_learned_share() -> None:
+    f = feats(10_000, warm_model="gpt", warm_tokens=9_000)
+    assert decider().decide(f).estimate("gpt").cached_tokens == 9_000  # type: ignore[union-attr]
+    learned = decider({"gpt": BackendEstimates(cache_share=0.8)}).decide(f).estimate("gpt")
+    assert learned is not None and learned.cached_tokens == 8_000
+    assert (
+        decider({"gpt": BackendEstimates(cache_share=0.95)}).decide(f).estimate("gpt").cached_tokens == 9_000
+    )  # type: ignore[union-attr]
+
+
+def row(task: str, ts: float, **kw: Any) -> dict[str, Any]:
+    base = {"task_id": task, "ts": ts, "status": 200, "side_call": False, "usage_estimated": False,
+            "chosen_model": "gem", "input_tokens": 1_000, "output_tokens": 100, "cache_read_tokens": 0,
+            "prompt_tokens_est": 1_000, "candidates": [{"model": "gem", "cached_tokens": 0}]}  # fmt: skip
+    base.update(kw)
+    return base
+
+
+def test_fit_from_the_log() -> None:
+    rows = []
+    for i in range(MIN_ROWS):
+        # A task's first call: estimated without an anchor, 1.2x as the provider counted it.
+        rows.append(row(f"t{i}", 1.0, input_tokens=1_200, output_tokens=100 + i, prompt_tokens_est=1_000))
+        # Its next: a warm prefix expected, 80 % reported cached; its estimate says nothing of the ratio.
+        rows.append(row(f"t{i}", 2.0, input_tokens=2_000, output_tokens=100 + i, cache_read_tokens=1_600,
+                        prompt_tokens_est=2_000, candidates=[{"model": "gem", "cached_tokens": 1_500}]))  # fmt: skip
+    rows.append(row("side", 0.5, side_call=True, output_tokens=10_000))  # side calls and failures say nothing
+    rows.append(row("t0", 0.1, status=502, input_tokens=9_999))
+    fitted = fit_estimates(rows)["gem"]
+    assert fitted["tokens_ratio"] == 1.2 and fitted["cache_share"] == 0.8
+    assert fitted["output_mean"] == pytest.approx(100 + (MIN_ROWS - 1) / 2)
+    assert fitted["output_p90"] == 100 + MIN_ROWS * 9 // 10 - 1
+    # Too few tasks for a ratio or a cache share (19 each): their priors stay.
+    assert set(fit_estimates(rows[: 2 * MIN_ROWS - 2])["gem"]) == {"output_mean", "output_p90", "n"}
+    assert fit_estimates(rows[: MIN_ROWS - 1]) == {}
+
+
+def test_the_artifacts_estimates_are_validated() -> None:
+    e = Estimates.from_json({"gem": {"tokens_ratio": 1.1, "output_mean": 250.0}}, "a.json")
+    assert e.tokens_ratio("gem", "gemini") == 1.1 and e.tokens_ratio("other", "anthropic") == 1.2
+    with pytest.raises(ConfigError, match=r"a.json: estimates.gem.cache_share"):
+        Estimates.from_json({"gem": {"cache_share": 1.5}}, "a.json")
+    with pytest.raises(ConfigError, match="estimates: expected"):
+        Estimates.from_json([1], "a.json")
