@@ -86,3 +86,119 @@ def test_demo_tasks_without_the_data_say_where_they_looked(tmp_path: Path) -> No
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "pass --data DIR" in done.stderr, done.stderr
     assert not (tmp_path / "demo.db").exists()  # nothing started
+
+
+def _sh(cwd: Path, env: dict[str, str], *argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "router.app.cli", *argv], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, f"router {' '.join(argv)}:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def test_the_readmes_five_minute_path_on_the_demo(tmp_path: Path) -> None:
+    """README steps 1-8 as a new user on the demo alone runs them, the master key exported: the demo,
+    its 300 labelled tasks, a router serving the demo policy, an agent's request, the dashboard, a
+    verdict, training without --force, preview, promotion (the serving router picks up the learned
+    policy, whose P(success) per candidate the task's page shows) and rollback."""
+    import re
+    import shutil
+    import signal
+    import time
+
+    import httpx
+    import openai
+
+    from tests.integration.test_serve_process import free_port, wait_ready
+
+    root = Path(__file__).resolve().parents[2]
+    shutil.copytree(root / "policies", tmp_path / "policies")  # the steps write into policies/
+    env = {**os.environ, "COLUMNS": "200", "ROUTER_MASTER_KEY": MASTER}
+    env.pop("ROUTER_STORE", None)
+    demo_policy = "policies/examples/local.yaml"
+    auth = {"authorization": f"Bearer {MASTER}"}
+
+    # 1. The demo, then (the demo alone leaves too few tasks to learn from) 300 labelled tasks.
+    shown = subprocess.Popen([sys.executable, "-m", "router.app.cli", "demo", "--serve", "--port", "0",
+                              "--upstream-port", "0"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        assert shown.stdout is not None
+        for line in shown.stdout:
+            if found := re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/ui", line):
+                break
+        else:
+            pytest.fail("no dashboard URL")
+        with httpx.Client(base_url=found.group(1), timeout=10) as c:
+            assert c.post("/ui/login", data={"key": MASTER, "next": "/ui"}).status_code == 303
+            assert "local-demo" in c.get("/ui").text
+    finally:
+        shown.send_signal(signal.SIGINT)
+        shown.communicate(timeout=60)
+    _sh(tmp_path, env, "demo", "--tasks", "300", "--port", "0", "--upstream-port", "0")
+
+    # 2-4. The router on the demo policy (the local provider standing in for the real ones), an agent
+    # pointed at it with the master key, the dashboard.
+    up_port, port = free_port(), free_port()
+    upstream = subprocess.Popen([sys.executable, "-m", "router.app.cli", "upstream", "--port", str(up_port)],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    serve_env = {**env, "ROUTER_LOCAL_UPSTREAM": f"http://127.0.0.1:{up_port}"}
+    serving = subprocess.Popen([sys.executable, "-m", "router.app.cli", "serve", "--config", demo_policy,
+                                "--port", str(port)], cwd=tmp_path, env=serve_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, serving)
+        agent = openai.OpenAI(base_url=f"{base}/v1", api_key=MASTER, max_retries=0, timeout=30)
+        body = [{"role": "user", "content": "Fix the failing test in test_parser.py"}]
+        reply = agent.chat.completions.with_raw_response.create(model="auto", messages=body)  # type: ignore[arg-type]
+        task = reply.headers["x-router-task-id"]
+        with httpx.Client(base_url=base, timeout=30) as c:
+            assert c.post("/ui/login", data={"key": MASTER, "next": "/ui"}).status_code == 303
+            assert "cost per completed task" in c.get("/ui").text
+
+            # 5. How tasks ended.
+            assert task in _sh(tmp_path, env, "tasks", "--recent").stdout
+            _sh(tmp_path, env, "outcome", task, "--success")
+
+            # 6. Training on the log: enough labelled attempts of every model, no --force.
+            trained = _sh(
+                tmp_path, env, "train", "--config", demo_policy, "--out", "policies/learned/v1.json"
+            )
+            assert "wrote policies/learned/v1.json" in trained.stdout
+
+            # 7. Preview on a copy of the policy.
+            shutil.copy(tmp_path / demo_policy, tmp_path / "policies/candidate.yaml")
+            _sh(tmp_path, env, "promote", "policies/learned/v1.json", "--config", "policies/candidate.yaml")
+            assert "  artifact: learned/v1.json\n" in (tmp_path / "policies/candidate.yaml").read_text()
+            previewed = _sh(tmp_path, env, "preview", "--config", "policies/candidate.yaml", "--since", "7d")
+            assert "decided again" in previewed.stdout
+
+            # 8. Promotion: the running router reloads it within a second; rollback undoes it.
+            before = c.get("/v1/policy", headers=auth).json()["revision"]
+            _sh(tmp_path, env, "promote", "policies/learned/v1.json", "--config", demo_policy)
+            assert "  artifact: ../learned/v1.json\n" in (tmp_path / demo_policy).read_text()
+            deadline = time.monotonic() + 10
+            while c.get("/v1/policy", headers=auth).json()["revision"] == before:
+                assert time.monotonic() < deadline, "the serving router did not pick up the promotion"
+                time.sleep(0.2)
+            learned = agent.chat.completions.with_raw_response.create(
+                model="auto", messages=[{"role": "user", "content": "Add a --verbose flag to the CLI"}]
+            )
+            deadline = time.monotonic() + 15  # the log is written in batches
+            while "P(success)" not in (
+                page := c.get(f"/ui/tasks/{learned.headers['x-router-task-id']}").text
+            ):
+                assert time.monotonic() < deadline, page
+                time.sleep(0.25)
+            assert "/learned" in page
+            _sh(tmp_path, env, "rollback", "--config", demo_policy)
+            deadline = time.monotonic() + 10
+            while c.get("/v1/policy", headers=auth).json()["revision"] != before:
+                assert time.monotonic() < deadline, "the serving router did not pick up the rollback"
+                time.sleep(0.2)
+    finally:
+        serving.send_signal(signal.SIGTERM)
+        upstream.send_signal(signal.SIGTERM)
+        out = serving.communicate(timeout=60)[0].decode()
+        upstream.communicate(timeout=60)
+    assert MASTER not in out  # the key was sent on every request, and never printed
