@@ -105,7 +105,11 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await s.store.open()
-        task_budgets = runtime.current.policy.spec.objective.max_cost_per_task is not None
+        spec = runtime.current.policy.spec
+        task_budgets = any(
+            o is not None and o.max_cost_per_task is not None
+            for o in (spec.objective, *(scope.objective for scope in spec.scopes))
+        )
         await restore_spend(s.state, s.store, task_budgets)
         await s.auth.start()
         await s.upstream.start()

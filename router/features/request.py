@@ -50,7 +50,9 @@ class Features:
     #: The history carries provider-signed state (thinking signatures, encrypted reasoning) that
     #: only this protocol family's pinned backend may receive back.
     signed_history: str | None = None
+    #: What is left of the task's budget, and of the calling key's, after the money held in flight.
     task_budget_left: float | None = None
+    key_budget_left: float | None = None
     #: The backend holding this task's warm prompt prefix, and how many tokens of it.
     warm_model: str | None = None
     warm_tokens: int = 0

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from router.errors import PayloadTooLarge, RateLimited
+from router.features.task.context import least
 from router.http.auth import Principal
 from router.policy.decide import Decision
 from router.state import (
@@ -56,11 +57,30 @@ class Admission:
         """Spend not yet counted in the budgets (settles waiting for the budget store)."""
         return sum(usd for _, usd in self._unsettled.values())
 
+    async def key_budget_left(self, principal: Principal) -> float | None:
+        """What the caller's key may still spend, after the money its requests in flight hold (None:
+        no key budget, or the budget store cannot say: then ``admit`` refuses, 503). The decision
+        reads it so that it picks, and explores, only among the candidates that fit."""
+        if not principal.key_id or principal.budget_usd is None:
+            return None
+        scope = f"key:{principal.key_id}"
+        try:
+            if self._unsettled:
+                await self.land_unsettled()
+            if self.log is not None and isinstance(self.budgets, MemoryBudgets):
+                await recall_spend(self.budgets, self.log, (scope,))
+            used = await self.budgets.spent(scope)
+        except StateUnavailable:
+            return None
+        return max(0.0, principal.budget_usd - used.spent - used.reserved)
+
     async def admit(
         self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
     ) -> Reservation | None:
         """Check the key's rate limits and hold the decision's estimated cost in every budget that
-        applies (``task_budget``: the policy's per-task limit, from the request's runtime)."""
+        applies (``task_budget``: the policy's per-task limit, from the request's runtime; a scope
+        that decided the request may set a lower one, ``Decision.task_budget``)."""
+        task_budget = least(task_budget, decision.task_budget)
         est = decision.estimate(decision.chosen)
         if principal.key_id and (principal.rpm or principal.tpm):
             tokens = (est.prompt_tokens + est.output_tokens) if est else 0

@@ -4,7 +4,9 @@ The pipeline is fixed and the last step is pluggable:
 
 1. the route maps the requested model to candidates (or one pass-through backend);
 2. rules from the policy file filter (``only``/``exclude``) and promote (``prefer``) candidates;
-3. hard constraints exclude what cannot work: context window, tools, vision;
+3. hard constraints exclude what cannot work: context window, tools, vision; then what is left
+   of the task's and the key's budgets excludes the candidates whose estimate exceeds it, while
+   any candidate fits (when none does, the cheapest is tried and admission refuses it);
 4. a ``Scorer`` orders the survivors. ``CheapestScorer`` ranks by expected cost of the call;
    the learned policy is another ``Scorer`` and needs nothing else changed.
 
@@ -64,6 +66,8 @@ class Decision:
     rules_applied: list[str] = field(default_factory=list)
     #: ``order[0]`` is exploration's random pick, not the policy's choice (``reason`` names that).
     explored: bool = False
+    #: The per-task budget of the policy that decided (a scope's, when one did), for admission.
+    task_budget: float | None = None
 
     @property
     def chosen(self) -> str:
@@ -135,9 +139,13 @@ def estimate(
 class Decider:
     def __init__(
         self, policy: Policy, catalog: Catalog, scorer: Scorer | None = None, rng: random.Random | None = None,
-        estimates: Estimates | None = None,
+        estimates: Estimates | None = None, *, bound: Policy | None = None,
     ) -> None:  # fmt: skip
+        """``bound``: for a scope's decider, the policy it overlays; the scope decides only among
+        the backends that policy's own route and rules would allow the request (it narrows,
+        never widens: a scope can be chosen by what the client sends)."""
         self.policy = policy
+        self.bound = bound
         self.catalog = catalog
         self.scorer = scorer or CheapestScorer()
         #: Per-backend provider tokens, output and cache share: given, the learned artifact's, or priors.
@@ -174,6 +182,11 @@ class Decider:
                 if (rule.only is not None and n not in rule.only) or n in rule.exclude:
                     excluded[n] = f"rule {rule.name}"
             preferred.extend(p for p in rule.prefer if p not in preferred)
+        allowed = _allowed(self.bound, features.requested_model, facts) if self.bound is not None else None
+        if allowed is not None:
+            for n in names:
+                if n not in allowed and n not in excluded:
+                    excluded[n] = f"scope: not a backend the policy allows for {features.requested_model!r}"
 
         estimates = []
         for n in names:
@@ -189,9 +202,10 @@ class Decider:
         eligible = [e for e in estimates if e.excluded is None]
         if not eligible:
             raise self._nothing_fits(features, estimates)
+        broke = not _within_budget(features, eligible)
         # The one place side calls (titles, summaries) are sent to the cheapest model that fits.
-        scorer = self.scorer if not features.side_call else _CHEAPEST
-        ranked, propensity, reason = scorer.rank(features, eligible)
+        scorer = _CHEAPEST if features.side_call or broke else self.scorer
+        ranked, propensity, reason = scorer.rank(features, [e for e in eligible if e.excluded is None])
         order = [e.model for e in ranked]
         failed = [m for m in order if m in features.failed_models]
         if (
@@ -206,15 +220,18 @@ class Decider:
             reason = f"{reason}; failed this task before: {', '.join(failed)}"
         explored = None
         once = not features.side_call and features.pinned is None  # an attempt's first model only
-        if explore and self.epsilon > 0 and len(order) > 1 and once:
+        if broke:
+            # Admission refuses it: as the cheapest's refusal, a 429 while money held in flight may return.
+            reason = f"no candidate fits the budget left (${_budget_left(features):.6f}): the cheapest"
+        elif explore and self.epsilon > 0 and len(order) > 1 and once:
             order, propensity, explored = self._explore(order)
         pinned = features.pinned
-        if pinned in order and not features.side_call:
+        if pinned in order and not features.side_call and not broke:
             # Within an attempt the task stays where it started: its context is warm there.
             order.remove(pinned)
             order.insert(0, pinned)
             reason, propensity = f"pinned to {pinned} for attempt {features.attempt}", 1.0
-        front = [p for p in preferred if p in order]
+        front = [p for p in preferred if p in order and not broke]
         if front:
             order = front + [m for m in order if m not in front]
             reason = f"preferred by rule; then {reason}"
@@ -227,6 +244,8 @@ class Decider:
             reason, propensity = "passthrough route", 1.0
         for fb in route.fallbacks:
             backend = self.catalog[fb]
+            if allowed is not None and fb not in allowed:
+                continue
             prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
             if (
                 fb not in order
@@ -243,6 +262,7 @@ class Decider:
             propensity=propensity,
             rules_applied=applied,
             explored=explored is not None,
+            task_budget=self.policy.objective.max_cost_per_task,
         )
 
     def size_matters(self, features: Features, low: int, high: int) -> bool:
@@ -365,6 +385,39 @@ class Decider:
                 f"no backend can hold this prompt (~{features.prompt_tokens} tokens): {reasons}"
             )
         return BadRequest(f"no backend can serve this request: {reasons}")
+
+
+def _allowed(policy: Policy, requested: str, facts: dict[str, Any]) -> set[str]:
+    """The backends ``policy`` itself would consider for this request: its route's candidates
+    that its matching rules leave, and the route's fallbacks."""
+    route = policy.route_for(requested)
+    if route is None:
+        return set()
+    names = [route.passthrough] if route.passthrough else list(route.candidates)
+    for rule in policy.rules:
+        if rule.condition.matches(facts):
+            names = [n for n in names if (rule.only is None or n in rule.only) and n not in rule.exclude]
+    return {*names, *route.fallbacks}
+
+
+def _budget_left(features: Features) -> float | None:
+    """The least of what is left of the task's and the key's budgets (None: neither has one)."""
+    lefts = [b for b in (features.task_budget_left, features.key_budget_left) if b is not None]
+    return min(lefts) if lefts else None
+
+
+def _within_budget(features: Features, eligible: list[Estimate]) -> bool:
+    """Exclude the eligible candidates whose estimate exceeds the budget left, so that neither the
+    ranking nor exploration picks one while a cheaper one fits. False (nothing excluded) when none fits."""
+    left = _budget_left(features)
+    if left is None:
+        return True
+    over = [e for e in eligible if e.cost_usd > left]
+    if len(over) == len(eligible):
+        return False
+    for e in over:
+        e.excluded = f"budget: ~${e.cost_usd:.6f} > ${left:.6f} left"
+    return True
 
 
 def _wanted_output(backend: Backend, features: Features, reserve: int) -> int:

@@ -98,7 +98,9 @@ def overlay(spec: PolicyFile, scope: Scope) -> dict[str, object]:
     """The sections a scope changes, laid over the policy's own: a scope route replaces the route
     with the same ``match`` and comes first (so every other requested model is still served), a
     scope rule replaces the rule of the same name and comes first, and the objective's fields the
-    scope sets replace those fields (giving a value or a target replaces the other)."""
+    scope sets replace those fields (giving a value or a target replaces the other), except a
+    per-task budget, which is the lower of the two. What a scope routes to is further bound by the
+    policy's own routes and rules (``Decider``'s ``bound``)."""
     out: dict[str, object] = {}
     if scope.routes is not None:
         mine = {r.match for r in scope.routes}
@@ -110,6 +112,9 @@ def overlay(spec: PolicyFile, scope: Scope) -> dict[str, object]:
         given = scope.objective.model_dump(exclude_unset=True)
         if given.keys() & {"value_per_completed_usd", "target_success", "min_success"}:
             given = {"value_per_completed_usd": None, "target_success": None, "min_success": None, **given}
+        budget, main = scope.objective.max_cost_per_task, spec.objective.max_cost_per_task
+        if budget is not None and main is not None:
+            given["max_cost_per_task"] = min(budget, main)  # a scope narrows a budget, never widens it
         out["objective"] = ObjectiveSpec.model_validate({**spec.objective.model_dump(), **given})
     return out
 
@@ -131,6 +136,6 @@ def build_scopes(
             policy.base,
             confined=policy.confined,
         )
-        decider = Decider(scoped, catalog, with_effects(scorer_for(scoped), scope))  # type: ignore[arg-type]
+        decider = Decider(scoped, catalog, with_effects(scorer_for(scoped), scope), bound=policy)  # type: ignore[arg-type]
         out.append(ScopedDecider(scope.name, scope.match, decider))
     return tuple(out)

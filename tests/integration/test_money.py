@@ -23,9 +23,10 @@ from router.fakeupstream import FakeUpstream
 from router.forward.timeouts import Timeouts
 from router.state import Spend, StateConfig, open_state
 from router.state.redis_keys import Keys
-from tests.integration.conftest import RunningRouter
+from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.tcpproxy import TcpProxy
 from tests.integration.test_faults import HI, faulty
+from tests.integration.test_keys import MASTER, create_key
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +149,52 @@ async def test_a_settle_retried_after_its_reply_was_lost_counts_once() -> None:
     finally:
         await state.aclose()
         flush_prefix(prefix)
+
+
+# --- scopes narrow what a key allows (#4) --------------------------------------------------------
+
+
+def cheap_auto(upstream: FakeUpstream, scopes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The demo policy with ``auto`` routed to the two cheap backends only, and these scopes."""
+    policy = local_policy(upstream.url)
+    policy["routes"][0]["candidates"] = ["local-nano", "local-mini"]
+    policy["scopes"] = scopes
+    return policy
+
+
+@pytest.mark.parametrize(
+    "steer",
+    [{"x-router-repo": "acme/api"}, {"x-router-team": "platform"}, {"first_user": "see https://github.com/acme/api/pull/1"}],
+    ids=["repo-header", "team-header", "git-url-in-prompt"],
+)  # fmt: skip
+def test_a_scope_the_client_picks_cannot_widen_what_its_key_allows(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str], steer: dict[str, str]
+) -> None:
+    """Issue 30 #4: a key restricted to ``auto`` reached a model 25x dearer through a scope it chose."""
+    dear = {"routes": [{"match": "auto", "candidates": ["local-claude", "local-mini"]}],
+            "rules": [{"name": "go-dear", "when": {"stream": False}, "prefer": ["local-claude"]}]}  # fmt: skip
+    policy = cheap_auto(upstream, [{"name": "acme", "match": {"repo": "acme/*"}, **dear},
+                                   {"name": "platform", "match": {"team": "platform"}, **dear}])  # fmt: skip
+    r = router_factory(policy, master_key=MASTER)
+    key = create_key(r, capsys, "--name", "auto-only", "--models", "auto")
+    text = steer.pop("first_user", "hi")
+    for i in range(6):
+        resp = httpx.post(r.url + CHAT, json={"model": "auto", "messages": [{"role": "user", "content": text}]},
+                          headers={"x-api-key": key["key"], "x-router-task-id": f"w{i}", **steer}, timeout=30)  # fmt: skip
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-router-model"] in {"local-nano", "local-mini"}
+
+
+def test_a_scope_budget_per_task_is_enforced(router_factory: Factory, upstream: FakeUpstream) -> None:
+    """Issue 30 #4: a scope's ``max_cost_per_task`` was never enforced (2.4x over)."""
+    policy = faulty(upstream, "")
+    est, cost = _estimate(router_factory(policy))
+    policy["scopes"] = [{"name": "acme", "match": {"repo": "acme/*"},
+                         "objective": {"max_cost_per_task": est + 2 * cost}}]  # fmt: skip
+    r = router_factory(policy)
+    statuses: list[int] = []
+    while 403 not in statuses:
+        statuses.append(chat(r, "solo", "scoped", **{"x-router-repo": "acme/api"}).status_code)
+        assert len(statuses) < 20, "the scope's budget was never enforced"
+    spent = sum(row["cost_usd"] or 0 for row in r.records(len(statuses)) if row["task_id"] == "scoped")
+    assert spent <= est + 2 * cost + 1e-12

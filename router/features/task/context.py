@@ -92,11 +92,13 @@ class TaskContext:
         prompt_tokens: int,
         repo: str | None,
         seen: list[Any] | None = None,
+        task_budget: float | None = None,
     ) -> TaskView:
         """``seen``: per-message slots kept with the conversation, where the signals' reading of each
-        message is remembered (from ``router.features.memo``)."""
+        message is remembered (from ``router.features.memo``); ``task_budget``: a lower per-task
+        budget than the policy's (the scope's that decides the request)."""
         state = self.tracker.begin(task_id, req, attempt_header)
-        view = await self._view(policy, req, task_id, state, prompt_tokens, repo, seen)
+        view = await self._view(policy, req, task_id, state, prompt_tokens, repo, seen, task_budget)
         if not view.side_call:
             stop(policy, state)
         return view
@@ -117,15 +119,15 @@ class TaskContext:
 
     async def preview(
         self, policy: Policy, req: ClientRequest, task_id: str, attempt_header: str | None,
-        prompt_tokens: int, repo: str | None,
+        prompt_tokens: int, repo: str | None, task_budget: float | None = None,
     ) -> TaskView:  # fmt: skip
         """What ``enter`` would return, leaving the tracker and the log as they are."""
         state = self.tracker.preview(task_id, req, attempt_header)
-        return await self._view(policy, req, task_id, state, prompt_tokens, repo, None)
+        return await self._view(policy, req, task_id, state, prompt_tokens, repo, None, task_budget)
 
     async def _view(
         self, policy: Policy, req: ClientRequest, task_id: str, state: TaskState, prompt_tokens: int,
-        repo: str | None, seen: list[Any] | None,
+        repo: str | None, seen: list[Any] | None, task_budget: float | None = None,
     ) -> TaskView:  # fmt: skip
         tasks = policy.spec.tasks
         side = is_side_call(req, tasks.side_call_max_tokens)
@@ -152,7 +154,7 @@ class TaskContext:
             switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
             switch = switch or escalation(tasks.escalate_below, state)
         budget_left = None
-        budget = policy.spec.objective.max_cost_per_task
+        budget = least(policy.spec.objective.max_cost_per_task, task_budget)
         if budget is not None and not side:
             # What is left of the task's budget steers the plan down to cheaper models as it runs out.
             with contextlib.suppress(StateUnavailable):
@@ -310,3 +312,8 @@ def weak_label(
         found.append(signals.resent_signal(1))
     model = model or labels.default()
     return labels.label(labels.read(req.messages, model, seen), model, found)
+
+
+def least(*budgets: float | None) -> float | None:
+    """The lowest of the budgets that are set (None when none is)."""
+    return min((b for b in budgets if b is not None), default=None)
