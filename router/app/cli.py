@@ -96,7 +96,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     since = time.time() - parse_duration(args.since) if args.since else 0.0
     train(args.store, args.config, args.out, since=since, min_attempts=args.min_attempts, force=args.force,
-          min_scope_attempts=args.min_scope_attempts)  # fmt: skip
+          min_scope_attempts=args.min_scope_attempts, max_key_share=args.max_key_share)  # fmt: skip
     return 0
 
 
@@ -352,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--force", action="store_true", help="train even below --min-attempts")
     tr.add_argument("--min-scope-attempts", type=int, default=100, metavar="N",
                     help="labelled attempts a scope needs for its own learned effects (default 100)")  # fmt: skip
+    tr.add_argument("--max-key-share", type=float, default=0.1, metavar="S",
+                    help="largest share of the training weight one virtual key's labels may have, or 2/K "
+                         "with K keys if larger; the keys over it are scaled down and listed (default 0.1)")  # fmt: skip
     tr.set_defaults(func=cmd_train)
 
     pv = command("preview", "decide the logged requests again under a new policy: moves, cost, success, risks",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -9,13 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import yaml
 
+from router.app.cli import main
+from router.app.commands.train import read_log
 from router.fakeupstream import FakeUpstream
+from router.learning.training import dataset
 from router.policy.control import CONTROL, arm_of
+from router.policy.learned import Artifact
 from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.test_keys import MASTER, create_key
+from tests.integration.test_learning import policy as learning_policy
 
 pytestmark = pytest.mark.integration
 
@@ -105,3 +112,65 @@ def test_one_key_cannot_roll_the_policy_back_for_everyone(
                     run_task(c, k["key"], task, arm == CONTROL)
         assert wait(lambda: policy_shown(r)["revision"] == first), policy_shown(r)["guard"]
         assert policy_shown(r)["last_rollback"]["reason"].startswith("guard: success")
+
+
+def test_one_keys_labels_cannot_reshape_training_for_every_key(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Nineteen keys find every model fine; a twentieth reports each of its tasks the large model
+    served as failed. Uncapped, that key alone takes the large model's P(success) below a half;
+    capped at its share, it moves it far less, and `router train` names it."""
+    upstream.clear()
+    policy = learning_policy(upstream.url, epsilon=1.0)  # every model gets tasks
+    r = router_factory(policy, master_key=MASTER)
+    config = r.db_path.parent / "policy.yaml"
+    honest = [create_key(r, capsys, "--name", f"honest{i}") for i in range(19)]
+    attacker = create_key(r, capsys, "--name", "attacker")
+    with httpx.Client(base_url=r.url, timeout=30) as c:
+
+        def task(key: str, n: int) -> str:
+            headers = {"x-api-key": key, "x-router-task-id": f"t{n}"}
+            text = f"Issue #{n}: fix the typo in the readme of module {n}."
+            resp = c.post(CHAT, json={"model": "auto", "messages": [{"role": "user", "content": text}]},
+                          headers=headers)  # fmt: skip
+            assert resp.status_code == 200, resp.text
+            return resp.headers["x-router-model"]
+
+        def outcome(key: str, n: int, success: bool) -> None:
+            posted = c.post("/v1/outcomes", json={"task_id": f"t{n}", "success": success},
+                            headers={"x-api-key": key})  # fmt: skip
+            assert posted.status_code == 200, posted.text
+
+        for k in honest:
+            for n in range(5):
+                task(k["key"], n)
+                outcome(k["key"], n, True)
+        failed_large = 0
+        for n in range(1000):
+            if task(attacker["key"], n) == "large":
+                outcome(attacker["key"], n, False)
+                failed_large += 1
+            if failed_large == 40:
+                break
+    r.records(95 + 40)
+    store = f"sqlite:///{r.db_path}"
+    capsys.readouterr()
+
+    def p_large(out: Path, *flags: str) -> tuple[float, str]:
+        assert (
+            main(["train", "--store", store, "--config", str(config), "--out", str(out), "--force", *flags])
+            == 0
+        )
+        printed = capsys.readouterr().out
+        artifact = Artifact.load(out, None)
+        rows = dataset.build(*asyncio.run(read_log(store)))
+        vectors = [row.vector for row in rows if row.facts.key != attacker["key_id"]]
+        return sum(artifact.models["large"].p_success(v) for v in vectors) / len(vectors), printed
+
+    uncapped, _ = p_large(tmp_path / "uncapped.json", "--max-key-share", "1")
+    capped, printed = p_large(tmp_path / "capped.json")
+    assert uncapped < 0.5, uncapped  # what one key did before
+    assert capped > uncapped + 0.2 and capped > 0.6, (capped, uncapped)
+    assert f"key {attacker['key_id']} dominates the labels" in printed
+    dominant = orjson.loads((tmp_path / "capped.json").read_bytes())["dominant_keys"]
+    assert [d["key"] for d in dominant] == [attacker["key_id"]]

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from router.errors import ConfigError
 from router.learning.labels import fromlog
-from router.learning.training import control, dataset, offpolicy
+from router.learning.training import control, dataset, keyshare, offpolicy
 from router.learning.training import scopes as scoped
 from router.learning.training.estimates import fit_estimates
 from router.learning.training.fit import fit
@@ -75,12 +75,16 @@ def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
 def train(
     store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None, *,
     min_attempts: int = MIN_ATTEMPTS_PER_MODEL, force: bool = False,
-    min_scope_attempts: int = scoped.MIN_ATTEMPTS,
+    min_scope_attempts: int = scoped.MIN_ATTEMPTS, max_key_share: float = keyshare.MAX_KEY_SHARE,
 ) -> dict[str, Any]:  # fmt: skip
     console = console or Console()
     policy = load_policy(config)
     requests, outcomes = asyncio.run(read_log(store_url, since))
     rows = dataset.build(requests, outcomes, abandon_after_s=policy.spec.tasks.abandon_after_s)
+    dominant = keyshare.cap_keys(rows, max_key_share)
+    for d in dominant:
+        console.print(f"key {d.key} dominates the labels ({d.share:.1%} of the training weight): its "
+                      f"attempts count ×{d.scale:.3f}", highlight=False)  # fmt: skip
     counts = attempts_per_model(rows)
     console.print(
         "labelled attempts per model: " + (", ".join(f"{m} {n}" for m, n in counts.items()) or "none")
@@ -105,6 +109,8 @@ def train(
     artifact["attempt_control"] = control.caps_from_log(rows)
     # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
     artifact["estimates"] = fit_estimates(requests)
+    artifact["dominant_keys"] = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)}
+                                 for d in dominant]  # fmt: skip
     raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
     scorer = scorer_for_evaluation(raw, policy)
 

@@ -77,7 +77,7 @@ def fit_model(
         oof = cal.predict_proba(scores.reshape(-1, 1))[:, 1]
         weights = clf.fit(x, y, sample_weight=w).coef_[0]
     else:
-        weights[0] = _smoothed_logit(k, n)
+        weights[0] = _smoothed_logit(float(w @ y), float(w.sum()))  # weighted, as the fits above
         oof = np.full(n, 1 / (1 + math.exp(-weights[0])))
     costs = np.array([max(r.cost, 1e-6) for r in rows])
     dense_numeric = x[:, : len(NUMERIC)].toarray()
