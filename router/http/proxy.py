@@ -200,6 +200,13 @@ class Proxy:
                 await c.rest.aclose()  # type: ignore[attr-defined]
             finalize()
 
+        async def stored() -> None:
+            """In durable mode, the record is stored before the client gets the final event."""
+            if self.durable_log:
+                finalize()
+                with contextlib.suppress(Exception):
+                    await self.writer.flush()
+
         async def body() -> AsyncGenerator[bytes, None]:
             nonlocal content_events, started
             started = True
@@ -219,9 +226,13 @@ class Proxy:
                         cost = cost_split(c.backend.price, c.observer.usage).total
                         pending.append(usage_frame_with_cost(ev.data, cost))
                     if not ev.more and pending:
+                        if c.observer.done:
+                            await stored()
                         yield b"".join(pending)
                         pending.clear()
                 if pending:
+                    if c.observer.done:
+                        await stored()
                     yield b"".join(pending)
                 if not c.observer.done:
                     raise UpstreamError(f"backend {c.backend.id!r} ended the stream before its final event")

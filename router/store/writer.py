@@ -45,7 +45,7 @@ class LogWriter:
         store: Store,
         *,
         batch_size: int = 256,
-        flush_interval: float = 0.25,
+        flush_interval: float = 0.1,
         max_buffer: int = 50_000,
         retry_base: float = 0.1,
         retry_cap: float = 5.0,
@@ -164,14 +164,20 @@ class LogWriter:
             await asyncio.wait_for(event.wait(), seconds)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        # Writes start every flush_interval, counted from the previous write's start: a record
+        # waits at most the interval and the write before it (waiting the interval after a write
+        # ended added that write's time again, and under load writes take long).
+        due = loop.time()
         while not self._stop.is_set():
             if self.failures_in_row:
                 await self._wait(self._stop, self._backoff(self.failures_in_row))
             else:
-                await self._wait(self._wake, self._flush_interval)
+                await self._wait(self._wake, due - loop.time())
             self._wake.clear()
             if self._stop.is_set():
                 break  # close() does the final flush
+            due = loop.time() + self._flush_interval
             if not self.buffered:
                 continue
             try:

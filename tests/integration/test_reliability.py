@@ -11,6 +11,8 @@ import os
 import socket
 import sqlite3
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from router.app.factory import Services
 from router.app.limits import Limits
@@ -433,3 +436,88 @@ def test_budgets_forgotten_for_room_start_again_from_the_log(
     for other in ("a", "b", "c"):  # push the victim's scope out
         assert call(other) == 200
     assert call("victim") == 403, "a task's spend was forgotten when its scope was evicted"
+
+
+def _load_until_killed(
+    tmp_path: Path, upstream: FakeUpstream, durable: bool, streams_only: bool = False
+) -> tuple[list[tuple[str, float, bool]], float, Path]:
+    """``router serve`` under load from six clients (half of the requests streamed, or all), then
+    ``kill -9``; returns each answered request's id with when its client had the whole reply and
+    whether it was streamed, the time of the kill, and the log's file."""
+    from tests.integration.test_serve_process import free_port, wait_ready
+
+    config, db, port = tmp_path / "policy.yaml", tmp_path / "kill.db", free_port()
+    config.write_text(yaml.safe_dump(local_policy(upstream.url)))
+    env = {**os.environ, "ROUTER_CONFIG": str(config), "ROUTER_STORE": f"sqlite:///{db}",
+           "ROUTER_DURABLE_LOG": "1" if durable else "0"}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "router.app.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    answered: list[tuple[str, float, bool]] = []
+    stop = threading.Event()
+
+    def client(n: int) -> None:
+        with httpx.Client(base_url=base, timeout=10) as c:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                body = {"model": "auto", "messages": HI, "stream": streams_only or (n + i) % 2 == 0}
+                try:
+                    with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                        r.read()
+                        if r.status_code == 200 and (not body["stream"] or b"[DONE]" in r.content):
+                            answered.append((r.headers["x-request-id"], time.time(), bool(body["stream"])))
+                except httpx.HTTPError:
+                    return
+
+    try:
+        wait_ready(base, proc)
+        clients = [threading.Thread(target=client, args=(n,)) for n in range(6)]
+        for t in clients:
+            t.start()
+        time.sleep(4.0)
+        killed_at = time.time()
+        proc.kill()
+        proc.wait(timeout=10)
+        stop.set()
+        for t in clients:
+            t.join(timeout=15)
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return answered, killed_at, db
+
+
+def _stored(db: Path) -> set[str]:
+    con = sqlite3.connect(db)
+    try:
+        return {row[0] for row in con.execute("SELECT request_id FROM requests")}
+    finally:
+        con.close()
+
+
+def test_kill_9_loses_only_the_last_quarter_second(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """A hard crash loses only the records of requests answered in the last 0.25 s, under load too
+    (writes start every 0.1 s). Records answered 0.3-0.55 s before the kill were lost here (1.2-1.5 s
+    in the probe of issue 30): the writer waited its interval after each write ended."""
+    upstream.clear()
+    answered, killed_at, db = _load_until_killed(tmp_path, upstream, durable=False)
+    assert len(answered) > 10, "too little load to judge"
+    stored = _stored(db)
+    lost = sorted((killed_at - t, rid) for rid, t, _ in answered if rid not in stored)
+    assert not lost or lost[-1][0] <= 0.4, (  # 0.25 s, with room for a machine loaded many times over
+        f"{len(lost)} of {len(answered)} lost, the oldest answered {lost[-1][0]:.2f} s before"
+    )
+
+
+def test_kill_9_in_durable_mode_loses_nothing_answered(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """``ROUTER_DURABLE_LOG=1``: every stream whose final event reached the client is in the log
+    (a stream's record was written after its end, so a crash lost the last ones)."""
+    upstream.clear()
+    answered, _, db = _load_until_killed(tmp_path, upstream, durable=True, streams_only=True)
+    assert len(answered) > 10, "too little load to judge"
+    stored = _stored(db)
+    lost = [(rid, stream) for rid, _, stream in answered if rid not in stored]
+    assert not lost, f"{len(lost)} of {len(answered)} answered requests lost"
