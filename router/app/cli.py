@@ -108,6 +108,21 @@ def cmd_outcome(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    from router.store.window import opened, parse_duration
+
+    before = time.time() - parse_duration(args.older_than)
+
+    async def prune() -> int:
+        async with opened(args.store) as store:
+            return await store.prune(before)
+
+    deleted = asyncio.run(prune())
+    print(f"deleted {deleted} requests (and their outcomes) logged before "
+          f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(before))}; their spend is kept per key and task")  # fmt: skip
+    return 0
+
+
 def cmd_promote(args: argparse.Namespace) -> int:
     from router.rollout.promote import promote
 
@@ -334,6 +349,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP
     )
     out.set_defaults(func=cmd_outcome)
+
+    pru = command("prune", "delete old requests and outcomes from the log, keeping budgets right",
+                  "router prune --older-than 30d",
+                  "Delete the requests and outcomes logged before --older-than ago. Budgets restarted "
+                  "from the log read the spend per key and task: it is kept as one summary row per key "
+                  "and task (endpoint '(pruned)'), written in the same transaction as the deletion.")  # fmt: skip
+    pru.add_argument("--older-than", required=True, metavar="DURATION", help="90s, 15m, 2h, 7d, 1w")
+    pru.add_argument(
+        "--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP
+    )
+    pru.set_defaults(func=cmd_prune)
 
     tr = command("train", "fit the learned policy from the log and evaluate it off-policy",
                  "router train --config policies/examples/local.yaml --out policies/learned/p1.json",

@@ -8,6 +8,7 @@ ended, ``record`` assembles the one log row from them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 import orjson
 
@@ -60,6 +61,19 @@ class Flight:
         self.status, self.error_type, self.error_message = status, error_type, error_message
 
 
+#: The longest string of the client's choosing a log record keeps: longer ones are cut there and
+#: marked with "…" (a 1 MiB ``reasoning_effort`` made a 1.77 MB row).
+MAX_LOGGED_CHARS = 256
+
+
+@overload
+def capped(text: str) -> str: ...
+@overload
+def capped(text: None) -> None: ...
+def capped(text: str | None) -> str | None:
+    return text if text is None or len(text) <= MAX_LOGGED_CHARS else text[:MAX_LOGGED_CHARS] + "…"
+
+
 def prompt_text(req: ClientRequest) -> str:
     return orjson.dumps({"system": req.system, "messages": req.messages}).decode()
 
@@ -74,21 +88,21 @@ def record(f: Flight, phases: Phases) -> RequestRecord:
     for name, value in phases.summary().items():
         setattr(rec, name, value)
     if (req := f.req) is not None:
-        rec.requested_model, rec.stream = req.model, req.stream
+        rec.requested_model, rec.stream = capped(req.model), req.stream
         rec.temperature, rec.top_p, rec.max_tokens = req.temperature, req.top_p, req.max_output_tokens
-        rec.reasoning_effort, rec.thinking_budget = req.reasoning_effort, req.thinking_budget
+        rec.reasoning_effort, rec.thinking_budget = capped(req.reasoning_effort), req.thinking_budget
         rec.tools_sha256, rec.system_sha256 = req.tools_sha256(), req.system_sha256()
         rec.n_messages, rec.n_tools = len(req.messages), len(req.tools)
     if (decided := f.decided) is not None:
         task, feats, decision = decided.task, decided.features, decided.decision
         rec.attempt, rec.side_call = task.attempt, task.side_call
         if task.new_vector and task.vector is not None:
-            rec.task_features, rec.repo = to_json(task.vector), task.repo
+            rec.task_features, rec.repo = to_json(task.vector), capped(task.repo)
         rec.prompt_tokens_est = feats.prompt_tokens
         rec.policy_revision, rec.arm = f.rt.revision, decided.arm
         logged = f.rt.logged_headers
         if logged:
-            rec.rule_headers = {h: v for h in logged if (v := feats.headers.get(h)) is not None}
+            rec.rule_headers = {h: capped(v) for h in logged if (v := feats.headers.get(h)) is not None}
         rec.decision_id, rec.policy = decision.decision_id, decision.policy
         rec.decision_reason, rec.propensity = decision.reason, decision.propensity
         rec.candidates = [e.as_dict() for e in decision.candidates]

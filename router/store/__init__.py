@@ -75,6 +75,10 @@ class Store(Protocol):
         """Total ``cost_usd`` logged for one ``key_id`` or ``task_id``; 0 unless it has a request
         logged at or after ``active_since``."""
 
+    async def prune(self, before: float) -> int:
+        """Delete the requests and outcomes older than ``before``, keeping their spend per key
+        and task as summary rows (``schema.prune_sql``); the number of requests deleted."""
+
     async def create_key(self, rec: KeyRecord) -> None:
         """Insert a virtual key; raises ``StoreDataError`` if its id or hash is already stored."""
 

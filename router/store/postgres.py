@@ -133,10 +133,14 @@ class PostgresStore(SQLStore):
             return False
 
     async def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        await self._transaction([(sql, rows)])
+
+    async def _transaction(self, steps: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
         try:
             async with self._db().connection() as conn, conn.transaction(), conn.cursor() as cur:
-                # executemany runs in pipeline mode: one round trip per batch, not per row.
-                await cur.executemany(sql, rows)
+                for sql, rows in steps:
+                    # executemany runs in pipeline mode: one round trip per batch, not per row.
+                    await cur.executemany(sql, rows)
         except (psycopg.DataError, psycopg.IntegrityError) as exc:
             raise StoreDataError(str(exc)) from exc
 

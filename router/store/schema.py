@@ -351,3 +351,34 @@ def spend_sql(column: str, dialect: Dialect, one: bool = False) -> str:
         f"SELECT {column}, SUM(cost_usd) FROM requests WHERE {where} GROUP BY {column} "
         f"HAVING MAX(ts) >= {ph} AND SUM(cost_usd) > 0"
     )
+
+
+#: The ``endpoint`` of the rows ``router prune`` leaves in place of the requests it deletes.
+PRUNED = "(pruned)"
+
+
+def prune_sql(dialect: Dialect) -> list[str]:
+    """``router prune``, in one transaction; each statement takes (cutoff, cutoff as text) or (cutoff,).
+
+    Budgets restarted from the log sum ``cost_usd`` per key and per task (``spend_sql``), so the
+    requests before the cutoff are first folded into one row per (key, task) with their summed cost
+    and their latest ``ts`` (when the scope was last used, as the sum reads it); the rows of an
+    earlier prune are folded again. Then every older request, and every older outcome, goes."""
+    ph = _ph(dialect)
+    summary = (
+        f"INSERT INTO requests (request_id, ts, key_id, task_id, cost_usd, endpoint, side_call, stream, "
+        f"usage_estimated) SELECT 'pruned-' || CAST({ph} AS TEXT) || '-' || COALESCE(key_id, '') || '/' || "
+        f"COALESCE(task_id, ''), MAX(ts), key_id, task_id, SUM(cost_usd), '{PRUNED}', 0, 0, 0 FROM requests "
+        f"WHERE ts < {ph} AND (key_id IS NOT NULL OR task_id IS NOT NULL) GROUP BY key_id, task_id "
+        "HAVING SUM(cost_usd) > 0"
+    )
+    return [
+        summary,
+        f"DELETE FROM requests WHERE ts < {ph} AND request_id NOT LIKE 'pruned-' || CAST({ph} AS TEXT) || "
+        f"'-{'%%' if dialect == 'postgres' else '%'}'",  # psycopg reads a lone % as a placeholder
+        f"DELETE FROM outcomes WHERE ts < {ph}",
+    ]
+
+
+def count_before_sql(dialect: Dialect) -> str:
+    return f"SELECT COUNT(*) FROM requests WHERE ts < {_ph(dialect)} AND (endpoint IS NULL OR endpoint <> '{PRUNED}')"

@@ -37,6 +37,10 @@ class SQLStore(ABC):
         """Implemented by each dialect."""
 
     @abstractmethod
+    async def _transaction(self, steps: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        """Each statement with its rows, in order, in one transaction (implemented by each dialect)."""
+
+    @abstractmethod
     async def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Implemented by each dialect."""
 
@@ -99,6 +103,15 @@ class SQLStore(ABC):
     async def spend_of(self, column: str, value: str, active_since: float) -> float:
         rows = await self._fetch(schema.spend_sql(column, self.dialect, one=True), (value, active_since))
         return float(rows[0][1]) if rows else 0.0
+
+    async def prune(self, before: float) -> int:
+        tag = f"{before:.6f}"
+        counted = await self._fetch(schema.count_before_sql(self.dialect), (before,))
+        insert, delete_requests, delete_outcomes = schema.prune_sql(self.dialect)
+        await self._transaction(
+            [(insert, [(tag, before)]), (delete_requests, [(before, tag)]), (delete_outcomes, [(before,)])]
+        )
+        return int(counted[0][0])
 
     async def create_key(self, rec: KeyRecord) -> None:
         await self._write(schema.insert_key_sql(self.dialect), [schema.encode_key(rec)])

@@ -119,7 +119,10 @@ class SQLiteStore(SQLStore):
             return False
 
     async def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        await self._run(self._write_sync, sql, rows)
+        await self._run(self._write_sync, [(sql, rows)])
+
+    async def _transaction(self, steps: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        await self._run(self._write_sync, steps)
 
     async def _fetch(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         return await self._run(lambda: self._db().execute(sql, params).fetchall())
@@ -127,12 +130,13 @@ class SQLiteStore(SQLStore):
     async def _execute(self, sql: str, params: tuple[Any, ...]) -> int:
         return await self._run(lambda: self._db().execute(sql, params).rowcount)
 
-    def _write_sync(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    def _write_sync(self, steps: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
         conn = self._db()
         _rollback(conn)  # a transaction an earlier failure left open would refuse this BEGIN forever
         conn.execute("BEGIN")
         try:
-            conn.executemany(sql, rows)
+            for sql, rows in steps:
+                conn.executemany(sql, rows)
             conn.execute("COMMIT")
         except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
             _rollback(conn)

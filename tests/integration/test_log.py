@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from typing import Any
 
 import anthropic
+import httpx
 import openai
 import orjson
 import pytest
 
-from tests.integration.conftest import RunningRouter
+from router.fakeupstream import FakeUpstream
+from router.http.flight import MAX_LOGGED_CHARS
+from tests.integration.conftest import RunningRouter, local_policy
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +83,35 @@ def test_non_streaming_ttft_is_absent_not_guessed(router: RunningRouter) -> None
     rec = router.records(1)[-1]
     assert rec["ttft_ms"] is None and rec["decode_ms"] is None
     assert rec["total_ms"] > 0 and rec["queue_ms"] is not None and rec["delivery_ms"] is not None
+
+
+def test_client_strings_are_capped_in_the_log(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    """A 1 MiB reasoning_effort made a 1.77 MB row, a 60 KiB header a 127 KB row (issue 30): each
+    string a client chose is kept to its first MAX_LOGGED_CHARS characters, marked as cut."""
+    r = router_factory(local_policy(upstream.url))  # its rules read x-router-tier: the log keeps it
+    plain = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(r.url + "/v1/chat/completions", json=plain, timeout=20).status_code == 200
+    huge = {**plain, "reasoning_effort": "x" * (1 << 20)}
+    headers = {
+        "x-router-repo": "acme/" + "r" * 20_000,
+        "x-router-team": "t" * 20_000,
+        "x-router-tier": "p" * 20_000,
+    }
+    for body, h in ((huge, {}), (plain, headers)):
+        resp = httpx.post(r.url + "/v1/chat/completions", json=body, headers=h, timeout=20)
+        assert resp.status_code in (200, 400), resp.text
+    rows = r.records(3)
+    assert len(rows) == 3
+
+    def size(row: dict[str, Any]) -> int:
+        return sum(len(str(v)) for v in row.values() if v is not None)
+
+    normal = size(rows[0])
+    for row in rows[1:]:
+        assert size(row) <= normal + 4 * MAX_LOGGED_CHARS, {
+            k: len(str(v)) for k, v in row.items() if len(str(v)) > 300
+        }
+    effort = rows[1]["reasoning_effort"]
+    assert effort is None or (len(effort) <= MAX_LOGGED_CHARS + 1 and effort.endswith("…"))

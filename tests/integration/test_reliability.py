@@ -23,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from router.app.cli import main
 from router.app.factory import Services
 from router.app.limits import Limits
 from router.fakeupstream import FakeUpstream
@@ -222,6 +223,44 @@ def test_in_process_budgets_survive_a_restart(router_factory: Factory, upstream:
     r.stop()
     again = router_factory(policy, timeouts=SLOW, store=f"sqlite:///{r.db_path}")
     assert call(again) == 403, "the restarted router forgot what the task had spent"
+
+
+def test_pruning_the_log_keeps_budgets(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``router prune`` deletes old requests, and a router restarted on the pruned log still knows
+    what each key and task had spent (in-process budgets restart from the log's spend)."""
+    est = estimate(router_factory, upstream)
+    policy = task_budget_policy(upstream, "", 2 * est)
+    r = router_factory(policy, timeouts=SLOW, master_key=MASTER)
+    key = create_key(r, capsys, "--name", "spender", "--budget", f"{3 * est:.10f}")
+    store = f"sqlite:///{r.db_path}"
+
+    def call(router: RunningRouter, task: str, as_key: str) -> int:
+        return httpx.post(router.url + "/v1/chat/completions", json={"model": "solo", "messages": HI},
+                          headers={"x-router-task-id": task, "x-api-key": as_key}, timeout=20).status_code  # fmt: skip
+
+    statuses = []
+    while 403 not in statuses:  # the task's budget: two estimates
+        statuses.append(call(r, "old", key["key"]))
+        assert len(statuses) < 100
+    others = [call(r, "other", key["key"])]
+    while others[-1] != 403:  # the key's: three
+        others.append(call(r, "other", key["key"]))
+        assert len(others) < 200, (statuses, others)
+    r.stop()
+    before = len(r._rows())
+    capsys.readouterr()
+    assert main(["prune", "--older-than", "0s", "--store", store]) == 0
+    assert f"deleted {before} requests" in capsys.readouterr().out
+    rows = r._rows()
+    assert rows and all(row["endpoint"] == "(pruned)" for row in rows), rows
+    assert len(rows) == 2  # one per (key, task) that spent anything
+
+    again = router_factory(policy, timeouts=SLOW, store=store, master_key=MASTER)
+    assert call(again, "new", key["key"]) == 403, "the key's spend was lost with the pruned rows"
+    assert call(again, f"{key['key_id']}/old", MASTER) == 403, "the task's spend was lost"
+    assert call(again, "fresh", MASTER) == 200
 
 
 def test_tasks_belong_to_the_key_that_made_them(

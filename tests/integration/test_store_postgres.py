@@ -147,3 +147,17 @@ async def test_malformed_urls_do_not_leak_the_password(url: str) -> None:
         await open_store(url).open()
     assert "SECRET" not in str(info.value)
     assert info.value.__context__ is None and info.value.__cause__ is None
+
+
+async def test_prune_keeps_the_spend_per_key_and_task(store: PostgresStore) -> None:
+    """``router prune`` on PostgreSQL: old rows go, their spend stays (folded again by a later prune)."""
+    import time
+
+    now = time.time()
+    await store.write_requests([RequestRecord(request_id=f"r{i}", ts=now - 100 + i, key_id="k1",
+                                              task_id=f"k1/t{i % 2}", cost_usd=0.5) for i in range(6)])  # fmt: skip
+    spend = (await store.spend_by("key_id", 0), await store.spend_by("task_id", 0))
+    assert await store.prune(now - 97) == 3
+    assert await store.prune(now) == 3
+    assert (await store.spend_by("key_id", 0), await store.spend_by("task_id", 0)) == spend
+    assert {r["endpoint"] for r in await store.requests_since(0)} == {schema.PRUNED}
