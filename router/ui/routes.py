@@ -91,6 +91,7 @@ def register_ui(
     """``config``: the policy file in force; a previewed edit is placed beside it;
     ``max_requests``: the most requests of a window a page reads (the latest)."""
     env = environment()
+    sessions = session.Sessions()
 
     def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         # The login form and the locked page are for someone not logged in: no "log out", and
@@ -108,7 +109,7 @@ def register_ui(
             secret = auth.session_secret()
             if secret is None:
                 return render(request, "locked.html", 403)
-            if session.valid(secret, request.cookies.get(session.COOKIE)):
+            if sessions.valid(secret, request.cookies.get(session.COOKIE)):
                 return await page(request)
             target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/ui/login?next={quote(target)}", 303)
@@ -240,14 +241,28 @@ def register_ui(
         if secret is None or not auth.is_master((form.get("key") or [""])[0]):
             return render(request, "login.html", 401, next=target, error="That is not the master key.")
         response = RedirectResponse(target, 303)
-        response.set_cookie(session.COOKIE, session.issue(secret), max_age=session.TTL_S, path="/ui",
+        response.set_cookie(session.COOKIE, sessions.issue(secret), max_age=session.TTL_S, path="/ui",
                             httponly=True, samesite="strict", secure=request.url.scheme == "https")  # fmt: skip
         return response
 
     async def logout(request: Request) -> Response:
+        if (secret := auth.session_secret()) is not None:
+            sessions.revoke(secret, request.cookies.get(session.COOKIE))
         response = RedirectResponse("/ui/login", 303)
         response.delete_cookie(session.COOKIE, path="/ui", httponly=True, samesite="strict")
         return response
+
+    def same_origin(page: Page) -> Page:
+        """A form POST from another site's page is refused (CSRF): the session cookie is
+        ``SameSite=Strict`` already; this holds for browsers that do not honour it, and for the
+        login form, which needs no cookie."""
+
+        async def checked(request: Request) -> Response:
+            if not session.same_origin(request.headers, request.url.scheme):
+                return HTMLResponse("cross-site form posts are refused", 403)
+            return await page(request)
+
+        return checked
 
     for path, endpoint, methods in (
         ("/ui", overview, ["GET"]),
@@ -255,10 +270,10 @@ def register_ui(
         ("/ui/tasks/{task_id:path}", task, ["GET"]),
         ("/ui/latency", latency, ["GET"]),
         ("/ui/policy", policy, ["GET"]),
-        ("/ui/policy/preview", policy_preview, ["POST"]),
+        ("/ui/policy/preview", same_origin(policy_preview), ["POST"]),
         ("/ui/login", login_form, ["GET"]),
-        ("/ui/login", login, ["POST"]),
-        ("/ui/logout", logout, ["POST"]),
+        ("/ui/login", same_origin(login), ["POST"]),
+        ("/ui/logout", same_origin(logout), ["POST"]),
     ):
         app.add_api_route(
             path, endpoint, methods=methods, include_in_schema=False, response_class=HTMLResponse

@@ -10,28 +10,83 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 import time
+from collections.abc import Mapping
 
 COOKIE = "router_ui"
 TTL_S = 12 * 3600
 
 
-def issue(secret: bytes, now: float | None = None) -> str:
-    expires = int((time.time() if now is None else now) + TTL_S)
-    return f"{expires}.{_mac(secret, expires)}"
+class Sessions:
+    """Issues and checks session cookies, and remembers the ones logged out until they expire.
+
+    A cookie is ``{expires}.{nonce}.{mac}``: the random nonce names the session, so logging out
+    ends that session (a copy of the cookie kept from before stops working too), on this router
+    (replicas keep their own list: a session logged out on one still works on another until it
+    expires)."""
+
+    #: Logged-out sessions remembered at most (the oldest expiring are forgotten first).
+    MAX_REVOKED = 10_000
+
+    def __init__(self) -> None:
+        self._revoked: dict[str, int] = {}
+
+    def issue(self, secret: bytes, now: float | None = None) -> str:
+        expires = int((time.time() if now is None else now) + TTL_S)
+        nonce = secrets.token_hex(16)
+        return f"{expires}.{nonce}.{_mac(secret, expires, nonce)}"
+
+    def valid(self, secret: bytes, token: str | None, now: float | None = None) -> bool:
+        parsed = _parse(token)
+        if parsed is None:
+            return False
+        expires, nonce, mac = parsed
+        if expires < (time.time() if now is None else now) or nonce in self._revoked:
+            return False
+        return hmac.compare_digest(mac.encode(), _mac(secret, expires, nonce).encode())
+
+    def revoke(self, secret: bytes, token: str | None, now: float | None = None) -> None:
+        """End the session ``token`` names (if it is a valid one)."""
+        now = time.time() if now is None else now
+        if not self.valid(secret, token, now):
+            return
+        parsed = _parse(token)
+        assert parsed is not None
+        self._revoked = {n: e for n, e in self._revoked.items() if e >= now}
+        if len(self._revoked) >= self.MAX_REVOKED:
+            del self._revoked[min(self._revoked, key=self._revoked.__getitem__)]
+        self._revoked[parsed[1]] = parsed[0]
 
 
-def valid(secret: bytes, token: str | None, now: float | None = None) -> bool:
-    if not token:
+def _parse(token: str | None) -> tuple[int, str, str] | None:
+    """``(expires, nonce, mac)`` of a cookie, or None for anything else (whatever a client sends:
+    a non-ASCII or oversized cookie is not a session, never a 500)."""
+    if not token or len(token) > 200 or not token.isascii():
+        return None
+    parts = token.split(".")
+    if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 12:
+        return None
+    return int(parts[0]), parts[1], parts[2]
+
+
+def _mac(secret: bytes, expires: int, nonce: str) -> str:
+    return hmac.new(secret, f"router-ui-session:{expires}:{nonce}".encode(), hashlib.sha256).hexdigest()
+
+
+def same_origin(headers: Mapping[str, str], scheme: str) -> bool:
+    """Whether a form POST comes from the dashboard's own pages: its ``Origin`` (or, without one,
+    ``Referer``) names this host, and the browser does not call it cross-site. Requests without
+    either header (curl, scripts) hold no cookie a page could have lent them."""
+    host = headers.get("host", "")
+    if headers.get("sec-fetch-site") in ("cross-site", "same-site"):
         return False
-    expires, _, mac = token.partition(".")
-    if not expires.isdigit() or int(expires) < (time.time() if now is None else now):
-        return False
-    return hmac.compare_digest(mac, _mac(secret, int(expires)))
-
-
-def _mac(secret: bytes, expires: int) -> str:
-    return hmac.new(secret, f"router-ui-session:{expires}".encode(), hashlib.sha256).hexdigest()
+    origin = headers.get("origin")
+    if origin is None and (referer := headers.get("referer")):
+        origin = "/".join(referer.split("/", 3)[:3])
+    if origin is None:
+        return True
+    return origin in (f"{scheme}://{host}", f"http://{host}", f"https://{host}") and bool(host)
 
 
 def safe_next(target: str | None) -> str:

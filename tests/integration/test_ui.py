@@ -651,3 +651,34 @@ def test_the_dashboard_an_operator_keeps_open(
         browser.save_screenshot(str(SHOTS / "preview-error.png"))
     finally:
         browser.set_window_size(1300, 1600)
+
+
+def test_sessions_end_at_logout_and_other_sites_cannot_post(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    """Issue 30: a session kept working after logout, a crafted cookie gave a 500, and the
+    dashboard's forms took posts from any site's page."""
+    router = router_factory(local_policy(upstream.url), master_key=MASTER)
+    with httpx.Client(base_url=router.url, timeout=30) as c:
+        for crafted in ("²³.x", "1.ab.é", "9" * 400 + ".a.b"):
+            assert c.get("/ui", headers={"cookie": f"router_ui={crafted}".encode()}).status_code == 303, (
+                crafted
+            )
+        assert c.post("/ui/login", data={"key": MASTER, "next": "/ui"}).status_code == 303
+        kept = c.cookies["router_ui"]
+        assert c.get("/ui").status_code == 200
+        evil = {"origin": "https://evil.example"}
+        preview = c.post("/ui/policy/preview", data={"yaml": "x: 1"}, headers=evil)
+        assert preview.status_code == 403
+        assert (
+            c.post("/ui/policy/preview", data={"yaml": "x: 1"}, headers={"origin": router.url}).status_code
+            == 400
+        )
+        assert c.post("/ui/login", data={"key": MASTER}, headers=evil).status_code == 403
+        assert c.post("/ui/logout", headers=evil).status_code == 403
+        assert c.get("/ui").status_code == 200  # a cross-site logout did not end it either
+        assert c.post("/ui/logout").status_code == 303
+        c.cookies.clear()
+        assert c.get("/ui", headers={"cookie": f"router_ui={kept}"}).status_code == 303, (
+            "logged out, still in"
+        )

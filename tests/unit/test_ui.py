@@ -10,14 +10,31 @@ SECRET = b"s" * 32
 
 
 def test_session_tokens() -> None:
-    token = session.issue(SECRET, now=1000.0)
-    assert session.valid(SECRET, token, now=1000.0 + session.TTL_S - 1)
-    assert not session.valid(SECRET, token, now=1000.0 + session.TTL_S + 1)  # expired
-    assert not session.valid(b"t" * 32, token, now=1000.0)  # another master key
-    expires, mac = token.split(".")
-    assert not session.valid(SECRET, f"{int(expires) + 3600}.{mac}", now=1000.0)  # extended by hand
-    for bad in (None, "", "abc", ".", "12.", f"x{token}"):
-        assert not session.valid(SECRET, bad, now=1000.0)
+    sessions = session.Sessions()
+    token = sessions.issue(SECRET, now=1000.0)
+    assert sessions.valid(SECRET, token, now=1000.0 + session.TTL_S - 1)
+    assert not sessions.valid(SECRET, token, now=1000.0 + session.TTL_S + 1)  # expired
+    assert not sessions.valid(b"t" * 32, token, now=1000.0)  # another master key
+    expires, nonce, mac = token.split(".")
+    assert not sessions.valid(SECRET, f"{int(expires) + 3600}.{nonce}.{mac}", now=1000.0)  # extended by hand
+    assert not sessions.valid(SECRET, f"{expires}.{nonce[::-1]}.{mac}", now=1000.0)  # another session
+    crafted = ("²³.x.y", f"{expires}.{nonce}.{mac[:-1]}é", "1" * 5000 + ".a.b", "9" * 40 + ".a.b")
+    for bad in (None, "", "abc", ".", "12.", "12..", f"x{token}", *crafted):
+        assert not sessions.valid(SECRET, bad, now=1000.0)
+    sessions.revoke(SECRET, token, now=1000.0)
+    assert not sessions.valid(SECRET, token, now=1000.0)  # logged out
+    assert sessions.valid(SECRET, sessions.issue(SECRET, now=1000.0), now=1000.0)  # a new login works
+
+
+def test_form_posts_must_come_from_the_dashboard() -> None:
+    host = {"host": "router:8080"}
+    assert session.same_origin(host, "http")  # no Origin, no Referer: not a browser's cross-site form
+    assert session.same_origin({**host, "origin": "http://router:8080"}, "http")
+    assert session.same_origin({**host, "referer": "http://router:8080/ui/policy"}, "http")
+    assert not session.same_origin({**host, "origin": "https://evil.example"}, "http")
+    assert not session.same_origin({**host, "origin": "null"}, "http")
+    assert not session.same_origin({**host, "referer": "https://evil.example/x"}, "http")
+    assert not session.same_origin({**host, "sec-fetch-site": "cross-site"}, "http")
 
 
 def test_login_redirects_stay_on_the_dashboard() -> None:
