@@ -17,7 +17,7 @@ from router.errors import BadRequest, RouterError, UnknownModel
 from router.features.promptsize import INLINE_CHARS
 from router.features.task.tracker import TaskTracker
 from router.features.tokens import TokenCounter
-from router.http.auth import Auth
+from router.http.auth import Auth, Principal
 from router.http.outcomes import post_outcome
 from router.http.proxy import Proxy, header_dict, read_body
 from router.http.replies import error_reply, json_reply
@@ -73,11 +73,19 @@ def register(
     @app.get("/v1/models", tags=["info"])
     async def models(request: Request) -> Response:
         try:
-            await auth.check(request)
+            principal = await auth.check(request)
         except RouterError as err:
             return error_reply(err)
-        data = model_list()
+        data = model_list(principal)
         names = [m["id"] for m in data]
+        routes = runtime.current.policy.routes
+        # A key restricted with --models sees the names it may ask for, never the backends behind
+        # them (a route's candidates): those are the ones it was restricted from.
+        shown = (
+            [r.model_dump(exclude_defaults=True) for r in routes]
+            if principal.models is None
+            else [{"match": r.match} for r in routes if principal.may_use(r.match)]
+        )
         return json_reply(
             {
                 "object": "list",
@@ -85,7 +93,7 @@ def register(
                 "has_more": False,
                 "first_id": names[0] if names else None,
                 "last_id": names[-1] if names else None,
-                "routes": [r.model_dump(exclude_defaults=True) for r in runtime.current.policy.routes],
+                "routes": shown,
             }
         )
 
@@ -94,15 +102,15 @@ def register(
     async def model(request: Request, model_id: str) -> Response:
         protocol = ANTHROPIC if request.headers.get("anthropic-version") else OPENAI_CHAT
         try:
-            await auth.check(request)
-            found = next((m for m in model_list() if m["id"] == model_id), None)
+            principal = await auth.check(request)
+            found = next((m for m in model_list(principal) if m["id"] == model_id), None)
             if found is None:
                 raise UnknownModel(f"model {model_id!r} is not served here; see GET /v1/models for the names")
         except RouterError as err:
             return error_reply(err, protocol)
         return json_reply(found)
 
-    def model_list() -> list[dict[str, Any]]:
+    def model_list(principal: Principal) -> list[dict[str, Any]]:
         policy, catalog = runtime.current.policy, runtime.current.catalog
         # One list that both SDKs accept: OpenAI reads id/object/owned_by, Anthropic type/id/display_name.
         # Limits in the fields clients read (OpenRouter's context_length, litellm's max_*_tokens):
@@ -114,6 +122,7 @@ def register(
                 limits.setdefault(r.match, (max(limits[i][0] for i in ids), max(limits[i][1] for i in ids)))
         names = [r.match for r in policy.routes if r.match in limits]
         names += [b for b in catalog.backends if b not in names]
+        names = [n for n in names if principal.may_use(n)]
         # When this catalog was loaded: a reload that changes the models changes their date.
         loaded = runtime.current.applied_at
         created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(loaded))

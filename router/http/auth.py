@@ -64,9 +64,12 @@ class Principal:
             models=tuple(rec.models) if rec.models is not None else None,
         )  # fmt: skip
 
+    def may_use(self, requested: str) -> bool:
+        return self.models is None or any(fnmatch.fnmatchcase(requested, m) for m in self.models)
+
     def authorize_model(self, requested: str) -> None:
         """Raise ``PermissionDenied`` if this key may not ask for ``requested``."""
-        if self.models is None or any(fnmatch.fnmatchcase(requested, m) for m in self.models):
+        if self.may_use(requested):
             return
         raise PermissionDenied(f"this key may not use model {requested!r}", param="model")
 

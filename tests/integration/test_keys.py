@@ -140,3 +140,21 @@ async def test_postgres_keys_table(pg_url: str) -> None:  # noqa: F811 - the fix
         await check_keys(store)
     finally:
         await store.close()
+
+
+def test_a_restricted_key_sees_only_the_models_it_may_use(
+    closed: RunningRouter, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30: a key restricted to ``auto`` was shown every backend id, and each route's candidates."""
+    auto_only = create_key(closed, capsys, "--name", "auto-only", "--models", "auto")
+    with httpx.Client(base_url=closed.url, timeout=20) as c:
+        listed = c.get("/v1/models", headers={"x-api-key": auto_only["key"]}).json()
+        assert [m["id"] for m in listed["data"]] == ["auto"]
+        assert listed["routes"] == [{"match": "auto"}]
+        assert "local-large" not in orjson.dumps(listed).decode()
+        assert c.get("/v1/models/local-large", headers={"x-api-key": auto_only["key"]}).status_code == 404
+        assert c.get("/v1/models/auto", headers={"x-api-key": auto_only["key"]}).status_code == 200
+        everything = c.get("/v1/models", headers={"x-api-key": MASTER}).json()
+        assert "local-large" in {m["id"] for m in everything["data"]} and "candidates" in str(
+            everything["routes"]
+        )
