@@ -174,3 +174,30 @@ def test_one_keys_labels_cannot_reshape_training_for_every_key(
     assert f"key {attacker['key_id']} dominates the labels" in printed
     dominant = orjson.loads((tmp_path / "capped.json").read_bytes())["dominant_keys"]
     assert [d["key"] for d in dominant] == [attacker["key_id"]]
+
+
+def test_one_key_cannot_evict_every_tenants_task_state(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The router remembers a bounded number of live tasks (``max_tasks``). A key opening tasks
+    without end pushed out every other key's: here the victim's failed attempt was forgotten, so
+    its restart stayed attempt 1. Now a key holds at most a tenth of the table and drops its own."""
+    upstream.clear()
+    r = router_factory(local_policy(upstream.url), master_key=MASTER, max_tasks=50)
+    victim, flood = create_key(r, capsys, "--name", "victim"), create_key(r, capsys, "--name", "flood")
+    opening = {"model": "auto", "messages": [{"role": "user", "content": "fix the flaky test"}]}
+    with httpx.Client(base_url=r.url, timeout=30) as c:
+
+        def chat(key: str, task: str) -> None:
+            resp = c.post(CHAT, json=opening, headers={"x-api-key": key, "x-router-task-id": task})
+            assert resp.status_code == 200, resp.text
+
+        chat(victim["key"], "mine")
+        failed = c.post("/v1/outcomes", json={"task_id": "mine", "success": False},
+                        headers={"x-api-key": victim["key"]})  # fmt: skip
+        assert failed.status_code == 200, failed.text
+        for i in range(60):
+            chat(flood["key"], f"flood-{i}")
+        chat(victim["key"], "mine")  # the conversation starts over after the failure
+    attempts = [row["attempt"] for row in r.records(62) if row["task_id"] == f"{victim['key_id']}/mine"]
+    assert attempts == [1, 2], f"the victim's task state was evicted by another key: {attempts}"

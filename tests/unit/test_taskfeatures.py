@@ -138,3 +138,15 @@ def test_the_tracker_forgets_the_least_recently_seen_task_past_its_bound() -> No
     assert tracker.peek("b") is None and tracker.peek("a") is not None and tracker.peek("a").attempt == 2
     with pytest.raises(ValidationError, match="max_tasks"):
         Settings(max_tasks=0)
+
+
+def test_one_key_cannot_push_every_other_task_out() -> None:
+    tracker = TaskTracker(max_tasks=10, key_share=0.2)  # two tasks a key
+    tracker.get("key_aa/victim").attempt = 2
+    tracker.get("shared-open-mode-task").attempt = 3
+    for i in range(50):
+        tracker.get(f"key_bb/flood-{i}")
+    assert tracker.peek("key_aa/victim").attempt == 2  # type: ignore[union-attr]
+    assert tracker.peek("shared-open-mode-task").attempt == 3  # type: ignore[union-attr]
+    assert [t for t in ("key_bb/flood-48", "key_bb/flood-49", "key_bb/flood-47") if tracker.peek(t)] == [
+        "key_bb/flood-48", "key_bb/flood-49"]  # fmt: skip

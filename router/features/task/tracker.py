@@ -69,21 +69,50 @@ def is_restart(req: ClientRequest) -> bool:
     return not any(isinstance(m, dict) and m.get("role") == "assistant" for m in req.messages)
 
 
+def key_of(task_id: str) -> str | None:
+    """The virtual key a task id is scoped to (``{key_id}/{task}``), else None."""
+    head, sep, _ = task_id.partition("/")
+    return head if sep and head.startswith("key_") else None
+
+
 class TaskTracker:
-    def __init__(self, max_tasks: int = 100_000) -> None:
+    """Bounded: at most ``max_tasks`` tasks, the least recently used dropped first; and one
+    virtual key's tasks at most ``key_share`` of them, so that a key opening tasks without end
+    drops its own oldest, never every other tenant's state."""
+
+    def __init__(self, max_tasks: int = 100_000, key_share: float = 0.1) -> None:
         self._tasks: OrderedDict[str, TaskState] = OrderedDict()
         self._max = max_tasks
+        self._max_per_key = max(1, int(max_tasks * key_share))
+        #: Each key's tasks, least recently used first.
+        self._by_key: dict[str, OrderedDict[str, None]] = {}
 
     def get(self, task_id: str) -> TaskState:
         state = self._tasks.get(task_id)
+        key = key_of(task_id)
         if state is None:
             state = self._tasks[task_id] = TaskState()
+            if key is not None:
+                own = self._by_key.setdefault(key, OrderedDict())
+                own[task_id] = None
+                if len(own) > self._max_per_key:
+                    self._drop(next(iter(own)))
             if len(self._tasks) > self._max:
-                self._tasks.popitem(last=False)
+                self._drop(next(iter(self._tasks)))
         else:
             self._tasks.move_to_end(task_id)
+            if key is not None:
+                self._by_key[key].move_to_end(task_id)
         state.seen = time.time()
         return state
+
+    def _drop(self, task_id: str) -> None:
+        del self._tasks[task_id]
+        if (key := key_of(task_id)) is not None:
+            own = self._by_key[key]
+            del own[task_id]
+            if not own:
+                del self._by_key[key]
 
     def peek(self, task_id: str) -> TaskState | None:
         return self._tasks.get(task_id)
