@@ -108,10 +108,10 @@ class Pipeline:
     ) -> Any:
         """One request through every stage, appending each stage's µs to ``out``; returns the request."""
         from router.features import signals
-        from router.features.pipeline import request_features
         from router.features.task.context import vector_for, weak_label
         from router.features.task.identity import task_id_of
         from router.features.task.vector import Packed
+        from router.policy.pipeline import request_features
         from router.protocols import WIRES
 
         decider = self.runtime.decider

@@ -19,7 +19,6 @@ from router.app.asgi import RouterApp
 from router.app.settings import Settings
 from router.background import Background, on_daemon_thread
 from router.features.memo import ConversationMemo
-from router.features.pipeline import Pipeline
 from router.features.promptsize import COUNT_NEW_CHARS, PromptSizer
 from router.features.task.context import TaskContext
 from router.features.task.tracker import TaskTracker
@@ -32,6 +31,7 @@ from router.http.auth import Auth
 from router.http.ops import register_ops
 from router.http.proxy import Proxy
 from router.policy.collector import PolicyCollector
+from router.policy.pipeline import Pipeline
 from router.policy.revisions import Archive
 from router.policy.runtime import PolicyHistory, PolicyWatcher, RuntimeHolder, load_runtime
 from router.rollout.guard import Guard

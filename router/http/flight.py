@@ -12,10 +12,10 @@ from typing import overload
 
 import orjson
 
-from router.features.pipeline import Decided
 from router.features.task.vector import to_json
 from router.forward.accounting import Charge
 from router.forward.execute import Execution
+from router.policy.pipeline import Decided
 from router.policy.runtime import Runtime
 from router.protocols import ClientRequest
 from router.state import Reservation

@@ -20,7 +20,6 @@ from starlette.responses import Response
 
 from router.background import Background
 from router.errors import PayloadTooLarge, RouterError, UpstreamError
-from router.features.pipeline import Decided, Pipeline
 from router.features.task.identity import client_key_hash, scoped, task_id_of
 from router.forward.accounting import charge, cost_split
 from router.forward.execute import CommittedStream, Execution, Executor
@@ -29,6 +28,7 @@ from router.http.auth import Auth, presented_key
 from router.http.flight import Flight, prompt_text, record
 from router.http.replies import error_reply
 from router.ids import IdMaker
+from router.policy.pipeline import Decided, Pipeline
 from router.policy.runtime import RuntimeHolder
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
 from router.protocols.openai_chat import is_usage_only, usage_frame_with_cost

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from router.errors import ConfigError, RouterError
-from router.features.pipeline import request_features
 from router.features.tokens import TokenCounter
 from router.policy.config import RULE_FIELDS
+from router.policy.pipeline import request_features
 from router.policy.rules import compile_condition
 from router.protocols import WIRES, ClientRequest
 from router.protocols import anthropic as anthropic_protocol

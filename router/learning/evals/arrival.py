@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import orjson
 
-from router.features.pipeline import request_features
 from router.features.request import Features
 from router.features.task.context import vector_for
 from router.features.task.vector import Vector
 from router.features.tokens import TokenCounter
 from router.learning.evals.loader import Task
+from router.policy.pipeline import request_features
 from router.protocols import openai_chat
 
 #: The model name the agent asks for; the evaluation policy routes it to every candidate.
