@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,7 +21,8 @@ from router.errors import ConfigError
 from router.features.labels.model import LabelModel
 from router.features.labels.model import default as default_labels
 from router.features.request import RULE_FIELDS
-from router.policy.attempt import AttemptControl
+from router.features.task.attempt import AttemptControl
+from router.features.task.rules import TaskRules
 from router.policy.rules import Condition, compile_condition
 
 Protocol = Literal["openai", "anthropic", "openai_responses"]
@@ -61,7 +63,7 @@ class ModelSpec(_Strict):
     #: Calls in flight to this backend from one replica; more wait (and the wait is queue time).
     max_concurrency: int | None = Field(default=None, gt=0)
     #: LLM calls one attempt may make on this model; the next is refused and the task escalates
-    #: (``router.policy.attempt``). Unset: the learned cap, if the artifact has one.
+    #: (``router.features.task.attempt``). Unset: the learned cap, if the artifact has one.
     max_calls_per_attempt: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
@@ -327,6 +329,14 @@ class Policy:
             for m in spec.models
             if m.max_calls_per_attempt is not None
         }
+        self.task_rules = TaskRules(
+            side_call_max_tokens=spec.tasks.side_call_max_tokens,
+            loop_threshold=spec.tasks.loop_threshold,
+            escalate_below=spec.tasks.escalate_below,
+            max_cost_per_task=spec.objective.max_cost_per_task,
+            label_model=self.label_model,
+            attempt_controls=self.attempt_controls,
+        )
         self.rules = [
             CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}] (name {r.name!r}).when"))
             for i, r in enumerate(spec.rules)
@@ -342,6 +352,11 @@ class Policy:
                 "(a posted policy reads only files beside the running one)"
             )
         return path
+
+    def use_attempt_controls(self, controls: dict[str, AttemptControl]) -> None:
+        """The controls in force, the learned ones included (``router.policy.runtime``)."""
+        self.attempt_controls = controls
+        self.task_rules = replace(self.task_rules, attempt_controls=controls)
 
     def route_for(self, requested: str) -> Route | None:
         for route in self.routes:

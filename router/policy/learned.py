@@ -29,9 +29,9 @@ import orjson
 
 from router.errors import ConfigError
 from router.features.request import Features
+from router.features.task.attempt import AttemptControl
 from router.features.task.vector import HASH_DIM, NUMERIC, arrays, dot, schema, with_attempt
 from router.policy import prior as priors
-from router.policy.attempt import AttemptControl
 from router.policy.estimates import Estimates
 from router.policy.objective import Choice, Next, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
@@ -90,7 +90,7 @@ class Artifact:
     frontiers: dict[int, tuple[priors.FixedPlan, ...]] = field(default_factory=dict)
     #: max_attempts → operating points (prior plan, deviation margin) measured by ``router train``.
     points: dict[int, tuple[priors.Point, ...]] = field(default_factory=dict)
-    #: Per model, the call cap and stop-loss threshold ``router train`` learned (``router.policy.attempt``).
+    #: Per model, the call cap and stop-loss threshold ``router train`` learned (``router.features.task.attempt``).
     controls: dict[str, AttemptControl] = field(default_factory=dict)
     #: Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
     estimates: Estimates = field(default_factory=Estimates)

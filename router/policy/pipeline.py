@@ -55,8 +55,10 @@ class Pipeline:
         secrets); ``body_bytes``: the raw body's size, the memory the conversation memo charges for it."""
         size = self.sizer.measure(req, task_id, body_bytes)
         repo = headers.get("x-router-repo")
-        view = await self.tasks.enter(rt.policy, req, task_id, attempt_header, size.tokens, repo, size.facts)
-        label = self.tasks.label_reader(rt.policy, req, view, size.repeat, size.facts)
+        view = await self.tasks.enter(
+            rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo, size.facts
+        )
+        label = self.tasks.label_reader(rt.policy.task_rules, req, view, size.repeat, size.facts)
         try:
             feats = request_features(req, size.tokens, headers, view, size)
             arm, decider = _decider(rt, req, task_id, key_id, headers)
@@ -84,7 +86,7 @@ class Pipeline:
         if not size.settled:
             await self._settle(size)
         repo = headers.get("x-router-repo")
-        view = await self.tasks.preview(rt.policy, req, task_id, attempt_header, size.tokens, repo)
+        view = await self.tasks.preview(rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo)
         feats = request_features(req, size.tokens, headers, view, size)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
         return Decided(feats, view, decider.decide(feats, explore=False), arm=arm)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from router.errors import ConfigError
+from router.features.task.attempt import AttemptControl
 from router.policy import prior as priors
-from router.policy.attempt import AttemptControl
 from router.policy.catalog import Catalog, PriceLookup, build_catalog
 from router.policy.config import Policy
 from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_control, control_path
@@ -200,7 +200,7 @@ def build_runtime(
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)
     scorer = scorer_for(policy, artifact)
     if isinstance(scorer, LearnedScorer):
-        policy.attempt_controls = attempt_controls(policy, scorer.artifact)
+        policy.use_attempt_controls(attempt_controls(policy, scorer.artifact))
     decider = Decider(policy, catalog, scorer)
     scopes = build_scopes(policy, catalog, lambda p: scorer_for(p, artifact))
     return Runtime(policy, catalog, decider, files, control=control, scopes=scopes)

@@ -7,12 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from router.features.task.attempt import (
+    CAP,
+    NONE,
+    STOP_LOSS,
+    AttemptControl,
+    first_stop,
+    message,
+    stop_reason,
+)
 from router.learning.evals import baselines as bl
 from router.learning.evals import loader
 from router.learning.evals.loader import Dataset
 from router.learning.evals.simulate import BUDGET, Execution, LabelVerifier, Verifier, replay
 from router.learning.training import control
-from router.policy.attempt import CAP, NONE, STOP_LOSS, AttemptControl, first_stop, message, stop_reason
 from tests.unit.test_evals import write_data
 
 
@@ -206,30 +214,30 @@ def test_the_proxy_stops_on_the_attempts_latest_label_and_keeps_saying_so(tmp_pa
 
     policy = policy_with(tmp_path, {"max_attempts": 2})
     learned = {"cheap": AttemptControl(max_calls=50, stop_below=0.3), "strong": AttemptControl(max_calls=9)}
-    policy.attempt_controls = {
-        "strong": AttemptControl(max_calls=4)
-    }  # as models.strong.max_calls_per_attempt: 4
+    policy.use_attempt_controls(
+        {"strong": AttemptControl(max_calls=4)}
+    )  # as models.strong.max_calls_per_attempt: 4
     merged = attempt_controls(policy, dataclasses.replace(artifact(), controls=learned))
     # The file's cap overrides the learned one; the learned stop-loss stays.
     assert merged == {
         "cheap": AttemptControl(max_calls=50, stop_below=0.3),
         "strong": AttemptControl(max_calls=4),
     }
-    policy.attempt_controls = merged
+    policy.use_attempt_controls(merged)
     state = TaskState(attempt=2, pinned="cheap", calls=5)
-    stop(policy, state)  # no label yet: goes on
+    stop(policy.task_rules, state)  # no label yet: goes on
     state.last_label = (1, False, 0.1, SOURCE, ())  # a low reading of the previous attempt: not this one's
-    stop(policy, state)
+    stop(policy.task_rules, state)
     state.last_label = (2, False, 0.1, SOURCE, ())
     with pytest.raises(
         AttemptStopped, match=r"P\(success\) 0.10 fell below the stop-loss threshold 0.30"
     ) as err:
-        stop(policy, state)
+        stop(policy.task_rules, state)
     assert err.value.param == STOP_LOSS and err.value.code == "attempt_stopped" and err.value.status == 400
     assert state.failed_open and state.stopped == 2
     state.last_label = (2, True, 0.9, SOURCE, ())  # a later reading changes nothing: the attempt is over
     with pytest.raises(AttemptStopped):
-        stop(policy, state)
+        stop(policy.task_rules, state)
 
 
 def test_the_artifact_reads_its_attempt_control_block() -> None:

@@ -19,10 +19,10 @@ from typing import Any, Final, Protocol
 from router.background import Background
 from router.errors import AttemptStopped
 from router.features import labels, signals
+from router.features.task import attempt
+from router.features.task.rules import TaskRules
 from router.features.task.tracker import TaskState, TaskTracker, is_side_call
 from router.features.task.vector import Packed, Vector, repo_hint, task_vector
-from router.policy import attempt
-from router.policy.config import Policy
 from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest
 from router.state import Budgets, Sessions, StateUnavailable
 from router.store.records import OutcomeRecord
@@ -85,7 +85,7 @@ class TaskContext:
 
     async def enter(
         self,
-        policy: Policy,
+        rules: TaskRules,
         req: ClientRequest,
         task_id: str,
         attempt_header: str | None,
@@ -98,13 +98,13 @@ class TaskContext:
         message is remembered (from ``router.features.memo``); ``task_budget``: a lower per-task
         budget than the policy's (the scope's that decides the request)."""
         state = self.tracker.begin(task_id, req, attempt_header)
-        view = await self._view(policy, req, task_id, state, prompt_tokens, repo, seen, task_budget)
+        view = await self._view(rules, req, task_id, state, prompt_tokens, repo, seen, task_budget)
         if not view.side_call:
-            stop(policy, state)
+            stop(rules, state)
         return view
 
     def label_reader(
-        self, policy: Policy, req: ClientRequest, view: TaskView, resent: bool, seen: list[Any] | None
+        self, rules: TaskRules, req: ClientRequest, view: TaskView, resent: bool, seen: list[Any] | None
     ) -> Callable[[], None] | None:
         """The weak label's reading of the request's conversation, for the caller to run once the
         request has ended (the label reads the results in full, test summaries and build errors:
@@ -114,23 +114,22 @@ class TaskContext:
         if view.side_call or not (resent or not signals.without_tools(seen, len(req.messages))):
             return None
         return partial(
-            self._label, policy, req, view.task_id, view.state, view.attempt, resent, seen, view.recent
+            self._label, rules, req, view.task_id, view.state, view.attempt, resent, seen, view.recent
         )
 
     async def preview(
-        self, policy: Policy, req: ClientRequest, task_id: str, attempt_header: str | None,
+        self, rules: TaskRules, req: ClientRequest, task_id: str, attempt_header: str | None,
         prompt_tokens: int, repo: str | None, task_budget: float | None = None,
     ) -> TaskView:  # fmt: skip
         """What ``enter`` would return, leaving the tracker and the log as they are."""
         state = self.tracker.preview(task_id, req, attempt_header)
-        return await self._view(policy, req, task_id, state, prompt_tokens, repo, None, task_budget)
+        return await self._view(rules, req, task_id, state, prompt_tokens, repo, None, task_budget)
 
     async def _view(
-        self, policy: Policy, req: ClientRequest, task_id: str, state: TaskState, prompt_tokens: int,
+        self, rules: TaskRules, req: ClientRequest, task_id: str, state: TaskState, prompt_tokens: int,
         repo: str | None, seen: list[Any] | None, task_budget: float | None = None,
     ) -> TaskView:  # fmt: skip
-        tasks = policy.spec.tasks
-        side = is_side_call(req, tasks.side_call_max_tokens)
+        side = is_side_call(req, rules.side_call_max_tokens)
         if not side and state.pinned is None and self.shared is not None:
             # Another replica may have started this task: its pin and warm prefix are shared.
             pin = await self.shared.pin(task_id)
@@ -149,12 +148,12 @@ class TaskContext:
         if not side:
             recent = signals.recent(req.messages, seen=seen)
             found = signals.switches(
-                req.protocol, req.messages, loop_threshold=tasks.loop_threshold, seen=seen, read=recent
+                req.protocol, req.messages, loop_threshold=rules.loop_threshold, seen=seen, read=recent
             )
             switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
-            switch = switch or escalation(tasks.escalate_below, state)
+            switch = switch or escalation(rules.escalate_below, state)
         budget_left = None
-        budget = least(policy.spec.objective.max_cost_per_task, task_budget)
+        budget = least(rules.max_cost_per_task, task_budget)
         if budget is not None and not side:
             # What is left of the task's budget steers the plan down to cheaper models as it runs out.
             with contextlib.suppress(StateUnavailable):
@@ -185,12 +184,10 @@ class TaskContext:
         await self.shared.mark_warm(task_id, model, cache_ttl_s)
 
     def _label(
-        self, policy: Policy, req: ClientRequest, task_id: str, state: TaskState, attempt: int,
+        self, rules: TaskRules, req: ClientRequest, task_id: str, state: TaskState, attempt: int,
         resent: bool, seen: list[Any] | None, recent: signals.Recent | None,
     ) -> None:  # fmt: skip
-        read = partial(
-            weak_label, req, policy.spec.tasks.loop_threshold, resent, seen, policy.label_model, recent
-        )
+        read = partial(weak_label, req, rules.loop_threshold, resent, seen, rules.label_model, recent)
         if labels.unread(seen, len(req.messages)) <= INLINE_MESSAGES:
             # Earlier turns read the rest: the new messages cost less here, once the reply is out,
             # than handing them to a worker thread (and the GIL back and forth while replies wait).
@@ -258,15 +255,15 @@ def vector_for(req: ClientRequest, repo: str | None = None) -> Vector:
     return task_vector(req.first_user_text, req.system_text, len(req.tools), repo)
 
 
-def stop(policy: Policy, state: TaskState) -> None:
+def stop(rules: TaskRules, state: TaskState) -> None:
     """End the attempt here when its model's cap is reached or the stop-loss fires on the
-    attempt's latest stored label (``router.policy.attempt``): the attempt counts as failed, the
+    attempt's latest stored label (``router.features.task.attempt``): the attempt counts as failed, the
     next restart of the conversation opens the next one (on the plan's next model), and until then
     every main-loop request of the attempt is told the same."""
     if state.stopped == state.attempt and state.stop_said is not None:
         raise AttemptStopped(*state.stop_said)
     model = state.pinned
-    control = policy.attempt_controls.get(model) if model is not None else None
+    control = rules.attempt_controls.get(model) if model is not None else None
     if control is None or model is None:
         return
     label = state.last_label

@@ -26,6 +26,7 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
+from router.features.task.attempt import AttemptControl
 from router.learning.evals import baselines as bl
 from router.learning.evals import turns as trajectories
 from router.learning.evals.loader import Dataset
@@ -33,7 +34,6 @@ from router.learning.evals.runner import split
 from router.learning.evals.simulate import Execution, Judge, LabelVerifier, Verifier, replay
 from router.learning.evals.summary import combine, summarize
 from router.learning.training import control
-from router.policy.attempt import AttemptControl
 
 TARGETS = (0.75, 0.80)
 #: Targets of the frontier plot (each row re-chosen on the training folds for each).

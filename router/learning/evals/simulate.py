@@ -6,7 +6,7 @@ return ``None`` to stop (a fixed cascade that has run out of models). The data h
 task × model, so an attempt on a model already tried repeats that run's outcome and cost: a
 repeat is never free and never luckier than the first time.
 
-Inside an attempt, an ``Execution`` may stop it early (``router.policy.attempt``: a per-model cap
+Inside an attempt, an ``Execution`` may stop it early (``router.features.task.attempt``: a per-model cap
 on calls, a stop-loss on the label model's reading of the conversation, or a random stop as its
 control). Where the run's trajectory is known the stop falls at that call and charges the calls
 before it at their recorded cost; elsewhere only a cap can stop it, charging its share of the
@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from router.features.task.attempt import NONE, AttemptControl
 from router.learning.evals.loader import Dataset
 from router.learning.training import control
-from router.policy.attempt import NONE, AttemptControl
 
 #: (task_id, attempt starting at 1, models that failed this task so far, USD spent so far) → model.
 Chooser = Callable[[str, int, tuple[str, ...], float], str | None]

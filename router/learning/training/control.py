@@ -2,7 +2,7 @@
 threshold, and the fixed order of models chosen under them by the same objective.
 
 What an attempt does under a control is read off its recorded run (``controlled``): stopped at the
-call where the cap or the stop-loss (``router.policy.attempt``) would have refused the next one,
+call where the cap or the stop-loss (``router.features.task.attempt``) would have refused the next one,
 paying the calls before it — at their recorded costs where the conversation is known, else as
 their share of the run's cost (only a cap can stop a run whose conversation is unknown). Every
 fixed order of up to N distinct models is then scored on the training tasks at once (``orders``):
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from router.policy.attempt import NONE, AttemptControl, first_stop
+from router.features.task.attempt import NONE, AttemptControl, first_stop
 
 CAP_FACTOR = 2.0
 #: Caps tried per model: multiples of the median calls of its resolved runs.
