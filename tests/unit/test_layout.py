@@ -1,5 +1,6 @@
-"""The tree's layering: no import cycles (type-only and function-level imports included), and
-the assembly (``router.app``) is imported by nothing below it."""
+"""The tree's layering: no import cycles (type-only and function-level imports included), and each
+top-level folder imports only its own layer or lower ones (``LAYERS``), the assembly (``router.app``)
+at the top."""
 
 from __future__ import annotations
 
@@ -7,6 +8,23 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: Lowest first; the names of one layer may import each other. The request's path reads upwards:
+#: features read the request, policy decides, forward answers; learning fits offline what rollout
+#: puts into service; http, ui and the fake provider are the edges; app assembles them all.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "ids", "background"),
+    ("protocols", "store"),
+    ("state",),
+    ("telemetry", "features"),
+    ("policy",),
+    ("forward",),
+    ("learning",),
+    ("rollout",),
+    ("http",),
+    ("ui", "fakeupstream"),
+    ("app",),
+)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -85,6 +103,37 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``router.<top>...`` (``router`` itself, the package's root, sits below all)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return -1
+    for level, names in enumerate(LAYERS):
+        if parts[1] in names:
+            return level
+    raise AssertionError(f"{module}: router.{parts[1]} is in no layer of LAYERS")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    return {
+        m: bad
+        for m, ts in sorted(graph.items())
+        if (bad := sorted(t for t in ts if layer_of(t) > layer_of(m)))
+    }
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {
+        "router.features.x": {"router.policy.y", "router.store.z"},
+        "router.policy.y": {"router.features.x"},
+    }
+    assert upward_imports(graph) == {"router.features.x": ["router.policy.y"]}
+
+
+def test_every_folder_imports_only_its_layer_or_lower() -> None:
+    assert upward_imports(import_graph()) == {}
 
 
 def test_no_import_cycles() -> None:
