@@ -29,7 +29,6 @@ from typing import Any, Final
 
 from router.errors import ContextTooLarge
 from router.features.memo import ConversationMemo
-from router.features.pipeline import request_features
 from router.features.promptsize import COUNT_NEW_CHARS, PromptSizer
 from router.features.request import Features
 from router.features.tokens import TokenCounter, item_text
@@ -39,6 +38,7 @@ from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
 from router.policy.estimates import Estimates
 from router.policy.loading import parse_policy
+from router.policy.pipeline import request_features
 from router.protocols import WIRES
 from router.protocols.common import OPENAI_CHAT
 
