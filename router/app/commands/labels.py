@@ -23,6 +23,23 @@ def default_trajectories() -> Path:
     return beside if beside.is_file() else DEFAULT_TRAJECTORIES
 
 
+def add_replay_arguments(p: argparse.ArgumentParser) -> None:
+    """The cross-validated replay's arguments, shared by the commands that replay trajectories."""
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds, grouped by task (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="fold shuffle (default 0)")
+    p.add_argument("--limit", type=int, help="only the first N trajectories")
+
+
+def trajectories_of(args: argparse.Namespace) -> Path:
+    """The trajectories file a replay reads (checked with the folds before anything loads)."""
+    path: Path = args.trajectories or default_trajectories()
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such trajectories file (pass --trajectories FILE)")
+    if args.folds < 2:
+        raise ConfigError(f"--folds: expected at least 2, got {args.folds}")
+    return path
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trajectories", type=Path, help="JSONL(.gz) of agent runs (default: the shipped SWE-bench runs)"
@@ -39,9 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help="label model artifact whose features are cross-validated (default: shipped)",
     )
-    p.add_argument("--folds", type=int, default=5, help="cross-validation folds, grouped by task (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="fold shuffle (default 0)")
-    p.add_argument("--limit", type=int, help="only the first N trajectories")
+    add_replay_arguments(p)
     p.add_argument(
         "--fit", type=Path, metavar="OUT", help="also fit a label model on all trajectories, write it to OUT"
     )
@@ -55,11 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from router.learning.labels import evaluate as ev
     from router.learning.labels.replay import SHAPES, load
 
-    path = args.trajectories or default_trajectories()
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such trajectories file (pass --trajectories FILE)")
-    if args.folds < 2:
-        raise ConfigError("--folds: at least 2")
+    path = trajectories_of(args)
     try:
         trajectories = load(path, args.limit)
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from router.app.commands.labels import add_replay_arguments, trajectories_of
 from router.errors import ConfigError
 
 
@@ -20,9 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="JSONL(.gz) of agent runs with usage (default: the shipped SWE-bench runs)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--folds", type=int, default=5, help="cross-validation folds, grouped by task (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="fold shuffle (default 0)")
-    p.add_argument("--limit", type=int, help="only the first N trajectories")
+    add_replay_arguments(p)
     p.add_argument(
         "--per-request", type=Path, metavar="FILE", help="also write one JSON line per request here"
     )
@@ -31,15 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
-    from router.app.commands.labels import default_trajectories
     from router.learning.evals import sizes
     from router.learning.labels.replay import load
 
-    path = args.trajectories or default_trajectories()
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such trajectories file (pass --trajectories FILE)")
-    if args.folds < 2:
-        raise ConfigError(f"--folds: expected at least 2, got {args.folds}")
+    path = trajectories_of(args)
     try:
         trajectories = load(path, args.limit)
     except (OSError, ValueError, KeyError, TypeError) as exc:
