@@ -268,3 +268,79 @@ def test_the_control_evaluation_runs_end_to_end(tiny: Dataset) -> None:
     assert len(rows["policy@60%"]["chosen_on_training"]) == 3  # one order per fold, each named
     assert result["targets"]["0.60"]["ratio"] > 0
     assert "| policy@60% |" in controlview.table(result)
+
+
+SHIPPED_TRAJECTORIES = Path(__file__).resolve().parents[2] / "evals/data/trajectories"
+
+
+def _shipped_slice(n: int, models: tuple[str, ...]) -> Dataset:
+    """The first ``n`` shipped tasks on a few models, as the eval loads them."""
+    from tests.unit.test_evals import SHIPPED
+
+    full = loader.load(SHIPPED)
+    tasks = full.tasks[:n]
+    kept = [m for m in full.models if m.id in models]
+    outcomes = {(t.id, m.id): full.outcome(t.id, m.id) for t in tasks for m in kept}
+    return Dataset(full.source, tasks, kept, outcomes)
+
+
+def test_no_test_fold_trajectory_is_fitted_on() -> None:
+    from router.learning.evals import attempts, turns
+
+    data = _shipped_slice(30, ("deepseek-v3.2-reasoner", "gemini-3-pro-preview"))
+    known = turns.load([SHIPPED_TRAJECTORIES], data.task_ids)
+    assert len(known) == 30
+    train_ids, test_ids = data.task_ids[:20], data.task_ids[20:]
+    # --trajectories holds every task's run (the test tasks' too); --test-trajectories some test runs.
+    test_source = {k: v for k, v in known.items() if k[0] in test_ids[:6]}
+    s = attempts.ControlSettings(retries=1, folds=3, targets=(0.7,), reference_attempts=1, workers=1)
+    fold = attempts.evaluate_fold(data, train_ids, test_ids, known, s, test_source)
+    assert {t for t, _ in fold.fitted_on} == set(train_ids)
+    assert fold.replayed == frozenset(test_source)
+    # Fitting is the same whether the training source holds the test tasks' runs or not.
+    alone = {k: v for k, v in known.items() if k[0] in train_ids}
+    without = attempts.evaluate_fold(data, train_ids, test_ids, alone, s, test_source)
+    assert without.learned == fold.learned and without.rows == fold.rows
+    # One source for both (no --test-trajectories): each side reads its own tasks' runs.
+    same = attempts.evaluate_fold(data, train_ids, test_ids, known, s)
+    assert {t for t, _ in same.replayed} == set(test_ids) and same.fitted_on == fold.fitted_on
+
+
+def test_eval_takes_test_trajectories_apart_from_the_ones_fitted_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+    import json
+
+    from router.app.cli import main
+    from tests.unit.test_evals import write_data
+
+    # Two files of real runs: the first fitted on, the second (other tasks) replayed.
+    src = SHIPPED_TRAJECTORIES / "gemini-3-pro-preview.jsonl.gz"
+    with gzip.open(src, "rt") as f:
+        runs = [json.loads(line) for _, line in zip(range(45), f, strict=False)]
+    first, second = tmp_path / "fit.jsonl", tmp_path / "test.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in runs[:30]))
+    second.write_text("".join(json.dumps(r) + "\n" for r in runs[30:]))
+    tasks = [
+        {"instance_id": r["instance_id"], "repo": r["repo"], "problem_statement": "fix it"} for r in runs
+    ]
+    models = "model_id,org,usd_per_m_input,usd_per_m_output,usd_per_m_cached_input\ncheap,A,0.1,0.4,0.01\ngemini-3-pro-preview,G,2,12,0.2\n"  # fmt: skip
+    outcomes: dict[tuple[str, str], tuple[int, float, int]] = {}
+    for i, r in enumerate(runs):
+        outcomes[r["instance_id"], "cheap"] = (int(i % 3 == 0), 0.05, 10)
+        outcomes[r["instance_id"], "gemini-3-pro-preview"] = (
+            int(r["resolved"]),
+            r["cost_usd"],
+            r["api_calls"],
+        )
+    root = write_data(tmp_path / "d", tasks, models, outcomes)
+    args = ["eval", "--train", str(root), "--retries", "1", "--folds", "3", "--json", "--workers", "1"]
+    assert main([*args, "--trajectories", str(first), "--test-trajectories", str(second)]) == 0
+    setup = json.loads(capsys.readouterr().out)["setup"]
+    assert (setup["trajectories"], setup["test_trajectories"]) == (30, 15)
+    # Each fold fits on the first file's runs of its training tasks only (each run is left out
+    # by the one fold testing its task) and replays the second file's runs of its test tasks.
+    assert sum(setup["trajectories_replayed"]) == 15
+    assert sum(30 - n for n in setup["trajectories_fitted"]) == 30
+    assert main([*args, "--test-trajectories", str(tmp_path / "none.jsonl")]) == 2

@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verifier-noise", metavar="FA,FR", help="outcomes reach the policy through a verifier that accepts a wrong result with probability FA and rejects a right one with FR (default 0,0)")  # fmt: skip
     p.add_argument("--config", help="take the objective (max_attempts, value_per_completed_usd or target_success, max_cost_per_task) from this policy file; flags override")  # fmt: skip
     p.add_argument("--trajectories", type=Path, help="agent trajectories (a file or a directory of *.jsonl[.gz]): the replay stops an attempt where its run is known (caps, stop-loss) and charges only the calls made; turns on the in-attempt control evaluation")  # fmt: skip
+    p.add_argument("--test-trajectories", type=Path, help="the trajectories the replay reads on the test folds (default: --trajectories); --trajectories is then only fitted on (the label model, caps and stop-loss), each fold reading only its training tasks' runs")  # fmt: skip
     p.add_argument("--verifier", choices=("exact", "labels"), default=None, help="who judges a finished attempt: the recorded outcome (exact, with --verifier-noise) or the router's own label model where a trajectory exists (labels; --verifier-noise elsewhere)")  # fmt: skip
     p.add_argument("--plot", type=Path, help="with --trajectories or --targets: write the frontier plot (resolved vs $ per completed task) here (PNG)")  # fmt: skip
     p.add_argument("--targets", action="store_true", help="the targets in one table: the default single shot (--retries 0), up to 4 attempts with caps and stop-loss (--retries 3, shipped trajectories), and the same with --verifier-noise 0.3,0.2 (three cross-validations)")  # fmt: skip
@@ -100,7 +101,7 @@ def run_eval(args: argparse.Namespace) -> int:
     train = loader.load(args.train or _relative(default_data_dir()))
     if args.targets:
         return _targets(train, settings, args)
-    if args.trajectories is not None or args.verifier == "labels":
+    if args.trajectories is not None or args.test_trajectories is not None or args.verifier == "labels":
         return _control(train, settings, args)
     if args.test is not None:
         result = runner.train_test(train, loader.load(args.test), settings)
@@ -143,18 +144,18 @@ def _control(train: Any, settings: EvalSettings, args: argparse.Namespace) -> in
     """Caps, stop-loss and escalation against fixed cascades (``router.learning.evals.attempts``)."""
     import orjson
 
-    from router.learning.evals import attempts, controlview, render, turns
+    from router.learning.evals import attempts, controlview, render
 
     if args.test is not None:
         raise ConfigError("--trajectories/--verifier labels: cross-validation only for now (drop --test)")
     path = args.trajectories or default_trajectories()
-    known = turns.load([path], train.task_ids)
+    known, test_known = _trajectories(train, args)
     verifier = args.verifier or "exact"
     if verifier == "labels" and not known:
         raise ConfigError(f"--verifier labels: no trajectory in {path} is of a task in {train.source}")
     retries = settings.retries if args.retries is not None or args.config else 3
     result = attempts.cross_validate(
-        train, known, _control_settings(settings, retries, verifier, settings.noise)
+        train, known, _control_settings(settings, retries, verifier, settings.noise), test_known
     )
     if args.plot is not None:
         controlview.plot([result], args.plot)
@@ -167,6 +168,22 @@ def _control(train: Any, settings: EvalSettings, args: argparse.Namespace) -> in
     return 0
 
 
+def _trajectories(train: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    """(runs fitted on, runs the test folds replay; None: the same)."""
+    from router.learning.evals import turns
+
+    path = args.trajectories or default_trajectories()
+    known = turns.load([path], train.task_ids)
+    if args.test_trajectories is None:
+        return known, None
+    test_known = turns.load([args.test_trajectories], train.task_ids)
+    if not test_known:
+        raise ConfigError(
+            f"--test-trajectories: no trajectory in {args.test_trajectories} is of a task in {train.source}"
+        )
+    return known, test_known
+
+
 #: What ``--targets`` runs with caps and stop-loss: (retries, verifier, noise).
 CONTROL_RUNS = ((3, "exact", (0.0, 0.0)), (3, "exact", (0.3, 0.2)))
 
@@ -177,16 +194,18 @@ def _targets(train: Any, settings: EvalSettings, args: argparse.Namespace) -> in
 
     import orjson
 
-    from router.learning.evals import attempts, controlview, render, runner, turns
+    from router.learning.evals import attempts, controlview, render, runner
 
     started = time.monotonic()
     single = runner.cross_validate(
         train, dataclasses.replace(settings, retries=0, noise=(0.0, 0.0), value=None, target_success=None)
     )
     single["policy"]["setup"]["seconds"] = round(time.monotonic() - started, 1)
-    known = turns.load([args.trajectories or default_trajectories()], train.task_ids)
+    known, test_known = _trajectories(train, args)
     runs = [
-        attempts.cross_validate(train, known, _control_settings(settings, retries, verifier, noise))
+        attempts.cross_validate(
+            train, known, _control_settings(settings, retries, verifier, noise), test_known
+        )
         for retries, verifier, noise in CONTROL_RUNS
     ]
     if args.plot is not None:

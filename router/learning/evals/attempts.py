@@ -4,7 +4,10 @@ Per fold, on the training tasks only: the label model is fitted on the training 
 readings of a training run come from a model fitted without that task, its readings of a test run
 from the one fitted on every training run); each model's call cap and stop-loss threshold and the
 order of up to N models are chosen by the objective (``router.learning.training.control.learn``:
-the least cost per completed task among orders reaching the target). Under a noisy verifier the
+the least cost per completed task among orders reaching the target). The trajectories fitted on
+and those the test folds replay may come from two sources (``--trajectories``,
+``--test-trajectories``): fitting reads only the first, and only its runs of the fold's training
+tasks; the test replay reads only the second, and only its runs of the fold's test tasks. Under a noisy verifier the
 policy learns from the verdicts, not the true outcomes: what a deployment's log would hold.
 
 Then on the test tasks, with the same verifier for every row: the policy (its order, caps and
@@ -112,17 +115,40 @@ class Fold:
     chosen: dict[str, str]
     learned: dict[str, Any]
     sweep: dict[str, list[dict[str, Any]]]
+    #: (task, model) of the runs the label model and the stop rule were fitted on, and of those
+    #: the test replay read: what the report says each fold used (and a leak would show in).
+    fitted_on: frozenset[tuple[str, str]] = frozenset()
+    replayed: frozenset[tuple[str, str]] = frozenset()
+
+
+Known = Mapping[tuple[str, str], trajectories.Turns]
+
+
+def fold_trajectories(
+    train_source: Known, test_source: Known, train_ids: Sequence[str], test_ids: Sequence[str]
+) -> tuple[dict[tuple[str, str], trajectories.Turns], dict[tuple[str, str], trajectories.Turns]]:
+    """(runs to fit on, runs the test replay reads): a test task's run is never fitted on, even
+    when the training source holds it (one file for both is the common case)."""
+    train_set, test_set = set(train_ids), set(test_ids)
+    if train_set & test_set:
+        raise ValueError("a task is in both the training and the test folds")
+    return (
+        {k: v for k, v in train_source.items() if k[0] in train_set},
+        {k: v for k, v in test_source.items() if k[0] in test_set},
+    )
 
 
 def evaluate_fold(
-    data: Dataset, train_ids: Sequence[str], test_ids: Sequence[str],
-    known: Mapping[tuple[str, str], trajectories.Turns], s: ControlSettings,
+    data: Dataset, train_ids: Sequence[str], test_ids: Sequence[str], known: Known, s: ControlSettings,
+    test_source: Known | None = None,
 ) -> Fold:  # fmt: skip
+    """One fold. ``known``: the trajectories fitted on; ``test_source``: those the test replay
+    reads (default: the same)."""
     n = s.retries + 1
     noise = Verifier(s.noise[0], s.noise[1], s.seed)
-    train_set, test_set = set(train_ids), set(test_ids)
-    train_known = {k: v for k, v in known.items() if k[0] in train_set}
-    test_known = {k: v for k, v in known.items() if k[0] in test_set}
+    train_known, test_known = fold_trajectories(
+        known, known if test_source is None else test_source, train_ids, test_ids
+    )
     with threadpool_limits(1):
         oof = trajectories.out_of_fold(train_known, seed=s.seed) if train_known else None
         fitted = trajectories.label_model(list(train_known.values())) if train_known else None
@@ -192,20 +218,24 @@ def evaluate_fold(
             "caps": {m: c.max_calls for m, c in learned.controls.items()},
             "stop_loss_trials": learned.report,
         }
-    return Fold(rows, chosen, learned_out, sweep)
+    return Fold(rows, chosen, learned_out, sweep, frozenset(train_known), frozenset(test_known))
 
 
 def _job(
-    args: tuple[Dataset, list[str], list[str], dict[tuple[str, str], trajectories.Turns], ControlSettings],
-) -> Fold:
+    args: tuple[Dataset, list[str], list[str], dict[tuple[str, str], trajectories.Turns], ControlSettings,
+                dict[tuple[str, str], trajectories.Turns] | None],
+) -> Fold:  # fmt: skip
     return evaluate_fold(*args)
 
 
 def cross_validate(
-    data: Dataset, known: Mapping[tuple[str, str], trajectories.Turns], s: ControlSettings
+    data: Dataset, known: Known, s: ControlSettings, test_known: Known | None = None
 ) -> dict[str, Any]:  # fmt: skip
+    """``known``: the trajectories the stop rule is fitted on (``--trajectories``); ``test_known``:
+    those the replay reads on the test folds (``--test-trajectories``; default the same)."""
     folds = split(data.task_ids, s.folds, s.seed)
-    jobs = [(data, [t for t in data.task_ids if t not in set(f)], f, dict(known), s) for f in folds]
+    test = None if test_known is None else dict(test_known)
+    jobs = [(data, [t for t in data.task_ids if t not in set(f)], f, dict(known), s, test) for f in folds]
     if s.workers > 1:
         with ProcessPoolExecutor(max_workers=s.workers) as pool:
             results = list(pool.map(_job, jobs))
@@ -231,6 +261,10 @@ def cross_validate(
             "tasks": len(data.tasks),
             "models": len(data.models),
             "trajectories": len(known),
+            "test_trajectories": len(known if test_known is None else test_known),
+            # Per fold: runs fitted on (training tasks only) and runs the test replay read.
+            "trajectories_fitted": [len(r.fitted_on) for r in results],
+            "trajectories_replayed": [len(r.replayed) for r in results],
         },
         "rows": rows,
         "learned": [r.learned for r in results],

@@ -33,7 +33,16 @@ def table(result: Mapping[str, Any]) -> str:
         f"{s['folds']}-fold CV, seed {s['seed']}, {s['tasks']} tasks × {s['models']} models, up to "
         f"{s['retries'] + 1} attempts, verifier {s['verifier']}"
         + (f", noise {noise[0]:g},{noise[1]:g}" if any(noise) else "")
-        + f", {s['trajectories']} trajectories",
+        + f", {s['trajectories']} trajectories"
+        + (
+            f" ({s['test_trajectories']} for the test folds)"
+            if s.get("test_trajectories", s["trajectories"]) != s["trajectories"]
+            else ""
+        ),
+        "runs fitted on per fold (training tasks only): "
+        + ", ".join(str(n) for n in s.get("trajectories_fitted", []))
+        + "; runs the test replay read per fold: "
+        + ", ".join(str(n) for n in s.get("trajectories_replayed", [])),
         "",
         "| row | resolved | $ / task | $ / completed | attempts | each fold's order (chosen on its training folds) |",
         "|---|---:|---:|---:|---:|---|",
