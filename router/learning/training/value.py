@@ -114,19 +114,26 @@ def _replay(
     task_sd: float, noise: tuple[float, float],
 ) -> np.ndarray:  # fmt: skip
     """One task at every operating point × margin: (chance completed, expected spend, decisions,
-    deviations). The states are the failures seen so far, each with its weight per column."""
+    deviations). The states are the failures seen so far and whether the last attempt's result was
+    right (a rejected right one), each with its weight per column.
+
+    As ``router eval`` replays a task (``router.learning.evals.simulate``): an accepted result
+    ends the task; a rejected one goes on, and when nothing comes after it (the last attempt, or
+    the plan stops) the task ends with it, so a right result rejected there counts as done. A
+    repeat of a model the log saw on the task repeats its recorded outcome with a fresh verdict."""
     by_model = {o.model: o for o in opts}
     index = {o.model: i for i, o in enumerate(opts)}
     names = [o.model for o in opts]
     values = np.array([op.value for op in ops])
     margins = np.array(MARGINS)
     fa, fr = noise
-    out = np.zeros((4, len(ops), len(MARGINS)))
-    states: dict[tuple[str, ...], np.ndarray] = {(): np.ones((len(ops), len(MARGINS)))}
+    shape = (len(ops), len(MARGINS))
+    out = np.zeros((4, *shape))
+    states: dict[tuple[tuple[str, ...], bool], np.ndarray] = {((), False): np.ones(shape)}
     for attempt in range(1, max_attempts + 1):
         left = max_attempts - attempt + 1
-        nxt: dict[tuple[str, ...], np.ndarray] = defaultdict(lambda: np.zeros((len(ops), len(MARGINS))))
-        for failed, weight in states.items():
+        nxt: dict[tuple[tuple[str, ...], bool], np.ndarray] = defaultdict(lambda: np.zeros(shape))
+        for (failed, last_right), weight in states.items():
             s_best, c_best, first = outcomes_by_value(
                 opts, values, attempts_left=left, task_sd=task_sd, already_failed=failed
             )
@@ -148,6 +155,8 @@ def _replay(
             chosen = np.where(leave, best_model[:, None], rest_model[:, None])
             out[2] += weight
             out[3] += weight * leave
+            if last_right:  # stopping here leaves the rejected right result in place
+                out[0] += np.where(chosen < 0, weight, 0.0)
             for k in np.unique(chosen[(chosen >= 0) & (weight > 0)]):
                 model = names[k]
                 w = np.where(chosen == k, weight, 0.0)
@@ -159,8 +168,13 @@ def _replay(
                     ok, c = o.p_success * (REPEAT_FACTOR if repeat else 1.0), o.attempt_cost
                 out[1] += w * c
                 out[0] += w * ok * (1.0 - fr)
-                nxt[failed if repeat else (*failed, model)] += w * (ok * fr + (1.0 - ok) * (1.0 - fa))
+                after = failed if repeat else (*failed, model)
+                nxt[after, True] += w * ok * fr
+                nxt[after, False] += w * (1.0 - ok) * (1.0 - fa)
         states = nxt
+    for (_, last_right), weight in states.items():
+        if last_right:  # the last attempt's right result stands whatever the verdict
+            out[0] += weight
     return out
 
 
