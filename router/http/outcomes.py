@@ -36,7 +36,7 @@ from router.policy.learned import LearnedScorer
 from router.policy.runtime import Runtime
 from router.protocols.common import load_json, validation_message
 from router.store import Store, mask_url
-from router.store.records import OutcomeRecord
+from router.store.records import OutcomeRecord, RequestRecord
 from router.store.window import opened
 
 EXPLICIT = "explicit"
@@ -74,7 +74,7 @@ async def post_outcome(
         rows = await store.requests_for_task(out.task_id, OUTCOME_ROWS)
         if state is None and not rows:
             raise TaskNotFound(out.task_id)
-        attempt = out.attempt or (state.attempt if state else max(r.get("attempt") or 1 for r in rows))
+        attempt = out.attempt or (state.attempt if state else max(r.attempt or 1 for r in rows))
         details = dict(out.details or {})
         if out.source:
             details["client_source"] = out.source
@@ -105,27 +105,27 @@ async def post_outcome(
     return json_reply(result)
 
 
-def deciding(runtime: Runtime, task_id: str, rows: list[dict[str, Any]]) -> tuple[Decider, list[str]]:
+def deciding(runtime: Runtime, task_id: str, rows: list[RequestRecord]) -> tuple[Decider, list[str]]:
     """The decider in force for the task and the models its route allows, as its latest logged
     decision shows them: the scope that decided (the log's ``policy`` column names it) and the route
     of the model the client asked for. Without a logged decision: the task's arm, every model."""
     arm, decider = runtime.arm_for(task_id)
-    main = [r for r in rows if not r.get("side_call") and r.get("policy")]
-    latest = max(main, key=lambda r: r.get("ts") or 0.0, default=None)
+    main = [r for r in rows if not r.side_call and r.policy]
+    latest = max(main, key=lambda r: r.ts, default=None)
     if latest is None:
         return decider, list(decider.policy.models)
     if arm is None or arm != CONTROL:
         # The log keeps "<policy>[/<scope>]/<scorer>": the decider whose policy name is its prefix.
-        named = latest["policy"].rsplit("/", 1)[0]
+        named = (latest.policy or "").rsplit("/", 1)[0]
         decider = next((s.decider for s in runtime.scopes if s.decider.policy.name == named), decider)
-    route = decider.policy.route_for(latest.get("requested_model") or "")
+    route = decider.policy.route_for(latest.requested_model or "")
     if route is None:
         return decider, list(decider.policy.models)
     return decider, [route.passthrough] if route.passthrough else list(route.candidates)
 
 
 def _known(
-    state: TaskState | None, rows: list[dict[str, Any]], attempt: int
+    state: TaskState | None, rows: list[RequestRecord], attempt: int
 ) -> tuple[Mapping[int, float], list[str]] | None:
     """The task's vector and the models that failed it up to ``attempt``, from memory or the log."""
     if state is not None and state.vector is not None:
@@ -133,11 +133,11 @@ def _known(
         if state.pinned and state.attempt == attempt and state.pinned not in failed:
             failed.append(state.pinned)
         return state.vector, failed
-    rows = [r for r in rows if not r.get("side_call") and r.get("chosen_model")]
-    features = next((r["task_features"] for r in rows if r.get("task_features")), None)
+    main = [(r, r.chosen_model) for r in rows if not r.side_call and r.chosen_model]
+    features = next((r.task_features for r, _ in main if r.task_features), None)
     if features is None:
         return None
-    failed = list(dict.fromkeys(r["chosen_model"] for r in rows if (r.get("attempt") or 1) <= attempt))
+    failed = list(dict.fromkeys(model for r, model in main if (r.attempt or 1) <= attempt))
     return taskfeatures.from_json(features), failed
 
 
@@ -154,7 +154,7 @@ async def record_outcome(
             raise ConfigError(
                 f"no request of task {task_id!r} is in {mask_url(store_url)} (`router tasks --recent` lists ids)"
             )
-        latest = max(r.get("attempt") or 1 for r in rows)
+        latest = max(r.attempt or 1 for r in rows)
         if attempt is not None and not 1 <= attempt <= latest:
             raise ConfigError(
                 f"--attempt {attempt}: task {task_id!r} has attempt 1"
@@ -162,7 +162,7 @@ async def record_outcome(
                 + " in the log"
             )
         judged = attempt or latest
-        if not any(r.get("status") == 200 and (r.get("attempt") or 1) == judged for r in rows):
+        if not any(r.status == 200 and (r.attempt or 1) == judged for r in rows):
             # Nothing answered it (refused, failed, every backend down): there is no model to credit or blame.
             raise ConfigError(
                 f"task {task_id!r} attempt {judged}: no backend served it (every request was refused or "

@@ -218,10 +218,15 @@ def run_arm_report(args: Any) -> int:
 
     import orjson
 
+    from router.store.rows import as_dicts
     from router.store.window import parse_duration, read_window
 
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
-    report = {**arm_report(window.requests, window.outcomes), "since": window.since, "until": window.until}
+    report = {
+        **arm_report(as_dicts(window.requests), as_dicts(window.outcomes)),
+        "since": window.since,
+        "until": window.until,
+    }
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:

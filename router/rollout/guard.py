@@ -45,6 +45,7 @@ from router.policy.runtime import PolicyHistory, Runtime
 from router.rollout.arms import ArmTasks, TaskTally
 from router.rollout.rollback import rollback
 from router.store import Store
+from router.store.rows import as_dicts
 
 log = logging.getLogger("router.guard")
 
@@ -231,7 +232,7 @@ class Guard:
         # ends, so one that began earlier may have been written since the last read.
         requests = await self.store.requests_since(max(self._since, self._cursor - READ_OVERLAP_S))
         outcomes = await self.store.outcomes_since(self._since)
-        verdict = await asyncio.to_thread(self._judge, tally, requests, outcomes, spec)
+        verdict = await asyncio.to_thread(self._judge, tally, as_dicts(requests), as_dicts(outcomes), spec)
         self.history.guard = {"revision": rt.revision, "at": time.time(), **dataclasses.asdict(verdict)}
         if verdict.worse:
             await self._roll_back(rt.revision, verdict)

@@ -40,6 +40,7 @@ from router.policy.runtime import Runtime, build_runtime
 from router.policy.scopes import logged_facts
 from router.protocols.common import Usage
 from router.store import Store
+from router.store.rows import as_dicts
 from router.store.window import latest_requests
 
 Row = Mapping[str, Any]
@@ -360,8 +361,9 @@ async def preview_posted(
 
     runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)", posted=True)
     until = time.time()
-    requests, capped = await latest_requests(store, until - seconds, max_requests)
-    outcomes = await store.outcomes_since(until - seconds)
+    records, capped = await latest_requests(store, until - seconds, max_requests)
+    requests = as_dicts(records)
+    outcomes = as_dicts(await store.outcomes_since(until - seconds))
     report = await asyncio.to_thread(preview, requests, outcomes, runtime)
     since = requests[0]["ts"] if capped else until - seconds
     report["window"] = {"since": since, "until": until, "capped": max_requests if capped else None}
@@ -378,7 +380,7 @@ def run_preview(args: Any) -> int:
 
     runtime = load_runtime(args.config)
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
-    report = preview(window.requests, window.outcomes, runtime)
+    report = preview(as_dicts(window.requests), as_dicts(window.outcomes), runtime)
     report["window"] = {"since": window.since, "until": window.until}
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())

@@ -55,16 +55,16 @@ class Store(Protocol):
         """Insert or replace outcome rows (``schema.encode_outcome``) in one transaction, in order
         (a later row for the same (task_id, attempt, source) wins). Raises as ``write_rows``."""
 
-    async def requests_for_task(self, task_id: str, limit: int | None = None) -> list[dict[str, Any]]:
+    async def requests_for_task(self, task_id: str, limit: int | None = None) -> list[RequestRecord]:
         """Oldest first; with ``limit``, only the latest ``limit`` of them."""
 
-    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]: ...
+    async def outcomes_for_task(self, task_id: str) -> list[OutcomeRecord]: ...
 
-    async def requests_since(self, ts: float, limit: int | None = None) -> list[dict[str, Any]]:
+    async def requests_since(self, ts: float, limit: int | None = None) -> list[RequestRecord]:
         """Every request from ``ts`` (unix seconds) on, oldest first; with ``limit``, only the
         latest ``limit`` of them."""
 
-    async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
+    async def outcomes_since(self, ts: float) -> list[OutcomeRecord]:
         """Every outcome recorded from ``ts`` on."""
 
     async def spend_by(self, column: str, active_since: float) -> dict[str, float]:

@@ -14,13 +14,10 @@ from typing import Any
 
 from router.store import schema
 from router.store.records import KeyRecord, OutcomeRecord, RequestRecord
+from router.store.rows import OUTCOME_ROWS, REQUEST_ROWS, Decoder, R
 
 #: Rows decoded on the event loop; more are decoded on a worker thread.
 _DECODE_INLINE = 200
-
-
-def _decoded(table: schema.Table, rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    return [schema.decode_row(table, row) for row in rows]
 
 
 class SQLStore(ABC):
@@ -49,16 +46,16 @@ class SQLStore(ABC):
         """Implemented by each dialect."""
 
     async def _select(
-        self, table: schema.Table, where: str | None, param: Any, order: str, op: str = "=",
+        self, rows_of: Decoder[R], where: str | None, param: Any, order: str, op: str = "=",
         limit: int | None = None,
-    ) -> list[dict[str, Any]]:  # fmt: skip
-        sql = schema.select_sql(table, self.dialect, where=where, order=order, op=op, limit=limit)
+    ) -> list[R]:  # fmt: skip
+        sql = schema.select_sql(rows_of.table, self.dialect, where=where, order=order, op=op, limit=limit)
         rows = await self._fetch(sql, (param,) if where else ())
         if len(rows) <= _DECODE_INLINE:
-            return _decoded(table, rows)
+            return rows_of.all(rows)
         # Decoding is Python per JSON column of each row: 20,000 rows of one task held the event
         # loop (every client) for seconds.
-        return await asyncio.to_thread(_decoded, table, rows)
+        return await asyncio.to_thread(rows_of.all, rows)
 
     async def write_requests(self, records: Sequence[RequestRecord]) -> None:
         await self.write_rows([schema.encode_request(r) for r in records])
@@ -74,27 +71,23 @@ class SQLStore(ABC):
         if rows:
             await self._write(self._upsert_outcome, list(rows))
 
-    async def requests_for_task(self, task_id: str, limit: int | None = None) -> list[dict[str, Any]]:
+    async def requests_for_task(self, task_id: str, limit: int | None = None) -> list[RequestRecord]:
         if limit is None:
-            return await self._select(schema.REQUESTS, "task_id", task_id, "ts, request_id")
-        latest = await self._select(
-            schema.REQUESTS, "task_id", task_id, "ts DESC, request_id DESC", limit=limit
-        )
+            return await self._select(REQUEST_ROWS, "task_id", task_id, "ts, request_id")
+        latest = await self._select(REQUEST_ROWS, "task_id", task_id, "ts DESC, request_id DESC", limit=limit)
         return latest[::-1]
 
-    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
-        return await self._select(schema.OUTCOMES, "task_id", task_id, "attempt, source")
+    async def outcomes_for_task(self, task_id: str) -> list[OutcomeRecord]:
+        return await self._select(OUTCOME_ROWS, "task_id", task_id, "attempt, source")
 
-    async def requests_since(self, ts: float, limit: int | None = None) -> list[dict[str, Any]]:
+    async def requests_since(self, ts: float, limit: int | None = None) -> list[RequestRecord]:
         if limit is None:
-            return await self._select(schema.REQUESTS, "ts", ts, "ts, request_id", op=">=")
-        latest = await self._select(
-            schema.REQUESTS, "ts", ts, "ts DESC, request_id DESC", op=">=", limit=limit
-        )
+            return await self._select(REQUEST_ROWS, "ts", ts, "ts, request_id", op=">=")
+        latest = await self._select(REQUEST_ROWS, "ts", ts, "ts DESC, request_id DESC", op=">=", limit=limit)
         return latest[::-1]
 
-    async def outcomes_since(self, ts: float) -> list[dict[str, Any]]:
-        return await self._select(schema.OUTCOMES, "ts", ts, "ts", op=">=")
+    async def outcomes_since(self, ts: float) -> list[OutcomeRecord]:
+        return await self._select(OUTCOME_ROWS, "ts", ts, "ts", op=">=")
 
     async def spend_by(self, column: str, active_since: float) -> dict[str, float]:
         rows = await self._fetch(schema.spend_sql(column, self.dialect), (active_since,))

@@ -8,10 +8,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from router.errors import ConfigError
-from router.store import Store, mask_url, open_store
+from router.store import OutcomeRecord, RequestRecord, Store, mask_url, open_store
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -32,8 +31,8 @@ def parse_duration(text: str) -> float:
 class Window:
     since: float  # unix seconds
     until: float
-    requests: list[dict[str, Any]]  # oldest first
-    outcomes: list[dict[str, Any]]
+    requests: list[RequestRecord]  # oldest first
+    outcomes: list[OutcomeRecord]
 
 
 def _check_exists(url: str) -> None:
@@ -54,7 +53,7 @@ async def opened(url: str) -> AsyncIterator[Store]:
         await store.close()
 
 
-async def latest_requests(store: Store, since: float, limit: int) -> tuple[list[dict[str, Any]], bool]:
+async def latest_requests(store: Store, since: float, limit: int) -> tuple[list[RequestRecord], bool]:
     """The latest ``limit`` requests from ``since`` on, oldest first, and whether older ones of
     that span were left out (what a server reads for one look at a window)."""
     rows = await store.requests_since(since, limit + 1)
@@ -69,4 +68,4 @@ async def read_window(url: str, seconds: float, now: float | None = None) -> Win
     async with opened(url) as store:
         requests = await store.requests_since(since)
         outcomes = await store.outcomes_since(since)
-    return Window(since, until, [r for r in requests if r["ts"] <= until], outcomes)
+    return Window(since, until, [r for r in requests if r.ts <= until], outcomes)

@@ -23,6 +23,7 @@ from typing import Any
 
 from router.errors import ConfigError
 from router.store import Store, mask_url
+from router.store.rows import as_dicts
 from router.telemetry import tries
 
 TOKEN_COLUMNS = {
@@ -190,10 +191,10 @@ async def load_task(store: Store, task_id: str, limit: int | None = None) -> dic
     """One task's ledger, or None when the log has no request of it. With ``limit``, of its latest
     ``limit`` requests only (``capped`` says so), added up on a worker thread: what a server reads
     for one look at a task, which must not hold the event loop however long the task."""
-    requests = await store.requests_for_task(task_id, None if limit is None else limit + 1)
+    requests = as_dicts(await store.requests_for_task(task_id, None if limit is None else limit + 1))
     if not requests:
         return None
-    outcomes = await store.outcomes_for_task(task_id)
+    outcomes = as_dicts(await store.outcomes_for_task(task_id))
     if limit is None:
         return task_ledger(task_id, requests, outcomes)
     capped = len(requests) > limit
@@ -211,7 +212,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     from router.store.window import parse_duration, read_window
 
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
-    ledgers = task_ledgers(window.requests, window.outcomes)
+    ledgers = task_ledgers(as_dicts(window.requests), as_dicts(window.outcomes))
     if args.task:
         ledgers = [x for x in ledgers if x["task_id"] == args.task]
         if not ledgers:  # not an empty table and success: said like `router outcome` says it

@@ -29,6 +29,7 @@ from router.http.proxy import read_body
 from router.policy.runtime import PolicyHistory, Runtime
 from router.rollout.preview import preview_posted
 from router.store import Store
+from router.store.rows import as_dicts
 from router.store.window import latest_requests
 from router.telemetry.ledger import tokens
 from router.ui import charts, policyview, session, views
@@ -119,9 +120,9 @@ def register_ui(
     async def read(since: float, until: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
         """The window's latest requests (at most ``max_requests``), its outcomes, and whether
         older requests of the window were left out."""
-        requests, capped = await latest_requests(store, since, max_requests)
-        requests = [r for r in requests if r["ts"] <= until]
-        return requests, await store.outcomes_since(since), capped
+        records, capped = await latest_requests(store, since, max_requests)
+        requests = as_dicts([r for r in records if r.ts <= until])
+        return requests, as_dicts(await store.outcomes_since(since)), capped
 
     async def window(
         request: Request,
@@ -165,7 +166,8 @@ def register_ui(
         if not requests:
             return render(request, "missing.html", 404, task_id=task_id)
         outcomes = await store.outcomes_for_task(task_id)
-        return render(request, "task.html", d=views.task_detail(task_id, requests, outcomes))
+        detail = views.task_detail(task_id, as_dicts(requests), as_dicts(outcomes))
+        return render(request, "task.html", d=detail)
 
     @gated
     async def latency(request: Request) -> Response:

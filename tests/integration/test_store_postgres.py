@@ -122,8 +122,8 @@ async def test_writer_end_to_end(store: PostgresStore) -> None:
     await w.close(timeout=5)
     assert (w.written, w.rejected, w.dropped) == (120, 1, 0)
     rows = await store.requests_for_task("wt")
-    assert [r["request_id"] for r in rows] == [f"w{i:03d}" for i in range(120)]
-    assert rows[0]["prompt"] == "x\ufffdy"
+    assert [r.request_id for r in rows] == [f"w{i:03d}" for i in range(120)]
+    assert rows[0].prompt == "x\ufffdy"
 
 
 async def test_unreachable_server_fails_open_quickly() -> None:
@@ -160,4 +160,4 @@ async def test_prune_keeps_the_spend_per_key_and_task(store: PostgresStore) -> N
     assert await store.prune(now - 97) == 3
     assert await store.prune(now) == 3
     assert (await store.spend_by("key_id", 0), await store.spend_by("task_id", 0)) == spend
-    assert {r["endpoint"] for r in await store.requests_since(0)} == {schema.PRUNED}
+    assert {r.endpoint for r in await store.requests_since(0)} == {schema.PRUNED}

@@ -20,6 +20,7 @@ from router.app.factory import Services, build_services, create_app
 from router.app.settings import Settings
 from router.http.keys import new_key
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
+from router.store import RequestRecord
 from tests.unit.requestpath import BODIES
 
 PATHS = {OPENAI_CHAT: "/v1/chat/completions", ANTHROPIC: "/v1/messages", OPENAI_RESPONSES: "/v1/responses"}
@@ -46,7 +47,7 @@ class Router:
         await self.s.store.create_key(rec)
         return key, rec.key_id
 
-    async def records(self) -> list[dict[str, Any]]:
+    async def records(self) -> list[RequestRecord]:
         """Every log row so far, oldest first."""
         await self.s.writer.flush()
         return await self.s.store.requests_since(0.0)

@@ -13,6 +13,7 @@ from router.fakeupstream import FakeUpstream
 from router.forward.accounting import cost_split, fill_missing
 from router.policy.catalog import Price
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Usage
+from router.store import RequestRecord
 from tests.unit.inprocess import serving
 from tests.unit.requestpath import model
 
@@ -47,9 +48,9 @@ def test_missing_usage_is_estimated_and_flagged() -> None:
     assert (half.input_tokens, half.output_tokens) == (5, 7)
 
 
-def hand_cost(row: dict[str, Any]) -> float:
+def hand_cost(row: RequestRecord) -> float:
     """$1/M input, $2/M output (the test catalog's prices), no cache."""
-    return row["input_tokens"] * 1e-6 + row["output_tokens"] * 2e-6
+    return row.input_tokens * 1e-6 + row.output_tokens * 2e-6
 
 
 def sse_data(text: str) -> list[dict[str, Any]]:
@@ -73,10 +74,10 @@ async def test_cost_is_the_providers_usage_at_the_catalogs_prices(
         answer = await r.post(protocol, stream=stream)
         (row,) = await r.records()
     assert answer.status_code == 200
-    assert row["output_tokens"] == 5  # the fake counts a word as a token
-    assert row["input_tokens"] > 0 and not row["usage_estimated"]
-    assert row["cost_usd"] == pytest.approx(hand_cost(row), abs=1e-12)
-    assert row["cost_input_usd"] + row["cost_output_usd"] == pytest.approx(row["cost_usd"], abs=1e-12)
+    assert row.output_tokens == 5  # the fake counts a word as a token
+    assert row.input_tokens > 0 and not row.usage_estimated
+    assert row.cost_usd == pytest.approx(hand_cost(row), abs=1e-12)
+    assert row.cost_input_usd + row.cost_output_usd == pytest.approx(row.cost_usd, abs=1e-12)
 
 
 async def test_chat_usage_chunk_only_for_clients_that_asked(fake: FakeUpstream, tmp_path: Path) -> None:
@@ -86,7 +87,7 @@ async def test_chat_usage_chunk_only_for_clients_that_asked(fake: FakeUpstream, 
         rows = await r.records()
     assert not any(d.get("usage") for d in sse_data(plain.text))
     assert any(d.get("usage") for d in sse_data(asked.text))
-    assert all(row["output_tokens"] and not row["usage_estimated"] for row in rows)  # counted either way
+    assert all(row.output_tokens and not row.usage_estimated for row in rows)  # counted either way
 
 
 async def test_stream_cut_after_the_commit_point(fake: FakeUpstream, tmp_path: Path) -> None:
@@ -96,10 +97,10 @@ async def test_stream_cut_after_the_commit_point(fake: FakeUpstream, tmp_path: P
     assert answer.status_code == 200  # the status was sent with the first event
     events = sse_data(answer.text)
     assert events[-1]["error"]["message"] == "backend 'a' broke off the stream: ClientPayloadError"
-    assert row["error_type"] == "UpstreamError"
+    assert row.error_type == "UpstreamError"
     # No usage arrived: the output is estimated from the content events relayed (3).
-    assert row["usage_estimated"] and row["output_tokens"] == 3
-    assert row["cost_usd"] == pytest.approx(hand_cost(row), abs=1e-12)
+    assert row.usage_estimated and row.output_tokens == 3
+    assert row.cost_usd == pytest.approx(hand_cost(row), abs=1e-12)
 
 
 async def test_stream_without_its_final_event_ends_in_an_error_event(
@@ -110,7 +111,7 @@ async def test_stream_without_its_final_event_ends_in_an_error_event(
         (row,) = await r.records()
     assert answer.text.rstrip().split("\n\n")[-1].startswith("event: error")
     assert "ended the stream before its final event" in answer.text
-    assert row["error_type"] == "UpstreamError"
+    assert row.error_type == "UpstreamError"
 
 
 async def test_provider_error_event_after_the_first_token(fake: FakeUpstream, tmp_path: Path) -> None:
@@ -118,7 +119,7 @@ async def test_provider_error_event_after_the_first_token(fake: FakeUpstream, tm
         answer = await r.post(stream=True)
         (row,) = await r.records()
     assert "injected stream error" in answer.text  # relayed as the provider sent it
-    assert row["chosen_model"] == "a"
+    assert row.chosen_model == "a"
 
 
 async def test_fallback_is_accounted_at_the_serving_backends_price(
@@ -128,9 +129,9 @@ async def test_fallback_is_accounted_at_the_serving_backends_price(
     async with serving(tmp_path, [model("a", fake.url, "status=503"), pricey]) as r:
         await r.post()
         (row,) = await r.records()
-    assert row["chosen_model"] == "b"
-    assert [t["model"] for t in row["tries"]] == ["a", "b"]
-    assert row["cost_usd"] == pytest.approx(10 * hand_cost(row), abs=1e-12)
+    assert row.chosen_model == "b"
+    assert [t["model"] for t in row.tries] == ["a", "b"]
+    assert row.cost_usd == pytest.approx(10 * hand_cost(row), abs=1e-12)
 
 
 @pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
@@ -149,4 +150,4 @@ async def test_bad_input_is_logged_and_answered_in_the_protocols_shape(
         (row,) = await r.records()
     assert answer.status_code == 400
     assert answer.json()["error"]["type"] == "invalid_request_error"
-    assert row["status"] == 400 and row["cost_usd"] is None
+    assert row.status == 400 and row.cost_usd is None

@@ -23,7 +23,7 @@ from router.http.auth import Principal
 from router.policy.decide import Decision, Estimate
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from router.state import BudgetExceeded, MemoryState, Reservation, StateConfig, open_state
-from router.store import open_store
+from router.store import RequestRecord, open_store
 from tests.polling import eventually
 from tests.unit.inprocess import MASTER, Router, serving
 from tests.unit.requestpath import called, closed_port, model
@@ -32,8 +32,8 @@ from tests.unit.requestpath import called, closed_port, model
 MAX_TOKENS = 100
 
 
-def hand_cost(row: dict[str, Any]) -> float:
-    return row["input_tokens"] * 1e-6 + row["output_tokens"] * 2e-6
+def hand_cost(row: RequestRecord) -> float:
+    return row.input_tokens * 1e-6 + row.output_tokens * 2e-6
 
 
 async def spend_once(r: Router) -> tuple[dict[str, Any], str]:
@@ -74,8 +74,8 @@ async def test_rpm_limit_refuses_in_the_protocols_shape(
     assert "rpm limit" in body["error"]["message"]
     assert 1 <= int(refused.headers["retry-after"]) <= 60
     assert served == ["a", "a"]  # the refused request never reached the provider
-    assert [row["status"] for row in rows] == [200, 200, 429]
-    assert {row["key_id"] for row in rows} == {key_id}
+    assert [row.status for row in rows] == [200, 200, 429]
+    assert {row.key_id for row in rows} == {key_id}
 
 
 async def test_rpm_is_counted_per_key(fake: FakeUpstream, tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ async def test_tpm_limit_counts_estimated_tokens(fake: FakeUpstream, tmp_path: P
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
         key, _ = await r.key(tpm=250)
         answers = [await r.post(key=key, max_tokens=MAX_TOKENS) for _ in range(3)]
-        estimates = [row["prompt_tokens_est"] + MAX_TOKENS for row in await r.records()]
+        estimates = [row.prompt_tokens_est + MAX_TOKENS for row in await r.records()]
     # ~110 tokens each: two fit in 250, the third would not.
     assert all(100 < e < 125 for e in estimates)
     assert [a.status_code for a in answers] == [200, 200, 429]
@@ -117,10 +117,10 @@ async def test_settlement_spends_the_real_cost_not_the_estimate(fake: FakeUpstre
         assert (await r.post(key=key, max_tokens=MAX_TOKENS)).status_code == 200
         usage = await settled(r, f"key:{key_id}")
         (row,) = await r.records()
-    assert row["cost_usd"] == pytest.approx(hand_cost(row), abs=1e-12)
-    assert usage.spent == pytest.approx(row["cost_usd"], abs=1e-9)
+    assert row.cost_usd == pytest.approx(hand_cost(row), abs=1e-12)
+    assert usage.spent == pytest.approx(row.cost_usd, abs=1e-9)
     # The hold was the estimate (100 output tokens); the reply was far shorter.
-    assert row["cost_est_usd"] > 2 * row["cost_usd"]
+    assert row.cost_est_usd > 2 * row.cost_usd
 
 
 async def test_budget_refuses_a_request_that_could_overspend(fake: FakeUpstream, tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ async def test_budget_refuses_a_request_that_could_overspend(fake: FakeUpstream,
 async def test_budget_counts_what_was_really_spent(fake: FakeUpstream, tmp_path: Path) -> None:
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
         row, _ = await spend_once(r)
-        estimate, cost = row["cost_est_usd"], row["cost_usd"]
+        estimate, cost = row.cost_est_usd, row.cost_usd
         # Room for one estimate plus half a real cost: the second identical request must not fit.
         key, key_id = await r.key(budget_usd=estimate + cost / 2)
         first = await r.post(key=key, max_tokens=MAX_TOKENS)
@@ -150,7 +150,7 @@ async def test_budget_counts_what_was_really_spent(fake: FakeUpstream, tmp_path:
 async def test_concurrent_requests_cannot_overspend_together(fake: FakeUpstream, tmp_path: Path) -> None:
     async with serving(tmp_path, [model("a", fake.url, "ttft_ms=200")], master_key=MASTER) as r:
         row, _ = await spend_once(r)
-        key, key_id = await r.key(budget_usd=1.5 * row["cost_est_usd"])
+        key, key_id = await r.key(budget_usd=1.5 * row.cost_est_usd)
         answers = await asyncio.gather(*(r.post(key=key, max_tokens=MAX_TOKENS) for _ in range(2)))
         await settled(r, f"key:{key_id}")
         again = await r.post(key=key, max_tokens=MAX_TOKENS)
@@ -181,7 +181,7 @@ async def test_task_budget_from_the_objective(fake: FakeUpstream, tmp_path: Path
         second = await r.post(headers=task, max_tokens=MAX_TOKENS)
         other = await r.post(headers={"x-router-task-id": "another-task"}, max_tokens=MAX_TOKENS)
         (row, *_) = await r.records()
-    assert row["cost_est_usd"] < 0.00022 < row["cost_est_usd"] + usage.spent
+    assert row.cost_est_usd < 0.00022 < row.cost_est_usd + usage.spent
     assert (first.status_code, second.status_code, other.status_code) == (200, 403, 200)
     assert "task:budgeted-task" in second.json()["error"]["message"]
 
@@ -190,7 +190,7 @@ async def test_open_mode_without_limits_holds_nothing(fake: FakeUpstream, tmp_pa
     async with serving(tmp_path, [model("a", fake.url)]) as r:
         answer = await r.post(max_tokens=MAX_TOKENS)
         (row,) = await r.records()
-    assert answer.status_code == 200 and row["key_id"] is None
+    assert answer.status_code == 200 and row.key_id is None
 
 
 async def test_unreachable_state_refuses_budgets_but_not_rate_limits(
@@ -253,7 +253,7 @@ async def test_a_restart_keeps_what_each_key_spent(fake: FakeUpstream, tmp_path:
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as again:
         usage = await again.s.state.budgets.spent(f"key:{key_id}")
         untouched = await again.s.state.budgets.spent("key:never-used")
-    assert usage.spent == pytest.approx(row["cost_usd"], abs=1e-9) and usage.reserved == 0
+    assert usage.spent == pytest.approx(row.cost_usd, abs=1e-9) and usage.reserved == 0
     assert untouched.spent == 0
 
 
@@ -263,12 +263,12 @@ async def test_a_restart_forgets_a_key_idle_past_the_budget_ttl(fake: FakeUpstre
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
         row, key_id = await spend_once(r)
         idle_s = StateConfig().budget_idle_ttl_s
-        later = MemoryState(clock=lambda: row["ts"] + idle_s + 1.0)
-        soon = MemoryState(clock=lambda: row["ts"] + idle_s - 1.0)
+        later = MemoryState(clock=lambda: row.ts + idle_s + 1.0)
+        soon = MemoryState(clock=lambda: row.ts + idle_s - 1.0)
         assert await admission.restore_spend(later, r.s.store, True) == 0
         assert await admission.restore_spend(soon, r.s.store, True) == 2  # the key and the task
     assert (await later.budgets.spent(f"key:{key_id}")).spent == 0
-    assert (await soon.budgets.spent(f"key:{key_id}")).spent == pytest.approx(row["cost_usd"], abs=1e-9)
+    assert (await soon.budgets.spent(f"key:{key_id}")).spent == pytest.approx(row.cost_usd, abs=1e-9)
 
 
 def decision(cost_usd: float) -> Decision:
@@ -303,7 +303,7 @@ async def test_scopes_forgotten_for_room_start_again_from_the_log(fake: FakeUpst
         key, key_id = await r.key(budget_usd=1.0)
         await r.post(key=key, headers={"x-router-task-id": "repo:issue-7"}, max_tokens=MAX_TOKENS)
         (row,) = await r.records()
-        task = row["task_id"]  # the key's namespace, then the client's id: the separator comes twice
+        task = row.task_id  # the key's namespace, then the client's id: the separator comes twice
         state = MemoryState(StateConfig(local_max_entries=2))
         for other in ("key:x", "key:y", "key:z"):  # fill the room, so that scopes were dropped
             state.budgets.restore({other: 0.25})
@@ -316,7 +316,7 @@ async def test_scopes_forgotten_for_room_start_again_from_the_log(fake: FakeUpst
             await gate.settle(reservation, 0.0005)
         await gate.admit(who, task, decision(0.001), 1.0)
         after = [await state.budgets.spent(s) for s in (f"key:{key_id}", f"task:{task}")]
-    cost = row["cost_usd"]
+    cost = row.cost_usd
     assert cost > 0 and task.endswith("/repo:issue-7")
     assert [(u.spent, u.reserved) for u in recalled] == [(pytest.approx(cost), pytest.approx(0.002))] * 2
     assert [(u.spent, u.reserved) for u in after] == [(pytest.approx(cost + 0.001), pytest.approx(0.001))] * 2

@@ -472,4 +472,4 @@ async def test_a_request_litellm_cannot_convert_opens_no_breaker(fake: FakeUpstr
             assert refused.status_code == 502
             assert "translation for the anthropic backend failed" in refused.json()["error"]["message"]
         assert (await r.post(OPENAI_CHAT)).status_code == 200
-        assert [len(row["tries"]) for row in (await r.records())[:6]] == [1] * 6  # not retried
+        assert [len(row.tries) for row in (await r.records())[:6]] == [1] * 6  # not retried

@@ -5,15 +5,15 @@ the model the client asked for, as the task's latest logged decision shows them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from router.http.outcomes import deciding
 from router.policy.runtime import load_runtime
+from router.store import RequestRecord
 from tests.unit.test_scopes import SCOPES, write
 
 
-def logged(policy: str, requested: str = "auto", ts: float = 1.0, side_call: bool = False) -> dict[str, Any]:
-    return {"policy": policy, "requested_model": requested, "ts": ts, "side_call": side_call}
+def logged(policy: str, requested: str = "auto", ts: float = 1.0, side_call: bool = False) -> RequestRecord:
+    return RequestRecord(f"r{ts}", ts, policy=policy, requested_model=requested, side_call=side_call)
 
 
 def test_the_scope_and_route_of_the_latest_decision_are_in_force(tmp_path: Path) -> None:

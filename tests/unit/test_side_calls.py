@@ -94,7 +94,7 @@ async def side_calls(
             assert answer.status_code == 200, (name, answer.text)
         rows = await r.records()
     assert len(rows) == len(cases)
-    return {name: bool(row["side_call"]) for name, row in zip(cases, rows, strict=True)}
+    return {name: bool(row.side_call) for name, row in zip(cases, rows, strict=True)}
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -175,6 +175,6 @@ async def test_side_calls_go_to_the_cheapest_and_leave_the_pin(fake: FakeUpstrea
         )
         await r.client.post(PATHS[OPENAI_CHAT], json=body("chat-string", NEUTRAL, LOOP, None), headers=task)
         rows = await r.records()
-    assert [(row["side_call"], row["chosen_model"]) for row in rows] == [
+    assert [(row.side_call, row.chosen_model) for row in rows] == [
         (False, "main"), (True, "cheap"), (False, "main")
     ]  # fmt: skip

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from router.background import Background
 from router.errors import ConfigError
 from router.store import Store, StoreDataError, mask_url, open_store, redact, schema
 from router.store.records import OutcomeRecord, RequestRecord
+from router.store.rows import Decoder
 from router.store.sqlite import SQLiteStore
 from router.store.writer import LogWriter
 from tests.unit.olddb import database_at
@@ -79,11 +81,11 @@ def full_record(request_id: str = "req-full") -> RequestRecord:
     )
 
 
-def expected_row(rec: RequestRecord) -> dict[str, Any]:
-    row = {name: getattr(rec, name) for name in RequestRecord.columns()}
-    if isinstance(row["error_message"], str):
-        row["error_message"] = row["error_message"].replace("\x00", "\ufffd")
-    return row
+def expected_row(rec: RequestRecord) -> RequestRecord:
+    """The record as it reads back: a NUL in text is stored as U+FFFD."""
+    if isinstance(rec.error_message, str):
+        return replace(rec, error_message=rec.error_message.replace("\x00", "\ufffd"))
+    return rec
 
 
 @pytest.fixture
@@ -236,9 +238,9 @@ async def test_concurrent_opens_migrate_once(tmp_path: Path) -> None:
         assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == schema.SCHEMA_VERSION
 
 
-async def stored(store: Store, request_id: str) -> dict[str, Any] | None:
+async def stored(store: Store, request_id: str) -> RequestRecord | None:
     """One request's logged row, read as the log's readers read it."""
-    return next((r for r in await store.requests_since(0.0) if r["request_id"] == request_id), None)
+    return next((r for r in await store.requests_since(0.0) if r.request_id == request_id), None)
 
 
 async def check_round_trip(store: Store) -> None:
@@ -248,13 +250,14 @@ async def check_round_trip(store: Store) -> None:
     got = await stored(store, rec.request_id)
     assert got == expected_row(rec)
     assert got is not None
-    assert got["stream"] is True and got["side_call"] is True and got["usage_estimated"] is True
-    assert isinstance(got["ttft_ms"], float) and isinstance(got["input_tokens"], int)
+    assert got.stream is True and got.side_call is True and got.usage_estimated is True
+    assert isinstance(got.ttft_ms, float) and isinstance(got.input_tokens, int)
     minimal = RequestRecord(request_id="req-min", ts=5.0)
     await store.write_requests([minimal])
     got = await stored(store, "req-min")
     assert got == expected_row(minimal)
-    assert got["candidates"] is None and got["stream"] is False and got["status"] is None
+    assert got is not None
+    assert got.candidates is None and got.stream is False and got.status is None
     assert await stored(store, "nope") is None
 
 
@@ -270,13 +273,13 @@ async def check_batch_and_queries(store: Store) -> None:
     ]  # fmt: skip
     await store.write_requests(recs)
     await store.write_requests(recs[:10])  # a retried batch: already-stored ids are skipped
-    assert [r["request_id"] for r in await store.requests_since(1295.0)] == [f"r{i}" for i in range(295, 300)]
+    assert [r.request_id for r in await store.requests_since(1295.0)] == [f"r{i}" for i in range(295, 300)]
     assert len(await store.requests_since(0.0)) == 300
     latest = await store.requests_since(1100.0, limit=3)  # the latest three, oldest first
-    assert [r["request_id"] for r in latest] == ["r297", "r298", "r299"]
+    assert [r.request_id for r in latest] == ["r297", "r298", "r299"]
     assert len(await store.requests_since(1297.0, limit=10)) == 3
     even = await store.requests_for_task("t-even")
-    assert [r["request_id"] for r in even] == [f"r{i:03d}" for i in range(0, 300, 2)]
+    assert [r.request_id for r in even] == [f"r{i:03d}" for i in range(0, 300, 2)]
     # What in-process budgets restart from: the retried batch is not counted twice.
     assert await store.spend_by("key_id", 0.0) == {"k1": 2.0}
     assert await store.spend_by("task_id", 0.0) == {"t-even": 1.0, "t-odd": 1.0}
@@ -319,27 +322,10 @@ async def check_outcome_upsert(store: Store) -> None:
     await store.write_outcome(outcome(1, False, "retry"))
     await store.write_outcome(outcome(1, False, "retry"))
     rows = await store.outcomes_for_task("t1")
+    # An unknown attempt is stored, and read back, as 0 (it is part of the primary key).
     assert rows == [
-        {
-            "task_id": "t1",
-            "attempt": 0,
-            "success": True,
-            "score": 0.9,
-            "source": "explicit",
-            "details": {"note": "fixed"},
-            "ts": 10.0,
-            "explicit": True,
-        },
-        {
-            "task_id": "t1",
-            "attempt": 1,
-            "success": False,
-            "score": None,
-            "source": "retry",
-            "details": None,
-            "ts": 10.0,
-            "explicit": False,
-        },
+        OutcomeRecord("t1", 0, True, 0.9, "explicit", {"note": "fixed"}, 10.0, True),
+        OutcomeRecord("t1", 1, False, None, "retry", None, 10.0, False),
     ]
 
 
@@ -365,11 +351,24 @@ async def test_store_refuses_calls_before_open(tmp_path: Path) -> None:
     assert not await s.ping()
 
 
+def test_a_row_of_some_columns_reads_back_with_the_others_at_their_defaults() -> None:
+    names = ("ts", "request_id", "stream", "candidates", "cost_usd", "attempt")
+    got = Decoder(schema.REQUESTS, RequestRecord, names).one((1.0, "r", 1, '[{"model": "a"}]', 2, 3))
+    # SQLite's dynamic typing can hand back an integer from a REAL column: still a float.
+    assert got == RequestRecord("r", 1.0, stream=True, candidates=[{"model": "a"}], cost_usd=2.0, attempt=3)
+    assert isinstance(got.cost_usd, float)
+    with pytest.raises(ValueError, match="request_id"):
+        Decoder(schema.REQUESTS, RequestRecord, ("ts", "stream"))
+    with pytest.raises(ValueError, match="no columns"):
+        Decoder(schema.REQUESTS, RequestRecord, ("request_id", "ts", "nope"))
+
+
 async def test_memory_store() -> None:
     s = open_store("sqlite:///:memory:")
     await s.open()
     await s.write_requests([RequestRecord(request_id="m", ts=1.0)])
-    assert (await stored(s, "m") or {}).get("ts") == 1.0
+    got = await stored(s, "m")
+    assert got is not None and got.ts == 1.0
     await s.close()
 
 
@@ -471,10 +470,10 @@ class FakeStore:
             raise ConnectionError("database is down")
         self.label_batches.append([(r[0], r[1], r[3]) for r in rows])  # task, attempt, score
 
-    async def requests_for_task(self, task_id: str, limit: int | None = None) -> list[dict[str, Any]]:
+    async def requests_for_task(self, task_id: str, limit: int | None = None) -> list[RequestRecord]:
         return []
 
-    async def outcomes_for_task(self, task_id: str) -> list[dict[str, Any]]:
+    async def outcomes_for_task(self, task_id: str) -> list[OutcomeRecord]:
         return []
 
     @property
@@ -604,7 +603,7 @@ async def test_writer_with_real_sqlite_rejects_only_the_bad_record(store: SQLite
         w.submit(r)
     await w.flush()
     assert w.written == 3 and w.rejected == 1
-    assert sorted(r["request_id"] for r in await store.requests_since(0.0)) == ["r0", "r2", "r3"]
+    assert sorted(r.request_id for r in await store.requests_since(0.0)) == ["r0", "r2", "r3"]
 
 
 async def test_a_record_that_cannot_be_encoded_is_rejected_at_submit(
@@ -635,14 +634,14 @@ async def test_labels_are_written_in_one_batch_the_latest_per_attempt(store: SQL
     await w.flush()
     assert (w.written, w.labels_written, w.buffered) == (1, 3, 0)
     t1 = await store.outcomes_for_task("t1")
-    assert [(o["attempt"], o["score"], o["details"]) for o in t1] == [
+    assert [(o.attempt, o.score, o.details) for o in t1] == [
         (1, 0.3, {"p": 0.3}),
         (2, 0.6, {"p": 0.6}),
     ]
-    assert [o["score"] for o in await store.outcomes_for_task("t2")] == [0.4]
+    assert [o.score for o in await store.outcomes_for_task("t2")] == [0.4]
     w.submit_label(label("t1", 1, 0.9))  # a later turn of the attempt: the stored row is replaced
     await w.flush()
-    assert [o["score"] for o in await store.outcomes_for_task("t1")] == [0.9, 0.6]
+    assert [o.score for o in await store.outcomes_for_task("t1")] == [0.9, 0.6]
 
 
 async def test_labels_kept_through_a_failing_store_yield_to_newer_ones() -> None:
@@ -665,7 +664,7 @@ async def test_a_label_the_store_refuses_costs_only_itself(store: SQLiteStore) -
     w.submit_label(label("t3", 1, 0.6))
     await w.flush()
     assert (w.labels_written, w.rejected, w.buffered) == (2, 1, 0)
-    assert [o["task_id"] for o in await store.outcomes_since(0.0)] == ["t1", "t3"]
+    assert [o.task_id for o in await store.outcomes_since(0.0)] == ["t1", "t3"]
 
 
 async def test_labels_are_stored_by_the_loop_and_at_close() -> None:

@@ -132,14 +132,19 @@ def plot(report: Mapping[str, Any], requests: Sequence[Row], path: str) -> None:
 def run_report(args: argparse.Namespace) -> int:
     import orjson
 
+    from router.store.rows import as_dicts
     from router.store.window import parse_duration, read_window
 
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
     report = build_report(
-        window.requests, window.outcomes, by=args.by, since=window.since, until=window.until
+        as_dicts(window.requests),
+        as_dicts(window.outcomes),
+        by=args.by,
+        since=window.since,
+        until=window.until,
     )
     if args.plot:
-        plot(report, window.requests, args.plot)
+        plot(report, as_dicts(window.requests), args.plot)
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:

@@ -26,6 +26,7 @@ from router.policy.config import Policy
 from router.policy.learned import Artifact, LearnedScorer
 from router.policy.loading import load_policy
 from router.policy.runtime import objective_for
+from router.store.rows import as_dicts
 from router.store.window import opened
 from router.telemetry import tables
 
@@ -36,7 +37,7 @@ MIN_ATTEMPTS_PER_MODEL = 10
 
 async def read_log(store_url: str, since: float = 0.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     async with opened(store_url) as store:  # a missing file is an error, never a new empty log
-        return await store.requests_since(since), await store.outcomes_since(0.0)
+        return as_dicts(await store.requests_since(since)), as_dicts(await store.outcomes_since(0.0))
 
 
 def attempts_per_model(rows: list[dataset.AttemptRow]) -> dict[str, int]:

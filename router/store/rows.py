@@ -1,0 +1,88 @@
+"""Log rows read back as the records they were written from (``router.store.records``).
+
+Readers use attributes (``r.cost_usd``), not column names in strings: a misspelt or removed
+column is then a type error, not a silent ``None``. A row is decoded in place of the dict it used
+to be, for as many rows as a dashboard or a preview reads: only the columns whose stored form
+differs (booleans stored as 0/1, JSON stored as text) are touched, and the record is built from
+the row's values in field order.
+
+A query may select some columns only (``Decoder(..., names)``): the others keep their field
+defaults, so such a record says ``None`` for what was not read — the reader that chose the
+columns is the one that may rely on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+from typing import Any, Generic, TypeVar
+
+from router.store.records import OutcomeRecord, RequestRecord
+from router.store.schema import OUTCOMES, REQUESTS, Table
+from router.store.schema import _decode_json as decode_json
+
+R = TypeVar("R", RequestRecord, OutcomeRecord)
+
+
+class Decoder(Generic[R]):
+    """Rows of ``table`` with the columns ``names`` (in that order; all of them by default) → records."""
+
+    def __init__(self, table: Table, record: type[R], names: Sequence[str] | None = None) -> None:
+        self.table = table
+        self.record: type[R] = record
+        self.names = tuple(table.names if names is None else names)
+        kinds = {c.name: c.kind for c in table.columns}
+        unknown = [n for n in self.names if n not in kinds]
+        if unknown:
+            raise ValueError(f"{table.name} has no columns {unknown}")
+        required = [f.name for f in fields(record) if f.default is MISSING and f.default_factory is MISSING]
+        if missing := [n for n in required if n not in self.names]:
+            raise ValueError(f"a {record.__name__} needs the columns {missing}")
+        self._bools = tuple(i for i, n in enumerate(self.names) if kinds[n] == "bool")
+        self._json = tuple(i for i, n in enumerate(self.names) if kinds[n] == "json")
+        # Both drivers return REAL / DOUBLE PRECISION as float; anything else (an integer a
+        # foreign writer put in SQLite's dynamic typing) is made one.
+        self._floats = tuple(i for i, n in enumerate(self.names) if kinds[n] == "float")
+        self._full = self.names == table.names
+        order = [f.name for f in fields(record)]
+        self._slots = tuple(order.index(n) for n in self.names)
+        self._template = [f.default for f in fields(record)]
+
+    def _values(self, row: Sequence[Any]) -> list[Any]:
+        values = list(row)
+        for i in self._bools:
+            v = values[i]
+            if v is not None:
+                values[i] = bool(v)
+        for i in self._json:
+            v = values[i]
+            if v is not None:
+                values[i] = decode_json(v)
+        for i in self._floats:
+            v = values[i]
+            if v is not None and type(v) is not float:
+                values[i] = float(v)
+        return values
+
+    def one(self, row: Sequence[Any]) -> R:
+        values = self._values(row)
+        if not self._full:
+            full = self._template.copy()
+            for slot, v in zip(self._slots, values, strict=True):
+                full[slot] = v
+            values = full
+        return self.record(*values)
+
+    def all(self, rows: Sequence[Sequence[Any]]) -> list[R]:
+        one = self.one
+        return [one(row) for row in rows]
+
+
+REQUEST_ROWS = Decoder(REQUESTS, RequestRecord)
+OUTCOME_ROWS = Decoder(OUTCOMES, OutcomeRecord)
+
+
+def as_dicts(records: Sequence[RequestRecord] | Sequence[OutcomeRecord]) -> list[dict[str, Any]]:
+    """The records as the dict rows the store used to return, for the readers not yet on
+    attributes (issue 34: removed when the last one is)."""
+    return [{f.name: getattr(r, f.name) for f in fields(r)} for r in records]
