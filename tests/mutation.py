@@ -27,7 +27,12 @@ from pathlib import Path
 #: Each part, as mutmut names its mutants (module, then ``xǁClassǁmethod`` or ``x_function``).
 CRITICAL: dict[str, list[str]] = {
     "planner": ["router.policy.plan.*"],
-    "learned scorer": ["router.policy.learned.*", "router.policy.objective.*", "router.policy.prior.*"],
+    "learned scorer": [
+        "router.policy.learned.*",
+        "router.policy.artifact.*",
+        "router.policy.objective.*",
+        "router.policy.prior.*",
+    ],
     "retry loop": ["router.forward.execute.*"],
     "admission": ["router.http.admission.*"],
     "signals": ["router.features.signals.*"],

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-from router.errors import ConfigError
-
-__all__ = ["FAMILY_RATIOS", "BackendEstimates", "Estimates"]
+__all__ = ["BOUNDS", "FAMILY_RATIOS", "BackendEstimates", "Estimates"]
 
 #: Provider tokens per o200k token, by the provider part of a litellm model name, before data.
 FAMILY_RATIOS: Final[Mapping[str, float]] = {
@@ -46,6 +44,8 @@ class BackendEstimates:
     output_mean: float | None = None
     output_p90: float | None = None
     cache_share: float | None = None
+    #: Calls it was learned from.
+    n: int | None = None
 
 
 _NONE: Final = BackendEstimates()
@@ -68,32 +68,15 @@ class Estimates:
         share = self.of(backend).cache_share
         return share if share is not None else PRIOR_CACHE_SHARE
 
-    @classmethod
-    def from_json(cls, raw: Any, source: str) -> Estimates:
-        """The artifact's ``estimates``: ``{backend: {tokens_ratio, output_mean, output_p90, cache_share}}``."""
-        if raw is None:
-            return cls()
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: estimates: expected {{backend: {{...}}}}, got {type(raw).__name__}")
-        out = {}
-        for backend, e in raw.items():
-            if not isinstance(e, dict):
-                raise ConfigError(f"{source}: estimates.{backend}: expected an object")
-            values: dict[str, float | None] = {}
-            for name, low, high in _BOUNDS:
-                v = e.get(name)
-                if v is not None and (
-                    isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high
-                ):
-                    raise ConfigError(
-                        f"{source}: estimates.{backend}.{name}: expected a number in [{low}, {high}], got {v!r}"
-                    )
-                values[name] = float(v) if v is not None else None
-            out[str(backend)] = BackendEstimates(**values)
-        return cls(out)
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Estimates) and other.learned == self.learned
+
+    def __repr__(self) -> str:
+        return f"Estimates({self.learned!r})"
 
 
-_BOUNDS: Final = (
+#: Each learned number's name and the range a sane value lies in (the artifact refuses others).
+BOUNDS: Final = (
     ("tokens_ratio", 0.2, 5.0),
     ("output_mean", 0.0, 10_000_000.0),
     ("output_p90", 0.0, 10_000_000.0),

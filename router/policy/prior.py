@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from router.errors import ConfigError
 from router.policy.plan import Plan
 
 #: Values searched for the least one at which the frontier's best order reaches a target.
@@ -136,45 +135,6 @@ def deviates(best: Plan, rest: Plan | None, value: float, margin: float) -> bool
     own = max(best.gain(value), 0.0)
     kept = rest.gain(value) if rest is not None else 0.0
     return own - kept > margin * value
-
-
-def frontier_from_json(raw: Any, source: str) -> dict[int, tuple[FixedPlan, ...]]:
-    if raw is None:
-        return {}
-    try:
-        return {
-            int(k): tuple(FixedPlan(tuple(str(m) for m in ms), float(s), float(c)) for ms, s, c in plans)
-            for k, plans in raw.items()
-        }
-    except (AttributeError, TypeError, ValueError):
-        raise ConfigError(
-            f"{source}: prior_plans: expected {{max_attempts: [[[model, ...], success, cost], ...]}}"
-        ) from None
-
-
-def points_from_json(raw: Any, source: str) -> dict[int, tuple[Point, ...]]:
-    if raw is None:
-        return {}
-    try:
-        return {
-            int(k): tuple(
-                Point(
-                    float(p["value"]),
-                    None if p.get("target") is None else float(p["target"]),
-                    math.inf if p.get("margin") is None else float(p["margin"]),
-                    float(p["success"]),
-                    float(p["cost"]),
-                    float(p.get("deviations", 0.0)),
-                    float(p.get("gain", 0.0)),
-                )
-                for p in points
-            )
-            for k, points in raw.items()
-        }
-    except (AttributeError, TypeError, ValueError, KeyError):
-        raise ConfigError(
-            f"{source}: operating_points: expected {{max_attempts: [{{value, target, margin, success, cost}}, ...]}}"
-        ) from None
 
 
 def point_to_json(p: Point) -> dict[str, Any]:

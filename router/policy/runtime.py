@@ -21,11 +21,12 @@ from typing import Any
 from router.errors import ConfigError
 from router.features.task.attempt import AttemptControl
 from router.policy import prior as priors
+from router.policy.artifact import Artifact
 from router.policy.catalog import Catalog, PriceLookup, build_catalog
 from router.policy.config import Policy
 from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_control, control_path
 from router.policy.decide import Decider, Scorer
-from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.policy.learned import LearnedScorer, Objective
 from router.policy.loading import parse_policy
 from router.policy.revisions import PREVIOUS_SHOWN, Archive, PolicyFiles, Rejected
 from router.policy.scopes import REPO_HEADER, TEAM_HEADER, ScopedDecider, ScopeFacts, build_scopes
@@ -100,7 +101,7 @@ def scorer_for(policy: Policy, raw: bytes | None = None) -> Scorer | None:
     if spec.learned is None or policy.learned_path is None:
         return None
     raw = _read(policy.learned_path, "learned artifact") if raw is None else raw
-    artifact = Artifact.from_bytes(raw, source=str(policy.learned_path), expected_sha256=spec.learned.sha256)
+    artifact = Artifact.from_json(raw, source=str(policy.learned_path), expected_sha256=spec.learned.sha256)
     unknown = sorted(set(artifact.models) - set(policy.models))
     if unknown:
         log.warning("learned artifact knows models not in the catalog (ignored): %s", ", ".join(unknown))

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from router.errors import ConfigError
-from router.policy.learned import Artifact
+from router.policy.artifact import Artifact
 from router.policy.loading import load_policy
 from router.policy.revisions import Archive
 from router.policy.runtime import Runtime, load_runtime
@@ -32,7 +32,7 @@ def promote(
         raw = art.read_bytes()
     except OSError as exc:
         raise ConfigError(f"artifact {artifact}: {exc.strerror}") from None
-    learned = Artifact.from_bytes(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now
+    learned = Artifact.from_json(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now
     sha = hashlib.sha256(raw).hexdigest()
     cfg = Path(config)
     try:

@@ -588,7 +588,7 @@ def test_python_tags_in_a_policy_never_run(
 
 def artifact_bytes() -> bytes:
     from router.features.task.vector import HASH_DIM, NUMERIC, schema
-    from router.policy.learned import FORMAT
+    from router.policy.artifact import FORMAT
 
     width = len(NUMERIC) + HASH_DIM
     params = {

@@ -18,8 +18,8 @@ from router.app.cli import main
 from router.app.commands.train import read_log
 from router.fakeupstream import FakeUpstream
 from router.learning.training import dataset
+from router.policy.artifact import Artifact
 from router.policy.control import CONTROL, arm_of
-from router.policy.learned import Artifact
 from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.test_keys import MASTER, create_key
 from tests.integration.test_learning import policy as learning_policy

@@ -241,15 +241,22 @@ def test_the_proxy_stops_on_the_attempts_latest_label_and_keeps_saying_so(tmp_pa
 
 
 def test_the_artifact_reads_its_attempt_control_block() -> None:
-    from router.errors import ConfigError
-    from router.policy.learned import _attempt_controls
+    import orjson
 
-    got = _attempt_controls({"a": {"max_calls": 12, "stop_below": None}, "b": {"stop_below": 0.4}}, "x.json")
+    from router.errors import ConfigError
+    from router.features.task.vector import schema
+    from router.policy.artifact import FORMAT, Artifact
+
+    def read(block: object) -> dict[str, AttemptControl]:
+        raw = orjson.dumps({"format": FORMAT, "feature_schema": schema(), "attempt_control": block})
+        return dict(Artifact.from_json(raw, source="x.json").controls)
+
+    got = read({"a": {"max_calls": 12, "stop_below": None}, "b": {"stop_below": 0.4}})
     assert got == {"a": AttemptControl(max_calls=12), "b": AttemptControl(stop_below=0.4)}
-    assert _attempt_controls(None, "x.json") == {}
+    assert read(None) == {}
     for bad in ({"a": {"max_calls": 0}}, {"a": {"stop_below": 1.5}}, {"a": 3}):
-        with pytest.raises(ConfigError, match=r"x.json: attempt_control"):
-            _attempt_controls(bad, "x.json")
+        with pytest.raises(ConfigError, match=r"x.json: attempt_control\.a"):
+            read(bad)
 
 
 def test_the_control_evaluation_runs_end_to_end(tiny: Dataset) -> None:

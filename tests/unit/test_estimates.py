@@ -8,7 +8,7 @@ import pytest
 
 from router.errors import ConfigError, ContextTooLarge
 from router.features.request import Features
-from router.learning.training.estimates import MIN_ROWS, fit_estimates
+from router.learning.training.estimates import MIN_ROWS, as_estimates, fit_estimates
 from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
 from router.policy.estimates import BackendEstimates, Estimates
@@ -111,6 +111,10 @@ def test_fit_from_the_log() -> None:
     rows.append(row("t0", 0.1, status=502, input_tokens=9_999))
     fitted = fit_estimates(rows)["gem"]
     assert fitted["tokens_ratio"] == 1.2 and fitted["cache_share"] == 0.8
+    typed = as_estimates(fit_estimates(rows)).of("gem")
+    assert (typed.tokens_ratio, typed.cache_share, typed.output_mean, typed.n) == (
+        1.2, 0.8, fitted["output_mean"], fitted["n"]
+    )  # fmt: skip
     assert fitted["output_mean"] == pytest.approx(100 + (MIN_ROWS - 1) / 2)
     assert fitted["output_p90"] == 100 + MIN_ROWS * 9 // 10 - 1
     # Too few tasks for a ratio or a cache share (19 each): their priors stay.
@@ -119,9 +123,18 @@ def test_fit_from_the_log() -> None:
 
 
 def test_the_artifacts_estimates_are_validated() -> None:
-    e = Estimates.from_json({"gem": {"tokens_ratio": 1.1, "output_mean": 250.0}}, "a.json")
+    import orjson
+
+    from router.features.task.vector import schema
+    from router.policy.artifact import FORMAT, Artifact
+
+    def read(block: object) -> Estimates:
+        raw = orjson.dumps({"format": FORMAT, "feature_schema": schema(), "estimates": block})
+        return Artifact.from_json(raw, source="a.json").estimates
+
+    e = read({"gem": {"tokens_ratio": 1.1, "output_mean": 250.0}})
     assert e.tokens_ratio("gem", "gemini") == 1.1 and e.tokens_ratio("other", "anthropic") == 1.2
     with pytest.raises(ConfigError, match=r"a.json: estimates.gem.cache_share"):
-        Estimates.from_json({"gem": {"cache_share": 1.5}}, "a.json")
+        read({"gem": {"cache_share": 1.5}})
     with pytest.raises(ConfigError, match="estimates: expected"):
-        Estimates.from_json([1], "a.json")
+        read([1])

@@ -20,8 +20,9 @@ from router.features.request import Features
 from router.features.task import vector as taskfeatures
 from router.learning.training import dataset
 from router.learning.training.fit import fit
+from router.policy.artifact import FORMAT, Artifact, ModelParams, OutputTokens
 from router.policy.decide import Estimate
-from router.policy.learned import FORMAT, TYPICAL_CALLS, Artifact, LearnedScorer, ModelParams, Objective
+from router.policy.learned import TYPICAL_CALLS, LearnedScorer, Objective
 from router.policy.plan import Option
 
 WIDTH = len(taskfeatures.NUMERIC) + taskfeatures.HASH_DIM
@@ -41,7 +42,7 @@ def artifact(models: dict[str, tuple[float, float]] = MODELS, task_sd: float = 0
         )
         for name, (p, cost) in models.items()
     }
-    return Artifact(sha256="0" * 64, models=params, schema=taskfeatures.schema(), task_sd=task_sd)
+    return Artifact(models=params, task_sd=task_sd)
 
 
 def every_attempt_worth_making(max_attempts: int) -> Objective:
@@ -229,13 +230,13 @@ def training_rows() -> list[dataset.AttemptRow]:
 
 
 def test_expected_output_from_the_fitted_median() -> None:
-    art = dataclasses.replace(artifact(), meta={"output_tokens": {"mid": {"q50": [1.0, 0.5]}}})
+    art = dataclasses.replace(artifact(), output_tokens={"mid": OutputTokens((1.0, 0.5), (2.0, 0.5))})
     scorer = LearnedScorer(art, Objective())
     # log1p(out) = 1 + 0.5 · log1p(99) → out = e^(1 + 0.5 ln 100) − 1 = 10e − 1
     assert scorer.expected_output("mid", 99) == round(10 * math.e - 1)
     assert scorer.expected_output("cheap", 99) is None
     # A fitted median below one token (e^-5 − 1 < 0) is still a call that answers: one token.
-    tiny = dataclasses.replace(artifact(), meta={"output_tokens": {"mid": {"q50": [-5.0, 0.0]}}})
+    tiny = dataclasses.replace(artifact(), output_tokens={"mid": OutputTokens((-5.0, 0.0), (0.0, 0.0))})
     assert LearnedScorer(tiny, Objective()).expected_output("mid", 99) == 1
 
 
@@ -252,15 +253,15 @@ def artifact_json(**changes: Any) -> dict[str, Any]:
 
 
 def test_artifact_is_read_field_by_field() -> None:
-    art = Artifact.from_bytes(orjson.dumps(artifact_json()), source="a.json", expected_sha256=None)
+    art = Artifact.from_json(orjson.dumps(artifact_json()), source="a.json", expected_sha256=None)
     m = art.models["m"]
     assert (m.platt, m.cost_weights, m.calls_per_attempt, m.n) == ((2.0, -1.0), (-3.0,), 1.0, 0)
-    assert art.task_sd == 1.5 and art.meta == {"task_effect_sd": 1.5, "trained_on": 42}
+    assert art.task_sd == 1.5 and art.report == {"trained_on": 42}
     assert art.schema == taskfeatures.schema()
     assert m.p_success(TASK) == pytest.approx(1 / (1 + math.e))  # σ(2·0 − 1)
     assert m.attempt_cost(TASK) == pytest.approx(math.exp(-3))
     sure = {"weights": [0.0] * WIDTH, "platt": [1, 2], "cost_weights": [0], "calls_per_attempt": 12.5, "n": 7}
-    art = Artifact.from_bytes(
+    art = Artifact.from_json(
         orjson.dumps(artifact_json(models={"m": sure})), source="a.json", expected_sha256=None
     )
     m = art.models["m"]
@@ -269,8 +270,8 @@ def test_artifact_is_read_field_by_field() -> None:
     # An artifact that measured no task effect: failures independent. The largest spread is allowed.
     plain = artifact_json()
     del plain["task_effect_sd"]
-    assert Artifact.from_bytes(orjson.dumps(plain), source="a.json", expected_sha256=None).task_sd == 0.0
-    widest = Artifact.from_bytes(
+    assert Artifact.from_json(orjson.dumps(plain), source="a.json", expected_sha256=None).task_sd == 0.0
+    widest = Artifact.from_json(
         orjson.dumps(artifact_json(task_effect_sd=10)), source="a", expected_sha256=None
     )
     assert widest.task_sd == 10.0
@@ -284,17 +285,22 @@ def test_artifact_is_read_field_by_field() -> None:
         (orjson.dumps(artifact_json(format="router-learned/0")), r"artifact format 'router-learned/0', this"),
         # The last format without prior plans: refused, saying to retrain.
         (orjson.dumps(artifact_json(format="router-learned/2")), r"'router-learned/2'.*prior plan.*retrain"),
-        (orjson.dumps(artifact_json(prior_plans={"2": [["m", 0.5]]})), r"^a\.json: prior_plans: expected"),
+        (
+            orjson.dumps(artifact_json(prior_plans={"2": [["m", 0.5]]})),
+            r"^a\.json: prior_plans\.2\[0\]: expected a list of 3, got a list of 2$",
+        ),
         (
             orjson.dumps(artifact_json(operating_points={"2": [{"value": 1}]})),
-            r"^a\.json: operating_points: expected",
+            r"^a\.json: operating_points\.2\[0\]\.success: missing$",
         ),
         (
             orjson.dumps(artifact_json(feature_schema={"version": 0})),
             r"^a\.json: feature schema mismatch: artifact has \{'version': 0\}, this router computes \{",
         ),
-        (orjson.dumps(artifact_json(value_curve={"2": [1]})), r"^a\.json: value_curve: expected"),
-        (orjson.dumps(artifact_json(scopes={"acme": {"common": 1}})), r"^a\.json: scopes: expected"),
+        (
+            orjson.dumps(artifact_json(scopes={"acme": {"common": 1}})),
+            r"^a\.json: scopes\.acme\.match: missing$",
+        ),
         (
             orjson.dumps(
                 artifact_json(models={"m": {"weights": [0.0], "platt": [1, 0], "cost_weights": []}})
@@ -310,7 +316,7 @@ def test_artifact_is_read_field_by_field() -> None:
 )
 def test_artifact_refusals_name_the_file_and_the_field(obj: bytes, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        Artifact.from_bytes(obj, source="a.json", expected_sha256=None)
+        Artifact.from_json(obj, source="a.json", expected_sha256=None)
 
 
 def test_after_a_failure_the_policy_recommends_escalating_or_stopping() -> None:
@@ -347,7 +353,7 @@ def test_the_artifacts_estimates_reach_the_decision() -> None:
     from router.policy.loading import parse_policy
 
     learned = {"m": {"tokens_ratio": 1.25, "output_mean": 300.0, "output_p90": 900.0, "cache_share": 0.5}}
-    art = Artifact.from_bytes(
+    art = Artifact.from_json(
         orjson.dumps(artifact_json(estimates=learned)), source="a.json", expected_sha256=None
     )
     policy = parse_policy(
@@ -374,5 +380,5 @@ def test_the_artifacts_estimates_reach_the_decision() -> None:
     e = d.decide(f).estimate("m")
     assert e is not None and (e.prompt_tokens, e.output_tokens, e.cached_tokens) == (1_250, 300, 625)
     with pytest.raises(ConfigError, match=r"a\.json: estimates\.m\.tokens_ratio"):
-        Artifact.from_bytes(orjson.dumps(artifact_json(estimates={"m": {"tokens_ratio": "x"}})), source="a.json",
+        Artifact.from_json(orjson.dumps(artifact_json(estimates={"m": {"tokens_ratio": "x"}})), source="a.json",
                             expected_sha256=None)  # fmt: skip

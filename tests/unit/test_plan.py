@@ -15,7 +15,8 @@ from router.learning.training import dataset, offpolicy, value
 from router.learning.training.fit import fit
 from router.policy import plan as plan_module
 from router.policy import prior as prior_module
-from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.policy.artifact import Artifact
+from router.policy.learned import LearnedScorer, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
 
 CHEAP = Option("cheap", 0.5, 1.0)
@@ -188,7 +189,7 @@ def test_fit_is_calibrated_and_separates_tasks() -> None:
     for b in bins:
         if b["n"] >= 15:
             assert abs(b["predicted"] - b["observed"]) < 0.25, b
-    artifact = Artifact.from_bytes(orjson.dumps(art), source="t", expected_sha256=None)
+    artifact = Artifact.from_json(orjson.dumps(art), source="t", expected_sha256=None)
     hard = task_vector("fix the race deadlock 999")
     easy = task_vector("fix the typo docstring 999")
     assert artifact.models["cheap"].p_success(hard) < 0.3 < 0.7 < artifact.models["cheap"].p_success(easy)
@@ -200,7 +201,7 @@ def test_fit_is_calibrated_and_separates_tasks() -> None:
 
 
 def test_the_scorer_remembers_plans_per_attempt_within_a_bound() -> None:
-    artifact = Artifact.from_bytes(orjson.dumps(fit(rows_for(20))), source="t", expected_sha256=None)
+    artifact = Artifact.from_json(orjson.dumps(fit(rows_for(20))), source="t", expected_sha256=None)
     scorer = LearnedScorer(artifact, Objective(max_attempts=2), memory=2)
     hard = task_vector("fix the race deadlock 1")
     first = scorer.plan(hard, ["cheap", "strong"])
@@ -221,13 +222,13 @@ def test_the_scorer_remembers_plans_per_attempt_within_a_bound() -> None:
 def test_artifact_refuses_wrong_hash_and_schema() -> None:
     raw = orjson.dumps(fit(rows_for(20)))
     with pytest.raises(ConfigError, match="sha256 mismatch"):
-        Artifact.from_bytes(raw, source="a.json", expected_sha256="0" * 64)
+        Artifact.from_json(raw, source="a.json", expected_sha256="0" * 64)
     obj = orjson.loads(raw)
     obj["feature_schema"]["hash_dim"] = 7
     with pytest.raises(ConfigError, match="feature schema mismatch"):
-        Artifact.from_bytes(orjson.dumps(obj), source="a.json", expected_sha256=None)
+        Artifact.from_json(orjson.dumps(obj), source="a.json", expected_sha256=None)
     with pytest.raises(ConfigError, match="not a learned-policy artifact"):
-        Artifact.from_bytes(b'{"format": "pickle"}', source="a.json", expected_sha256=None)
+        Artifact.from_json(b'{"format": "pickle"}', source="a.json", expected_sha256=None)
 
 
 def test_dataset_labels_explicit_over_weak_and_abandoned() -> None:
@@ -280,7 +281,7 @@ def test_output_tokens_are_learned_per_model_and_used_by_the_decision() -> None:
             reqs.append({"status": 200, "chosen_model": model, "input_tokens": prompt, "output_tokens": out})
     art = fit(rows_for(20))
     art["output_tokens"] = fit_output_tokens(reqs)
-    artifact = Artifact.from_bytes(orjson.dumps(art), source="t", expected_sha256=None)
+    artifact = Artifact.from_json(orjson.dumps(art), source="t", expected_sha256=None)
     terse, verbose = artifact.expected_output("terse", 10_000), artifact.expected_output("verbose", 10_000)
     assert terse is not None and verbose is not None
     assert 30 <= terse <= 60 and 300 <= verbose <= 600  # ~20·10^0.3 ≈ 40 and ~400
@@ -329,7 +330,7 @@ def test_the_success_interval_keeps_the_resamples_without_a_success() -> None:
 
 def test_training_writes_prior_plans_and_operating_points_per_retry_limit() -> None:
     rows = rows_for(60)
-    artifact = Artifact.from_bytes(
+    artifact = Artifact.from_json(
         orjson.dumps(fit(rows, max_attempts=2, target=0.83)), source="t", expected_sha256=None
     )
     assert set(artifact.frontiers) == {1, 2, 3} and set(artifact.points) == {1, 2, 3}
@@ -339,12 +340,12 @@ def test_training_writes_prior_plans_and_operating_points_per_retry_limit() -> N
         assert [p.cost for p in plans] == sorted(p.cost for p in plans)
         assert [p.success for p in plans] == sorted(p.success for p in plans)
     assert any(p.target == 0.83 for p in artifact.points[2])  # the policy's own target is measured
-    shares = [s for _, s in artifact.value_curves[2]]
+    shares = [s for _, s, _ in artifact.value_curves[2]]
     assert shares[0] == 0.0 and shares[-1] > 0.85  # more value, more done
 
 
 def test_the_replay_follows_the_prior_plan_and_leaves_it_only_past_the_margin() -> None:
-    artifact = Artifact.from_bytes(
+    artifact = Artifact.from_json(
         orjson.dumps(fit(rows_for(60), max_attempts=2)), source="t", expected_sha256=None
     )
     # Two hand-made tasks, an easy one and one only "strong" solves, replayed as the log has them.
@@ -430,11 +431,11 @@ def test_older_artifacts_are_refused_with_retrain() -> None:
     obj = orjson.loads(orjson.dumps(fit(rows_for(20))))
     obj["format"] = "router-learned/1"
     with pytest.raises(ConfigError, match=r"router-learned/1.*retrain with `router train`"):
-        Artifact.from_bytes(orjson.dumps(obj), source="a.json", expected_sha256=None)
+        Artifact.from_json(orjson.dumps(obj), source="a.json", expected_sha256=None)
 
 
 def test_recommend_stops_when_another_attempt_is_not_worth_it() -> None:
-    artifact = Artifact.from_bytes(orjson.dumps(fit(rows_for(60))), source="t", expected_sha256=None)
+    artifact = Artifact.from_json(orjson.dumps(fit(rows_for(60))), source="t", expected_sha256=None)
     hard = task_vector("fix the race deadlock 999")
     # Worth a lot: after cheap failed, escalate to strong.
     rich = LearnedScorer(artifact, Objective(max_attempts=3, value=10.0))

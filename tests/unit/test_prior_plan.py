@@ -9,13 +9,16 @@ import math
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 import yaml
 
 from router.errors import ConfigError
+from router.features.task.vector import schema
 from router.learning.training import prior as training_prior
 from router.learning.training.dataset import AttemptRow
 from router.policy import prior
+from router.policy.artifact import FORMAT, Artifact
 from router.policy.config import Policy
 from router.policy.learned import LearnedScorer, Objective
 from router.policy.loading import load_policy
@@ -66,9 +69,15 @@ def test_the_operating_point_for_a_target_is_that_target_only() -> None:
     assert prior.nearest(points[:1], value=0.5) is None  # no value point at all
 
 
+def read(**blocks: object) -> Artifact:
+    return Artifact.from_json(
+        orjson.dumps({"format": FORMAT, "feature_schema": schema(), **blocks}), source="a.json"
+    )
+
+
 def test_prior_plans_and_operating_points_read_back_as_training_wrote_them() -> None:
     frontier = {2: (FixedPlan(("cheap",), 0.5, 0.01), FixedPlan(("cheap", "strong"), 0.8125, 0.0625))}
-    assert prior.frontier_from_json(training_prior.to_json(frontier), "a.json") == frontier
+    assert read(prior_plans=training_prior.to_json(frontier)).frontiers == frontier
     points = (
         prior.Point(0.125, None, 0.0625, 0.5, 0.015625, 0.25, 0.03125),
         prior.Point(0.25, 0.75, math.inf, 0.75, 0.046875),
@@ -78,7 +87,7 @@ def test_prior_plans_and_operating_points_read_back_as_training_wrote_them() -> 
         "value": 0.25, "target": 0.75, "margin": None, "success": 0.75, "cost": 0.046875,
         "deviations": 0.0, "gain": 0.0,
     }  # fmt: skip
-    assert prior.points_from_json({"2": written}, "a.json") == {2: points}
+    assert read(operating_points={"2": written}).points == {2: points}
     # Rounded as the artifact keeps them: 6 decimals for dollars, 5 for the success, 4 for shares.
     rounded = prior.point_to_json(prior.Point(1 / 3, 0.8, 0.1, 2 / 3, 1 / 7, 1 / 9, 1 / 11))
     assert rounded == {
@@ -86,9 +95,9 @@ def test_prior_plans_and_operating_points_read_back_as_training_wrote_them() -> 
         "deviations": 0.1111, "gain": 0.090909,
     }  # fmt: skip
     # What older training runs left out: no target, no margin (never leave), no deviations.
-    (bare,) = prior.points_from_json({"1": [{"value": 1, "success": 0.5, "cost": 0.01}]}, "a.json")[1]
+    (bare,) = read(operating_points={"1": [{"value": 1, "success": 0.5, "cost": 0.01}]}).points[1]
     assert bare == prior.Point(1.0, None, math.inf, 0.5, 0.01, 0.0, 0.0)
-    assert prior.frontier_from_json(None, "a.json") == {} and prior.points_from_json(None, "a.json") == {}
+    assert read().frontiers == {} and read().points == {}
 
 
 @pytest.mark.parametrize(

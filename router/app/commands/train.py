@@ -22,8 +22,9 @@ from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
 from router.learning.training.value import MARGINS
 from router.policy import prior as priors
+from router.policy.artifact import Artifact
 from router.policy.config import Policy
-from router.policy.learned import Artifact, LearnedScorer
+from router.policy.learned import LearnedScorer
 from router.policy.loading import load_policy
 from router.policy.runtime import objective_for
 from router.store.rows import as_dicts
@@ -69,7 +70,7 @@ class TooFewLabels(ConfigError):
 
 def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
     """The new artifact as the router would run it, without exploration."""
-    artifact = Artifact.from_bytes(raw, source="(new artifact)", expected_sha256=None)
+    artifact = Artifact.from_json(raw, source="(new artifact)", expected_sha256=None)
     return LearnedScorer(artifact, objective_for(policy, artifact))
 
 

@@ -33,10 +33,9 @@ from router.features.promptsize import COUNT_NEW_CHARS, PromptSizer
 from router.features.request import Features
 from router.features.tokens import TokenCounter, item_text
 from router.learning.labels.replay import Trajectory, requests
-from router.learning.training.estimates import fit_estimates
+from router.learning.training.estimates import as_estimates, fit_estimates
 from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
-from router.policy.estimates import Estimates
 from router.policy.loading import parse_policy
 from router.policy.pipeline import request_features
 from router.protocols import WIRES
@@ -95,9 +94,7 @@ class Replayer:
         catalog = build_catalog(policy, lookup=lambda m: None)
         fitted = (learned or {}).get(BACKEND)
         # Every window's backend is the replayed one with another window: it learned the same.
-        estimates = Estimates.from_json(
-            {b: fitted for b in catalog.backends} if fitted else None, "eval-sizes"
-        )
+        estimates = as_estimates({b: fitted for b in catalog.backends} if fitted else {})
         self.decider = Decider(policy, catalog, estimates=estimates)
         self.backend = catalog[BACKEND]
         self.ratio = estimates.tokens_ratio(BACKEND, self.backend.provider)

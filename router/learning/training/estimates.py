@@ -19,6 +19,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from router.policy.estimates import BackendEstimates, Estimates
+
 MIN_ROWS: Final = 20
 
 
@@ -63,3 +65,18 @@ def fit_estimates(requests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, 
         if len(rs) >= MIN_ROWS:
             fitted[model]["tokens_ratio"] = round(statistics.median(rs), 4)
     return dict(fitted)
+
+
+def as_estimates(fitted: Mapping[str, Mapping[str, float | int]]) -> Estimates:
+    """``fit_estimates``' numbers as the artifact holds them."""
+
+    def get(e: Mapping[str, float | int], name: str) -> float | None:
+        return float(e[name]) if name in e else None
+
+    return Estimates({
+        backend: BackendEstimates(
+            get(e, "tokens_ratio"), get(e, "output_mean"), get(e, "output_p90"), get(e, "cache_share"),
+            n=int(e["n"]) if "n" in e else None,
+        )
+        for backend, e in fitted.items()
+    })  # fmt: skip

@@ -31,8 +31,8 @@ from router.features.task.vector import HASH_DIM, NUMERIC, Vector, schema
 from router.learning.training import permodel, pooled, prior, quality, taskeffect, value
 from router.learning.training import scopes as scoped
 from router.learning.training.dataset import AttemptRow
+from router.policy.artifact import FORMAT, Artifact
 from router.policy.config import Scope
-from router.policy.learned import FORMAT, Artifact
 
 MIN_ROWS_FOR_MODEL = 8
 
@@ -176,7 +176,7 @@ def _fit(
     task_sd = taskeffect.estimate(groups, p, y)
     artifact = _artifact(rows, models, p, y, groups, shared.c, c_dev, task_sd)
     # The curves are the policy's own expectations, so they need the artifact as the router reads it.
-    loaded = Artifact.from_bytes(orjson.dumps(artifact), source="(new artifact)", expected_sha256=None)
+    loaded = Artifact.from_json(orjson.dumps(artifact), source="(new artifact)", expected_sha256=None)
     first: dict[int, Vector] = {}
     seen: dict[int, dict[str, value.Logged]] = defaultdict(dict)
     for g, r, p_oof in zip(groups, rows, p, strict=True):

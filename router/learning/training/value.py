@@ -28,7 +28,8 @@ import numpy as np
 
 from router.features.task import vector as taskfeatures
 from router.policy import prior as priors
-from router.policy.learned import Artifact, LearnedScorer, Objective
+from router.policy.artifact import Artifact
+from router.policy.learned import LearnedScorer, Objective
 from router.policy.plan import REPEAT_FACTOR, Option, evaluate, outcomes_by_value
 
 #: USD per completed task, geometric from a tenth of a cent to $1000 (about 26% apart).
