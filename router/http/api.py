@@ -144,7 +144,7 @@ def register(
             if protocol not in WIRES:
                 raise BadRequest(f"unknown protocol {protocol!r}; use one of {', '.join(WIRES)}")
             req = WIRES[protocol].parse(raw)
-            decided = await proxy.preview(req, principal.key_id, header_dict(request), len(raw))
+            decided = await proxy.preview(req, principal, header_dict(request), len(raw))
         except RouterError as err:
             return error_reply(err)
         decision, feats = decided.decision, decided.features

@@ -33,6 +33,7 @@ from starlette.requests import Request
 
 from router.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
 from router.http.keys import hash_key, looks_like_key
+from router.policy.scopes import TEAM_HEADER
 from router.store import KeyRecord, Store
 
 log = logging.getLogger("router.http.auth")
@@ -56,13 +57,25 @@ class Principal:
     #: Requested-model names or globs this key may ask for; None means any.
     models: tuple[str, ...] | None = None
     master: bool = False
+    #: The key's team (``router keys create --team``), which team scopes match on.
+    team: str | None = None
 
     @classmethod
     def of(cls, rec: KeyRecord) -> Principal:
         return cls(
             key_id=rec.key_id, name=rec.name, budget_usd=rec.budget_usd, rpm=rec.rpm, tpm=rec.tpm,
-            models=tuple(rec.models) if rec.models is not None else None,
+            models=tuple(rec.models) if rec.models is not None else None, team=rec.team,
         )  # fmt: skip
+
+    def own_team(self, headers: dict[str, str]) -> dict[str, str]:
+        """``headers`` with the team that scopes and rules read set by the key: a virtual key's
+        caller cannot name one (the master key and open mode are the operator's: their header stands)."""
+        if self.key_id is None:
+            return headers
+        out = {k: v for k, v in headers.items() if k != TEAM_HEADER}
+        if self.team is not None:
+            out[TEAM_HEADER] = self.team
+        return out
 
     def may_use(self, requested: str) -> bool:
         return self.models is None or any(fnmatch.fnmatchcase(requested, m) for m in self.models)

@@ -33,6 +33,7 @@ KEY_FORMAT = re.compile(r"rk-[A-Za-z0-9_-]{40}")
 #: How much of a key listings show: enough to tell keys apart, far too little to guess the rest.
 DISPLAY_CHARS = 8
 _MODEL_NAME = re.compile(r"[A-Za-z0-9._:/*?\[\]@-]{1,256}")
+_TEAM = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def generate_key() -> str:
@@ -55,6 +56,7 @@ def new_key(
     rpm: int | None = None,
     tpm: int | None = None,
     models: list[str] | None = None,
+    team: str | None = None,
     now: float | None = None,
 ) -> tuple[str, KeyRecord]:
     """A fresh key and the record to store for it. The key is returned once and kept nowhere."""
@@ -69,6 +71,7 @@ def new_key(
         rpm=rpm,
         tpm=tpm,
         models=models,
+        team=team,
     )
     return key, rec
 
@@ -100,6 +103,13 @@ def _models(text: str) -> list[str]:
 def _name(text: str) -> str:
     if not 1 <= len(text) <= 200 or not text.isprintable():
         raise argparse.ArgumentTypeError("a key name is 1-200 printable characters")
+    return text
+
+
+def _team(text: str) -> str:
+    # Scopes match teams by glob: a team with glob characters in it would match patterns by accident.
+    if not _TEAM.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"a team is 1-64 letters, digits, '.', '_' or '-', got {text!r}")
     return text
 
 
@@ -135,6 +145,8 @@ def add_parser(sub: Any, default_store: str) -> None:
     create.add_argument("--rpm", type=_positive(int), help="requests per minute")
     create.add_argument("--tpm", type=_positive(int), help="tokens per minute")
     create.add_argument("--models", type=_models, help="comma-separated requested-model names or globs")
+    create.add_argument("--team", type=_team,
+                        help="the team whose scopes apply to the key's requests (its callers cannot choose one)")  # fmt: skip
     store_flag(create)
     store_flag(described(actions, "list", "list keys (never the keys themselves)",
                          "List the virtual keys: id, name, limits, when created and revoked (never the keys).",
@@ -164,7 +176,9 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _create(store: Store, args: argparse.Namespace) -> int:
-    key, rec = new_key(args.name, budget_usd=args.budget, rpm=args.rpm, tpm=args.tpm, models=args.models)
+    key, rec = new_key(
+        args.name, budget_usd=args.budget, rpm=args.rpm, tpm=args.tpm, models=args.models, team=args.team
+    )
     await store.create_key(rec)
     if args.json:
         print(orjson.dumps({"key": key, **_public(rec)}).decode())
@@ -183,7 +197,7 @@ async def _list(store: Store, args: argparse.Namespace) -> int:
     if not rows:
         print("no keys")
         return 0
-    cols = ("key_id", "prefix", "name", "budget_usd", "rpm", "tpm", "models", "created", "revoked")
+    cols = ("key_id", "prefix", "name", "team", "budget_usd", "rpm", "tpm", "models", "created", "revoked")
     table = [[_cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in table)) for i, c in enumerate(cols)]
     for line in [list(cols), *table]:
@@ -211,6 +225,7 @@ def _public(rec: KeyRecord) -> dict[str, Any]:
         "key_id": rec.key_id,
         "prefix": rec.prefix + "…",
         "name": rec.name,
+        "team": rec.team,
         "budget_usd": rec.budget_usd,
         "rpm": rec.rpm,
         "tpm": rec.tpm,

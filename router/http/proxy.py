@@ -24,7 +24,7 @@ from router.features.task.identity import client_key_hash, scoped, task_id_of
 from router.forward.accounting import charge, cost_split
 from router.forward.execute import CommittedStream, Execution, Executor
 from router.http.admission import Admission
-from router.http.auth import Auth, presented_key
+from router.http.auth import Auth, Principal, presented_key
 from router.http.flight import Flight, prompt_text, record
 from router.http.replies import error_reply
 from router.ids import IdMaker
@@ -57,8 +57,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def rule_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k not in SECRET_HEADERS}
+def rule_headers(headers: Mapping[str, str], principal: Principal) -> dict[str, str]:
+    """The headers rules, scopes and the log may read: no secrets, and the team the key sets."""
+    return principal.own_team({k: v for k, v in headers.items() if k not in SECRET_HEADERS})
 
 
 def task_of(req: ClientRequest, key_id: str | None, all_headers: Mapping[str, str]) -> str:
@@ -139,7 +140,7 @@ class Proxy:
             principal.authorize_model(req.model)
             if self.log_prompts:
                 f.prompt = prompt_text(req)
-            headers = rule_headers(all_headers)
+            headers = rule_headers(all_headers, principal)
             f.task_id = task_of(req, principal.key_id, all_headers)
             f.decided = decided = await self.pipeline.decide(
                 f.rt, req, f.task_id, f.key_id, headers, all_headers.get("x-router-attempt"), len(raw)
@@ -167,12 +168,13 @@ class Proxy:
             return self._error(wire, RouterError("internal error in the router"), f)
 
     async def preview(
-        self, req: ClientRequest, key_id: str | None, all_headers: dict[str, str], body_bytes: int
+        self, req: ClientRequest, principal: Principal, all_headers: dict[str, str], body_bytes: int
     ) -> Decided:
         """The decision this request would get now, without calling any backend or remembering it."""
+        key_id = principal.key_id
         return await self.pipeline.preview(
-            self.runtime.current, req, task_of(req, key_id, all_headers), key_id, rule_headers(all_headers),
-            all_headers.get("x-router-attempt"), body_bytes,
+            self.runtime.current, req, task_of(req, key_id, all_headers), key_id,
+            rule_headers(all_headers, principal), all_headers.get("x-router-attempt"), body_bytes,
         )  # fmt: skip
 
     def _stream(

@@ -242,7 +242,8 @@ class GuardSpec(_Strict):
 class ScopeMatch(_Strict):
     """Globs that must all hold: the repository (``owner/name``: the ``X-Router-Repo`` header, else
     a github.com URL in the system prompt or first user message), the virtual key's id, the team
-    (the ``X-Router-Team`` header)."""
+    (the virtual key's, ``router keys create --team``; the ``X-Router-Team`` header only for the
+    master key and open mode)."""
 
     repo: Annotated[str, Field(min_length=1)] | None = None
     key: Annotated[str, Field(min_length=1)] | None = None

@@ -141,6 +141,9 @@ class KeyRecord:
     tpm: int | None = None
     models: list[str] | None = None  # requested-model names or globs this key may use; None = any
     revoked_at: float | None = None
+    # The team whose scopes apply to the key's requests: a key's caller cannot choose it (a client
+    # header could pick a scope that routes wider or spends more than the key's own).
+    team: str | None = field(default=None, metadata={"since": 8})
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

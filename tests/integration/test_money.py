@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import redis
 
@@ -183,6 +184,33 @@ def test_a_scope_the_client_picks_cannot_widen_what_its_key_allows(
                           headers={"x-api-key": key["key"], "x-router-task-id": f"w{i}", **steer}, timeout=30)  # fmt: skip
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-router-model"] in {"local-nano", "local-mini"}
+
+
+def test_team_scopes_come_from_the_key_not_a_header(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30 #4: the team a scope matches was the client's ``X-Router-Team`` header, so any key
+    could take any team's scope. Now a virtual key's team is the one it was created with; only the
+    operator's master key (or open mode) may still name one by header."""
+    mini = {"rules": [{"name": "go-mini", "when": {"stream": False}, "prefer": ["local-mini"]}]}
+    r = router_factory(cheap_auto(upstream, [{"name": "platform", "match": {"team": "platform"}, **mini}]),
+                       master_key=MASTER)  # fmt: skip
+    member = create_key(r, capsys, "--name", "member", "--team", "platform")
+    outsider = create_key(r, capsys, "--name", "outsider")
+    sent = [(member["key"], {}), (outsider["key"], {"x-router-team": "platform"}),
+            (member["key"], {"x-router-team": "other"}), (MASTER, {"x-router-team": "platform"})]  # fmt: skip
+    for i, (key, headers) in enumerate(sent):
+        resp = httpx.post(r.url + CHAT, json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+                          headers={"x-api-key": key, "x-router-task-id": f"team{i}", **headers}, timeout=30)  # fmt: skip
+        assert resp.status_code == 200, resp.text
+    rows = {
+        row["task_id"].rsplit("team", 1)[-1]: row for row in r.records(len(sent)) if "team" in row["task_id"]
+    }
+    scoped = {i: "/platform/" in rows[str(i)]["policy"] for i in range(len(sent))}
+    assert scoped == {0: True, 1: False, 2: True, 3: True}
+    # The log keeps the team that decided, so a preview of the log matches the same scope.
+    assert orjson.loads(rows["1"]["rule_headers"]).get("x-router-team") is None
+    assert orjson.loads(rows["2"]["rule_headers"])["x-router-team"] == "platform"
 
 
 def test_a_scope_budget_per_task_is_enforced(router_factory: Factory, upstream: FakeUpstream) -> None:
