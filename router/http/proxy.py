@@ -143,8 +143,9 @@ class Proxy:
             headers = rule_headers(all_headers, principal)
             f.task_id = task_of(req, principal.key_id, all_headers)
             f.decided = decided = await self.pipeline.decide(
-                f.rt, req, f.task_id, f.key_id, headers, all_headers.get("x-router-attempt"), len(raw)
-            )
+                f.rt, req, f.task_id, f.key_id, headers, all_headers.get("x-router-attempt"), len(raw),
+                await self.admission.key_budget_left(principal),
+            )  # fmt: skip
             self.telemetry.prompt_sized(decided.remembered, decided.counted)
             decision = decided.decision
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
@@ -175,6 +176,7 @@ class Proxy:
         return await self.pipeline.preview(
             self.runtime.current, req, task_of(req, key_id, all_headers), key_id,
             rule_headers(all_headers, principal), all_headers.get("x-router-attempt"), body_bytes,
+            await self.admission.key_budget_left(principal),
         )  # fmt: skip
 
     def _stream(

@@ -49,10 +49,12 @@ class Pipeline:
 
     async def decide(
         self, rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
-        attempt_header: str | None, body_bytes: int,
+        attempt_header: str | None, body_bytes: int, key_budget_left: float | None = None,
     ) -> Decided:  # fmt: skip
         """``key_id``: the caller's virtual key, if any; ``headers``: those rules may read (no
-        secrets); ``body_bytes``: the raw body's size, the memory the conversation memo charges for it."""
+        secrets); ``body_bytes``: the raw body's size, the memory the conversation memo charges for
+        it; ``key_budget_left``: what the key may still spend (candidates that would not fit are
+        excluded before ranking and exploration)."""
         size = self.sizer.measure(req, task_id, body_bytes)
         repo = headers.get("x-router-repo")
         view = await self.tasks.enter(
@@ -60,7 +62,7 @@ class Pipeline:
         )
         label = self.tasks.label_reader(rt.policy.task_rules, req, view, size.repeat, size.facts)
         try:
-            feats = request_features(req, size.tokens, headers, view, size)
+            feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
             arm, decider = _decider(rt, req, task_id, key_id, headers)
             # A hard limit is never decided on a guess, and a short prompt nothing anchors (a
             # conversation's first request) is counted: once, and its o200k count converts well.
@@ -79,7 +81,7 @@ class Pipeline:
 
     async def preview(
         self, rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
-        attempt_header: str | None, body_bytes: int,
+        attempt_header: str | None, body_bytes: int, key_budget_left: float | None = None,
     ) -> Decided:  # fmt: skip
         """The decision ``decide`` would make now, on the exact prompt size, remembering nothing."""
         size = self.sizer.measure(req, None, body_bytes)
@@ -87,7 +89,7 @@ class Pipeline:
             await self._settle(size)
         repo = headers.get("x-router-repo")
         view = await self.tasks.preview(rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo)
-        feats = request_features(req, size.tokens, headers, view, size)
+        feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
         return Decided(feats, view, decider.decide(feats, explore=False), arm=arm)
 
@@ -144,13 +146,13 @@ def _decider(
 
 def request_features(
     req: ClientRequest, prompt_tokens: int, headers: Mapping[str, str], task: TaskView | None = None,
-    size: PromptSize | None = None,
+    size: PromptSize | None = None, key_budget_left: float | None = None,
 ) -> Features:  # fmt: skip
     """The request's features; without ``task``, those of a fresh task's first request; ``size``:
     the measured prompt, whose anchored part is in its provider's tokens."""
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"key_budget_left": key_budget_left}
     if task is not None:
-        extra = {
+        extra |= {
             "side_call": task.side_call, "task_vector": task.vector, "attempt": task.attempt,
             "failed_models": task.failed_models, "pinned": task.pinned, "switch_reason": task.switch_reason,
             "signed_history": task.signed_history, "task_budget_left": task.budget_left,

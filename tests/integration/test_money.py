@@ -226,3 +226,35 @@ def test_a_scope_budget_per_task_is_enforced(router_factory: Factory, upstream: 
         assert len(statuses) < 20, "the scope's budget was never enforced"
     spent = sum(row["cost_usd"] or 0 for row in r.records(len(statuses)) if row["task_id"] == "scoped")
     assert spent <= est + 2 * cost + 1e-12
+
+
+# --- the key's budget steers the decision (#5) ---------------------------------------------------
+
+
+def test_a_key_budget_refuses_only_when_no_candidate_fits(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30 #5: ``403 budget_exceeded`` with 6.5% of a key's budget spent, each time exploration
+    picked a dear model while a cheaper one fitted. The key's remaining budget now excludes the
+    candidates that would not fit before ranking and exploration."""
+    policy = local_policy(upstream.url)
+    policy["routes"][0]["candidates"] = ["local-nano", "local-claude"]
+    policy["objective"]["exploration"] = {"epsilon": 1.0, "seed": 7}  # a random candidate every time
+    r = router_factory(policy, master_key=MASTER)
+    body = {"model": "auto", "messages": HI}
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
+    hold = {c["model"]: c.get("hold_usd", c["cost_usd"]) for c in seen["candidates"]}
+    assert hold["local-claude"] > 20 * hold["local-nano"]
+    # The dear model never fits this budget, the cheap one fits twenty times over.
+    roomy = create_key(r, capsys, "--name", "roomy", "--budget", str(20 * hold["local-nano"] + 1e-9))
+    served = []
+    for i in range(12):
+        resp = httpx.post(r.url + CHAT, json=body, headers={"x-api-key": roomy["key"], "x-router-task-id": f"k{i}"},
+                          timeout=30)  # fmt: skip
+        assert resp.status_code == 200, (i, resp.text)
+        served.append(resp.headers["x-router-model"])
+    assert set(served) == {"local-nano"}
+    # Refused when no candidate fits, saying so.
+    tight = create_key(r, capsys, "--name", "tight", "--budget", str(hold["local-nano"] / 2))
+    resp = httpx.post(r.url + CHAT, json=body, headers={"x-api-key": tight["key"]}, timeout=30)
+    assert resp.status_code == 403 and resp.json()["error"]["code"] == "budget_exceeded", resp.text
