@@ -109,7 +109,9 @@ class Admission:
             limits[f"task:{task_id}"] = task_budget
         if not limits:
             return None
-        amount = est.cost_usd if est else 0.0
+        # The hold is the cost at the 90th percentile of the backend's output, not the mean: a
+        # budget's last requests in flight could otherwise together spend past it.
+        amount = (est.hold_usd if est.hold_usd is not None else est.cost_usd) if est else 0.0
         if self._unsettled:
             await self.land_unsettled()  # StateUnavailable (a 503) while they cannot land
         if self.log is not None and isinstance(self.budgets, MemoryBudgets):

@@ -412,12 +412,17 @@ def _within_budget(features: Features, eligible: list[Estimate]) -> bool:
     left = _budget_left(features)
     if left is None:
         return True
-    over = [e for e in eligible if e.cost_usd > left]
+    # What admission will hold (``Admission.admit``), so that nothing kept here is refused there.
+    over = [e for e in eligible if _held(e) > left]
     if len(over) == len(eligible):
         return False
     for e in over:
-        e.excluded = f"budget: ~${e.cost_usd:.6f} > ${left:.6f} left"
+        e.excluded = f"budget: ~${_held(e):.6f} > ${left:.6f} left"
     return True
+
+
+def _held(e: Estimate) -> float:
+    return e.hold_usd if e.hold_usd is not None else e.cost_usd
 
 
 def _wanted_output(backend: Backend, features: Features, reserve: int) -> int:

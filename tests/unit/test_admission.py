@@ -320,3 +320,18 @@ async def test_scopes_forgotten_for_room_start_again_from_the_log(fake: FakeUpst
     assert cost > 0 and task.endswith("/repo:issue-7")
     assert [(u.spent, u.reserved) for u in recalled] == [(pytest.approx(cost), pytest.approx(0.002))] * 2
     assert [(u.spent, u.reserved) for u in after] == [(pytest.approx(cost + 0.001), pytest.approx(0.001))] * 2
+
+
+async def test_a_budget_holds_the_90th_percentile_of_the_cost_not_its_mean() -> None:
+    """Issue 33: admission held the mean cost, so the requests a nearly spent budget let in at once
+    could together spend past it; it holds the cost at the backend's 90th-percentile output."""
+    state = MemoryState()
+    adm = Admission(state.limits, state.budgets)
+    decision = Decision("d", "p", ["a"], [Estimate("a", 100, 50, 0, 0.001, hold_usd=0.004)], "why")
+    principal = Principal(key_id="k", name="k", budget_usd=0.01)
+    for _ in range(2):
+        await adm.admit(principal, None, decision, None)
+    with pytest.raises(RateLimited) as held:  # the holds of requests in flight leave no room: 429
+        await adm.admit(principal, None, decision, None)
+    assert held.value.code == "budget_held"
+    assert (await state.budgets.spent("key:k")).reserved == pytest.approx(0.008)
