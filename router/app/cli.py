@@ -408,10 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     report = command("report", "phases, rates, cost and errors per group, from the log",
                      "router report --since 1h --by backend")  # fmt: skip
     window(report)
-    from router.telemetry.report import GROUP_COLUMNS
+    from router.telemetry.report import GROUPS
 
     report.add_argument(
-        "--by", choices=list(GROUP_COLUMNS), default="backend", help="how to group (default backend)"
+        "--by", choices=list(GROUPS), default="backend", help="how to group (default backend)"
     )
     report.add_argument("--plot", metavar="FILE.png", help="also write stacked phases and distributions")
     report.set_defaults(func=cmd_report)

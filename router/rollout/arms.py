@@ -3,7 +3,7 @@
 A task belongs to the arm of its first logged request (the arm is a function of the task id, so
 all its requests agree unless the control share changed mid-task). A task's verdict is the one
 ``router tasks`` shows: an explicit outcome first, else the latest inferred label
-(``router.telemetry.ledger.final_outcome``; an inferred label only where a backend answered the
+(``router.telemetry.ledger.verdict``; an inferred label only where a backend answered the
 attempt, ``credible``). An explicit verdict counts 1 or 0; a label of the
 label model counts its calibrated P(success) (its confidence), so an unsure label moves a rate
 less; a label of the older hand-weighted signals counts 1 or 0. Tasks
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.features.labels.model import SOURCE as LABEL_MODEL
-from router.telemetry.ledger import answered, credible, final_outcome
+from router.store import OutcomeRecord, RequestRecord
+from router.telemetry.ledger import answered, credible, verdict
 from router.telemetry.report import quantile
 
-Row = Mapping[str, Any]
 Z95 = 1.959964
 
 
@@ -67,41 +67,39 @@ class TaskTally:
         #: The (task, attempt) pairs a backend answered: only those have an inferred verdict.
         self.answered: set[tuple[str, int]] = set()
 
-    def add(self, requests: Iterable[Row]) -> None:
+    def add(self, requests: Iterable[RequestRecord]) -> None:
         for r in requests:
-            task, arm, rid = r.get("task_id"), r.get("arm"), r.get("request_id")
+            task, arm, rid = r.task_id, r.arm, r.request_id
             if (
                 not task
                 or not arm
-                or (self.revision is not None and r.get("policy_revision") != self.revision)
-                or (self.since is not None and float(r.get("ts") or 0.0) < self.since)
+                or (self.revision is not None and r.policy_revision != self.revision)
+                or (self.since is not None and r.ts < self.since)
+                or rid in self.seen
             ):
                 continue
-            if rid is not None:
-                if rid in self.seen:
-                    continue
-                self.seen[rid] = float(r.get("ts") or 0.0)
+            self.seen[rid] = r.ts
             self.arm_of.setdefault(task, arm)
-            self.key_of.setdefault(task, r.get("key_id"))
-            self.cost[task] += float(r.get("cost_usd") or 0.0)
+            self.key_of.setdefault(task, r.key_id)
+            self.cost[task] += r.cost_usd or 0.0
             self.answered |= answered((r,))
-            if self.latency is not None and r.get("status") == 200 and r.get("total_ms") is not None:
-                self.latency[self.arm_of[task]].append(float(r["total_ms"]))
+            if self.latency is not None and r.status == 200 and r.total_ms is not None:
+                self.latency[self.arm_of[task]].append(r.total_ms)
 
     def forget_before(self, ts: float) -> None:
         """Stop remembering request ids that arrived before ``ts`` (no batch will hold them again)."""
         self.seen = {rid: t for rid, t in self.seen.items() if t >= ts}
 
-    def arms(self, outcomes: Iterable[Row]) -> dict[str, ArmTasks]:
-        verdicts: dict[str, list[Row]] = defaultdict(list)
+    def arms(self, outcomes: Iterable[OutcomeRecord]) -> dict[str, ArmTasks]:
+        verdicts: dict[str, list[OutcomeRecord]] = defaultdict(list)
         for o in credible(outcomes, self.answered):
-            if o["task_id"] in self.arm_of:
-                verdicts[o["task_id"]].append(o)
+            if o.task_id in self.arm_of:
+                verdicts[o.task_id].append(o)
         arms: dict[str, ArmTasks] = defaultdict(ArmTasks)
         for task, arm in self.arm_of.items():
             a = arms[arm]
             a.tasks += 1
-            v = final_outcome(verdicts.get(task, []))
+            v = verdict(verdicts.get(task, []))
             if v is not None:
                 a.success.append(success_value(v))
                 a.cost.append(self.cost[task])
@@ -111,20 +109,15 @@ class TaskTally:
         return dict(arms)
 
 
-def success_value(verdict: Mapping[str, Any]) -> float:
+def success_value(o: OutcomeRecord) -> float:
     """How much a task's verdict counts as a completion (see the module's docstring)."""
-    score = verdict.get("score")
-    if (
-        not verdict.get("explicit")
-        and verdict.get("source") == LABEL_MODEL
-        and isinstance(score, int | float)
-    ):
-        return min(1.0, max(0.0, float(score)))
-    return 1.0 if verdict["success"] else 0.0
+    if not o.explicit and o.source == LABEL_MODEL and o.score is not None:
+        return min(1.0, max(0.0, o.score))
+    return 1.0 if o.success else 0.0
 
 
 def by_arm(
-    requests: Iterable[Row], outcomes: Iterable[Row], revision: str | None = None
+    requests: Iterable[RequestRecord], outcomes: Iterable[OutcomeRecord], revision: str | None = None
 ) -> dict[str, ArmTasks]:
     """Tasks per arm (requests without an arm are left out; ``revision``: only that revision's)."""
     tally = TaskTally(revision)
@@ -179,9 +172,9 @@ def summary(a: ArmTasks) -> dict[str, Any]:
     }
 
 
-def arm_report(requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
+def arm_report(requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord]) -> dict[str, Any]:
     """``router report --by arm``: per policy revision, each arm's summary."""
-    revisions = sorted({r.get("policy_revision") for r in requests if r.get("arm")}, key=str)
+    revisions = sorted({r.policy_revision for r in requests if r.arm}, key=str)
     out = []
     for rev in revisions:
         arms = by_arm(requests, outcomes, rev)
@@ -218,12 +211,11 @@ def run_arm_report(args: Any) -> int:
 
     import orjson
 
-    from router.store.rows import as_dicts
     from router.store.window import parse_duration, read_window
 
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
     report = {
-        **arm_report(as_dicts(window.requests), as_dicts(window.outcomes)),
+        **arm_report(window.requests, window.outcomes),
         "since": window.since,
         "until": window.until,
     }

@@ -34,9 +34,8 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from router.errors import ConfigError
 from router.policy.config import GuardSpec
@@ -44,12 +43,10 @@ from router.policy.control import CONTROL, TREATED
 from router.policy.runtime import PolicyHistory, Runtime
 from router.rollout.arms import ArmTasks, TaskTally
 from router.rollout.rollback import rollback
-from router.store import Store
-from router.store.rows import as_dicts
+from router.store import OutcomeRecord, RequestRecord, Store
 
 log = logging.getLogger("router.guard")
 
-Row = Mapping[str, Any]
 
 #: How far back each check reads requests again (a request is logged when it ends).
 READ_OVERLAP_S = 3600.0
@@ -232,17 +229,21 @@ class Guard:
         # ends, so one that began earlier may have been written since the last read.
         requests = await self.store.requests_since(max(self._since, self._cursor - READ_OVERLAP_S))
         outcomes = await self.store.outcomes_since(self._since)
-        verdict = await asyncio.to_thread(self._judge, tally, as_dicts(requests), as_dicts(outcomes), spec)
+        verdict = await asyncio.to_thread(self._judge, tally, requests, outcomes, spec)
         self.history.guard = {"revision": rt.revision, "at": time.time(), **dataclasses.asdict(verdict)}
         if verdict.worse:
             await self._roll_back(rt.revision, verdict)
         return verdict
 
     def _judge(
-        self, tally: TaskTally, requests: Sequence[Row], outcomes: Sequence[Row], spec: GuardSpec
+        self,
+        tally: TaskTally,
+        requests: Sequence[RequestRecord],
+        outcomes: Sequence[OutcomeRecord],
+        spec: GuardSpec,
     ) -> Verdict:
         tally.add(requests)
-        self._cursor = max([self._cursor, *(float(r["ts"]) for r in requests)])
+        self._cursor = max([self._cursor, *(r.ts for r in requests)])
         tally.forget_before(self._cursor - READ_OVERLAP_S)
         arms = tally.arms(outcomes)
         return judge(arms.get(CONTROL, ArmTasks()), arms.get(TREATED, ArmTasks()), spec)

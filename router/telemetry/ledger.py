@@ -18,45 +18,42 @@ import asyncio
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from router.errors import ConfigError
-from router.store import Store, mask_url
-from router.store.rows import as_dicts
+from router.store import OutcomeRecord, RequestRecord, Store, mask_url
 from router.telemetry import tries
 
-TOKEN_COLUMNS = {
-    "input": "input_tokens",
-    "output": "output_tokens",
-    "cache_read": "cache_read_tokens",
-    "cache_write": "cache_write_tokens",
-    "reasoning": "reasoning_tokens",
+TOKENS: dict[str, Callable[[RequestRecord], int | None]] = {
+    "input": lambda r: r.input_tokens,
+    "output": lambda r: r.output_tokens,
+    "cache_read": lambda r: r.cache_read_tokens,
+    "cache_write": lambda r: r.cache_write_tokens,
+    "reasoning": lambda r: r.reasoning_tokens,
 }
-COST_COLUMNS = {
-    "input": "cost_input_usd",
-    "output": "cost_output_usd",
-    "cache_read": "cost_cache_read_usd",
-    "cache_write": "cost_cache_write_usd",
+COSTS: dict[str, Callable[[RequestRecord], float | None]] = {
+    "input": lambda r: r.cost_input_usd,
+    "output": lambda r: r.cost_output_usd,
+    "cache_read": lambda r: r.cost_cache_read_usd,
+    "cache_write": lambda r: r.cost_cache_write_usd,
 }
-
-Row = Mapping[str, Any]
 
 
 def _usd(x: float) -> float:
     return round(x, 10)
 
 
-def answered(requests: Iterable[Row]) -> set[tuple[str, int]]:
+def answered(requests: Iterable[RequestRecord]) -> set[tuple[str, int]]:
     """(task, attempt) of every main-loop request that a backend answered successfully."""
     return {
-        (r["task_id"], r.get("attempt") or 0)
+        (r.task_id, r.attempt or 0)
         for r in requests
-        if r.get("task_id") and not r.get("side_call") and r.get("status") == 200 and not r.get("error_type")
+        if r.task_id and not r.side_call and r.status == 200 and not r.error_type
     }
 
 
-def credible(outcomes: Iterable[Row], replied: set[tuple[str, int]]) -> list[Row]:
+def credible(outcomes: Iterable[OutcomeRecord], replied: set[tuple[str, int]]) -> list[OutcomeRecord]:
     """The outcomes a verdict may rest on: every explicit one, and a label inferred from the
     conversation only for an attempt that a backend answered at least once (``answered``).
 
@@ -70,9 +67,9 @@ def credible(outcomes: Iterable[Row], replied: set[tuple[str, int]]) -> list[Row
     tasks = {task for task, _ in replied}
     out = []
     for o in outcomes:
-        task, attempt = o["task_id"], o.get("attempt") or 0
+        task, attempt = o.task_id, o.attempt or 0
         if (
-            o.get("explicit")
+            o.explicit
             or (task, attempt) in replied
             or (task, 0) in replied
             or (not attempt and task in tasks)
@@ -81,92 +78,97 @@ def credible(outcomes: Iterable[Row], replied: set[tuple[str, int]]) -> list[Row
     return out
 
 
-def final_outcome(outcomes: Iterable[Row]) -> dict[str, Any] | None:
+def verdict(outcomes: Iterable[OutcomeRecord]) -> OutcomeRecord | None:
     """The verdict that counts: an explicit one before any inferred signal (as in training), then
     the latest attempt's, then the latest recorded."""
-    best = max(outcomes, default=None,
-               key=lambda o: (bool(o.get("explicit")), o.get("attempt") or 0, o.get("ts") or 0))  # fmt: skip
+    return max(outcomes, default=None, key=lambda o: (o.explicit, o.attempt or 0, o.ts))
+
+
+def final_outcome(outcomes: Iterable[OutcomeRecord]) -> dict[str, Any] | None:
+    """``verdict`` as the ledger shows it."""
+    best = verdict(outcomes)
     if best is None:
         return None
     return {
-        "success": bool(best["success"]),
-        "score": best.get("score"),
-        "source": best.get("source"),
-        "explicit": bool(best.get("explicit")),
-        "attempt": best.get("attempt"),
-        "ts": best.get("ts"),
+        "success": best.success,
+        "score": best.score,
+        "source": best.source,
+        "explicit": best.explicit,
+        "attempt": best.attempt,
+        "ts": best.ts,
     }
 
 
-def _costs(requests: Sequence[Row]) -> dict[str, float]:
-    out = {"total": _usd(sum(r.get("cost_usd") or 0.0 for r in requests))}
-    for part, column in COST_COLUMNS.items():
-        out[part] = _usd(sum(r.get(column) or 0.0 for r in requests))
-    unsplit = [r for r in requests if r.get("cost_usd") and r.get("cost_input_usd") is None]
-    out["unsplit"] = _usd(sum(r["cost_usd"] for r in unsplit))
+def _costs(requests: Sequence[RequestRecord]) -> dict[str, float]:
+    out = {"total": _usd(sum(r.cost_usd or 0.0 for r in requests))}
+    for part, cost in COSTS.items():
+        out[part] = _usd(sum(cost(r) or 0.0 for r in requests))
+    out["unsplit"] = _usd(sum(r.cost_usd or 0.0 for r in requests if r.cost_input_usd is None))
     return out
 
 
-def _end(r: Row) -> float:
-    return float(r["ts"]) + (r.get("total_ms") or 0.0) / 1000
+def _end(r: RequestRecord) -> float:
+    return r.ts + (r.total_ms or 0.0) / 1000
 
 
-def task_ledger(task_id: str, requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
+def task_ledger(
+    task_id: str, requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord]
+) -> dict[str, Any]:
     """One task's ledger from its log rows (requests oldest first)."""
     outcomes = credible(outcomes, answered(requests))
-    by_attempt: dict[int, list[Row]] = defaultdict(list)
+    by_attempt: dict[int, list[RequestRecord]] = defaultdict(list)
     for r in requests:
-        by_attempt[r.get("attempt") or 0].append(r)  # the outcomes table stores "unknown" as 0 too
-    outcomes_by_attempt: dict[int, list[Row]] = defaultdict(list)
+        by_attempt[r.attempt or 0].append(r)  # the outcomes table stores "unknown" as 0 too
+    outcomes_by_attempt: dict[int, list[OutcomeRecord]] = defaultdict(list)
     for o in outcomes:
-        outcomes_by_attempt[o.get("attempt") or 0].append(o)
+        outcomes_by_attempt[o.attempt or 0].append(o)
     backends: dict[str, dict[str, Any]] = {}
     for r in requests:
-        b = backends.setdefault(r.get("chosen_model") or "none", {"requests": 0, "cost_usd": 0.0})
+        b = backends.setdefault(r.chosen_model or "none", {"requests": 0, "cost_usd": 0.0})
         b["requests"] += 1
-        b["cost_usd"] = _usd(b["cost_usd"] + (r.get("cost_usd") or 0.0))
-    side = [r for r in requests if r.get("side_call")]
+        b["cost_usd"] = _usd(b["cost_usd"] + (r.cost_usd or 0.0))
+    side = [r for r in requests if r.side_call]
     outcome = final_outcome(outcomes)
     return {
         "task_id": task_id,
-        "first_ts": requests[0]["ts"] if requests else None,
+        "first_ts": requests[0].ts if requests else None,
         "last_end_ts": max(map(_end, requests)) if requests else None,
-        "duration_s": round(max(map(_end, requests)) - requests[0]["ts"], 3) if requests else None,
+        "duration_s": round(max(map(_end, requests)) - requests[0].ts, 3) if requests else None,
         "requests": len(requests),
-        "errors": sum(1 for r in requests if (r.get("status") or 0) >= 400 or r.get("error_type")),
-        "fallbacks": sum(1 for r in requests if tries.fallen_back_from(r.get("tries"))),
-        "retries": sum(len(tries.retried(r.get("tries"))) for r in requests),
-        "side_calls": {"requests": len(side), "cost_usd": _usd(sum(r.get("cost_usd") or 0.0 for r in side))},
+        "errors": sum(1 for r in requests if (r.status or 0) >= 400 or r.error_type),
+        "fallbacks": sum(1 for r in requests if tries.fallen_back_from(r.tries)),
+        "retries": sum(len(tries.retried(r.tries)) for r in requests),
+        "side_calls": {"requests": len(side), "cost_usd": _usd(sum(r.cost_usd or 0.0 for r in side))},
         "attempts": [
             {
                 "attempt": a,
                 "requests": len(rows),
-                "cost_usd": _usd(sum(r.get("cost_usd") or 0.0 for r in rows)),
-                "backends": dict(Counter(r.get("chosen_model") or "none" for r in rows)),
+                "cost_usd": _usd(sum(r.cost_usd or 0.0 for r in rows)),
+                "backends": dict(Counter(r.chosen_model or "none" for r in rows)),
                 "outcome": final_outcome(outcomes_by_attempt.get(a, [])),
             }
             for a, rows in sorted(by_attempt.items())
         ],
         "backends": backends,
-        "tokens": {k: sum(r.get(c) or 0 for r in requests) for k, c in TOKEN_COLUMNS.items()},
+        "tokens": {k: sum(count(r) or 0 for r in requests) for k, count in TOKENS.items()},
         "cost_usd": _costs(requests),
         "outcome": outcome,
         "completed": None if outcome is None else outcome["success"],
     }
 
 
-def task_ledgers(requests: Sequence[Row], outcomes: Sequence[Row]) -> list[dict[str, Any]]:
+def task_ledgers(
+    requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord]
+) -> list[dict[str, Any]]:
     """Ledgers of every task with requests in ``requests``, the most recently active first."""
-    rows: dict[str, list[Row]] = defaultdict(list)
+    rows: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
-        if r.get("task_id"):
-            rows[r["task_id"]].append(r)
-    verdicts: dict[str, list[Row]] = defaultdict(list)
+        if r.task_id:
+            rows[r.task_id].append(r)
+    verdicts: dict[str, list[OutcomeRecord]] = defaultdict(list)
     for o in outcomes:
-        verdicts[o["task_id"]].append(o)
-    ledgers = [
-        task_ledger(t, sorted(rs, key=lambda r: r["ts"]), verdicts.get(t, [])) for t, rs in rows.items()
-    ]
+        verdicts[o.task_id].append(o)
+    ledgers = [task_ledger(t, sorted(rs, key=lambda r: r.ts), verdicts.get(t, [])) for t, rs in rows.items()]
     return sorted(ledgers, key=lambda x: x["last_end_ts"] or 0, reverse=True)
 
 
@@ -191,10 +193,10 @@ async def load_task(store: Store, task_id: str, limit: int | None = None) -> dic
     """One task's ledger, or None when the log has no request of it. With ``limit``, of its latest
     ``limit`` requests only (``capped`` says so), added up on a worker thread: what a server reads
     for one look at a task, which must not hold the event loop however long the task."""
-    requests = as_dicts(await store.requests_for_task(task_id, None if limit is None else limit + 1))
+    requests = await store.requests_for_task(task_id, None if limit is None else limit + 1)
     if not requests:
         return None
-    outcomes = as_dicts(await store.outcomes_for_task(task_id))
+    outcomes = await store.outcomes_for_task(task_id)
     if limit is None:
         return task_ledger(task_id, requests, outcomes)
     capped = len(requests) > limit
@@ -212,7 +214,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     from router.store.window import parse_duration, read_window
 
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
-    ledgers = task_ledgers(as_dicts(window.requests), as_dicts(window.outcomes))
+    ledgers = task_ledgers(window.requests, window.outcomes)
     if args.task:
         ledgers = [x for x in ledgers if x["task_id"] == args.task]
         if not ledgers:  # not an empty table and success: said like `router outcome` says it

@@ -23,20 +23,24 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from router.store import OutcomeRecord, RequestRecord
 from router.telemetry import tries
 from router.telemetry.ledger import answered, credible, final_outcome
 
-Row = Mapping[str, Any]
+Read = Callable[[RequestRecord], Any]
 
-GROUP_COLUMNS = {"backend": "chosen_model", "route": "requested_model", "task": "task_id", "policy": "policy",
-                 "revision": "policy_revision", "arm": "arm", "key": "key_id"}  # fmt: skip
-PHASES = ("queue_ms", "retry_ms", "ttft_ms", "decode_ms", "gap_mean_ms", "gap_max_ms", "upstream_other_ms",
-          "delivery_ms", "total_ms")  # fmt: skip
-#: The parts of end to end, in time order; they add up to ``total_ms``.
-PARTS = {"queue": "queue_ms", "retry": "retry_ms", "prefill": "ttft_ms", "decode": "decode_ms",
-         "upstream_other": "upstream_other_ms", "delivery": "delivery_ms"}  # fmt: skip
-SETTINGS = ("temperature", "top_p", "max_tokens", "reasoning_effort", "system_sha256", "tools_sha256",
-            "provider_model")  # fmt: skip
+#: What ``--by`` groups on.
+GROUPS: dict[str, Callable[[RequestRecord], str | None]] = {
+    "backend": lambda r: r.chosen_model, "route": lambda r: r.requested_model, "task": lambda r: r.task_id,
+    "policy": lambda r: r.policy, "revision": lambda r: r.policy_revision, "arm": lambda r: r.arm,
+    "key": lambda r: r.key_id,
+}  # fmt: skip
+#: The settings a group's requests should share (``settings_differ`` says where they do not).
+SETTINGS: dict[str, Read] = {
+    "temperature": lambda r: r.temperature, "top_p": lambda r: r.top_p, "max_tokens": lambda r: r.max_tokens,
+    "reasoning_effort": lambda r: r.reasoning_effort, "system_sha256": lambda r: r.system_sha256,
+    "tools_sha256": lambda r: r.tools_sha256, "provider_model": lambda r: r.provider_model,
+}  # fmt: skip
 
 
 def quantile(ordered: Sequence[float], q: float) -> float | None:
@@ -55,59 +59,76 @@ def stats(values: Sequence[float]) -> dict[str, float | int | None]:
             "p95": r3(quantile(v, 0.95)), "p99": r3(quantile(v, 0.99))}  # fmt: skip
 
 
-def is_ok(r: Row) -> bool:
-    return r.get("status") is not None and r["status"] < 400 and not r.get("error_type")
+def is_ok(r: RequestRecord) -> bool:
+    return r.status is not None and r.status < 400 and not r.error_type
 
 
-def with_parts(r: Row) -> dict[str, Any]:
-    """The row with ``upstream_other_ms``: end to end less the timed phases (never negative)."""
-    out = dict(r)
-    total = r.get("total_ms")
-    if total is not None and r.get("queue_ms") is not None:
-        timed = sum(r.get(c) or 0.0 for p, c in PARTS.items() if p != "upstream_other")
-        out["upstream_other_ms"] = max(0.0, total - timed)
-    else:
-        out["upstream_other_ms"] = None
-    return out
+def upstream_other_ms(r: RequestRecord) -> float | None:
+    """End to end less the timed phases (never negative)."""
+    if r.total_ms is None or r.queue_ms is None:
+        return None
+    timed = (r.queue_ms or 0.0) + (r.retry_ms or 0.0) + (r.ttft_ms or 0.0) + (r.decode_ms or 0.0)
+    return max(0.0, r.total_ms - timed - (r.delivery_ms or 0.0))
 
 
-def _end(r: Row) -> float:
-    return float(r["ts"]) + (r.get("total_ms") or 0.0) / 1000
+#: The phases of a request (milliseconds), in time order with the gaps beside decode.
+PHASES: dict[str, Callable[[RequestRecord], float | None]] = {
+    "queue_ms": lambda r: r.queue_ms, "retry_ms": lambda r: r.retry_ms, "ttft_ms": lambda r: r.ttft_ms,
+    "decode_ms": lambda r: r.decode_ms, "gap_mean_ms": lambda r: r.gap_mean_ms, "gap_max_ms": lambda r: r.gap_max_ms,
+    "upstream_other_ms": upstream_other_ms, "delivery_ms": lambda r: r.delivery_ms, "total_ms": lambda r: r.total_ms,
+}  # fmt: skip
+#: The parts of end to end (by their phase), in time order; they add up to ``total_ms``.
+PARTS = {"queue": "queue_ms", "retry": "retry_ms", "prefill": "ttft_ms", "decode": "decode_ms",
+         "upstream_other": "upstream_other_ms", "delivery": "delivery_ms"}  # fmt: skip
 
 
-def _rates(rows: Sequence[Row], tokens: str, ms: str) -> list[float]:
-    return [r[tokens] / (r[ms] / 1000) for r in rows if r.get(tokens) and r.get(ms)]
+def phase_values(rows: Sequence[RequestRecord], phase: str) -> list[float]:
+    """The rows' values of one of ``PHASES``, where they have one."""
+    read = PHASES[phase]
+    return [v for v in map(read, rows) if v is not None]
 
 
-def _settings_differ(rows: Sequence[Row]) -> dict[str, dict[str, int]]:
+def _end(r: RequestRecord) -> float:
+    return r.ts + (r.total_ms or 0.0) / 1000
+
+
+def _rates(rows: Sequence[RequestRecord], tokens: Read, ms: Read) -> list[float]:
+    return [n / (t / 1000) for n, t in ((tokens(r), ms(r)) for r in rows) if n and t]
+
+
+def _settings_differ(rows: Sequence[RequestRecord]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
-    for name in SETTINGS:
-        seen = Counter("unset" if r.get(name) is None else str(r[name]) for r in rows)
+    for name, read in SETTINGS.items():
+        seen = Counter("unset" if v is None else str(v) for v in map(read, rows))
         if len(seen) > 1:
             out[name] = dict(seen.most_common())
     return out
 
 
 def _group(
-    key: str, rows: Sequence[Row], verdicts: Mapping[str, dict[str, Any] | None], seconds: float | None
+    key: str,
+    rows: Sequence[RequestRecord],
+    verdicts: Mapping[str, dict[str, Any] | None],
+    seconds: float | None,
 ) -> dict[str, Any]:
     n = len(rows)
-    ok = [with_parts(r) for r in rows if is_ok(r)]
-    total_ok = sum(r["total_ms"] or 0.0 for r in ok if r.get("total_ms") is not None)
+    ok = [r for r in rows if is_ok(r)]
+    timed = [r for r in ok if r.total_ms is not None]
+    total_ok = sum(r.total_ms or 0.0 for r in timed)
     phases: dict[str, Any] = {}
     for phase in PHASES:
-        phases[phase] = stats([r[phase] for r in ok if r.get(phase) is not None])
-    for column in PARTS.values():
-        part_sum = sum(r.get(column) or 0.0 for r in ok if r.get("total_ms") is not None)
-        phases[column]["share"] = round(part_sum / total_ok, 4) if total_ok else None
+        phases[phase] = stats(phase_values(ok, phase))
+    for phase in PARTS.values():
+        part_sum = sum(phase_values(timed, phase))
+        phases[phase]["share"] = round(part_sum / total_ok, 4) if total_ok else None
     phases["total_ms"]["share"] = 1.0 if total_ok else None
     n_ok = len(ok) or 1
-    inputs = sum(r.get("input_tokens") or 0 for r in rows)
-    cost = sum(r.get("cost_usd") or 0.0 for r in rows)
-    tasks = {r["task_id"] for r in rows if r.get("task_id")}
+    inputs = sum(r.input_tokens or 0 for r in rows)
+    cost = sum(r.cost_usd or 0.0 for r in rows)
+    tasks = {r.task_id for r in rows if r.task_id}
     judged = {t for t in tasks if verdicts.get(t) is not None}
     completed = sum(1 for t in judged if (verdicts[t] or {}).get("success"))
-    judged_cost = sum(r.get("cost_usd") or 0.0 for r in rows if r.get("task_id") in judged)
+    judged_cost = sum(r.cost_usd or 0.0 for r in rows if r.task_id in judged)
     errors = sum(1 for r in rows if not is_ok(r))
     return {
         "key": key,
@@ -115,48 +136,46 @@ def _group(
         "ok": len(ok),
         "load": {
             "rps": round(n / seconds, 4) if seconds else None,
-            "concurrency": round(sum((r.get("total_ms") or 0.0) for r in rows) / 1000 / seconds, 4)
+            "concurrency": round(sum((r.total_ms or 0.0) for r in rows) / 1000 / seconds, 4)
             if seconds
             else None,
         },
         "phases_ms": phases,
-        "mean_parts_ms": {p: round(sum(r.get(c) or 0.0 for r in ok) / n_ok, 3) for p, c in PARTS.items()},
-        "prefill_tok_s": stats(_rates(ok, "input_tokens", "ttft_ms")),
-        "decode_tok_s": stats(_rates(ok, "output_tokens", "decode_ms")),
-        "cached_input_share": round(sum(r.get("cache_read_tokens") or 0 for r in rows) / inputs, 4)
+        "mean_parts_ms": {p: round(sum(phase_values(ok, phase)) / n_ok, 3) for p, phase in PARTS.items()},
+        "prefill_tok_s": stats(_rates(ok, lambda r: r.input_tokens, lambda r: r.ttft_ms)),
+        "decode_tok_s": stats(_rates(ok, lambda r: r.output_tokens, lambda r: r.decode_ms)),
+        "cached_input_share": round(sum(r.cache_read_tokens or 0 for r in rows) / inputs, 4)
         if inputs
         else None,
         "cost_usd": round(cost, 10),
         "cost_per_request_usd": round(cost / n, 10) if n else None,
         "tasks": {"count": len(tasks), "with_outcome": len(judged), "completed": completed},
         "cost_per_completed_task_usd": round(judged_cost / completed, 10) if completed else None,
-        "retries": sum(len(tries.retried(r.get("tries"))) for r in rows),
-        "retry_rate": round(sum(1 for r in rows if tries.retried(r.get("tries"))) / n, 4) if n else None,
-        "fallbacks": sum(1 for r in rows if tries.fallen_back_from(r.get("tries"))),
-        "fallback_rate": round(sum(1 for r in rows if tries.fallen_back_from(r.get("tries"))) / n, 4)
-        if n
-        else None,
+        "retries": sum(len(tries.retried(r.tries)) for r in rows),
+        "retry_rate": round(sum(1 for r in rows if tries.retried(r.tries)) / n, 4) if n else None,
+        "fallbacks": sum(1 for r in rows if tries.fallen_back_from(r.tries)),
+        "fallback_rate": round(sum(1 for r in rows if tries.fallen_back_from(r.tries)) / n, 4) if n else None,
         "error_rate": round(errors / n, 4) if n else None,
         "settings_differ": _settings_differ(rows),
     }
 
 
 def build_report(
-    requests: Sequence[Row], outcomes: Sequence[Row], *, by: str = "backend",
+    requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord], *, by: str = "backend",
     since: float | None = None, until: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The report as JSON-ready data (``--json`` prints exactly this)."""
-    column = GROUP_COLUMNS[by]
-    start = min((float(r["ts"]) for r in requests), default=None)
+    group_of = GROUPS[by]
+    start = min((r.ts for r in requests), default=None)
     end = max((_end(r) for r in requests), default=None)
     seconds = (end - start) if start is not None and end is not None and end > start else None
-    by_task: dict[str, list[Row]] = defaultdict(list)
+    by_task: dict[str, list[OutcomeRecord]] = defaultdict(list)
     for o in credible(outcomes, answered(requests)):
-        by_task[o["task_id"]].append(o)
+        by_task[o.task_id].append(o)
     verdicts = {t: final_outcome(os) for t, os in by_task.items()}
-    groups: dict[str, list[Row]] = defaultdict(list)
+    groups: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
-        groups[str(r.get(column) or "(none)")].append(r)
+        groups[group_of(r) or "(none)"].append(r)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     return {
         "by": by,
@@ -168,7 +187,7 @@ def build_report(
             "seconds": round(seconds, 3) if seconds else None,
             "requests": len(requests),
             "rps": round(len(requests) / seconds, 4) if seconds else None,
-            "concurrency": round(sum(r.get("total_ms") or 0.0 for r in requests) / 1000 / seconds, 4)
+            "concurrency": round(sum(r.total_ms or 0.0 for r in requests) / 1000 / seconds, 4)
             if seconds
             else None,
         },

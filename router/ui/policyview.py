@@ -16,8 +16,8 @@ from router.policy.config import GuardSpec, PolicyFile, Targets
 from router.policy.control import CONTROL, TREATED
 from router.policy.runtime import Runtime
 from router.rollout.arms import arm_report
+from router.store import OutcomeRecord, RequestRecord
 
-Row = Mapping[str, Any]
 #: Arms in the order shown (and coloured: control first), any other after them.
 ARM_ORDER = (CONTROL, TREATED)
 
@@ -43,7 +43,9 @@ def control(rt: Runtime) -> dict[str, Any] | None:
     }
 
 
-def arms(requests: Sequence[Row], outcomes: Sequence[Row], revision: str | None) -> dict[str, Any]:
+def arms(
+    requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord], revision: str | None
+) -> dict[str, Any]:
     """Each arm's summary for ``revision`` (as ``router report --by arm``), with the chart rows,
     and the other revisions of the window that had arms."""
     report = arm_report(requests, outcomes)

@@ -28,8 +28,7 @@ from router.http.auth import Auth
 from router.http.proxy import read_body
 from router.policy.runtime import PolicyHistory, Runtime
 from router.rollout.preview import preview_posted
-from router.store import Store
-from router.store.rows import as_dicts
+from router.store import OutcomeRecord, RequestRecord, Store
 from router.store.window import latest_requests
 from router.telemetry.ledger import tokens
 from router.ui import charts, policyview, session, views
@@ -117,27 +116,27 @@ def register_ui(
 
         return guarded
 
-    async def read(since: float, until: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
+    async def read(since: float, until: float) -> tuple[list[RequestRecord], list[OutcomeRecord], bool]:
         """The window's latest requests (at most ``max_requests``), its outcomes, and whether
         older requests of the window were left out."""
-        records, capped = await latest_requests(store, since, max_requests)
-        requests = as_dicts([r for r in records if r.ts <= until])
-        return requests, as_dicts(await store.outcomes_since(since)), capped
+        requests, capped = await latest_requests(store, since, max_requests)
+        requests = [r for r in requests if r.ts <= until]
+        return requests, await store.outcomes_since(since), capped
 
     async def window(
         request: Request,
-    ) -> tuple[str, float, float, list[dict[str, Any]], list[dict[str, Any]], bool]:
+    ) -> tuple[str, float, float, list[RequestRecord], list[OutcomeRecord], bool]:
         label, seconds = views.window_seconds(request.query_params.get("window"))
         until = time.time()
         since = until - seconds
         requests, outcomes, capped = await read(since, until)
         return label, since, until, requests, outcomes, capped
 
-    def shown(capped: bool, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    def shown(capped: bool, requests: list[RequestRecord]) -> dict[str, Any]:
         """What the window template says of the rows read (the cap, and from when they start)."""
         return {
             "capped": max_requests if capped else None,
-            "from_ts": requests[0]["ts"] if requests else None,
+            "from_ts": requests[0].ts if requests else None,
         }
 
     @gated
@@ -166,8 +165,7 @@ def register_ui(
         if not requests:
             return render(request, "missing.html", 404, task_id=task_id)
         outcomes = await store.outcomes_for_task(task_id)
-        detail = views.task_detail(task_id, as_dicts(requests), as_dicts(outcomes))
-        return render(request, "task.html", d=detail)
+        return render(request, "task.html", d=views.task_detail(task_id, requests, outcomes))
 
     @gated
     async def latency(request: Request) -> Response:
@@ -191,7 +189,7 @@ def register_ui(
             text = f"(cannot read {rt.policy.source}: {exc.strerror})"
         context.setdefault("edit", text)
         h = history.describe(rt)
-        requests: list[dict[str, Any]] = []
+        requests: list[RequestRecord] = []
         capped, arms = False, None
         if rt.control is not None:  # the arms are all the page reads the log for
             until = time.time()

@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from router.policy.decide import was_explored
+from router.store import OutcomeRecord, RequestRecord
 from router.telemetry.ledger import final_outcome, summary, task_ledger, task_ledgers
-from router.telemetry.report import GROUP_COLUMNS, PHASES, build_report, is_ok, stats, with_parts
-
-Row = Mapping[str, Any]
+from router.telemetry.report import GROUPS, PHASES, build_report, is_ok, phase_values, stats
 
 #: The windows offered on every page, label → seconds.
 WINDOWS: dict[str, float] = {"15m": 900, "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
@@ -41,17 +41,17 @@ def window_seconds(label: str | None, default: str = DEFAULT_WINDOW) -> tuple[st
 
 
 def overview(
-    requests: Sequence[Row], outcomes: Sequence[Row], since: float, until: float,
+    requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord], since: float, until: float,
     key_names: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """``key_names``: virtual keys' names by id, to show a key's spend under its name."""
     ledgers = task_ledgers(requests, outcomes)
     tasks = summary(ledgers)
-    spend = sum(r.get("cost_usd") or 0.0 for r in requests)
+    spend = sum(r.cost_usd or 0.0 for r in requests)
     groupings = []
     for by, title in GROUPINGS:
-        column = GROUP_COLUMNS.get(by)
-        if column is None or not any(r.get(column) for r in requests):
+        group_of = GROUPS.get(by)
+        if group_of is None or not any(map(group_of, requests)):
             continue
         groups = build_report(requests, outcomes, by=by)["groups"]
         for g in groups:
@@ -73,8 +73,9 @@ def overview(
         "unlabelled_spend_usd": unlabelled,
         "unlabelled_share": unlabelled / spend if spend else None,
         "tokens": {
-            c: sum(r.get(c) or 0 for r in requests)
-            for c in ("input_tokens", "output_tokens", "cache_read_tokens")
+            "input_tokens": sum(r.input_tokens or 0 for r in requests),
+            "output_tokens": sum(r.output_tokens or 0 for r in requests),
+            "cache_read_tokens": sum(r.cache_read_tokens or 0 for r in requests),
         },
         "tasks": tasks,
         "success_rate": tasks["completed"] / tasks["with_outcome"] if tasks["with_outcome"] else None,
@@ -90,37 +91,39 @@ def _key_label(key_id: str, names: Mapping[str, str]) -> str:
     return f"{names[key_id]} ({key_id})" if key_id in names else key_id
 
 
-def errors(requests: Sequence[Row]) -> list[dict[str, Any]]:
+def errors(requests: Sequence[RequestRecord]) -> list[dict[str, Any]]:
     """The failed requests by status and reason (error type), most frequent first: how many, on
     which backends, when last, and the latest message."""
     kinds: dict[tuple[int, str], dict[str, Any]] = {}
     for r in requests:
         if is_ok(r):
             continue
-        status = int(r.get("status") or 0)
-        kind = kinds.setdefault((status, r.get("error_type") or "-"), {
-            "status": status, "reason": r.get("error_type") or "-", "count": 0, "backends": Counter(),
+        status = r.status or 0
+        kind = kinds.setdefault((status, r.error_type or "-"), {
+            "status": status, "reason": r.error_type or "-", "count": 0, "backends": Counter(),
             "last_ts": 0.0, "message": "",
         })  # fmt: skip
         kind["count"] += 1
-        kind["backends"][r.get("chosen_model") or "(none: refused before routing)"] += 1
-        if float(r["ts"]) >= kind["last_ts"]:
-            kind["last_ts"] = float(r["ts"])
-            message = r.get("error_message") or ""
+        kind["backends"][r.chosen_model or "(none: refused before routing)"] += 1
+        if r.ts >= kind["last_ts"]:
+            kind["last_ts"] = r.ts
+            message = r.error_message or ""
             cut = len(message) > ERROR_MESSAGE_CHARS
             kind["message"] = message[: ERROR_MESSAGE_CHARS - 1] + "…" if cut else message
     return sorted(kinds.values(), key=lambda k: (-k["count"], k["status"], k["reason"]))
 
 
-def timeline(requests: Sequence[Row], since: float, until: float) -> dict[str, list[tuple[str, float]]]:
+def timeline(
+    requests: Sequence[RequestRecord], since: float, until: float
+) -> dict[str, list[tuple[str, float]]]:
     """Requests and spend per time bucket across the window (arrival time)."""
     width = (until - since) / TIMELINE_BUCKETS
     counts = [0.0] * TIMELINE_BUCKETS
     spend = [0.0] * TIMELINE_BUCKETS
     for r in requests:
-        i = min(TIMELINE_BUCKETS - 1, max(0, int((float(r["ts"]) - since) / width)))
+        i = min(TIMELINE_BUCKETS - 1, max(0, int((r.ts - since) / width)))
         counts[i] += 1
-        spend[i] += r.get("cost_usd") or 0.0
+        spend[i] += r.cost_usd or 0.0
     fmt = "%H:%M" if until - since <= 86400 else "%m-%d %H:%M"
     labels = [time.strftime(fmt, time.localtime(since + i * width)) for i in range(TIMELINE_BUCKETS)]
     labels[-1] = "now"  # the last bucket ends now; its start time would read as the window's end
@@ -130,11 +133,11 @@ def timeline(requests: Sequence[Row], since: float, until: float) -> dict[str, l
     }
 
 
-def latency(requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
+def latency(requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord]) -> dict[str, Any]:
     """Phase quantiles of successful requests, overall and per backend, with the load they ran under."""
     report = build_report(requests, outcomes, by="backend")
-    ok = [with_parts(r) for r in requests if is_ok(r)]
-    overall = {p: stats([r[p] for r in ok if r.get(p) is not None]) for p in PHASES}
+    ok = [r for r in requests if is_ok(r)]
+    overall = {p: stats(phase_values(ok, p)) for p in PHASES}
 
     def bars(label: str, s: Mapping[str, Any]) -> tuple[str, float | None, float | None, float | None]:
         return (label, s["p50"], s["p95"], s["p99"])
@@ -154,7 +157,7 @@ def latency(requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
 
 
 def task_rows(
-    requests: Sequence[Row], outcomes: Sequence[Row], query: str = "", page: int = 1
+    requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord], query: str = "", page: int = 1
 ) -> dict[str, Any]:
     """The task list, most recently active first, filtered by a case-insensitive substring of the
     task id, its repository, a backend, the client or the verdict; ``page``: which
@@ -163,10 +166,10 @@ def task_rows(
     clients: dict[str, Counter[str]] = defaultdict(Counter)
     repos: dict[str, str] = {}
     for r in requests:
-        if r.get("task_id") and r.get("client"):
-            clients[r["task_id"]][r["client"]] += 1
-        if r.get("task_id") and r.get("repo"):
-            repos.setdefault(r["task_id"], r["repo"])
+        if r.task_id and r.client:
+            clients[r.task_id][r.client] += 1
+        if r.task_id and r.repo:
+            repos.setdefault(r.task_id, r.repo)
     rows = []
     q = query.strip().lower()
     for x in ledgers:
@@ -190,18 +193,33 @@ def verdict_text(outcome: Mapping[str, Any] | None) -> str:
     return f"{'success' if outcome['success'] else 'failure'} ({outcome.get('source') or 'unknown'})"
 
 
-def task_detail(task_id: str, requests: Sequence[Row], outcomes: Sequence[Row]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class ShownRequest:
+    """A request of the task page: its record, and what the page says of it."""
+
+    r: RequestRecord
+    when: str
+    ok: bool
+    fallbacks: list[dict[str, Any]]  # the tries before the last
+    explored: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ShownOutcome:
+    o: OutcomeRecord
+    verdict: str
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def task_detail(
+    task_id: str, requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord]
+) -> dict[str, Any]:
     """One task's ledger and every request of it, oldest first, with its decision and phases."""
     ledger = task_ledger(task_id, requests, outcomes)
-    rows = []
-    for r in requests:
-        tries = r.get("tries") or []
-        rows.append({
-            **r,
-            "when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r["ts"]))),
-            "ok": is_ok(r),
-            "fallbacks": tries[:-1],
-            "explored": was_explored(r.get("decision_reason")),
-        })  # fmt: skip
-    verdicts = [{**o, "verdict": verdict_text(final_outcome([o]))} for o in outcomes]
+    rows = [ShownRequest(r, _when(r.ts), is_ok(r), (r.tries or [])[:-1], was_explored(r.decision_reason))
+            for r in requests]  # fmt: skip
+    verdicts = [ShownOutcome(o, verdict_text(final_outcome([o]))) for o in outcomes]
     return {"ledger": ledger, "requests": rows, "outcomes": verdicts}

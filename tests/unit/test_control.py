@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from router.errors import ConfigError
 from router.policy.control import CONTROL, TREATED, arm_of
 from router.policy.runtime import load_runtime
 from router.rollout.arms import arm_report, by_arm, ratio_of_means, wilson
+from router.store import OutcomeRecord, RequestRecord
 
 M = {"litellm_model": "openai/x", "protocol": "openai", "prices": {"input": 1, "output": 2},
      "context_window": 100_000, "max_output_tokens": 1000}  # fmt: skip
@@ -101,22 +103,12 @@ def test_wilson_and_the_delta_method() -> None:
 
 
 def test_per_arm_summary_from_log_rows() -> None:
-    reqs = [{"task_id": f"t{i}", "arm": "control" if i < 4 else "treated", "policy_revision": "r1",
-             "cost_usd": 0.01 * (i + 1), "status": 200, "total_ms": 100.0 + i} for i in range(10)]  # fmt: skip
-    reqs.append(
-        {
-            "task_id": "t0",
-            "arm": "control",
-            "policy_revision": "r1",
-            "cost_usd": 0.01,
-            "status": 200,
-            "total_ms": 50.0,
-        }
-    )
-    outs = [
-        {"task_id": f"t{i}", "attempt": 1, "success": i % 2 == 0, "explicit": True, "ts": 1.0}
-        for i in range(9)
-    ]
+    reqs = [RequestRecord(f"r{i}", 1.0, task_id=f"t{i}", arm="control" if i < 4 else "treated",
+                          policy_revision="r1", cost_usd=0.01 * (i + 1), status=200, total_ms=100.0 + i)
+            for i in range(10)]  # fmt: skip
+    reqs.append(RequestRecord("r0b", 1.0, task_id="t0", arm="control", policy_revision="r1", cost_usd=0.01,
+                              status=200, total_ms=50.0))  # fmt: skip
+    outs = [OutcomeRecord(f"t{i}", 1, i % 2 == 0, None, "explicit", None, 1.0, True) for i in range(9)]
     arms = by_arm(reqs, outs, "r1")
     assert (arms["control"].tasks, arms["control"].n, sum(arms["control"].success)) == (4, 4, 2.0)
     assert arms["control"].cost[0] == pytest.approx(0.02)  # both requests of t0
@@ -132,28 +124,28 @@ def test_per_arm_summary_from_log_rows() -> None:
 def test_a_tally_counts_each_request_once_across_overlapping_reads() -> None:
     from router.rollout.arms import TaskTally
 
-    rows = [{"request_id": f"r{i}", "ts": float(i), "task_id": f"t{i % 3}", "arm": "treated",
-             "policy_revision": "r1", "cost_usd": 1.0} for i in range(6)]  # fmt: skip
+    rows = [RequestRecord(f"r{i}", float(i), task_id=f"t{i % 3}", arm="treated", policy_revision="r1",
+                          cost_usd=1.0) for i in range(6)]  # fmt: skip
     tally = TaskTally("r1", latency=False)
     tally.add(rows[:4])
     tally.add(rows[2:])  # the overlap is read again
     assert dict(tally.cost) == {"t0": 2.0, "t1": 2.0, "t2": 2.0}
     tally.forget_before(4.0)
     assert set(tally.seen) == {"r4", "r5"}
-    tally.add([{**rows[0], "policy_revision": "r2", "request_id": "x"}])  # another revision's row
+    tally.add([replace(rows[0], policy_revision="r2", request_id="x")])  # another revision's row
     assert sum(tally.cost.values()) == 6.0
 
 
 def test_a_label_counts_its_confidence_an_explicit_outcome_counts_whole() -> None:
     from router.rollout.arms import success_value
 
-    assert success_value({"success": True, "explicit": True, "source": "explicit", "score": 0.2}) == 1.0
-    assert success_value({"success": True, "explicit": False, "source": "outcome_model", "score": 0.8}) == 0.8
-    assert (
-        success_value({"success": False, "explicit": False, "source": "outcome_model", "score": 0.3}) == 0.3
-    )
-    assert success_value({"success": True, "explicit": False, "source": "tests", "score": 0.5}) == 1.0
-    reqs = [{"task_id": "t", "attempt": 1, "arm": "treated", "cost_usd": 1.0, "status": 200}]
-    outs = [{"task_id": "t", "attempt": 1, "success": True, "explicit": False, "source": "outcome_model",
-             "score": 0.75, "ts": 1.0}]  # fmt: skip
+    def verdict(success: bool, explicit: bool, source: str, score: float) -> OutcomeRecord:
+        return OutcomeRecord("t", 1, success, score, source, None, 1.0, explicit)
+
+    assert success_value(verdict(True, True, "explicit", 0.2)) == 1.0
+    assert success_value(verdict(True, False, "outcome_model", 0.8)) == 0.8
+    assert success_value(verdict(False, False, "outcome_model", 0.3)) == 0.3
+    assert success_value(verdict(True, False, "tests", 0.5)) == 1.0
+    reqs = [RequestRecord("r", 1.0, task_id="t", attempt=1, arm="treated", cost_usd=1.0, status=200)]
+    outs = [verdict(True, False, "outcome_model", 0.75)]
     assert by_arm(reqs, outs)["treated"].success == [0.75]

@@ -126,10 +126,10 @@ def test_report_by_backend(store_url: str, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_retry_is_its_own_part_and_retries_are_not_fallbacks() -> None:
-    def row(n: int, tries: list[str], **phases: float | None) -> dict[str, Any]:
+    def row(n: int, tries: list[str], **phases: float | None) -> RequestRecord:
         attempts = [{"model": m, "status": 503} for m in tries[:-1]] + [{"model": tries[-1], "status": 200}]
-        return {"request_id": f"x{n}", "ts": BASE + n, "chosen_model": tries[-1], "status": 200,
-                "tries": attempts, "delivery_ms": 5.0, "decode_ms": 200.0, **phases}  # fmt: skip
+        return RequestRecord(f"x{n}", BASE + n, chosen_model=tries[-1], status=200, tries=attempts,
+                             delivery_ms=5.0, decode_ms=200.0, **phases)  # type: ignore[arg-type]  # fmt: skip
 
     rows = [
         row(0, ["a"], queue_ms=10.0, retry_ms=None, ttft_ms=100.0, total_ms=315.0),
@@ -218,8 +218,8 @@ def test_load_task_from_the_store(store_url: str) -> None:
 
 def test_explicit_outcome_overrides_inferred_signals() -> None:
     rows = [
-        {"attempt": 2, "success": True, "source": "tests_passed", "explicit": False, "ts": 3.0},
-        {"attempt": 1, "success": False, "source": "explicit", "explicit": True, "ts": 1.0},
+        OutcomeRecord("t", 2, True, None, "tests_passed", None, 3.0, False),
+        OutcomeRecord("t", 1, False, None, "explicit", None, 1.0, True),
     ]
     verdict = final_outcome(rows)
     assert verdict is not None and verdict["success"] is False and verdict["source"] == "explicit"
@@ -268,22 +268,21 @@ def test_an_inferred_label_needs_an_attempt_a_backend_answered() -> None:
     # A trial: five "hi there" requests, each a 404, labelled a success at P=0.9997 by the label
     # model; the dashboard showed backend "(none)" with 1 completed task at $0.00.
     refused = [
-        {"request_id": f"h{i}", "ts": BASE + i, "task_id": "hi", "attempt": 1, "status": 404,
-         "error_type": "UnknownModel", "chosen_model": None, "arm": "treated", "cost_usd": None}
+        RequestRecord(f"h{i}", BASE + i, task_id="hi", attempt=1, status=404, error_type="UnknownModel",
+                      chosen_model=None, arm="treated", cost_usd=None)
         for i in range(5)
     ]  # fmt: skip
     # Attempt 1 failed on every backend; attempt 2 was answered.
     retried = [
-        {"request_id": "g1", "ts": BASE + 10, "task_id": "g", "attempt": 1, "status": 502,
-         "error_type": "UpstreamError", "chosen_model": "alpha", "arm": "treated", "cost_usd": 0.0},
-        {"request_id": "g2", "ts": BASE + 20, "task_id": "g", "attempt": 2, "status": 200,
-         "chosen_model": "alpha", "arm": "treated", "cost_usd": 0.01},
+        RequestRecord("g1", BASE + 10, task_id="g", attempt=1, status=502, error_type="UpstreamError",
+                      chosen_model="alpha", arm="treated", cost_usd=0.0),
+        RequestRecord("g2", BASE + 20, task_id="g", attempt=2, status=200, chosen_model="alpha", arm="treated",
+                      cost_usd=0.01),
     ]  # fmt: skip
-    labelled = {"success": True, "score": 0.9997, "source": LABEL_MODEL, "explicit": False}
     outcomes = [
-        {"task_id": "hi", "attempt": 1, "ts": BASE + 5, **labelled},
-        {"task_id": "g", "attempt": 1, "ts": BASE + 11, **labelled},
-        {"task_id": "g", "attempt": 2, "ts": BASE + 9, **labelled, "success": False, "score": 0.1},
+        OutcomeRecord("hi", 1, True, 0.9997, LABEL_MODEL, None, BASE + 5, False),
+        OutcomeRecord("g", 1, True, 0.9997, LABEL_MODEL, None, BASE + 11, False),
+        OutcomeRecord("g", 2, False, 0.1, LABEL_MODEL, None, BASE + 9, False),
     ]
     requests = [*refused, *retried]
     hi, g = task_ledger("hi", refused, outcomes[:1]), task_ledger("g", retried, outcomes[1:])
@@ -296,8 +295,7 @@ def test_an_inferred_label_needs_an_attempt_a_backend_answered() -> None:
     treated = by_arm(requests, outcomes)["treated"]
     assert treated.tasks == 2 and treated.success == [pytest.approx(0.1)]
     # What the client says counts, answered or not.
-    said = {"task_id": "hi", "attempt": 1, "ts": BASE + 6, "success": True, "score": None, "source": "explicit",
-            "explicit": True}  # fmt: skip
+    said = OutcomeRecord("hi", 1, True, None, "explicit", None, BASE + 6, True)
     assert task_ledger("hi", refused, [*outcomes[:1], said])["completed"] is True
 
 

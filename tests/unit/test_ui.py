@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from router.fakeupstream import FakeUpstream
+from router.store import OutcomeRecord, RequestRecord
 from router.ui import charts, session, views
+from tests.unit.inprocess import serving
+from tests.unit.requestpath import model
 
 SECRET = b"s" * 32
 
@@ -73,17 +79,22 @@ def test_quantiles_on_a_log_axis() -> None:
     assert 'class="p99"' in svg
 
 
-def _row(task: str, ts: float, model: str, cost: float, client: str = "aider/1") -> dict[str, Any]:
-    return {"task_id": task, "ts": ts, "chosen_model": model, "cost_usd": cost, "status": 200,
-            "client": client, "total_ms": 10.0}  # fmt: skip
+def _row(
+    task: str, ts: float, model: str, cost: float, client: str = "aider/1", **more: Any
+) -> RequestRecord:
+    return RequestRecord(f"{task}@{ts}", ts, task_id=task, chosen_model=model, cost_usd=cost, status=200,
+                         client=client, total_ms=10.0, **more)  # fmt: skip
+
+
+def _verdict(task: str, success: bool, ts: float, source: str = "explicit") -> OutcomeRecord:
+    return OutcomeRecord(task, 1, success, None, source, None, ts, source == "explicit")
 
 
 def test_task_rows_search() -> None:
     requests = [_row("fix-login", 1.0, "cheap", 0.01), _row("add-cache", 2.0, "large", 0.5, "claude-cli/2"),
                 _row("fix-login", 3.0, "large", 0.2)]  # fmt: skip
-    requests[1]["repo"] = "acme/cache"
-    outcomes = [{"task_id": "fix-login", "attempt": 1, "success": True, "source": "explicit", "explicit": True,
-                 "ts": 4.0}]  # fmt: skip
+    requests[1].repo = "acme/cache"
+    outcomes = [_verdict("fix-login", True, 4.0)]
     every = views.task_rows(requests, outcomes)
     assert [t["task_id"] for t in every["tasks"]] == ["fix-login", "add-cache"]
     assert every["tasks"][0]["verdict"] == "success (explicit)"
@@ -97,8 +108,7 @@ def test_task_rows_search() -> None:
 
 def test_overview_totals_and_timeline() -> None:
     requests = [_row("a", 10.0, "cheap", 0.25), _row("b", 50.0, "large", 0.75), _row("b", 99.0, "large", 1.0)]
-    outcomes = [{"task_id": "a", "attempt": 1, "success": False, "source": "tests", "explicit": False, "ts": 60.0},
-                {"task_id": "b", "attempt": 1, "success": True, "source": "explicit", "explicit": True, "ts": 99.0}]  # fmt: skip
+    outcomes = [_verdict("a", False, 60.0, "tests"), _verdict("b", True, 99.0)]
     o = views.overview(requests, outcomes, since=0.0, until=100.0)
     assert (o["requests"], o["spend_usd"], o["success_rate"]) == (3, 2.0, 0.5)
     assert o["tasks"]["cost_per_completed_task_usd"] == 2.0  # both tasks' spend over the one success
@@ -124,14 +134,12 @@ def test_intervals_chart() -> None:
     assert charts.intervals([("a", None, None, None)], title="none") == ""
 
 
-def _arm_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    requests = [{"task_id": f"t{i}", "arm": "treated" if i % 2 else "control", "policy_revision": "new",
-                 "cost_usd": 0.01, "status": 200, "total_ms": 10.0, "request_id": f"r{i}", "ts": float(i)}
+def _arm_rows() -> tuple[list[RequestRecord], list[OutcomeRecord]]:
+    requests = [RequestRecord(f"r{i}", float(i), task_id=f"t{i}", arm="treated" if i % 2 else "control",
+                              policy_revision="new", cost_usd=0.01, status=200, total_ms=10.0)
                 for i in range(8)]  # fmt: skip
-    requests.append({**requests[0], "task_id": "old", "policy_revision": "old", "request_id": "r-old"})
-    outcomes = [
-        {"task_id": f"t{i}", "attempt": 1, "success": i < 5, "explicit": True, "ts": 9.0} for i in range(8)
-    ]
+    requests.append(replace(requests[0], task_id="old", policy_revision="old", request_id="r-old"))
+    outcomes = [_verdict(f"t{i}", i < 5, 9.0) for i in range(8)]
     return requests, outcomes
 
 
@@ -207,29 +215,21 @@ async def test_the_login_page_offers_no_log_out_and_names_no_policy(fake: Any, t
 
 
 def test_overview_says_what_failed_what_each_key_and_route_spent_and_what_the_headline_leaves_out() -> None:
-    ok = [_row("a", 10.0, "cheap", 0.25), _row("b", 20.0, "large", 0.5), _row("c", 30.0, "large", 1.25)]
-    ok[0].update(
-        key_id="key_1", requested_model="auto", input_tokens=1000, output_tokens=10, cache_read_tokens=800
-    )
-    ok[1].update(requested_model="auto", input_tokens=500, output_tokens=5)
-    ok[2].update(key_id="key_2", requested_model="claude-sonnet", input_tokens=2500, output_tokens=40)
+    ok = [
+        _row("a", 10.0, "cheap", 0.25, key_id="key_1", requested_model="auto", input_tokens=1000, output_tokens=10,
+             cache_read_tokens=800),
+        _row("b", 20.0, "large", 0.5, requested_model="auto", input_tokens=500, output_tokens=5),
+        _row("c", 30.0, "large", 1.25, key_id="key_2", requested_model="claude-sonnet", input_tokens=2500,
+             output_tokens=40),
+    ]  # fmt: skip
     failed = [
-        {
-            **_row("a", 40.0, "cheap", 0.0),
-            "status": 502,
-            "error_type": "UpstreamError",
-            "error_message": "old",
-        },
-        {
-            **_row("a", 41.0, "large", 0.0),
-            "status": 502,
-            "error_type": "UpstreamError",
-            "error_message": "x" * 500,
-        },
-        {**_row("b", 42.0, "cheap", 0.0), "status": 404, "error_type": "UnknownModel", "chosen_model": None},
+        replace(_row("a", 40.0, "cheap", 0.0), status=502, error_type="UpstreamError", error_message="old"),
+        replace(
+            _row("a", 41.0, "large", 0.0), status=502, error_type="UpstreamError", error_message="x" * 500
+        ),
+        replace(_row("b", 42.0, "cheap", 0.0), status=404, error_type="UnknownModel", chosen_model=None),
     ]
-    outcomes = [{"task_id": t, "attempt": 1, "success": s, "source": "explicit", "explicit": True, "ts": 99.0}
-                for t, s in (("a", True), ("b", False))]  # fmt: skip
+    outcomes = [_verdict("a", True, 99.0), _verdict("b", False, 99.0)]
     o = views.overview([*ok, *failed], outcomes, since=0.0, until=100.0, key_names={"key_1": "ci"})
     assert o["tokens"] == {"input_tokens": 4000, "output_tokens": 55, "cache_read_tokens": 800}
     # Task c has no verdict: its $1.25 of the $2.00 spent is outside the headline cost per completed task.
@@ -295,3 +295,19 @@ def test_the_archive_reads_only_revision_folders(tmp_path: Any) -> None:
     assert archive.archived("0123456789ab") == b"name: p\n"
     assert archive.archived("../../secret", "") is None and archive.archived("../../..") is None
     assert archive.archived("0123456789ab", "artifact") is None
+
+
+async def test_the_task_page_shows_each_request_with_its_fallbacks_and_the_verdict(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    async with serving(tmp_path, [model("a", fake.url, "status=503"), model("b", fake.url)]) as r:
+        answer = await r.post(headers={"x-router-task-id": "t1"})
+        assert answer.status_code == 200, answer.text
+        await r.s.writer.flush()
+        said = await r.client.post("/v1/outcomes", json={"task_id": "t1", "success": True})
+        assert said.status_code == 200, said.text
+        page = await r.client.get("/ui/tasks/t1")
+    assert page.status_code == 200
+    row = page.text.split('<table id="requests">')[1]
+    assert "<strong>b</strong>" in row and "after a (" in row  # served by b, after a failed
+    assert "success (explicit)" in page.text

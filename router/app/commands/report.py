@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from router.errors import ConfigError
+from router.store import RequestRecord
 from router.telemetry.ledger import usd
-from router.telemetry.report import GROUP_COLUMNS, PARTS, Row, build_report, is_ok, with_parts
+from router.telemetry.report import GROUPS, PARTS, build_report, is_ok, phase_values
 
 #: Groups shown in the tables and the plot (all of them are in --json).
 MAX_TABLE_GROUPS = 30
@@ -80,7 +81,7 @@ def render(report: Mapping[str, Any]) -> None:
         console.print(f"… {len(report['groups']) - len(groups)} more groups (all of them are in --json)")
 
 
-def plot(report: Mapping[str, Any], requests: Sequence[Row], path: str) -> None:
+def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str) -> None:
     """Stacked mean phases per group, and each phase's distribution per group, as a PNG."""
     import matplotlib
 
@@ -89,11 +90,11 @@ def plot(report: Mapping[str, Any], requests: Sequence[Row], path: str) -> None:
 
     groups = report["groups"][:MAX_TABLE_GROUPS]
     keys = [g["key"] for g in groups]
-    column = GROUP_COLUMNS[report["by"]]
-    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    group_of = GROUPS[report["by"]]
+    rows: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
         if is_ok(r):
-            rows[str(r.get(column) or "(none)")].append(with_parts(r))
+            rows[group_of(r) or "(none)"].append(r)
     fig = plt.figure(figsize=(15, 3 + 0.35 * max(len(keys), 4)), layout="constrained")
     grid = fig.add_gridspec(2, 3)
     ax = fig.add_subplot(grid[:, 0])
@@ -108,7 +109,7 @@ def plot(report: Mapping[str, Any], requests: Sequence[Row], path: str) -> None:
     ax.legend(loc="lower right", fontsize="small")
     for i, phase in enumerate(("queue_ms", "ttft_ms", "decode_ms", "total_ms")):
         sub = fig.add_subplot(grid[i // 2, 1 + i % 2])
-        data = [[r[phase] for r in rows[k] if r.get(phase) is not None] for k in keys]
+        data = [phase_values(rows[k], phase) for k in keys]
         present = [(k, d) for k, d in zip(keys, data, strict=True) if d]
         if present:
             values = [[max(v, 0.01) for v in d] for _, d in present]  # a log axis cannot show 0
@@ -132,19 +133,18 @@ def plot(report: Mapping[str, Any], requests: Sequence[Row], path: str) -> None:
 def run_report(args: argparse.Namespace) -> int:
     import orjson
 
-    from router.store.rows import as_dicts
     from router.store.window import parse_duration, read_window
 
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
     report = build_report(
-        as_dicts(window.requests),
-        as_dicts(window.outcomes),
+        window.requests,
+        window.outcomes,
         by=args.by,
         since=window.since,
         until=window.until,
     )
     if args.plot:
-        plot(report, as_dicts(window.requests), args.plot)
+        plot(report, window.requests, args.plot)
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:
