@@ -259,19 +259,25 @@ def test_the_artifact_reads_its_attempt_control_block() -> None:
             read(bad)
 
 
-def test_the_control_evaluation_runs_end_to_end(tiny: Dataset) -> None:
+@pytest.mark.parametrize("noise", [(0.0, 0.0), (0.3, 0.2)])
+def test_the_control_evaluation_runs_end_to_end(tiny: Dataset, noise: tuple[float, float]) -> None:
     from router.learning.evals import attempts, controlview
 
-    s = attempts.ControlSettings(retries=1, folds=3, targets=(0.6,), reference_attempts=1, workers=1)
+    s = attempts.ControlSettings(
+        retries=1, folds=3, targets=(0.6,), reference_attempts=1, workers=1, noise=noise
+    )
     result = attempts.cross_validate(tiny, {}, s)
     rows = result["rows"]
+    # Under noise, also the cascade a deployment could choose: on the same verdicts as the policy.
     assert {
         "cascade1@60%",
         "cascade2@60%",
         "cascade2+caps@60%",
         "policy@60%",
         "policy, random stop@60%",
+        *(["cascade2, chosen on verdicts@60%"] if any(noise) else []),
     } == set(rows)
+    assert (result["targets"]["0.60"]["not_below_cascade_on_verdicts"] is None) == (not any(noise))
     assert len(rows["policy@60%"]["chosen_on_training"]) == 3  # one order per fold, each named
     assert result["targets"]["0.60"]["ratio"] > 0
     assert "| policy@60% |" in controlview.table(result)

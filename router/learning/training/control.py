@@ -57,6 +57,10 @@ class Run:
     p_right: float | None = None
 
 
+#: model → task (or a row standing for one) → run.
+Runs = Mapping[str, Mapping[str, Run]]
+
+
 @dataclass(frozen=True, slots=True)
 class Controlled:
     right: float
@@ -250,7 +254,8 @@ class Orders:
         return int(np.lexsort((length, key))[0])
 
 
-def orders(tbl: Table, max_len: int) -> Orders:
+def orders(tbl: Table, max_len: int, weights: np.ndarray | None = None) -> Orders:
+    """``weights``: how much each row of the table counts (default: one each)."""
     n, m = tbl.right.shape
     width = max(max_len, 1)
     done = tbl.right * tbl.accept
@@ -276,7 +281,7 @@ def orders(tbl: Table, max_len: int) -> Orders:
                 extend((*prefix, j), alive * going[:, j], res + d, spent_ + c)
 
     if m and max_len > 0:
-        extend((), np.ones(n), 0.0, 0.0)
+        extend((), np.ones(n) if weights is None else weights * n / weights.sum(), 0.0, 0.0)
     if not seqs:
         return Orders(tbl.models, np.zeros((0, width), dtype=np.int16), np.zeros(0), np.zeros(0))
     return Orders(tbl.models, np.concatenate(seqs), np.concatenate(resolved), np.concatenate(cost))
@@ -318,9 +323,10 @@ def learn(
     runs: Mapping[str, Mapping[str, Run]], tasks: Sequence[str], max_len: int, target: float | None,
     judging: Judging | None = None, exact_noise: tuple[float, float] = (0.0, 0.0), *,
     caps: bool = True, stop_loss: bool = True, cap_factors: Sequence[float] = CAP_FACTORS,
-    thresholds: Sequence[float] = THRESHOLDS, seed: int = 0,
+    thresholds: Sequence[float] = THRESHOLDS, seed: int = 0, weights: np.ndarray | None = None,
 ) -> Learned:  # fmt: skip
-    """Caps, stop-loss thresholds and the order chosen under them, on ``tasks`` (training only).
+    """Caps, stop-loss thresholds and the order chosen under them, on ``tasks`` (training only;
+    ``weights``: how much each counts, for rows standing for a task's likely difficulties).
 
     Greedy, on the models of the order chosen so far (a control on a model no order uses changes
     nothing): each keeps a cap or a threshold only where the order chosen under it costs less per
@@ -341,7 +347,7 @@ def learn(
         among: tuple[str, ...] = models,
     ) -> tuple[float, Orders, int]:  # fmt: skip
         tbl = _stack(among, [col(m, ctrls[m], (rnd or {}).get(m)) for m in among])
-        o = orders(tbl, max_len)
+        o = orders(tbl, max_len, weights)
         i = o.best(target)
         return cpc(o, i), o, i
 
