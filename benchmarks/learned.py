@@ -20,7 +20,6 @@ import random
 import sys
 from pathlib import Path
 
-import orjson
 import yaml
 
 from router.features.task.vector import task_vector, with_attempt
@@ -81,7 +80,7 @@ def write(directory: Path) -> Path:
     """The demo policy pinning a freshly fitted artifact, in ``directory``; returns the policy's path."""
     directory.mkdir(parents=True, exist_ok=True)
     artifact = directory / "learned.json"
-    artifact.write_bytes(orjson.dumps(fit(attempts()), option=orjson.OPT_INDENT_2))
+    artifact.write_bytes(fit(attempts()).to_json())
     policy = directory / "policy.yaml"
     spec = yaml.safe_load(DEMO_POLICY.read_text(encoding="utf-8"))
     spec["objective"]["exploration"] = {"epsilon": 0.0}  # the demo explores; a benchmark must not

@@ -27,8 +27,10 @@ class Node:
 
     def get(self, key: str) -> Node | None:
         """The member ``key`` of this object (None: absent or null)."""
-        got = self.mapping().get(key)
-        return None if got is None or got.value is None else got
+        if not isinstance(self.value, dict):
+            self.fail("an object")
+        value = self.value.get(key)
+        return None if value is None else Node(value, self.source, f"{self.path}.{key}" if self.path else key)
 
     def need(self, key: str) -> Node:
         got = self.get(key)
@@ -71,6 +73,10 @@ class Node:
         return self.value
 
     def numbers(self, size: int | None = None) -> tuple[float, ...]:
+        v = self.value
+        # A model's weights are thousands of numbers: checked in one pass, a Node only to name a bad one.
+        if isinstance(v, list) and (size is None or len(v) == size) and {type(x) for x in v} <= {float, int}:
+            return tuple(map(float, v))
         return tuple(n.number() for n in self.items(size))
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -135,14 +134,6 @@ def deviates(best: Plan, rest: Plan | None, value: float, margin: float) -> bool
     own = max(best.gain(value), 0.0)
     kept = rest.gain(value) if rest is not None else 0.0
     return own - kept > margin * value
-
-
-def point_to_json(p: Point) -> dict[str, Any]:
-    return {
-        "value": round(p.value, 6), "target": p.target, "margin": None if math.isinf(p.margin) else p.margin,
-        "success": round(p.success, 5), "cost": round(p.cost, 6), "deviations": round(p.deviations, 4),
-        "gain": round(p.gain, 6),
-    }  # fmt: skip
 
 
 def nearest(

@@ -95,13 +95,23 @@ def _read(path: Path, what: str) -> bytes:
         raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
 
 
-def scorer_for(policy: Policy, raw: bytes | None = None) -> Scorer | None:
-    """The learned scorer the policy pins (``raw``: the artifact's bytes, if already read)."""
+def load_artifact(policy: Policy, raw: bytes | None = None) -> Artifact | None:
+    """The learned artifact the policy pins, its pin checked (``raw``: the file's bytes, if already read)."""
     spec = policy.spec
     if spec.learned is None or policy.learned_path is None:
         return None
     raw = _read(policy.learned_path, "learned artifact") if raw is None else raw
-    artifact = Artifact.from_json(raw, source=str(policy.learned_path), expected_sha256=spec.learned.sha256)
+    return Artifact.from_json(raw, source=str(policy.learned_path), expected_sha256=spec.learned.sha256)
+
+
+def scorer_for(policy: Policy, artifact: Artifact | None = None) -> Scorer | None:
+    """The learned scorer the policy pins (``artifact``: the one ``load_artifact`` read for it, so
+    a policy and its scopes, which pin the same file, parse it once)."""
+    if policy.spec.learned is None:
+        return None
+    artifact = artifact if artifact is not None else load_artifact(policy)
+    if artifact is None:
+        return None
     unknown = sorted(set(artifact.models) - set(policy.models))
     if unknown:
         log.warning("learned artifact knows models not in the catalog (ignored): %s", ", ".join(unknown))
@@ -194,16 +204,17 @@ def build_runtime(
     for warning in policy.warnings:
         log.warning("%s", warning)
     artifact = _read(policy.learned_path, "learned artifact") if policy.learned_path is not None else None
+    learned = load_artifact(policy, artifact)
     catalog = build_catalog(policy, lookup)
     ref_path = control_path(policy)
     ref = _read(ref_path, "control policy") if ref_path is not None else None
     control = build_control(policy, catalog, ref_path, ref, scorer_for)
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)
-    scorer = scorer_for(policy, artifact)
+    scorer = scorer_for(policy, learned)
     if isinstance(scorer, LearnedScorer):
         policy.use_attempt_controls(attempt_controls(policy, scorer.artifact))
     decider = Decider(policy, catalog, scorer)
-    scopes = build_scopes(policy, catalog, lambda p: scorer_for(p, artifact))
+    scopes = build_scopes(policy, catalog, lambda p: scorer_for(p, learned))
     return Runtime(policy, catalog, decider, files, control=control, scopes=scopes)
 
 

@@ -143,7 +143,7 @@ def test_learning_lowers_cost_per_completed_task(
     # 2. `router train` on that log, and the off-policy estimate agrees in direction.
     out = tmp_path / "learned" / "p.json"
     trained = train(store, str(config), str(out))
-    ope = trained["offpolicy"]
+    ope = trained.artifact.report["offpolicy"]
     assert ope["new_snips"]["cost_per_completed"] < ope["logged"]["cost_per_completed"]
     assert ope["new_snips"]["success"] >= ope["logged"]["success"]
 

@@ -151,9 +151,8 @@ def synthetic_artifact(path: Path) -> None:
         for i in range(12)
         for model in ("local-nano", "local-large")
     ]
-    import orjson
 
-    path.write_bytes(orjson.dumps(fit(rows)))
+    path.write_bytes(fit(rows).to_json())
 
 
 def test_policy_promoted_on_a_is_used_by_b_within_a_second(pair, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

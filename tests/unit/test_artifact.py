@@ -16,6 +16,7 @@ import pytest
 from router.errors import ConfigError
 from router.features.task import vector as taskfeatures
 from router.features.task.attempt import AttemptControl
+from router.learning.training.fit import fit
 from router.policy.artifact import FORMAT, Artifact, ModelParams, OutputTokens, ScopeEffects
 from router.policy.estimates import BackendEstimates, Estimates
 from router.policy.prior import FixedPlan, Point
@@ -55,6 +56,16 @@ def test_what_is_written_reads_back_equal() -> None:
     # Nothing is left at a default, so equality checked every field.
     assert all(getattr(art, f.name) != f.default for f in dataclasses.fields(Artifact) if f.compare)
     assert back.value_curves == {2: ((0.5, 0.9, 0.03),)}
+
+
+def test_what_training_builds_is_what_the_router_reads() -> None:
+    """``router train`` goes on with the value it built (the off-policy estimate, the prior plan it
+    prints): reading the written bytes must give the same, so nothing is left unrounded."""
+    from tests.unit.test_plan import rows_for
+
+    fitted = fit(rows_for(20), max_attempts=2, target=0.8, noise=(0.05, 0.1))
+    assert fitted.frontiers and fitted.points and fitted.noise == (0.05, 0.1)
+    assert Artifact.from_json(fitted.to_json(), source="new.json") == fitted
 
 
 def test_the_policy_pin_is_checked_against_the_bytes() -> None:

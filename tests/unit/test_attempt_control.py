@@ -198,7 +198,7 @@ def test_train_caps_each_model_at_twice_the_median_of_its_resolved_attempts() ->
     block = control.caps_from_log(rows, min_resolved=3)
     # a: its first resolved attempts (4, 6, 8: median 6); a repeat and the failures do not count;
     # b has too few resolved attempts for a cap.
-    assert block == {"a": {"max_calls": 12, "stop_below": None}}
+    assert block == {"a": AttemptControl(max_calls=12)}
     assert "a 12" in control.caps_line(block) and "none" in control.caps_line({})
 
 

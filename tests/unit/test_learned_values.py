@@ -204,7 +204,7 @@ def test_rank_without_a_task_is_the_cheapest_call() -> None:
 
 def test_artifact_load_checks_the_pinned_hash(tmp_path: Path) -> None:
     good = tmp_path / "artifact.json"
-    good.write_bytes(orjson.dumps(fit(training_rows())))
+    good.write_bytes(fit(training_rows()).to_json())
     digest = hashlib.sha256(good.read_bytes()).hexdigest()
     assert Artifact.load(good, digest).sha256 == digest
     assert Artifact.load(good, digest.upper()).sha256 == digest

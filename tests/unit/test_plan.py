@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -182,14 +183,14 @@ def rows_for(n: int, seed: int = 0) -> list[dataset.AttemptRow]:
 
 
 def test_fit_is_calibrated_and_separates_tasks() -> None:
-    art = fit(rows_for(80))
-    assert art["metrics"]["brier"] < art["metrics"]["brier_base_rate"]
-    bins = art["metrics"]["reliability"]
+    artifact = fit(rows_for(80))
+    metrics = artifact.report["metrics"]
+    assert metrics["brier"] < metrics["brier_base_rate"]
+    bins = metrics["reliability"]
     assert sum(b["n"] for b in bins) == 160
     for b in bins:
         if b["n"] >= 15:
             assert abs(b["predicted"] - b["observed"]) < 0.25, b
-    artifact = Artifact.from_json(orjson.dumps(art), source="t", expected_sha256=None)
     hard = task_vector("fix the race deadlock 999")
     easy = task_vector("fix the typo docstring 999")
     assert artifact.models["cheap"].p_success(hard) < 0.3 < 0.7 < artifact.models["cheap"].p_success(easy)
@@ -201,7 +202,7 @@ def test_fit_is_calibrated_and_separates_tasks() -> None:
 
 
 def test_the_scorer_remembers_plans_per_attempt_within_a_bound() -> None:
-    artifact = Artifact.from_json(orjson.dumps(fit(rows_for(20))), source="t", expected_sha256=None)
+    artifact = fit(rows_for(20))
     scorer = LearnedScorer(artifact, Objective(max_attempts=2), memory=2)
     hard = task_vector("fix the race deadlock 1")
     first = scorer.plan(hard, ["cheap", "strong"])
@@ -220,7 +221,7 @@ def test_the_scorer_remembers_plans_per_attempt_within_a_bound() -> None:
 
 
 def test_artifact_refuses_wrong_hash_and_schema() -> None:
-    raw = orjson.dumps(fit(rows_for(20)))
+    raw = fit(rows_for(20)).to_json()
     with pytest.raises(ConfigError, match="sha256 mismatch"):
         Artifact.from_json(raw, source="a.json", expected_sha256="0" * 64)
     obj = orjson.loads(raw)
@@ -279,9 +280,7 @@ def test_output_tokens_are_learned_per_model_and_used_by_the_decision() -> None:
         for model, scale in (("terse", 20), ("verbose", 200)):
             out = int(scale * (prompt / 1000) ** 0.3 * rng.uniform(0.7, 1.3))
             reqs.append({"status": 200, "chosen_model": model, "input_tokens": prompt, "output_tokens": out})
-    art = fit(rows_for(20))
-    art["output_tokens"] = fit_output_tokens(reqs)
-    artifact = Artifact.from_json(orjson.dumps(art), source="t", expected_sha256=None)
+    artifact = dataclasses.replace(fit(rows_for(20)), output_tokens=fit_output_tokens(reqs))
     terse, verbose = artifact.expected_output("terse", 10_000), artifact.expected_output("verbose", 10_000)
     assert terse is not None and verbose is not None
     assert 30 <= terse <= 60 and 300 <= verbose <= 600  # ~20·10^0.3 ≈ 40 and ~400
@@ -330,9 +329,7 @@ def test_the_success_interval_keeps_the_resamples_without_a_success() -> None:
 
 def test_training_writes_prior_plans_and_operating_points_per_retry_limit() -> None:
     rows = rows_for(60)
-    artifact = Artifact.from_json(
-        orjson.dumps(fit(rows, max_attempts=2, target=0.83)), source="t", expected_sha256=None
-    )
+    artifact = fit(rows, max_attempts=2, target=0.83)
     assert set(artifact.frontiers) == {1, 2, 3} and set(artifact.points) == {1, 2, 3}
     # The frontier: more success always costs more, and no order longer than the retry limit.
     for k, plans in artifact.frontiers.items():
@@ -345,9 +342,7 @@ def test_training_writes_prior_plans_and_operating_points_per_retry_limit() -> N
 
 
 def test_the_replay_follows_the_prior_plan_and_leaves_it_only_past_the_margin() -> None:
-    artifact = Artifact.from_json(
-        orjson.dumps(fit(rows_for(60), max_attempts=2)), source="t", expected_sha256=None
-    )
+    artifact = fit(rows_for(60), max_attempts=2)
     # Two hand-made tasks, an easy one and one only "strong" solves, replayed as the log has them.
     tasks = [
         {"cheap": value.Logged(0.9, True, 0.01), "strong": value.Logged(0.95, True, 0.04)},
@@ -428,14 +423,14 @@ def test_outcomes_by_value_agree_with_best_plan() -> None:
 
 
 def test_older_artifacts_are_refused_with_retrain() -> None:
-    obj = orjson.loads(orjson.dumps(fit(rows_for(20))))
+    obj = orjson.loads(fit(rows_for(20)).to_json())
     obj["format"] = "router-learned/1"
     with pytest.raises(ConfigError, match=r"router-learned/1.*retrain with `router train`"):
         Artifact.from_json(orjson.dumps(obj), source="a.json", expected_sha256=None)
 
 
 def test_recommend_stops_when_another_attempt_is_not_worth_it() -> None:
-    artifact = Artifact.from_json(orjson.dumps(fit(rows_for(60))), source="t", expected_sha256=None)
+    artifact = fit(rows_for(60))
     hard = task_vector("fix the race deadlock 999")
     # Worth a lot: after cheap failed, escalate to strong.
     rich = LearnedScorer(artifact, Objective(max_attempts=3, value=10.0))

@@ -129,8 +129,6 @@ def test_offpolicy_success_uses_the_outcomes(tmp_path: Path) -> None:
 def test_success_by_the_learned_model_when_the_policy_pins_one(tmp_path: Path) -> None:
     import hashlib
 
-    import orjson
-
     from router.features.task.vector import task_vector, to_json
     from router.learning.training import dataset
     from router.learning.training.fit import fit
@@ -138,7 +136,7 @@ def test_success_by_the_learned_model_when_the_policy_pins_one(tmp_path: Path) -
     vec = task_vector("fix the race condition")
     trained = [dataset.AttemptRow(f"t{i}", 1, m, vec, m == "b", "explicit", 0.01, 3, 1.0, [m])
                for i in range(12) for m in ("a", "b")]  # fmt: skip
-    raw = orjson.dumps(fit(trained))
+    raw = fit(trained).to_json()
     (tmp_path / "learned.json").write_bytes(raw)
     learned = {"artifact": "learned.json", "sha256": hashlib.sha256(raw).hexdigest()}
     rt = runtime(tmp_path, ["a", "b"], learned=learned)

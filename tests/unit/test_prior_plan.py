@@ -16,6 +16,7 @@ import yaml
 from router.errors import ConfigError
 from router.features.task.vector import schema
 from router.learning.training import prior as training_prior
+from router.learning.training import value
 from router.learning.training.dataset import AttemptRow
 from router.policy import prior
 from router.policy.artifact import FORMAT, Artifact
@@ -77,23 +78,27 @@ def read(**blocks: object) -> Artifact:
 
 def test_prior_plans_and_operating_points_read_back_as_training_wrote_them() -> None:
     frontier = {2: (FixedPlan(("cheap",), 0.5, 0.01), FixedPlan(("cheap", "strong"), 0.8125, 0.0625))}
-    assert read(prior_plans=training_prior.to_json(frontier)).frontiers == frontier
-    points = (
-        prior.Point(0.125, None, 0.0625, 0.5, 0.015625, 0.25, 0.03125),
-        prior.Point(0.25, 0.75, math.inf, 0.75, 0.046875),
-    )
-    written = [prior.point_to_json(p) for p in points]
-    assert written[1] == {
+    points = {
+        2: (
+            prior.Point(0.125, None, 0.0625, 0.5, 0.015625, 0.25, 0.03125),
+            prior.Point(0.25, 0.75, math.inf, 0.75, 0.046875),
+        )
+    }
+    written = orjson.loads(dataclasses.replace(artifact(), frontiers=frontier, points=points).to_json())
+    assert written["prior_plans"] == {"2": [[["cheap"], 0.5, 0.01], [["cheap", "strong"], 0.8125, 0.0625]]}
+    assert written["operating_points"]["2"][1] == {
         "value": 0.25, "target": 0.75, "margin": None, "success": 0.75, "cost": 0.046875,
         "deviations": 0.0, "gain": 0.0,
     }  # fmt: skip
-    assert read(operating_points={"2": written}).points == {2: points}
-    # Rounded as the artifact keeps them: 6 decimals for dollars, 5 for the success, 4 for shares.
-    rounded = prior.point_to_json(prior.Point(1 / 3, 0.8, 0.1, 2 / 3, 1 / 7, 1 / 9, 1 / 11))
-    assert rounded == {
-        "value": 0.333333, "target": 0.8, "margin": 0.1, "success": 0.66667, "cost": 0.142857,
-        "deviations": 0.1111, "gain": 0.090909,
-    }  # fmt: skip
+    back = read(prior_plans=written["prior_plans"], operating_points=written["operating_points"])
+    assert back.frontiers == frontier and back.points == points
+    # Rounded as training keeps them: 6 decimals for dollars, 5 for the success, 4 for shares.
+    assert value.rounded(prior.Point(1 / 3, 0.8, 0.1, 2 / 3, 1 / 7, 1 / 9, 1 / 11)) == prior.Point(
+        0.333333, 0.8, 0.1, 0.66667, 0.142857, 0.1111, 0.090909
+    )
+    assert training_prior.rounded({1: [FixedPlan(("a",), 2 / 3, 1 / 7)]}) == {
+        1: (FixedPlan(("a",), 0.66667, 0.142857),)
+    }
     # What older training runs left out: no target, no margin (never leave), no deviations.
     (bare,) = read(operating_points={"1": [{"value": 1, "success": 0.5, "cost": 0.01}]}).points[1]
     assert bare == prior.Point(1.0, None, math.inf, 0.5, 0.01, 0.0, 0.0)

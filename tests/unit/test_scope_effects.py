@@ -207,6 +207,9 @@ def test_router_train_reports_each_scope_and_the_scorer_applies_the_kept_ones(
     glob = p_cheap(rt.decider.scorer)
     acme = rt.arm_for("t", ScopeFacts(repo="acme/web"))[1].scorer
     assert p_cheap(acme) > glob + 0.15
+    # The policy and its scopes pin one file: it is read once per load, not once per scope.
+    assert isinstance(acme, LearnedScorer) and isinstance(rt.decider.scorer, LearnedScorer)
+    assert acme.artifact is rt.decider.scorer.artifact
     assert p_cheap(rt.arm_for("t", ScopeFacts(repo="tiny/x"))[1].scorer) == glob
     assert special.logit(p_cheap(acme)) - special.logit(glob) == pytest.approx(
         art["scopes"]["acme"]["common"] + art["scopes"]["acme"]["models"]["cheap"], abs=1e-6

@@ -11,7 +11,6 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
 import pytest
 from pydantic import ValidationError
 
@@ -19,7 +18,6 @@ from router.app.settings import Settings
 from router.features.task.tracker import TaskTracker
 from router.features.task.vector import NUMERIC, Packed, arrays, repo_hint, task_vector, to_json, with_attempt
 from router.learning.training.fit import fit
-from router.policy.artifact import Artifact
 from router.policy.learned import LearnedScorer, Objective
 from tests.unit.test_plan import rows_for
 
@@ -97,7 +95,7 @@ def test_a_packed_vector_reads_as_the_dict_it_was_made_from() -> None:
 
 
 def test_the_scorer_answers_the_same_for_a_packed_vector() -> None:
-    artifact = Artifact.from_json(orjson.dumps(fit(rows_for(40))), source="t", expected_sha256=None)
+    artifact = fit(rows_for(40))
     scorer = LearnedScorer(artifact, Objective(max_attempts=3))
     for text in ("fix the race deadlock 7", "fix the typo docstring 8", *issues(5)):
         vec = task_vector(text)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import math
 import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 from rich.console import Console
 from rich.table import Table
 
@@ -17,7 +17,7 @@ from router.errors import ConfigError
 from router.learning.labels import fromlog
 from router.learning.training import control, dataset, keyshare, offpolicy
 from router.learning.training import scopes as scoped
-from router.learning.training.estimates import fit_estimates
+from router.learning.training.estimates import as_estimates, fit_estimates
 from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
 from router.learning.training.value import MARGINS
@@ -68,17 +68,26 @@ class TooFewLabels(ConfigError):
     """Not enough labelled attempts to train on (a usage error, reported in one line)."""
 
 
-def scorer_for_evaluation(raw: bytes, policy: Policy) -> LearnedScorer:
+def scorer_for_evaluation(artifact: Artifact, policy: Policy) -> LearnedScorer:
     """The new artifact as the router would run it, without exploration."""
-    artifact = Artifact.from_json(raw, source="(new artifact)", expected_sha256=None)
     return LearnedScorer(artifact, objective_for(policy, artifact))
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    """What `router train` wrote: the artifact (and where, and its sha256 to pin) and the label model's report."""
+
+    path: Path
+    sha256: str
+    artifact: Artifact
+    labels: dict[str, Any]
 
 
 def train(
     store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None, *,
     min_attempts: int = MIN_ATTEMPTS_PER_MODEL, force: bool = False,
     min_scope_attempts: int = scoped.MIN_ATTEMPTS, max_key_share: float = keyshare.MAX_KEY_SHARE,
-) -> dict[str, Any]:  # fmt: skip
+) -> Trained:  # fmt: skip
     console = console or Console()
     policy = load_policy(config)
     requests, outcomes = asyncio.run(read_log(store_url, since))
@@ -105,16 +114,18 @@ def train(
             f" need {min_attempts} per model): label tasks with `router outcome TASK_ID --success|--failure`"
             " or POST /v1/outcomes, let the policy explore, or pass --force"
         )
-    artifact = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
-                   scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
-    artifact["output_tokens"] = fit_output_tokens(requests)
-    artifact["attempt_control"] = control.caps_from_log(rows)
-    # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
-    artifact["estimates"] = fit_estimates(requests)
-    artifact["dominant_keys"] = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)}
-                                 for d in dominant]  # fmt: skip
-    raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
-    scorer = scorer_for_evaluation(raw, policy)
+    fitted = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
+                 scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
+    dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
+    fitted = dataclasses.replace(
+        fitted,
+        output_tokens=fit_output_tokens(requests),
+        controls=control.caps_from_log(rows),
+        # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
+        estimates=as_estimates(fit_estimates(requests)),
+        report={**fitted.report, "dominant_keys": dominant_keys},
+    )
+    scorer = scorer_for_evaluation(fitted, policy)
 
     def choose(r: dataset.AttemptRow) -> str:
         plan, _ = scorer.plan(r.vector, r.actions, attempt=r.attempt, failed=r.failed_before)
@@ -123,24 +134,21 @@ def train(
     new = offpolicy.evaluate(rows, choose)
     old = offpolicy.logged(rows)
     ips = offpolicy.evaluate(rows, choose, snips=False)
-    artifact["offpolicy"] = {
-        "logged": _est(old),
-        "new_snips": _est(new),
-        "new_ips": _est(ips),
-    }
-    raw = orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
+    ope = {"logged": _est(old), "new_snips": _est(new), "new_ips": _est(ips)}
+    artifact = dataclasses.replace(fitted, report={**fitted.report, "offpolicy": ope})
+    raw = artifact.to_json()
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(raw)
     sha = hashlib.sha256(raw).hexdigest()
     _print(console, artifact, path, sha)
     console.print(prior_line(scorer), highlight=False)
-    console.print(control.caps_line(artifact["attempt_control"]), highlight=False)
+    console.print(control.caps_line(artifact.controls), highlight=False)
     # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
     labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
     for line in fromlog.lines(labels):
         console.print(line, highlight=False)
-    return {"path": str(path), "sha256": sha, **artifact, "labels": labels}
+    return Trained(path, sha, artifact, labels)
 
 
 def prior_line(scorer: LearnedScorer) -> str:
@@ -185,8 +193,8 @@ def _est(e: offpolicy.OffPolicyEstimate) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
-    d, m = a["data"], a["metrics"]
+def _print(console: Console, a: Artifact, path: Path, sha: str) -> None:
+    d, m = a.report["data"], a.report["metrics"]
     console.print(f"[bold]data[/]: {d['attempts']} attempts of {d['tasks']} tasks, "
                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d['from_ts']))} → "
                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d['to_ts']))}; labels {d['labels']}")  # fmt: skip
@@ -204,25 +212,25 @@ def _print(console: Console, a: dict[str, Any], path: Path, sha: str) -> None:
         rel.add_row(b["bin"], str(b["n"]), f"{b['predicted']:.2f}", f"{b['observed']:.2f}")
     tables.show(console, rel)
     models = Table("model", "attempts", "success", "mean $/attempt", title="per model")
-    for mid, p in a["models"].items():
-        models.add_row(mid, str(p["n"]), f"{p['success_rate']:.0%}", f"{p['mean_cost']:.5f}")
+    for mid, p in a.models.items():
+        models.add_row(mid, str(p.n), _fmt(p.success_rate, "{:.0%}"), _fmt(p.mean_cost, "{:.5f}"))
     tables.show(console, models)
     t = Table("policy", "success", "95% CI", "$ per completed task", "95% CI", "attempts used",
               title="off-policy estimate")  # fmt: skip
-    o = a["offpolicy"]
+    o = a.report["offpolicy"]
     for name, e in (("logged (produced the log)", o["logged"]), ("new, SNIPS", o["new_snips"]),
                     ("new, IPS", o["new_ips"])):  # fmt: skip
         t.add_row(name, _fmt(e["success"], "{:.1%}"), _ci(e["ci_success"], "{:.1%}"),
                   _fmt(e["cost_per_completed"], "${:.5f}"), _ci(e["ci_cost_per_completed"], "${:.5f}"),
                   str(e["matched"]))  # fmt: skip
     tables.show(console, t)
-    for r in a.get("scope_report") or []:
+    for r in a.report.get("scope_report") or []:
         console.print(_scope_line(r), highlight=False, soft_wrap=True)  # one line each, for grep
     est = Table("backend", "calls", "provider/o200k", "mean output", "p90 output", "cached share",
                 title="estimates (n/a: too few calls, the prior stays)")  # fmt: skip
-    for mid, e in (a.get("estimates") or {}).items():
-        est.add_row(mid, str(e.get("n", "")), _fmt(e.get("tokens_ratio"), "{:.3f}"), _fmt(e.get("output_mean"), "{:.0f}"),
-                    _fmt(e.get("output_p90"), "{:.0f}"), _fmt(e.get("cache_share"), "{:.1%}"))  # fmt: skip
+    for mid, e in a.estimates.learned.items():
+        est.add_row(mid, _fmt(e.n, "{}"), _fmt(e.tokens_ratio, "{:.3f}"), _fmt(e.output_mean, "{:.0f}"),
+                    _fmt(e.output_p90, "{:.0f}"), _fmt(e.cache_share, "{:.1%}"))  # fmt: skip
     tables.show(console, est)
     console.print(
         f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>"

@@ -3,8 +3,9 @@
 The training tasks become log records (one logged attempt per task × model, with an explicit
 outcome and the run's real cost), which go through ``dataset.build`` and ``fit`` exactly as
 ``router train`` reads a log. The artifact is written, pinned by sha256 in a policy built from
-``models.csv``, and loaded by ``runtime.scorer_for`` — the loader the proxy uses — so every
-choice in the replay is ``Decider.decide`` on the features of the task's first request.
+``models.csv``, read back once (as the router reads it, the pin checked) and scored by
+``runtime.scorer_for`` — the loader the proxy uses — for each objective, so every choice in the
+replay is ``Decider.decide`` on the features of the task's first request.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from router.features.task.vector import to_json
 from router.learning.evals.arrival import REQUESTED_MODEL, Arrival
 from router.learning.evals.loader import Dataset, Model
 from router.learning.training import dataset
 from router.learning.training.fit import fit
+from router.policy.artifact import Artifact
 from router.policy.catalog import Catalog, build_catalog
 from router.policy.config import Policy, PolicyFile
 from router.policy.decide import Decider, Scorer
@@ -127,29 +127,32 @@ def _row(record: object, columns: tuple[str, ...]) -> dict[str, Any]:
 def train(
     data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival], max_attempts: int = 1, *,
     target: float | None = None, noise: tuple[float, float] = (0.0, 0.0),
-) -> bytes:  # fmt: skip
+) -> Artifact:  # fmt: skip
     """The artifact ``router train`` would write from these tasks' log (its prior plans chosen
     under the verifier ``noise`` the policy will learn outcomes through)."""
     requests, outcomes = log_records(data, task_ids, arrivals)
     rows = dataset.build(requests, outcomes, now=float("inf"))
-    artifact = fit(rows, max_attempts=max_attempts, target=target, noise=noise)
-    return orjson.dumps(artifact, option=orjson.OPT_INDENT_2)
+    return fit(rows, max_attempts=max_attempts, target=target, noise=noise)
 
 
 class Deployment:
     """One trained artifact on disk, and deciders built from it for any objective knobs."""
 
-    def __init__(self, data: Dataset, artifact: bytes, workdir: Path) -> None:
+    def __init__(self, data: Dataset, artifact: Artifact, workdir: Path) -> None:
         self.models = data.models
         self.path = workdir / "learned.json"
-        self.path.write_bytes(artifact)
-        self.sha256 = hashlib.sha256(artifact).hexdigest()
+        raw = artifact.to_json()
+        self.path.write_bytes(raw)
+        self.sha256 = hashlib.sha256(raw).hexdigest()
         self.workdir = workdir
+        # Read back once as the router would (what it scores is what was written); every decider
+        # of this deployment shares it, as one router's scorers do.
+        self.artifact = Artifact.load(self.path, self.sha256)
 
     def decider(self, knobs: Knobs) -> Decider:
         policy = policy_for(self.models, knobs, artifact=self.path, sha256=self.sha256,
                             source=str(self.workdir / "policy.yaml"))  # fmt: skip
-        scorer: Scorer | None = scorer_for(policy)
+        scorer: Scorer | None = scorer_for(policy, self.artifact)
         if scorer is None:  # pragma: no cover - the policy always pins the artifact
             raise RuntimeError("the evaluation policy lost its learned block")
         return Decider(policy, catalog_for(policy), scorer)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 from threadpoolctl import threadpool_limits
 
 from router.features.tokens import TokenCounter
@@ -141,7 +140,6 @@ def evaluate_fold(
             target=settings.target_success,
             noise=settings.noise,
         )
-        meta = orjson.loads(artifact)
         dep = Deployment(data, artifact, Path(tmp))
         routers: dict[tuple[float | None, float | None], Router] = {}
 
@@ -160,7 +158,7 @@ def evaluate_fold(
             margin = "never leaves it" if o.margin == float("inf") else f"margin {o.margin:g}·V"
             return f"value={o.value:.4g}, prior {prior}, {margin}"
 
-        curve = meta["value_curve"][str(k + 1)]
+        curve = dep.artifact.value_curves[k + 1]
         main = router(settings.value, settings.target_success)
         value = main.scorer.objective.value if main.scorer is not None else settings.value
         policy = run(main, test_ids)
@@ -208,9 +206,10 @@ def evaluate_fold(
         base[name] = run(bl.sequence(c.models), test_ids)
         chosen[name] = c.name
     oracle = run(bl.oracle(data), test_ids, EXACT)
-    fit_metrics = {k_: meta["metrics"].get(k_) for k_ in ("brier", "brier_base_rate", "auc", "pairwise")}
-    return FoldResult(policy, value, frontier, exact, operating, base, chosen, oracle, ref,
-                      float(meta.get("task_effect_sd", 0.0)), fit_metrics)  # fmt: skip
+    metrics = artifact.report["metrics"]
+    fit_metrics = {k_: metrics.get(k_) for k_ in ("brier", "brier_base_rate", "auc", "pairwise")}
+    return FoldResult(policy, value, frontier, exact, operating, base, chosen, oracle, ref, artifact.task_sd,
+                      fit_metrics)  # fmt: skip
 
 
 def _fold_job(args: tuple[Dataset, list[str], list[str], EvalSettings]) -> FoldResult:

@@ -23,7 +23,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -116,8 +116,8 @@ class _Row(Protocol):
 
 def caps_from_log(
     rows: Sequence[_Row], min_resolved: int = MIN_RESOLVED_FOR_CAP
-) -> dict[str, dict[str, Any]]:
-    """The artifact's ``attempt_control`` block from a log: per model with enough resolved
+) -> dict[str, AttemptControl]:
+    """The artifact's attempt controls from a log: per model with enough resolved
     attempts, a cap of ``CAP_FACTOR`` × their median calls. The stop-loss needs each call's
     reading of the conversation, which the log does not keep: it stays off here (``router eval
     --trajectories`` measures it where trajectories exist)."""
@@ -126,17 +126,15 @@ def caps_from_log(
         if r.success and r.model not in r.failed_before:
             calls.setdefault(r.model, []).append(r.n_calls)
     return {
-        m: {"max_calls": cap_for(c), "stop_below": None}
-        for m, c in sorted(calls.items())
-        if len(c) >= min_resolved
+        m: AttemptControl(max_calls=cap_for(c)) for m, c in sorted(calls.items()) if len(c) >= min_resolved
     }
 
 
-def caps_line(block: Mapping[str, Mapping[str, Any]]) -> str:
+def caps_line(block: Mapping[str, AttemptControl]) -> str:
     if not block:
         return (f"call caps: none (a model needs {MIN_RESOLVED_FOR_CAP} resolved attempts in the log; "
                 "models.X.max_calls_per_attempt sets one by hand)")  # fmt: skip
-    caps = ", ".join(f"{m} {c['max_calls']}" for m, c in block.items())
+    caps = ", ".join(f"{m} {c.max_calls}" for m, c in block.items())
     return f"call caps per attempt ({CAP_FACTOR:g} × the median calls of resolved attempts): {caps}"
 
 

@@ -13,6 +13,7 @@ together beyond its features (``taskeffect``) is stored for the planner's retrie
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -21,17 +22,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import orjson
 from scipy import sparse
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from threadpoolctl import threadpool_limits
 
-from router.features.task.vector import HASH_DIM, NUMERIC, Vector, schema
+from router.features.task.vector import HASH_DIM, NUMERIC, Vector
 from router.learning.training import permodel, pooled, prior, quality, taskeffect, value
 from router.learning.training import scopes as scoped
 from router.learning.training.dataset import AttemptRow
-from router.policy.artifact import FORMAT, Artifact
+from router.policy.artifact import Artifact, ModelParams
 from router.policy.config import Scope
 
 MIN_ROWS_FOR_MODEL = 8
@@ -45,7 +45,7 @@ def _smoothed_logit(successes: float, n: float) -> float:
 def fit_model(
     rows: Sequence[AttemptRow], c: float = 0.5,
     shared: tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray] | None = None,
-) -> tuple[dict[str, Any], np.ndarray]:  # fmt: skip
+) -> tuple[ModelParams, np.ndarray]:  # fmt: skip
     """Parameters for one model and its out-of-fold probabilities (for calibration metrics).
 
     ``shared`` is (shared weights, these rows' out-of-fold shared scores, the deviations'
@@ -87,15 +87,16 @@ def fit_model(
     else:
         cost_weights = np.zeros(len(NUMERIC))
         cost_weights[0] = float(np.log(costs).mean())
-    params = {
-        "weights": [round(float(w), 6) for w in weights],
-        "platt": [round(platt[0], 6), round(platt[1], 6)],
-        "cost_weights": [round(float(w), 6) for w in cost_weights],
-        "calls_per_attempt": round(float(np.mean([r.n_calls for r in rows])), 3),
-        "n": n,
-        "success_rate": round(k / n, 4),
-        "mean_cost": round(float(costs.mean()), 6),
-    }
+    # Rounded as the artifact is written, so the value training goes on with is the one the file holds.
+    params = ModelParams(
+        weights=tuple(round(float(w), 6) for w in weights),
+        platt=(round(platt[0], 6), round(platt[1], 6)),
+        cost_weights=tuple(round(float(w), 6) for w in cost_weights),
+        calls_per_attempt=round(float(np.mean([r.n_calls for r in rows])), 3),
+        n=n,
+        success_rate=round(k / n, 4),
+        mean_cost=round(float(costs.mean()), 6),
+    )
     return params, oof
 
 
@@ -127,8 +128,8 @@ def fit(
     rows: Sequence[AttemptRow], *, c: float = 0.5, max_attempts: int | None = None,
     target: float | None = None, noise: tuple[float, float] = (0.0, 0.0),
     scopes: Sequence[Scope] = (), min_scope_attempts: int = scoped.MIN_ATTEMPTS,
-) -> dict[str, Any]:  # fmt: skip
-    """The artifact (a JSON-ready dict) for these attempt rows, with prior plans and operating
+) -> Artifact:  # fmt: skip
+    """The artifact for these attempt rows, with prior plans and operating
     points for the retry limits in ``value.ATTEMPTS`` and ``max_attempts`` (and ``target`` among
     the targets measured; ``noise`` is the (false accept, false reject) of the verifier outcomes
     will be learned through), and the effects of the policy's ``scopes`` that improve held-out log
@@ -141,15 +142,18 @@ def fit(
     if scopes:
         # On the out-of-fold probabilities: offsets fitted to in-sample ones would learn nothing.
         results = scoped.fit_scopes(scopes, rows, p, groups, min_attempts=min_scope_attempts)
-        artifact["scopes"] = scoped.to_artifact(scopes, results)
-        artifact["scope_report"] = [r.as_dict() for r in results]
+        artifact = dataclasses.replace(
+            artifact,
+            scopes=scoped.to_artifact(scopes, results),
+            report={**artifact.report, "scope_report": [r.as_dict() for r in results]},
+        )
     return artifact
 
 
 def _fit(
     rows: Sequence[AttemptRow], c: float, max_attempts: int | None, target: float | None,
     noise: tuple[float, float],
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[Artifact, np.ndarray, np.ndarray]:  # fmt: skip
     x = matrix(rows)
     groups = pooled.task_groups(rows)
     shared = pooled.shared_score(rows, x, groups)
@@ -164,7 +168,7 @@ def _fit(
         basis = permodel.directions(x, groups)
         w = np.array([r.weight for r in rows], dtype=np.float64)
         c_dev, dev_oof = permodel.choose_strength(np.asarray(x @ basis), shared.oof, y, model_of, groups, w)
-    models: dict[str, Any] = {}
+    models: dict[str, ModelParams] = {}
     p = np.zeros(len(rows))
     for model, idx in sorted(per_model.items()):
         given = (
@@ -174,9 +178,8 @@ def _fit(
         models[model] = params
         p[idx] = oof
     task_sd = taskeffect.estimate(groups, p, y)
-    artifact = _artifact(rows, models, p, y, groups, shared.c, c_dev, task_sd)
-    # The curves are the policy's own expectations, so they need the artifact as the router reads it.
-    loaded = Artifact.from_json(orjson.dumps(artifact), source="(new artifact)", expected_sha256=None)
+    # The operating points are the policy's own expectations: measured with the artifact's models.
+    fitted = Artifact(models=models, task_sd=task_sd, report=_report(rows, p, y, groups, shared.c, c_dev))
     first: dict[int, Vector] = {}
     seen: dict[int, dict[str, value.Logged]] = defaultdict(dict)
     for g, r, p_oof in zip(groups, rows, p, strict=True):
@@ -190,25 +193,20 @@ def _fit(
     order = sorted(first)
     targets = {*value.TARGETS, *([target] if target is not None else [])}
     points = value.all_points(
-        loaded, [seen[g] for g in order], [first[g] for g in order], frontiers, noise=noise, targets=targets
+        fitted, [seen[g] for g in order], [first[g] for g in order], frontiers, noise=noise, targets=targets
     )
-    artifact["prior_plans"] = prior.to_json(frontiers)
-    artifact["operating_points"] = points
-    artifact["verifier_noise"] = list(noise)
-    artifact["value_curve"] = {
-        k: [[pt["value"], pt["success"], pt["cost"]] for pt in pts if pt["target"] is None]
-        for k, pts in points.items()
-    }
+    artifact = dataclasses.replace(
+        fitted, frontiers=prior.rounded(frontiers), points=points, noise=(float(noise[0]), float(noise[1]))
+    )
     return artifact, p, groups
 
 
-def _artifact(
-    rows: Sequence[AttemptRow], models: dict[str, Any], p: np.ndarray, y: np.ndarray, groups: np.ndarray,
-    c_shared: float | None, c_dev: float, task_sd: float,
+def _report(
+    rows: Sequence[AttemptRow], p: np.ndarray, y: np.ndarray, groups: np.ndarray, c_shared: float | None,
+    c_dev: float,
 ) -> dict[str, Any]:  # fmt: skip
+    """What the fit measured, for people (``router train`` prints it; evaluations report it)."""
     return {
-        "format": FORMAT,
-        "feature_schema": schema(),
         "trained_at": time.time(),
         "data": {
             "attempts": len(rows),
@@ -225,8 +223,6 @@ def _artifact(
             "reliability": reliability(p, y),
         },
         "shared_score": {"c": c_shared, "deviation_c": c_dev},
-        "task_effect_sd": task_sd,
-        "models": models,
     }
 
 

@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 from sklearn.linear_model import QuantileRegressor
 
+from router.policy.artifact import OutputTokens
+
 MIN_ROWS = 20
 MAX_ROWS = 2000  # quantile regression is a linear program: keep it fast on a large log
 
 
-def fit_output_tokens(requests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per model: ``{"q50": [a, b], "q90": [a, b], "n": n}``, log1p(out) = a + b·log1p(prompt)."""
+def fit_output_tokens(requests: Iterable[Mapping[str, Any]]) -> dict[str, OutputTokens]:
+    """Per model: the median and 90th percentile lines, log1p(out) = a + b·log1p(prompt)."""
     by_model: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in requests:
         if r.get("status") != 200 or r.get("side_call") or not r.get("chosen_model"):
@@ -35,14 +37,14 @@ def fit_output_tokens(requests: Iterable[Mapping[str, Any]]) -> dict[str, dict[s
     for model, pairs in by_model.items():
         data = np.array(pairs[-MAX_ROWS:])
         x, y = data[:, :1], data[:, 1]
-        entry: dict[str, Any] = {"n": len(pairs)}
+        entry: dict[str, tuple[float, float]] = {}
         for name, q in (("q50", 0.5), ("q90", 0.9)):
             if len(pairs) >= MIN_ROWS and np.ptp(x) > 0:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # convergence chatter on tiny, degenerate logs
                     reg = QuantileRegressor(quantile=q, alpha=0.0, solver="highs").fit(x, y)
-                entry[name] = [round(float(reg.intercept_), 6), round(float(reg.coef_[0]), 6)]
+                entry[name] = (round(float(reg.intercept_), 6), round(float(reg.coef_[0]), 6))
             else:
-                entry[name] = [round(float(np.quantile(y, q)), 6), 0.0]
-        fitted[model] = entry
+                entry[name] = (round(float(np.quantile(y, q)), 6), 0.0)
+        fitted[model] = OutputTokens(entry["q50"], entry["q90"], len(pairs))
     return fitted

@@ -99,8 +99,9 @@ def frontiers(plans: Sequence[FixedPlan], lengths: Iterable[int]) -> dict[int, l
     return {k: pareto([p for p in plans if len(p.models) <= k]) for k in sorted(set(lengths))}
 
 
-def to_json(frontier: Mapping[int, Sequence[FixedPlan]]) -> dict[str, list[list[object]]]:
+def rounded(frontier: Mapping[int, Sequence[FixedPlan]]) -> dict[int, tuple[FixedPlan, ...]]:
+    """The frontiers as the artifact keeps them: 5 decimals for the success, 6 for dollars."""
     return {
-        str(k): [[list(p.models), round(p.success, 5), round(p.cost, 6)] for p in plans]
+        k: tuple(FixedPlan(p.models, round(p.success, 5), round(p.cost, 6)) for p in plans)
         for k, plans in frontier.items()
     }

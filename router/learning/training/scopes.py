@@ -29,6 +29,7 @@ from scipy import special
 from sklearn.model_selection import GroupKFold
 
 from router.learning.training.dataset import AttemptRow
+from router.policy.artifact import ScopeEffects
 from router.policy.config import Scope
 from router.policy.scopes import first_scope
 
@@ -171,16 +172,14 @@ def fit_scopes(
     return out
 
 
-def to_artifact(scopes: Sequence[Scope], results: Sequence[ScopeResult]) -> dict[str, Any]:
+def to_artifact(scopes: Sequence[Scope], results: Sequence[ScopeResult]) -> dict[str, ScopeEffects]:
     """The artifact's ``scopes``: the kept scopes' offsets, with the match they were trained under
     (a scope whose match changed since is not given them: ``router.policy.learned``)."""
     match = {s.name: s.match.model_dump(exclude_none=True) for s in scopes}
     return {
-        r.name: {
-            "match": match[r.name],
-            "common": round(r.offsets.common, 6),
-            "models": {m: round(v, 6) for m, v in r.offsets.models.items()},
-        }
+        r.name: ScopeEffects(
+            match[r.name], round(r.offsets.common, 6), {m: round(v, 6) for m, v in r.offsets.models.items()}
+        )
         for r in results
         if r.kept and r.offsets is not None
     }

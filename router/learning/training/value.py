@@ -183,12 +183,21 @@ def all_points(
     artifact: Artifact, tasks: Sequence[Mapping[str, Logged]], vectors: Sequence[Mapping[int, float]],
     frontiers: Mapping[int, Sequence[priors.FixedPlan]], *, noise: tuple[float, float] = (0.0, 0.0),
     targets: Iterable[float] = TARGETS,
-) -> dict[str, list[dict[str, object]]]:  # fmt: skip
+) -> dict[int, tuple[priors.Point, ...]]:  # fmt: skip
+    """The artifact's operating points per retry limit, rounded as it keeps them."""
     targets = tuple(targets)
     return {
-        str(k): [
-            priors.point_to_json(p)
+        k: tuple(
+            rounded(p)
             for p in points(artifact, tasks, vectors, frontier, max_attempts=k, noise=noise, targets=targets)
-        ]
+        )
         for k, frontier in sorted(frontiers.items())
     }
+
+
+def rounded(p: priors.Point) -> priors.Point:
+    """6 decimals for dollars, 5 for the success, 4 for shares (what a file needs, not float noise)."""
+    return priors.Point(
+        round(p.value, 6), p.target, p.margin, round(p.success, 5), round(p.cost, 6), round(p.deviations, 4),
+        round(p.gain, 6),
+    )  # fmt: skip
