@@ -44,7 +44,8 @@ _TYPED = frozenset({
 
 @dataclass(frozen=True, slots=True)
 class ModelParams:
-    weights: tuple[float, ...]
+    #: Thousands of numbers: left out of the repr, which a failed comparison prints.
+    weights: tuple[float, ...] = field(repr=False)
     platt: tuple[float, float]
     #: log(attempt cost in USD) = cost_weights · numeric features (dense part only).
     cost_weights: tuple[float, ...]
