@@ -15,7 +15,6 @@ import fnmatch
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from router.errors import ConfigError
 from router.features.task.vector import repo_hint
@@ -24,6 +23,7 @@ from router.policy.config import ObjectiveSpec, Policy, PolicyFile, Scope, Scope
 from router.policy.decide import Decider
 from router.policy.learned import LearnedScorer
 from router.protocols.common import ClientRequest
+from router.store import RequestRecord
 
 log = logging.getLogger("router.policy")
 
@@ -45,11 +45,11 @@ def scope_facts(req: ClientRequest, headers: Mapping[str, str], key_id: str | No
     return ScopeFacts(repo=repo, key=key_id, team=headers.get(TEAM_HEADER))
 
 
-def logged_facts(row: Mapping[str, Any], task_repo: str | None = None) -> ScopeFacts:
+def logged_facts(row: RequestRecord, task_repo: str | None = None) -> ScopeFacts:
     """The facts of a logged request: the headers its record kept, else the task's repository as
     the log keeps it (``task_repo``: the ``repo`` column of the task's first request)."""
-    headers = row.get("rule_headers") or {}
-    return ScopeFacts(headers.get(REPO_HEADER) or task_repo, row.get("key_id"), headers.get(TEAM_HEADER))
+    headers = row.rule_headers or {}
+    return ScopeFacts(headers.get(REPO_HEADER) or task_repo, row.key_id, headers.get(TEAM_HEADER))
 
 
 def _holds(pattern: str | None, value: str | None) -> bool:

@@ -39,64 +39,61 @@ from router.policy.learned import LearnedScorer
 from router.policy.runtime import Runtime, build_runtime
 from router.policy.scopes import logged_facts
 from router.protocols.common import Usage
-from router.store import Store
-from router.store.rows import as_dicts
+from router.store import OutcomeRecord, RequestRecord, Store
 from router.store.window import latest_requests
 
-Row = Mapping[str, Any]
 RISK_EXAMPLES = 5
 
 
-def features_of(r: Row, vector: Mapping[int, float] | None) -> Features:
+def features_of(r: RequestRecord, vector: Mapping[int, float] | None) -> Features:
     """The decision's inputs as the log kept them."""
-    attempt = int(r.get("attempt") or 1)
     return Features(
-        protocol=str(r.get("protocol") or ""),
-        requested_model=str(r.get("requested_model") or ""),
-        prompt_tokens=(prompt := int(r.get("prompt_tokens_est") or r.get("input_tokens") or 0)),
-        max_output_tokens=r.get("max_tokens"),
-        tools=bool(r.get("n_tools")),
-        n_tools=int(r.get("n_tools") or 0),
-        thinking=r.get("thinking_budget") is not None or r.get("reasoning_effort") not in (None, "none"),
+        protocol=r.protocol or "",
+        requested_model=r.requested_model or "",
+        prompt_tokens=(prompt := r.prompt_tokens_est or r.input_tokens or 0),
+        max_output_tokens=r.max_tokens,
+        tools=bool(r.n_tools),
+        n_tools=r.n_tools or 0,
+        thinking=r.thinking_budget is not None or r.reasoning_effort not in (None, "none"),
         vision=False,
-        stream=bool(r.get("stream")),
-        n_messages=int(r.get("n_messages") or 0),
-        side_call=bool(r.get("side_call")),
-        headers=r.get("rule_headers") or {},
+        stream=r.stream,
+        n_messages=r.n_messages or 0,
+        side_call=r.side_call,
+        headers=r.rule_headers or {},
         task_vector=vector,  # as the tracker hands it over: the scorer adds the attempt
-        attempt=attempt,
+        attempt=r.attempt or 1,
         # Mostly an anchored estimate, in the tokens of the backend that served it.
         prompt_anchor=prompt,
-        anchor_model=r.get("chosen_model"),
+        anchor_model=r.chosen_model,
     )
 
 
-def first_choice(r: Row) -> str:
+def first_choice(r: RequestRecord) -> str:
     """The model the logged decision put first (what served may be a fallback)."""
-    tries = r.get("tries") or []
-    return str(tries[0].get("model") if tries and tries[0].get("model") else r["chosen_model"])
+    tries = r.tries or []
+    return str(tries[0].get("model") if tries and tries[0].get("model") else r.chosen_model)
 
 
-def logged_usage(r: Row) -> Usage:
+def logged_usage(r: RequestRecord) -> Usage:
     return Usage(
-        input_tokens=int(r.get("input_tokens") or r.get("prompt_tokens_est") or 0),
-        output_tokens=int(r.get("output_tokens") or 0),
-        cache_read_tokens=r.get("cache_read_tokens"),
-        cache_write_tokens=r.get("cache_write_tokens"),
+        input_tokens=r.input_tokens or r.prompt_tokens_est or 0,
+        output_tokens=r.output_tokens or 0,
+        cache_read_tokens=r.cache_read_tokens,
+        cache_write_tokens=r.cache_write_tokens,
     )
 
 
-def risks_of(backend: Backend, f: Features, r: Row) -> list[str]:
+def risks_of(backend: Backend, f: Features, r: RequestRecord) -> list[str]:
     """What of the logged request the model would not take."""
     out = []
-    wanted = f.max_output_tokens or int(r.get("output_tokens") or 0)
+    wanted = f.max_output_tokens or r.output_tokens or 0
     if f.prompt_tokens + min(wanted, backend.max_output_tokens) > backend.context_window:
         out.append("context_window")
     if f.tools and not backend.tools:
         out.append("tools")
     if f.thinking and not backend.thinking:
         out.append("thinking")
-    if int(r.get("output_tokens") or 0) > backend.max_output_tokens:
+    if (r.output_tokens or 0) > backend.max_output_tokens:
         out.append("max_output_tokens")
     return out
 
@@ -160,7 +157,10 @@ def _learned_success(
 
 
 def _offpolicy_success(
-    requests: Sequence[Row], outcomes: Sequence[Row], tally: _Tally, abandon_after_s: float
+    requests: Sequence[RequestRecord],
+    outcomes: Sequence[OutcomeRecord],
+    tally: _Tally,
+    abandon_after_s: float,
 ) -> dict[str, Any] | None:
     rows = dataset.build(requests, outcomes, abandon_after_s=abandon_after_s)
     rows = [r for r in rows if (r.task_id, r.attempt) in tally.attempts]
@@ -187,7 +187,11 @@ def _offpolicy_success(
 
 
 def preview(
-    requests: Sequence[Row], outcomes: Sequence[Row], runtime: Runtime, *, resamples: int = 200
+    requests: Sequence[RequestRecord],
+    outcomes: Sequence[OutcomeRecord],
+    runtime: Runtime,
+    *,
+    resamples: int = 200,
 ) -> dict[str, Any]:
     """The report (``--json`` prints exactly this). ``requests`` oldest first."""
     policy, catalog = runtime.policy, runtime.catalog
@@ -199,21 +203,21 @@ def preview(
     tally = _Tally()
     tasks: dict[str, _TaskReplay] = defaultdict(_TaskReplay)
     for r in requests:
-        task_id = r.get("task_id")
-        if not r.get("decision_id") or not r.get("chosen_model") or not task_id:
+        task_id, logged = r.task_id, r.chosen_model
+        if not r.decision_id or not logged or not task_id:
             tally.skipped += 1  # refused before a decision: nothing to decide again
             continue
         t = tasks[task_id]
-        if t.vector is None and r.get("task_features"):
-            t.vector = from_json(r["task_features"])
-        t.repo = t.repo or r.get("repo")
+        if t.vector is None and r.task_features:
+            t.vector = from_json(r.task_features)
+        t.repo = t.repo or r.repo
         tally.requests += 1
         tally.tasks.add(task_id)
-        tally.cost_before += float(r.get("cost_usd") or 0.0)
+        tally.cost_before += r.cost_usd or 0.0
         f = features_of(r, t.vector)
         side = f.side_call
         if not side:
-            warm = t.warm if t.warm is not None and t.warm[2] >= float(r["ts"]) else None
+            warm = t.warm if t.warm is not None and t.warm[2] >= r.ts else None
             f = replace(
                 f,
                 pinned=t.pinned.get(f.attempt),
@@ -235,14 +239,14 @@ def preview(
         usage = logged_usage(r)
         same_cost = cost_split(backend.price, usage).total
         held = usage.input_tokens or 0  # what the call leaves warm, in the tokens of the backend that took it
-        if new == r["chosen_model"]:
+        if new == logged:
             cost = same_cost
         else:
             for kind in risks_of(backend, f, r):
                 tally.risks[kind] += 1
                 if len(tally.risk_examples) < RISK_EXAMPLES:
                     tally.risk_examples.append(
-                        {"request_id": r["request_id"], "move": f"{old} -> {new}", "risk": kind}
+                        {"request_id": r.request_id, "move": f"{old} -> {new}", "risk": kind}
                     )
             # The served backend's count, in the new backend's tokens.
             reported = usage.input_tokens or 0
@@ -255,8 +259,8 @@ def preview(
         if not side:
             if f.attempt not in t.pinned:
                 t.pinned[f.attempt] = new
-                tally.attempts[(task_id, f.attempt)] = (str(r["chosen_model"]), new)
-            t.warm = (new, held, float(r["ts"]) + backend.cache_ttl_s)
+                tally.attempts[(task_id, f.attempt)] = (logged, new)
+            t.warm = (new, held, r.ts + backend.cache_ttl_s)
     scorer = runtime.decider.scorer
     learned = (
         _learned_success(scorer, tally, {k: v.vector for k, v in tasks.items()}, resamples)
@@ -361,11 +365,10 @@ async def preview_posted(
 
     runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)", posted=True)
     until = time.time()
-    records, capped = await latest_requests(store, until - seconds, max_requests)
-    requests = as_dicts(records)
-    outcomes = as_dicts(await store.outcomes_since(until - seconds))
+    requests, capped = await latest_requests(store, until - seconds, max_requests)
+    outcomes = await store.outcomes_since(until - seconds)
     report = await asyncio.to_thread(preview, requests, outcomes, runtime)
-    since = requests[0]["ts"] if capped else until - seconds
+    since = requests[0].ts if capped else until - seconds
     report["window"] = {"since": since, "until": until, "capped": max_requests if capped else None}
     return report
 
@@ -380,7 +383,7 @@ def run_preview(args: Any) -> int:
 
     runtime = load_runtime(args.config)
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
-    report = preview(as_dicts(window.requests), as_dicts(window.outcomes), runtime)
+    report = preview(window.requests, window.outcomes, runtime)
     report["window"] = {"since": window.since, "until": window.until}
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())

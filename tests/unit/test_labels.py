@@ -22,6 +22,7 @@ from router.learning.labels.evaluate import Attempt, checkpoint_quality, evaluat
 from router.learning.labels.replay import Trajectory, load, replay, requests
 from router.learning.training import dataset
 from router.protocols import openai_chat
+from router.store import OutcomeRecord, RequestRecord
 from tests.unit.test_signals import PROTOCOLS, PYTEST_FAIL, PYTEST_PASS, Step, conversation
 
 TRAJECTORIES = Path(__file__).resolve().parents[2] / "evals/data/trajectories/gemini-3-pro-preview.jsonl.gz"
@@ -302,23 +303,20 @@ def test_eval_labels_cli_prints_json_and_refuses_a_missing_file(
 
 
 def test_training_weighs_inferred_labels_by_confidence_and_explicit_ones_fully() -> None:
-    assert dataset.label_weight({"explicit": True, "success": True}) == 1.0
-    assert dataset.label_weight({"source": SOURCE, "score": 0.8}) == pytest.approx(0.6)
-    assert dataset.label_weight({"source": SOURCE, "score": 0.5}) == 0.0
-    assert dataset.label_weight({"source": "tests", "score": 1.0}) == dataset.INFERRED_WEIGHT
-    req = {"task_id": "a", "attempt": 1, "ts": 1.0, "status": 200, "chosen_model": "m",
-           "task_features": {"0": 1.0}}  # fmt: skip
-    inferred = {"task_id": "a", "attempt": 1, "success": False, "score": 0.1, "source": SOURCE, "ts": 5.0}
+    def outcome(source: str, score: float | None, success: bool = True, ts: float = 1.0) -> OutcomeRecord:
+        return OutcomeRecord("a", 1, success, score, source, None, ts, source == "explicit")
+
+    assert dataset.label_weight(outcome("explicit", None)) == 1.0
+    assert dataset.label_weight(outcome(SOURCE, 0.8)) == pytest.approx(0.6)
+    assert dataset.label_weight(outcome(SOURCE, 0.5)) == 0.0
+    assert dataset.label_weight(outcome("tests", 1.0)) == dataset.INFERRED_WEIGHT
+    req = RequestRecord(
+        "r", 1.0, task_id="a", attempt=1, status=200, chosen_model="m", task_features={"0": 1.0}
+    )
+    inferred = outcome(SOURCE, 0.1, success=False, ts=5.0)
     (row,) = dataset.build([req], [inferred], now=2.0)
     assert not row.success and row.label_source == SOURCE and row.weight == pytest.approx(0.8)
-    explicit = {
-        "task_id": "a",
-        "attempt": 1,
-        "success": True,
-        "source": "explicit",
-        "explicit": True,
-        "ts": 2.0,
-    }
+    explicit = outcome("explicit", None, ts=2.0)
     (row,) = dataset.build([req], [inferred, explicit], now=2.0)
     assert row.success and row.label_source == "explicit" and row.weight == 1.0
 

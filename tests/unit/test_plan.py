@@ -19,6 +19,7 @@ from router.policy import prior as prior_module
 from router.policy.artifact import Artifact
 from router.policy.learned import LearnedScorer, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
+from router.store import OutcomeRecord, RequestRecord
 
 CHEAP = Option("cheap", 0.5, 1.0)
 STRONG = Option("strong", 0.9, 4.0)
@@ -234,17 +235,10 @@ def test_artifact_refuses_wrong_hash_and_schema() -> None:
 
 def test_dataset_labels_explicit_over_weak_and_abandoned() -> None:
     vec = to_json(task_vector("x"))
-    req = {"task_id": "a", "attempt": 1, "chosen_model": "m", "status": 200, "ts": 100.0, "cost_usd": 0.1,
-           "task_features": vec, "propensity": 0.5, "candidates": [{"model": "m"}, {"model": "n"}]}  # fmt: skip
-    weak = {"task_id": "a", "attempt": 1, "success": False, "source": "tests", "explicit": False, "ts": 101}
-    explicit = {
-        "task_id": "a",
-        "attempt": 1,
-        "success": True,
-        "source": "explicit",
-        "explicit": True,
-        "ts": 99,
-    }
+    req = RequestRecord("r", 100.0, task_id="a", attempt=1, chosen_model="m", status=200, cost_usd=0.1,
+                        task_features=vec, propensity=0.5, candidates=[{"model": "m"}, {"model": "n"}])  # fmt: skip
+    weak = OutcomeRecord("a", 1, False, None, "tests", None, 101, False)
+    explicit = OutcomeRecord("a", 1, True, None, "explicit", None, 99, True)
     [row] = dataset.build([req], [weak, explicit], now=200)
     assert row.success and row.label_source == "explicit" and row.actions == ["m", "n"]
     [row] = dataset.build([req], [weak], now=200)

@@ -11,6 +11,7 @@ import yaml
 
 from router.policy.runtime import load_runtime
 from router.rollout.preview import preview
+from router.store import OutcomeRecord, RequestRecord
 
 # Prices per 1M tokens; the catalog keeps them per token.
 A = {"id": "a", "litellm_model": "openai/a", "protocol": "openai", "context_window": 10_000,
@@ -29,12 +30,12 @@ def runtime(tmp_path: Path, candidates: list[str], name: str = "p", **extra: Any
 
 
 def row(i: int, model: str, *, task: str = "t1", attempt: int = 1, inp: int = 1000, out: int = 100,
-        read: int = 0, write: int = 0, cost: float = 0.0, **kw: Any) -> dict[str, Any]:  # fmt: skip
-    return {"request_id": f"r{i}", "ts": 1000.0 + i, "decision_id": f"d{i}", "task_id": task, "attempt": attempt,
-            "protocol": "openai_chat", "requested_model": "auto", "chosen_model": model,
-            "tries": [{"model": model}], "prompt_tokens_est": inp, "input_tokens": inp, "output_tokens": out,
-            "cache_read_tokens": read, "cache_write_tokens": write, "cost_usd": cost, "n_messages": 2,
-            "status": 200, **kw}  # fmt: skip
+        read: int = 0, write: int = 0, cost: float = 0.0, **kw: Any) -> RequestRecord:  # fmt: skip
+    fields: dict[str, Any] = {"requested_model": "auto", **kw}
+    return RequestRecord(f"r{i}", 1000.0 + i, decision_id=f"d{i}", task_id=task, attempt=attempt,
+                         protocol="openai_chat", chosen_model=model, tries=[{"model": model}],
+                         prompt_tokens_est=inp, input_tokens=inp, output_tokens=out, cache_read_tokens=read,
+                         cache_write_tokens=write, cost_usd=cost, n_messages=2, status=200, **fields)  # fmt: skip
 
 
 def test_the_logging_policy_moves_nothing_and_costs_the_same(tmp_path: Path) -> None:
@@ -99,7 +100,7 @@ def test_risks_name_what_the_logged_request_needed(tmp_path: Path) -> None:
 
 
 def test_requests_the_new_policy_cannot_route_are_counted(tmp_path: Path) -> None:
-    rows = [row(1, "a", requested_model="gone"), {"request_id": "x", "ts": 1.0, "status": 401}]
+    rows = [row(1, "a", requested_model="gone"), RequestRecord("x", 1.0, status=401)]
     p = preview(rows, [], runtime(tmp_path, ["a"]))
     assert p["unroutable"] == {"UnknownModel": 1} and p["skipped"] == 1
 
@@ -117,8 +118,9 @@ def test_offpolicy_success_uses_the_outcomes(tmp_path: Path) -> None:
     rows = [
         row(i, "a" if i % 2 else "b", task=f"t{i}", task_features=vec, propensity=0.5) for i in range(1, 21)
     ]
-    outcomes = [{"task_id": f"t{i}", "attempt": 1, "success": i % 2 == 0, "explicit": True, "ts": 2000.0,
-                 "source": "explicit"} for i in range(1, 21)]  # fmt: skip
+    outcomes = [
+        OutcomeRecord(f"t{i}", 1, i % 2 == 0, None, "explicit", None, 2000.0, True) for i in range(1, 21)
+    ]
     p = preview(rows, outcomes, runtime(tmp_path, ["b"]))
     off = p["success"]["offpolicy"]
     assert off["attempts"] == 20 and off["matched"] == 10

@@ -16,6 +16,7 @@ from router.policy.runtime import load_runtime
 from router.policy.scopes import ScopeFacts, scope_facts
 from router.protocols.common import ClientRequest
 from router.rollout.preview import preview
+from router.store import RequestRecord
 
 M = {"litellm_model": "openai/x", "protocol": "openai", "context_window": 100_000, "max_output_tokens": 1000}
 
@@ -116,13 +117,13 @@ def test_bad_scopes_name_the_field(tmp_path: Path, scopes: list[dict[str, Any]],
 
 def test_preview_replays_scopes_from_the_logged_headers(tmp_path: Path) -> None:
     rt = load_runtime(write(tmp_path / "p.yaml", SCOPES))
-    row = {"request_id": "r1", "ts": 1.0, "decision_id": "d", "task_id": "t", "attempt": 1, "protocol": "openai_chat",
-           "requested_model": "auto", "chosen_model": "cheap", "prompt_tokens_est": 100, "input_tokens": 100,
-           "output_tokens": 10, "status": 200, "rule_headers": {"x-router-repo": "acme/api"}}  # fmt: skip
+    row = RequestRecord("r1", 1.0, decision_id="d", task_id="t", attempt=1, protocol="openai_chat",
+                        requested_model="auto", chosen_model="cheap", prompt_tokens_est=100, input_tokens=100,
+                        output_tokens=10, status=200, rule_headers={"x-router-repo": "acme/api"})  # fmt: skip
     assert preview([row], [], rt)["moves"] == {"cheap -> dear": 1}
-    assert preview([{**row, "rule_headers": None}], [], rt)["moved"] == 0
+    assert preview([replace(row, rule_headers=None)], [], rt)["moved"] == 0
     # The task's repository as the log keeps it (its first request's ``repo``) counts as well.
-    assert preview([{**row, "rule_headers": None, "repo": "acme/api"}], [], rt)["moved"] == 1
+    assert preview([replace(row, rule_headers=None, repo="acme/api")], [], rt)["moved"] == 1
 
 
 def test_a_scope_may_only_name_tasks_for_the_learned_models_effects(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from router.policy.config import Policy
 from router.policy.learned import LearnedScorer
 from router.policy.loading import load_policy
 from router.policy.runtime import objective_for
+from router.store import OutcomeRecord, RequestRecord
 from router.store.rows import as_dicts
 from router.store.window import opened
 from router.telemetry import tables
@@ -36,9 +37,9 @@ from router.telemetry import tables
 MIN_ATTEMPTS_PER_MODEL = 10
 
 
-async def read_log(store_url: str, since: float = 0.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def read_log(store_url: str, since: float = 0.0) -> tuple[list[RequestRecord], list[OutcomeRecord]]:
     async with opened(store_url) as store:  # a missing file is an error, never a new empty log
-        return as_dicts(await store.requests_since(since)), as_dicts(await store.outcomes_since(0.0))
+        return await store.requests_since(since), await store.outcomes_since(0.0)
 
 
 def attempts_per_model(rows: list[dataset.AttemptRow]) -> dict[str, int]:
@@ -119,10 +120,10 @@ def train(
     dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
     fitted = dataclasses.replace(
         fitted,
-        output_tokens=fit_output_tokens(requests),
+        output_tokens=fit_output_tokens(as_dicts(requests)),
         controls=control.caps_from_log(rows),
         # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
-        estimates=as_estimates(fit_estimates(requests)),
+        estimates=as_estimates(fit_estimates(as_dicts(requests))),
         report={**fitted.report, "dominant_keys": dominant_keys},
     )
     scorer = scorer_for_evaluation(fitted, policy)
@@ -145,7 +146,7 @@ def train(
     console.print(prior_line(scorer), highlight=False)
     console.print(control.caps_line(artifact.controls), highlight=False)
     # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
-    labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
+    labels = fromlog.train(as_dicts(outcomes), policy.label_model, path.with_name(path.stem + ".labels.json"))
     for line in fromlog.lines(labels):
         console.print(line, highlight=False)
     return Trained(path, sha, artifact, labels)

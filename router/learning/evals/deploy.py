@@ -90,7 +90,7 @@ def catalog_for(policy: Policy) -> Catalog:
 
 def log_records(
     data: Dataset, task_ids: Sequence[str], arrivals: Mapping[str, Arrival]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[RequestRecord], list[OutcomeRecord]]:
     """The training tasks as the log would hold them under a uniform logging policy.
 
     The data has one independent run per task × model, so each run is logged as the first
@@ -98,8 +98,8 @@ def log_records(
     """
     models = data.model_ids
     candidates = [{"model": m} for m in models]
-    requests: list[dict[str, Any]] = []
-    outcomes: list[dict[str, Any]] = []
+    requests: list[RequestRecord] = []
+    outcomes: list[OutcomeRecord] = []
     ts = 1_700_000_000.0
     for tid in task_ids:
         vec = to_json(arrivals[tid].vector)
@@ -112,16 +112,11 @@ def log_records(
                 requested_model=REQUESTED_MODEL, chosen_model=m, status=200, cost_usd=o.cost,
                 propensity=1.0 / len(models), candidates=candidates, task_features=vec,
             )  # fmt: skip
-            requests.append(_row(rec, RequestRecord.columns()))
+            requests.append(rec)
             out = OutcomeRecord(task_id=session, attempt=1, success=o.resolved, score=None,
                                 source="explicit", details=None, ts=ts + 0.5, explicit=True)  # fmt: skip
-            outcomes.append(_row(out, OutcomeRecord.columns()))
+            outcomes.append(out)
     return requests, outcomes
-
-
-def _row(record: object, columns: tuple[str, ...]) -> dict[str, Any]:
-    # A shallow dict, as the store returns rows (``asdict`` would deep-copy every shared list).
-    return {c: getattr(record, c) for c in columns}
 
 
 def train(

@@ -29,7 +29,6 @@ from router.learning.evals.arrival import arrive, first_request
 from router.learning.evals.deploy import Knobs, log_records, policy_for
 from router.learning.evals.loader import Dataset, default_data_dir, load
 from router.protocols import openai_chat
-from router.store.records import OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore
 
 
@@ -62,10 +61,10 @@ async def write_log(data: Dataset, path: Path, repo_feature: bool = True) -> int
     try:
         # A session is ``task#model``: its repository is the task's, as the proxy logs it.
         await store.write_requests(
-            [RequestRecord(**{**r, "repo": arrivals[r["task_id"].split("#")[0]].repo}) for r in requests]
+            [dataclasses.replace(r, repo=arrivals[(r.task_id or "").split("#")[0]].repo) for r in requests]
         )
         for o in outcomes:
-            await store.write_outcome(OutcomeRecord(**o))
+            await store.write_outcome(o)
     finally:
         await store.close()
     return len(requests)

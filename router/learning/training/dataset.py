@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from router.features.labels.model import SOURCE as MODEL_SOURCE
 from router.features.task.vector import Vector, from_json, with_attempt
 from router.policy.scopes import ScopeFacts, logged_facts
+from router.store import OutcomeRecord, RequestRecord
 
 #: The weight of an inferred label that carries no calibrated probability (older hand-weighted
 #: signals, an abandoned attempt): they agreed with real verdicts little better than chance.
@@ -49,70 +49,68 @@ class AttemptRow:
     facts: ScopeFacts = field(default_factory=ScopeFacts)
 
 
-def label_weight(outcome: Mapping[str, Any]) -> float:
+def label_weight(outcome: OutcomeRecord) -> float:
     """How much one stored outcome counts as a training label."""
-    if outcome.get("explicit"):
+    if outcome.explicit:
         return 1.0
-    p = outcome.get("score")
-    if outcome.get("source") == MODEL_SOURCE and isinstance(p, int | float):
-        return round(abs(2 * float(p) - 1), 6)
+    if outcome.source == MODEL_SOURCE and outcome.score is not None:
+        return round(abs(2 * outcome.score - 1), 6)
     return INFERRED_WEIGHT
 
 
-def _label(outcomes: list[Mapping[str, Any]]) -> tuple[bool, str, float] | None:
-    explicit = [o for o in outcomes if o.get("explicit")]
+def _label(outcomes: list[OutcomeRecord]) -> tuple[bool, str, float] | None:
+    explicit = [o for o in outcomes if o.explicit]
     if explicit:
-        o = max(explicit, key=lambda o: o.get("ts") or 0)
-        return bool(o["success"]), "explicit", 1.0
+        o = max(explicit, key=lambda o: o.ts)
+        return o.success, "explicit", 1.0
     if not outcomes:
         return None
-    model = [o for o in outcomes if o.get("source") == MODEL_SOURCE]
-    tests = [o for o in outcomes if o.get("source") == "tests"]
-    o = max(model or tests or outcomes, key=lambda o: o.get("ts") or 0)
-    return bool(o["success"]), str(o.get("source")), label_weight(o)
+    model = [o for o in outcomes if o.source == MODEL_SOURCE]
+    tests = [o for o in outcomes if o.source == "tests"]
+    o = max(model or tests or outcomes, key=lambda o: o.ts)
+    return o.success, o.source, label_weight(o)
 
 
 def build(
-    requests: Iterable[Mapping[str, Any]],
-    outcomes: Iterable[Mapping[str, Any]],
+    requests: Iterable[RequestRecord],
+    outcomes: Iterable[OutcomeRecord],
     *,
     abandon_after_s: float = 1800,
     now: float | None = None,
 ) -> list[AttemptRow]:
     now = time.time() if now is None else now
-    by_attempt: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+    by_attempt: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
     vectors: dict[str, Vector] = {}
     repos: dict[str, str] = {}
     for r in requests:
-        task = r.get("task_id")
+        task = r.task_id
         if not task:
             continue
-        if r.get("task_features") and task not in vectors:
-            vectors[task] = from_json(r["task_features"])
-        if r.get("repo") and task not in repos:
-            repos[task] = r["repo"]
-        by_attempt[(task, int(r.get("attempt") or 1))].append(r)
-    labels: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
+        if r.task_features and task not in vectors:
+            vectors[task] = from_json(r.task_features)
+        if r.repo and task not in repos:
+            repos[task] = r.repo
+        by_attempt[(task, r.attempt or 1)].append(r)
+    labels: dict[tuple[str, int], list[OutcomeRecord]] = defaultdict(list)
     for o in outcomes:
-        labels[(o["task_id"], int(o.get("attempt") or 0))].append(o)
+        labels[(o.task_id, o.attempt or 0)].append(o)
 
     rows: list[AttemptRow] = []
-    for (task, attempt), reqs in sorted(by_attempt.items(), key=lambda kv: kv[1][0]["ts"]):
+    for (task, attempt), reqs in sorted(by_attempt.items(), key=lambda kv: kv[1][0].ts):
         if task not in vectors:
             continue
-        main = [
-            r for r in reqs if not r.get("side_call") and r.get("status") == 200 and r.get("chosen_model")
-        ]
-        if not main:
+        served = [(r, r.chosen_model) for r in reqs if not r.side_call and r.status == 200 and r.chosen_model]
+        if not served:
             continue
+        main = [r for r, _ in served]
         label = _label(labels.get((task, attempt), []) or labels.get((task, 0), []))
         if label is None:
-            if now - max(r["ts"] for r in reqs) < abandon_after_s:
+            if now - max(r.ts for r in reqs) < abandon_after_s:
                 continue  # still in progress
             label = (False, "abandoned", INFERRED_WEIGHT)
-        model = Counter(r["chosen_model"] for r in main).most_common(1)[0][0]
+        model = Counter(m for _, m in served).most_common(1)[0][0]
         first = main[0]
-        actions = [c["model"] for c in (first.get("candidates") or []) if not c.get("excluded")] or [model]
+        actions = [c["model"] for c in (first.candidates or []) if not c.get("excluded")] or [model]
         rows.append(
             AttemptRow(
                 task_id=task,
@@ -121,11 +119,11 @@ def build(
                 vector=with_attempt(vectors[task], attempt),
                 success=label[0],
                 label_source=label[1],
-                cost=sum(r.get("cost_usd") or 0.0 for r in reqs),
+                cost=sum(r.cost_usd or 0.0 for r in reqs),
                 n_calls=len(main),
-                propensity=float(first.get("propensity") or 1.0),
+                propensity=first.propensity or 1.0,
                 actions=actions,
-                ts=float(first["ts"]),
+                ts=first.ts,
                 weight=label[2],
                 facts=logged_facts(first, repos.get(task)),
             )
