@@ -13,7 +13,10 @@ Backends are tried in the decision's order, within one overall deadline:
 * a breaker per backend (shared across replicas through ``router.state``) skips backends that
   keep failing, with a half-open probe to notice their return;
 * for streams, all of this happens only before the first content event — the commit point.
-  Everything read before it is held back until then.
+  Everything read before it is held back until then;
+* in the seconds after a start while litellm still loads, the backends the client's protocol
+  reaches directly go before those that need translating, and a translated call waits for the
+  load as queue time, within the overall deadline but not the first-token one.
 
 Every timeout error names the timeout that fired (connect, first_token, idle, overall).
 """
@@ -29,7 +32,7 @@ from typing import Any, TypeVar
 
 from router.errors import RouterError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.forward.timeouts import Timeouts
-from router.forward.upstream import Reply, Upstream
+from router.forward.upstream import Reply, Upstream, relay_base
 from router.policy.catalog import Backend, Catalog
 from router.policy.decide import Decision
 from router.protocols import WIRES, ClientRequest, StreamObserver, sse
@@ -135,6 +138,7 @@ class Executor:
                 if slot is not None:
                     await slot.acquire()
                 try:
+                    await self._loaded(req, backend)
                     phases.start_upstream()
                     reply = await self.upstream.complete(req, backend, headers)
                 finally:
@@ -143,7 +147,7 @@ class Executor:
             phases.byte()
             return reply
 
-        return await self._run(decision, catalog, phases, ex, call)
+        return await self._run(decision, catalog, phases, ex, call, req.protocol)
 
     async def open_stream(
         self, req: ClientRequest, decision: Decision, catalog: Catalog, headers: dict[str, str], phases: Phases,
@@ -153,9 +157,15 @@ class Executor:
 
         async def call(backend: Backend, deadline: float) -> CommittedStream:
             slot = self._slots.get(backend.id)
-            if slot is not None:
-                async with asyncio.timeout_at(_loop_deadline(deadline)):
+            async with asyncio.timeout_at(_loop_deadline(deadline)):
+                if slot is not None:
                     await slot.acquire()
+                try:
+                    await self._loaded(req, backend)
+                except BaseException:
+                    if slot is not None:
+                        slot.release()
+                    raise
             phases.start_upstream()
             first_token_by = min(deadline, time.monotonic() + self.timeouts.first_token)
             try:
@@ -172,7 +182,12 @@ class Executor:
                 committed.release = slot.release
             return committed
 
-        return await self._run(decision, catalog, phases, ex, call)
+        return await self._run(decision, catalog, phases, ex, call, req.protocol)
+
+    async def _loaded(self, req: ClientRequest, backend: Backend) -> None:
+        """Wait for litellm's load before a call that needs translating (a dict lookup once loaded)."""
+        if not self.upstream.translation_ready and relay_base(backend, req.protocol) is None:
+            await self.upstream.prepare_translation()
 
     async def _run(
         self,
@@ -181,10 +196,17 @@ class Executor:
         phases: Phases,
         ex: Execution,
         call: Callable[[Backend, float], Awaitable[T]],
+        protocol: str,
     ) -> T:
         self.retry_budget.earn()
         deadline = time.monotonic() + self.timeouts.overall
         order = list(decision.order)
+        if not self.upstream.translation_ready:
+            # litellm loads for seconds (tens under load) after a start: a candidate the client's
+            # protocol reaches directly answers now, one that needs translating only after the load.
+            relayed = [m for m in order if relay_base(catalog[m], protocol) is not None]
+            if relayed and relayed != order[: len(relayed)]:
+                order = relayed + [m for m in order if m not in relayed]
         last: RouterError | None = None
         skipped: list[str] = []
         i = 0

@@ -13,7 +13,9 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -91,14 +93,15 @@ sys.exit(main())
 
 
 def slow_import_serve(
-    tmp_path: Path, upstream: FakeUpstream, port: int, slow_s: float
-) -> subprocess.Popen[bytes]:
+    tmp_path: Path, upstream: FakeUpstream, port: int, slow_s: float, policy: dict[str, Any] | None = None,
+    **env_extra: str,
+) -> subprocess.Popen[bytes]:  # fmt: skip
     launcher = tmp_path / "launch.py"
     launcher.write_text(LAUNCHER)
     config = tmp_path / "policy.yaml"
-    config.write_text(yaml.safe_dump(local_policy(upstream.url)))
+    config.write_text(yaml.safe_dump(policy or local_policy(upstream.url)))
     env = {**os.environ, "ROUTER_STORE": f"sqlite:///{tmp_path / 'log.db'}", "ROUTER_DRAIN_DELAY": "0",
-           "SLOW_IMPORT_S": str(slow_s)}  # fmt: skip
+           "SLOW_IMPORT_S": str(slow_s), **env_extra}  # fmt: skip
     return subprocess.Popen(
         [sys.executable, str(launcher), "serve", "--config", str(config), "--port", str(port)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -167,3 +170,37 @@ def test_a_translated_request_in_flight_at_sigterm_still_waits_for_litellm(
     assert replies and replies[0].status_code == 200, (replies[0].text if replies else None, out)
     assert replies[0].headers["x-router-model"] == "local-claude"
     assert proc.returncode in (0, -signal.SIGTERM), out
+
+
+def test_while_litellm_loads_a_relayed_candidate_answers_and_a_translated_call_waits(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """Issue 30 #13: for 10-23 s after each start, a translated call waited for litellm's import
+    inside its first-token timeout (504 after 15 s) although a relayed candidate was at hand. Now
+    the relayed candidate answers at once, and a call only a translation can serve waits for the
+    load as queue time, not as the backend's first-token time."""
+    policy = local_policy(upstream.url)
+    policy["rules"].append({"name": "claude-first", "when": {"stream": False}, "prefer": ["local-claude"]})
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = slow_import_serve(tmp_path, upstream, port, 6, policy, ROUTER_TIMEOUTS__FIRST_TOKEN="2")
+    try:
+        wait_ready(base, proc)
+        hi = [{"role": "user", "content": "hi"}]
+        began = time.monotonic()
+        relayed = httpx.post(
+            base + "/v1/chat/completions", json={"model": "auto", "messages": hi}, timeout=30
+        )
+        fell_back_in = time.monotonic() - began
+        assert httpx.get(base + "/readyz", timeout=5).json()["translation_loaded"] is False
+        body = {"model": "local-claude", "stream": True, "messages": hi}
+        with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as r:
+            translated = (r.status_code, r.headers.get("x-router-model"), [x for x in r.iter_lines() if x])
+        after = httpx.post(base + "/v1/chat/completions", json={"model": "auto", "messages": hi}, timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=20)
+    assert relayed.status_code == 200 and relayed.headers["x-router-model"] == "local-nano", relayed.text
+    assert fell_back_in < 4, fell_back_in
+    assert translated[:2] == (200, "local-claude") and translated[2][-1] == "data: [DONE]", translated
+    assert after.headers["x-router-model"] == "local-claude"  # loaded: the decision's own order again
