@@ -80,9 +80,3 @@ class Decoder(Generic[R]):
 
 REQUEST_ROWS = Decoder(REQUESTS, RequestRecord)
 OUTCOME_ROWS = Decoder(OUTCOMES, OutcomeRecord)
-
-
-def as_dicts(records: Sequence[RequestRecord] | Sequence[OutcomeRecord]) -> list[dict[str, Any]]:
-    """The records as the dict rows the store used to return, for the readers not yet on
-    attributes (issue 34: removed when the last one is)."""
-    return [{f.name: getattr(r, f.name) for f in fields(r)} for r in records]

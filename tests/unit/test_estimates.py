@@ -13,6 +13,7 @@ from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
 from router.policy.estimates import BackendEstimates, Estimates
 from router.policy.loading import parse_policy
+from router.store import RequestRecord
 
 POLICY = """
 models:
@@ -91,12 +92,11 @@ def test_a_warm_prompt_is_cached_at_the_learned_share() -> None:
     )  # type: ignore[union-attr]
 
 
-def row(task: str, ts: float, **kw: Any) -> dict[str, Any]:
-    base = {"task_id": task, "ts": ts, "status": 200, "side_call": False, "usage_estimated": False,
-            "chosen_model": "gem", "input_tokens": 1_000, "output_tokens": 100, "cache_read_tokens": 0,
-            "prompt_tokens_est": 1_000, "candidates": [{"model": "gem", "cached_tokens": 0}]}  # fmt: skip
-    base.update(kw)
-    return base
+def row(task: str, ts: float, **kw: Any) -> RequestRecord:
+    base: dict[str, Any] = {"status": 200, "chosen_model": "gem", "input_tokens": 1_000, "output_tokens": 100,
+                            "cache_read_tokens": 0, "prompt_tokens_est": 1_000,
+                            "candidates": [{"model": "gem", "cached_tokens": 0}], **kw}  # fmt: skip
+    return RequestRecord(f"{task}@{ts}", ts, task_id=task, **base)
 
 
 def test_fit_from_the_log() -> None:

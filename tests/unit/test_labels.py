@@ -324,17 +324,14 @@ def test_training_weighs_inferred_labels_by_confidence_and_explicit_ones_fully()
 # -- the label model from the log's explicit outcomes ---------------------------------------------
 
 
-def _logged(n: int) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def _logged(n: int) -> list[OutcomeRecord]:
+    rows: list[OutcomeRecord] = []
     for i in range(n):
         steps = float(i % 10)
         x = {"log_chars": 10.0, "log_steps": steps, "no_tests": 0.0, "repeats": 0.0}
-        rows.append({"task_id": f"t{i}", "attempt": 1, "source": SOURCE, "explicit": False, "success": True,
-                     "score": 0.7, "details": {"features": x}, "ts": 1.0})  # fmt: skip
-        rows.append({"task_id": f"t{i}", "attempt": 1, "source": "explicit", "explicit": True,
-                     "success": steps < 5, "ts": 2.0})  # fmt: skip
-    rows.append({"task_id": "lonely", "attempt": 1, "source": SOURCE, "explicit": False, "success": True,
-                 "details": {"features": {}}, "ts": 1.0})  # fmt: skip
+        rows.append(OutcomeRecord(f"t{i}", 1, True, 0.7, SOURCE, {"features": x}, 1.0, False))
+        rows.append(OutcomeRecord(f"t{i}", 1, steps < 5, None, "explicit", None, 2.0, True))
+    rows.append(OutcomeRecord("lonely", 1, True, None, SOURCE, {"features": {}}, 1.0, False))
     return rows
 
 

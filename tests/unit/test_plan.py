@@ -273,7 +273,8 @@ def test_output_tokens_are_learned_per_model_and_used_by_the_decision() -> None:
         # 'verbose' writes ~10x what 'terse' does, growing slowly with the prompt.
         for model, scale in (("terse", 20), ("verbose", 200)):
             out = int(scale * (prompt / 1000) ** 0.3 * rng.uniform(0.7, 1.3))
-            reqs.append({"status": 200, "chosen_model": model, "input_tokens": prompt, "output_tokens": out})
+            reqs.append(RequestRecord(f"r{len(reqs)}", 1.0, status=200, chosen_model=model, input_tokens=prompt,
+                                      output_tokens=out))  # fmt: skip
     artifact = dataclasses.replace(fit(rows_for(20)), output_tokens=fit_output_tokens(reqs))
     terse, verbose = artifact.expected_output("terse", 10_000), artifact.expected_output("verbose", 10_000)
     assert terse is not None and verbose is not None

@@ -28,7 +28,6 @@ from router.policy.learned import LearnedScorer
 from router.policy.loading import load_policy
 from router.policy.runtime import objective_for
 from router.store import OutcomeRecord, RequestRecord
-from router.store.rows import as_dicts
 from router.store.window import opened
 from router.telemetry import tables
 
@@ -120,10 +119,10 @@ def train(
     dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
     fitted = dataclasses.replace(
         fitted,
-        output_tokens=fit_output_tokens(as_dicts(requests)),
+        output_tokens=fit_output_tokens(requests),
         controls=control.caps_from_log(rows),
         # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
-        estimates=as_estimates(fit_estimates(as_dicts(requests))),
+        estimates=as_estimates(fit_estimates(requests)),
         report={**fitted.report, "dominant_keys": dominant_keys},
     )
     scorer = scorer_for_evaluation(fitted, policy)
@@ -146,7 +145,7 @@ def train(
     console.print(prior_line(scorer), highlight=False)
     console.print(control.caps_line(artifact.controls), highlight=False)
     # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
-    labels = fromlog.train(as_dicts(outcomes), policy.label_model, path.with_name(path.stem + ".labels.json"))
+    labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
     for line in fromlog.lines(labels):
         console.print(line, highlight=False)
     return Trained(path, sha, artifact, labels)

@@ -40,6 +40,7 @@ from router.policy.loading import parse_policy
 from router.policy.pipeline import request_features
 from router.protocols import WIRES
 from router.protocols.common import OPENAI_CHAT
+from router.store import RequestRecord
 
 WINDOWS: Final = (16_384, 32_768, 65_536, 131_072)
 BASELINES: Final = ("chars4", "o200k", "prev_chars4")
@@ -190,14 +191,13 @@ def replay(
     return [row for t in trajectories for row in r.replay(t)]
 
 
-def log_row(r: Row) -> dict[str, Any]:
+def log_row(r: Row) -> RequestRecord:
     """The replayed call as the router's log keeps it (the columns ``fit_estimates`` reads)."""
-    return {
-        "task_id": r.task, "ts": float(r.turn), "status": 200, "side_call": False, "usage_estimated": False,
-        "chosen_model": BACKEND, "input_tokens": r.prompt, "output_tokens": r.output,
-        "cache_read_tokens": r.cached, "prompt_tokens_est": r.logged,
-        "candidates": [{"model": BACKEND, "cached_tokens": r.cached_est}],
-    }  # fmt: skip
+    return RequestRecord(
+        f"{r.task}#{r.turn}", float(r.turn), task_id=r.task, status=200, chosen_model=BACKEND,
+        input_tokens=r.prompt, output_tokens=r.output, cache_read_tokens=r.cached, prompt_tokens_est=r.logged,
+        candidates=[{"model": BACKEND, "cached_tokens": r.cached_est}],
+    )  # fmt: skip
 
 
 def cross_validate(

@@ -16,35 +16,34 @@ import orjson
 
 from router.features.labels.model import SOURCE, LabelModel
 from router.learning.labels import fit as fitting
+from router.store import OutcomeRecord
 
 #: Fewer explicit outcomes (or fewer of either kind) than this and no new model is fitted.
 MIN_SAMPLES: Final = 50
 MIN_PER_CLASS: Final = 10
 
 
-def samples(outcomes: Iterable[Mapping[str, Any]]) -> list[fitting.Sample]:
+def samples(outcomes: Iterable[OutcomeRecord]) -> list[fitting.Sample]:
     """One sample per attempt that has both an explicit outcome and a stored label reading."""
-    explicit: dict[tuple[str, int], Mapping[str, Any]] = {}
-    inferred: dict[tuple[str, int], Mapping[str, Any]] = {}
+    explicit: dict[tuple[str, int], OutcomeRecord] = {}
+    inferred: dict[tuple[str, int], dict[str, Any]] = {}  # the label's details
     for o in outcomes:
-        key = (str(o["task_id"]), int(o.get("attempt") or 0))
-        if o.get("explicit"):
-            if key not in explicit or (o.get("ts") or 0) >= (explicit[key].get("ts") or 0):
+        key = (o.task_id, o.attempt or 0)
+        if o.explicit:
+            if key not in explicit or o.ts >= explicit[key].ts:
                 explicit[key] = o
-        elif o.get("source") == SOURCE and isinstance(o.get("details"), dict):
-            inferred[key] = o
+        elif o.source == SOURCE and isinstance(o.details, dict):
+            inferred[key] = o.details
     out = []
-    for key, o in sorted(inferred.items()):
-        x = o["details"].get("features")
+    for key, details in sorted(inferred.items()):
+        x = details.get("features")
         verdict = explicit.get(key) or explicit.get((key[0], 0))
         if verdict is not None and isinstance(x, dict):
-            out.append(
-                fitting.Sample(key[0], {str(k): float(v) for k, v in x.items()}, bool(verdict["success"]))
-            )
+            out.append(fitting.Sample(key[0], {str(k): float(v) for k, v in x.items()}, verdict.success))
     return out
 
 
-def train(outcomes: Iterable[Mapping[str, Any]], current: LabelModel, out: Path | None) -> dict[str, Any]:
+def train(outcomes: Iterable[OutcomeRecord], current: LabelModel, out: Path | None) -> dict[str, Any]:
     """The current model's quality on the log's explicit outcomes; a refitted one's, written to
     ``out``, when there are enough of them."""
     data = samples(outcomes)

@@ -17,37 +17,35 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Final
 
 from router.policy.estimates import BackendEstimates, Estimates
+from router.store import RequestRecord
 
 MIN_ROWS: Final = 20
 
 
-def fit_estimates(requests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float | int]]:
+def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, float | int]]:
     """``{backend: {tokens_ratio, output_mean, output_p90, cache_share, n}}`` (only what was learned)."""
     outputs: dict[str, list[int]] = defaultdict(list)
     cache: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
     first: dict[str, tuple[float, str, int, int]] = {}  # task → (ts, backend, reported, estimated)
     for r in requests:
-        model = r.get("chosen_model")
-        reported = r.get("input_tokens")
-        if r.get("status") != 200 or not model or r.get("usage_estimated") or not reported:
+        model = r.chosen_model
+        reported = r.input_tokens
+        if r.status != 200 or not model or r.usage_estimated or not reported or r.side_call:
             continue
-        if r.get("side_call"):
-            continue
-        out = r.get("output_tokens")
-        if out is not None:
-            outputs[model].append(int(out))
-        chosen = next((c for c in r.get("candidates") or () if c.get("model") == model), None)
+        if r.output_tokens is not None:
+            outputs[model].append(r.output_tokens)
+        chosen = next((c for c in r.candidates or () if c.get("model") == model), None)
         if chosen is not None and chosen.get("cached_tokens"):
             c = cache[model]
-            c[0] += r.get("cache_read_tokens") or 0
+            c[0] += r.cache_read_tokens or 0
             c[1] += reported
             c[2] += 1
-        task, est, ts = r.get("task_id"), r.get("prompt_tokens_est"), float(r.get("ts") or 0.0)
-        if task and est and (task not in first or ts < first[task][0]):
-            first[task] = (ts, model, int(reported), int(est))
+        task, est = r.task_id, r.prompt_tokens_est
+        if task and est and (task not in first or r.ts < first[task][0]):
+            first[task] = (r.ts, model, reported, est)
     ratios: dict[str, list[float]] = defaultdict(list)
     for _, model, reported, est in first.values():
         ratios[model].append(reported / est)

@@ -11,28 +11,29 @@ from __future__ import annotations
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 from sklearn.linear_model import QuantileRegressor
 
 from router.policy.artifact import OutputTokens
+from router.store import RequestRecord
 
 MIN_ROWS = 20
 MAX_ROWS = 2000  # quantile regression is a linear program: keep it fast on a large log
 
 
-def fit_output_tokens(requests: Iterable[Mapping[str, Any]]) -> dict[str, OutputTokens]:
+def fit_output_tokens(requests: Iterable[RequestRecord]) -> dict[str, OutputTokens]:
     """Per model: the median and 90th percentile lines, log1p(out) = a + b·log1p(prompt)."""
     by_model: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in requests:
-        if r.get("status") != 200 or r.get("side_call") or not r.get("chosen_model"):
+        model = r.chosen_model
+        if r.status != 200 or r.side_call or not model:
             continue
-        out, prompt = r.get("output_tokens"), r.get("input_tokens") or r.get("prompt_tokens_est")
-        if out is None or prompt is None or r.get("usage_estimated"):
+        out, prompt = r.output_tokens, r.input_tokens or r.prompt_tokens_est
+        if out is None or prompt is None or r.usage_estimated:
             continue
-        by_model[r["chosen_model"]].append((math.log1p(prompt), math.log1p(out)))
+        by_model[model].append((math.log1p(prompt), math.log1p(out)))
     fitted = {}
     for model, pairs in by_model.items():
         data = np.array(pairs[-MAX_ROWS:])
