@@ -96,7 +96,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     since = time.time() - parse_duration(args.since) if args.since else 0.0
     train(args.store, args.config, args.out, since=since, min_attempts=args.min_attempts, force=args.force,
-          min_scope_attempts=args.min_scope_attempts, max_key_share=args.max_key_share)  # fmt: skip
+          min_scope_attempts=args.min_scope_attempts, max_key_share=args.max_key_share,
+          trajectories=args.trajectories)  # fmt: skip
     return 0
 
 
@@ -381,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-key-share", type=float, default=0.1, metavar="S",
                     help="largest share of the training weight one virtual key's labels may have, or 2/K "
                          "with K keys if larger; the keys over it are scaled down and listed (default 0.1)")  # fmt: skip
+    tr.add_argument("--trajectories", metavar="PATH",
+                    help="agent runs with known outcomes (a *.jsonl[.gz] file or a directory of them, the format "
+                         "router eval reads) to learn each model's stop-loss from; without it the stop-loss stays off")  # fmt: skip
     tr.set_defaults(func=cmd_train)
 
     pv = command("preview", "decide the logged requests again under a new policy: moves, cost, success, risks",

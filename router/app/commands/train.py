@@ -15,7 +15,7 @@ from rich.table import Table
 
 from router.errors import ConfigError
 from router.learning.labels import fromlog
-from router.learning.training import control, dataset, keyshare, offpolicy
+from router.learning.training import control, dataset, keyshare, offpolicy, stoploss
 from router.learning.training import scopes as scoped
 from router.learning.training.estimates import as_estimates, fit_estimates
 from router.learning.training.fit import fit
@@ -87,6 +87,7 @@ def train(
     store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None, *,
     min_attempts: int = MIN_ATTEMPTS_PER_MODEL, force: bool = False,
     min_scope_attempts: int = scoped.MIN_ATTEMPTS, max_key_share: float = keyshare.MAX_KEY_SHARE,
+    trajectories: str | None = None,
 ) -> Trained:  # fmt: skip
     console = console or Console()
     policy = load_policy(config)
@@ -117,13 +118,16 @@ def train(
     fitted = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
                  scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
+    # Per model: a cap on an attempt's calls, and a stop-loss where recorded runs show it pays.
+    stops = _stop_losses(trajectories, list(counts))
+    said = {} if stops is None else {"stop_loss": {m: c.to_json() for m, c in stops.items()}}
     fitted = dataclasses.replace(
         fitted,
         output_tokens=fit_output_tokens(requests),
-        controls=control.caps_from_log(rows),
+        controls=stoploss.merge(control.caps_from_log(rows), stops or {}),
         # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
         estimates=as_estimates(fit_estimates(requests)),
-        report={**fitted.report, "dominant_keys": dominant_keys},
+        report={**fitted.report, "dominant_keys": dominant_keys, **said},
     )
     scorer = scorer_for_evaluation(fitted, policy)
 
@@ -143,12 +147,25 @@ def train(
     sha = hashlib.sha256(raw).hexdigest()
     _print(console, artifact, path, sha)
     console.print(prior_line(scorer), highlight=False)
-    console.print(control.caps_line(artifact.controls), highlight=False)
+    console.print(
+        control.caps_line({m: c for m, c in artifact.controls.items() if c.max_calls}), highlight=False
+    )
+    console.print(stoploss.line(stops), highlight=False)
     # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
     labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
     for line in fromlog.lines(labels):
         console.print(line, highlight=False)
     return Trained(path, sha, artifact, labels)
+
+
+def _stop_losses(path: str | None, models: list[str]) -> dict[str, stoploss.Choice] | None:
+    """Each model's stop-loss from the runs in ``path`` of the log's models (None: no runs given)."""
+    if path is None:
+        return None
+    from router.learning.evals import turns
+
+    known = {k: r for k, r in turns.load([path]).items() if k[1] in models}
+    return stoploss.learn(stoploss.runs_from(known))
 
 
 def prior_line(scorer: LearnedScorer) -> str:

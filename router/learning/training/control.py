@@ -119,8 +119,8 @@ def caps_from_log(
 ) -> dict[str, AttemptControl]:
     """The artifact's attempt controls from a log: per model with enough resolved
     attempts, a cap of ``CAP_FACTOR`` × their median calls. The stop-loss needs each call's
-    reading of the conversation, which the log does not keep: it stays off here (``router eval
-    --trajectories`` measures it where trajectories exist)."""
+    reading of the conversation, which the log does not keep: ``router train --trajectories``
+    learns it from recorded runs (``router.learning.training.stoploss``)."""
     calls: dict[str, list[int]] = {}
     for r in rows:
         if r.success and r.model not in r.failed_before:
