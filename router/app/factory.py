@@ -30,6 +30,7 @@ from router.http.api import register
 from router.http.auth import Auth
 from router.http.ops import register_ops
 from router.http.proxy import Proxy
+from router.http.recorder import Recorder
 from router.policy.collector import PolicyCollector
 from router.policy.pipeline import Pipeline
 from router.policy.revisions import Archive
@@ -174,9 +175,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     admission = Admission(
         s.state.limits, s.state.budgets, s.store if isinstance(s.state, MemoryState) else None
     )
+    pipeline = Pipeline(s.sizer, tasks, s.background)
     proxy = Proxy(
-        s.auth, Pipeline(s.sizer, tasks, s.background), admission,
-        s.executor, s.writer, s.telemetry, runtime, s.background,
+        s.auth, pipeline, admission, s.executor,
+        Recorder(pipeline, admission, s.writer, s.telemetry, s.background), runtime,
         max_body_bytes=s.settings.max_body_bytes, log_prompts=s.settings.log_prompts,
         durable_log=s.settings.durable_log,
     )  # fmt: skip

@@ -8,7 +8,6 @@ shape. Logging happens off the request path (the writer batches in the backgroun
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -18,22 +17,20 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from router.background import Background
 from router.errors import PayloadTooLarge, RouterError, UpstreamError
 from router.features.task.identity import client_key_hash, scoped, task_id_of
 from router.forward.accounting import charge, cost_split
 from router.forward.execute import CommittedStream, Execution, Executor
 from router.http.admission import Admission
 from router.http.auth import Auth, Principal, presented_key
-from router.http.flight import Flight, prompt_text, record
+from router.http.flight import Flight, prompt_text
+from router.http.recorder import Recorder
 from router.http.replies import error_reply
 from router.ids import IdMaker
 from router.policy.pipeline import Decided, Pipeline
 from router.policy.runtime import RuntimeHolder
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
 from router.protocols.openai_chat import is_usage_only, usage_frame_with_cost
-from router.store.writer import LogWriter
-from router.telemetry import Telemetry, console
 from router.telemetry.phases import Phases
 
 log = logging.getLogger("router.http.proxy")
@@ -80,10 +77,8 @@ class Proxy:
         pipeline: Pipeline,
         admission: Admission,
         executor: Executor,
-        writer: LogWriter,
-        telemetry: Telemetry,
+        recorder: Recorder,
         runtime: RuntimeHolder,
-        background: Background,
         *,
         max_body_bytes: int,
         log_prompts: bool = False,
@@ -93,10 +88,8 @@ class Proxy:
         self.pipeline = pipeline
         self.admission = admission
         self.executor = executor
-        self.writer = writer
-        self.telemetry = telemetry
+        self.recorder = recorder
         self.runtime = runtime
-        self.background = background
         self.max_body_bytes = max_body_bytes
         self.log_prompts = log_prompts
         self.durable_log = durable_log
@@ -110,22 +103,18 @@ class Proxy:
             self._new_id(), time.time(), protocol, request.scope["path"],
             (all_headers.get("user-agent") or "")[:64] or None, self.runtime.current,
         )  # fmt: skip
-        self.telemetry.started(f)
+        self.recorder.started(f)
         try:
             response = await self._respond(request, all_headers, WIRES[protocol], phases, f)
         except BaseException:
-            self._close(f, phases)
+            self.recorder.close(f, phases)
             raise
         if isinstance(response, _Reply):
             if self.durable_log:
-                # The record is stored before the client hears anything (a store that fails
-                # keeps it buffered and retried, and /readyz says so; the reply still goes out).
-                self._close(f, phases)
-                with contextlib.suppress(Exception):
-                    await self.writer.flush()
+                await self.recorder.stored(f, phases)
             else:
                 # Accounted once the reply is out: the client does not wait for metrics and the log.
-                response.then = partial(self._close, f, phases)
+                response.then = partial(self.recorder.close, f, phases)
         return response
 
     async def _respond(
@@ -146,7 +135,7 @@ class Proxy:
                 f.rt, req, f.task_id, f.key_id, headers, all_headers.get("x-router-attempt"), len(raw),
                 await self.admission.key_budget_left(principal),
             )  # fmt: skip
-            self.telemetry.prompt_sized(decided.remembered, decided.counted)
+            self.recorder.decided(decided)
             decision = decided.decision
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
             f.held = await self.admission.admit(principal, f.task_id, decision, task_budget)
@@ -195,7 +184,7 @@ class Proxy:
             finished = True
             c.release()
             self._charge(f, c.observer.usage, content_events)
-            self._close(f, phases)
+            self.recorder.close(f, phases)
 
         async def abandoned() -> None:
             # The client left before the body began: close the upstream and account anyway.
@@ -208,8 +197,7 @@ class Proxy:
             """In durable mode, the record is stored before the client gets the final event."""
             if self.durable_log:
                 finalize()
-                with contextlib.suppress(Exception):
-                    await self.writer.flush()
+                await self.recorder.stored(f, phases)
 
         async def body() -> AsyncGenerator[bytes, None]:
             nonlocal content_events, started
@@ -267,26 +255,6 @@ class Proxy:
     def _error(wire: Wire, err: RouterError, f: Flight) -> _Reply:
         f.ended(err.status, err.kind, err.message[:500])
         return error_reply(err, wire.name, _route_headers(f), _Reply)
-
-    def _close(self, f: Flight, phases: Phases) -> None:
-        """Account for a request that has ended, however it ended: exactly once."""
-        if f.closed:
-            return
-        f.closed = True
-        phases.finish()
-        if f.decided is not None:
-            served_by = f.model if f.status == 200 else None
-            c = f.charge
-            input_tokens = c.usage.input_tokens if c is not None else None
-            reported = c.reported_input_tokens if c is not None and served_by is not None else None
-            self.pipeline.finish(f.rt, f.decided, served_by, input_tokens, reported)
-        if f.held is not None:
-            cost = f.charge.split.total if f.charge is not None else None
-            self.background.spawn(self.admission.settle(f.held, cost), name="settle-budget")
-        rec = record(f, phases)
-        self.writer.submit(rec)
-        self.telemetry.finished(rec, phases)
-        console.log_request(rec)
 
 
 class _Reply(Response):
