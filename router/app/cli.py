@@ -102,11 +102,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_outcome(args: argparse.Namespace) -> int:
-    from router.http.outcomes import record_outcome
+    from router.app.commands.outcome import run
 
-    attempt = asyncio.run(record_outcome(args.store, args.task_id, args.success, args.score, args.attempt))
-    print(f"task {args.task_id} attempt {attempt}: {'success' if args.success else 'failure'} recorded")
-    return 0
+    return run(args)
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -446,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("--store", help=STORE_HELP)
     mg.set_defaults(func=cmd_migrate)
 
-    from router.http.keys import add_parser as add_keys
+    from router.app.commands.keys import add_parser as add_keys
 
     add_keys(sub, os.environ.get("ROUTER_STORE", "sqlite:///router.db"))
     return p

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, ConfigError, RouterError, TaskNotFound
+from router.errors import BadRequest, RouterError, TaskNotFound
 from router.features.task import vector as taskfeatures
 from router.features.task.identity import scoped
 from router.features.task.tracker import TaskState, TaskTracker
@@ -35,9 +35,8 @@ from router.policy.decide import Decider
 from router.policy.learned import LearnedScorer
 from router.policy.runtime import Runtime
 from router.protocols.common import load_json, validation_message
-from router.store import Store, mask_url
+from router.store import Store
 from router.store.records import OutcomeRecord, RequestRecord
-from router.store.window import opened
 
 EXPLICIT = "explicit"
 #: The task's latest requests an outcome reads (its attempt, route, scope and failed models).
@@ -139,38 +138,3 @@ def _known(
         return None
     failed = list(dict.fromkeys(model for r, model in main if (r.attempt or 1) <= attempt))
     return taskfeatures.from_json(features), failed
-
-
-async def record_outcome(
-    store_url: str, task_id: str, success: bool, score: float | None = None, attempt: int | None = None
-) -> int:
-    """``router outcome``: the same explicit verdict as ``POST /v1/outcomes``, written to the log
-    directly (a running router's task memory does not hear of it). Returns the attempt judged."""
-    if score is not None and not 0 <= score <= 1:
-        raise ConfigError(f"--score: expected a number in [0, 1], got {score}")
-    async with opened(store_url) as store:
-        rows = await store.requests_for_task(task_id)
-        if not rows:
-            raise ConfigError(
-                f"no request of task {task_id!r} is in {mask_url(store_url)} (`router tasks --recent` lists ids)"
-            )
-        latest = max(r.attempt or 1 for r in rows)
-        if attempt is not None and not 1 <= attempt <= latest:
-            raise ConfigError(
-                f"--attempt {attempt}: task {task_id!r} has attempt 1"
-                + (f" to {latest}" if latest > 1 else "")
-                + " in the log"
-            )
-        judged = attempt or latest
-        if not any(r.status == 200 and (r.attempt or 1) == judged for r in rows):
-            # Nothing answered it (refused, failed, every backend down): there is no model to credit or blame.
-            raise ConfigError(
-                f"task {task_id!r} attempt {judged}: no backend served it (every request was refused or "
-                "failed), so there is no verdict to record"
-            )
-        rec = OutcomeRecord(
-            task_id=task_id, attempt=judged, success=success, score=score, source=EXPLICIT,
-            details={"client_source": "cli"}, ts=time.time(), explicit=True,
-        )  # fmt: skip
-        await store.write_outcome(rec)
-    return judged
