@@ -318,9 +318,10 @@ class Policy:
             self.warnings.append(f"{source}: " + MIN_SUCCESS_DEPRECATED.format(v=spec.objective.min_success))
         self.learned_path = self.file(spec.learned.artifact, "learned.artifact") if spec.learned else None
         ref = spec.tasks.label_model
+        self.label_model_path = self.file(ref.artifact, "tasks.label_model.artifact") if ref else None
         self.label_model = (
-            LabelModel.load(self.file(ref.artifact, "tasks.label_model.artifact"), ref.sha256)
-            if ref is not None
+            LabelModel.load(self.label_model_path, ref.sha256)
+            if ref is not None and self.label_model_path is not None
             else default_labels()
         )
         #: Per model, the rules that end an attempt early: the file's caps here; the runtime adds

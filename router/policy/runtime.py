@@ -278,7 +278,9 @@ class PolicyWatcher:
         referenced = (
             (rt.files.artifact_path, rt.files.control_path) if rt.files else (rt.policy.learned_path,)
         )
-        files = [self.path, *(f for f in referenced if f is not None)]
+        # The label model too: a file changed under its pin must be refused now, on /readyz, not
+        # at whatever reload comes next.
+        files = [self.path, *(f for f in (*referenced, rt.policy.label_model_path) if f is not None)]
         return tuple(f.stat().st_mtime_ns if f.exists() else -1 for f in files)
 
     def check(self, current: Runtime) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import time
 from pathlib import Path
 
@@ -57,6 +59,25 @@ def test_revisions_rejections_and_the_log(router_factory, upstream: FakeUpstream
         assert [p["revision"] for p in now["previous"]] == [first["revision"]]  # type: ignore[index]
         assert c.get("/readyz").json()["status"] == "ok"
         assert "router_policy_rejected 0.0" in c.get("/metrics").text
+
+
+def test_a_label_model_rewritten_under_its_pin_shows_on_readyz(  # type: ignore[no-untyped-def]
+    router_factory, upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Issue 30: a changed label model went unnoticed until the next reload of something else."""
+    from router.features.labels.model import DEFAULT_PATH
+
+    raw = DEFAULT_PATH.read_bytes()
+    (tmp_path / "labels.json").write_bytes(raw)
+    config = tmp_path / "policy.yaml"
+    pin = {"artifact": "labels.json", "sha256": hashlib.sha256(raw).hexdigest()}
+    config.write_text(yaml.safe_dump({**local_policy(upstream.url), "tasks": {"label_model": pin}}))
+    r = router_factory({}, config=config)
+    with httpx.Client(base_url=r.url, timeout=10) as c:
+        assert c.get("/readyz").json()["status"] == "ok"
+        (tmp_path / "labels.json").write_bytes(raw.replace(b"{", b"{ ", 1))
+        ready = wait_for(lambda: c.get("/readyz").json(), lambda b: b["status"] == "degraded")
+    assert ready["policy_rejected"] and "sha256 mismatch" in ready["policy_rejected"]["error"]  # type: ignore[index]
 
 
 def test_preview_posted_yaml_against_the_servers_log(

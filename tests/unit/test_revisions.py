@@ -165,3 +165,26 @@ def test_a_revision_applied_again_after_another_starts_a_new_trial(tmp_path: Pat
     archive.keep(one, "one", 300.0)  # back by hand
     archive.keep(one, "one", 301.0)  # the other replica follows
     assert archive.since(one.revision) == 300.0 and archive.since(two.revision) == 200.0
+
+
+def test_a_label_model_changed_under_its_pin_is_noticed_by_the_watcher(tmp_path: Path) -> None:
+    """Issue 30: the watcher stamped the policy, its artifact and its control file, not the label
+    model, so a label model rewritten under its pin went unnoticed until some other change."""
+    import hashlib
+
+    from tests.unit.test_labels import _artifact
+
+    raw = _artifact()
+    labels = tmp_path / "labels.json"
+    labels.write_bytes(raw)
+    path = write(tmp_path / "p.yaml", "one")
+    spec = yaml.safe_load(path.read_text())
+    spec["tasks"] = {"label_model": {"artifact": "labels.json", "sha256": hashlib.sha256(raw).hexdigest()}}
+    path.write_text(yaml.safe_dump(spec))
+    first = load_runtime(path)
+    history = PolicyHistory(Archive(path))
+    watcher = PolicyWatcher(path, [].append, first, history)
+    labels.write_bytes(raw.replace(b"log_steps", b"log_turns"))
+    bump(labels)
+    assert watcher.check(first) is False
+    assert history.last_rejected is not None and "sha256 mismatch" in history.last_rejected.error
