@@ -161,11 +161,15 @@ def register_ui(
     @gated
     async def task(request: Request) -> Response:
         task_id = request.path_params["task_id"]
-        requests = await store.requests_for_task(task_id)
+        # A task of many thousand requests is read as far as a window is, and laid out on a
+        # worker thread: one look at it must not hold every client's replies (as /v1/tasks/{id}).
+        requests = await store.requests_for_task(task_id, max_requests + 1)
         if not requests:
             return render(request, "missing.html", 404, task_id=task_id)
+        capped, requests = len(requests) > max_requests, requests[-max_requests:]
         outcomes = await store.outcomes_for_task(task_id)
-        return render(request, "task.html", d=views.task_detail(task_id, requests, outcomes))
+        d = await asyncio.to_thread(views.task_detail, task_id, requests, outcomes)
+        return render(request, "task.html", d=d, **shown(capped, requests))
 
     @gated
     async def latency(request: Request) -> Response:

@@ -311,3 +311,17 @@ async def test_the_task_page_shows_each_request_with_its_fallbacks_and_the_verdi
     row = page.text.split('<table id="requests">')[1]
     assert "<strong>b</strong>" in row and "after a (" in row  # served by b, after a failed
     assert "success (explicit)" in page.text
+
+
+async def test_the_task_page_reads_a_long_task_as_far_as_a_window(fake: FakeUpstream, tmp_path: Path) -> None:
+    """Issue 30: /ui/tasks/{id} read every request of a task and laid them out on the event loop
+    (a 20k-request task stalled every client, as /v1/tasks/{id} did before it was bounded)."""
+    async with serving(tmp_path, [model("a", fake.url)], max_window_requests=3) as r:
+        for _ in range(5):
+            assert (await r.post(headers={"x-router-task-id": "long"})).status_code == 200
+        await r.s.writer.flush()
+        page = await r.client.get("/ui/tasks/long")
+    assert page.status_code == 200
+    shown = page.text.split('<table id="requests">')[1].split("</table>")[0]
+    assert shown.count("<tr") - 1 == 3  # the header row, then the latest three requests
+    assert "The task's latest 3 requests" in page.text
