@@ -228,7 +228,16 @@ class LogWriter:
                     mid = len(chunk) // 2
                     self._inflight.extendleft([chunk[mid:], chunk[:mid]])
                 continue
-            # Any other exception leaves the chunk at the head for the next attempt.
+            except Exception:
+                # The chunk stays at the head for the next attempt, halved: after a full disk the
+                # space freed may hold fewer rows than a batch, and a batch that never fits would
+                # keep the whole backlog out. Only the head splits, so an outage costs a few
+                # smaller transactions once the store is back.
+                if len(chunk) > 1:
+                    mid = len(chunk) // 2
+                    self._inflight[0] = chunk[mid:]
+                    self._inflight.appendleft(chunk[:mid])
+                raise
             self._inflight.popleft()
             self.written += len(chunk)
 

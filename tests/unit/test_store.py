@@ -732,3 +732,28 @@ async def test_drain_waits_then_cancels_leftovers() -> None:
     assert q.done() and not q.cancelled()
     assert s.cancelled() and cleaned == ["stuck"]
     assert len(tasks) == 0
+
+
+async def test_a_backlog_larger_than_the_space_freed_drains_as_far_as_it_fits(tmp_path: Path) -> None:
+    """Issue 30: after a full disk, space for fewer rows than one batch was never used: the same
+    256-row batch failed again and again, and the whole backlog stayed buffered."""
+    store = SQLiteStore(str(tmp_path / "log.db"))
+    await store.open()
+    try:
+        db = store._db()  # SQLite's page cap on the store's own connection plays a full disk
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages}")
+        w = LogWriter(store, batch_size=256, flush_interval=60)
+        for i in range(600):
+            w.submit(RequestRecord(request_id=f"r{i}", ts=float(i), decision_reason="x" * 200))
+        with pytest.raises(sqlite3.OperationalError, match="full"):
+            await w.flush()
+        db.execute(f"PRAGMA max_page_count = {pages + 16}")  # room for about a hundred rows
+        for _ in range(12):
+            with contextlib.suppress(sqlite3.OperationalError):
+                await w.flush()
+        stored = len(await store.requests_since(0.0))
+        assert 0 < stored < 256 and w.written == stored and w.buffered == 600 - stored
+        assert [r.request_id for r in await store.requests_since(0.0)] == [f"r{i}" for i in range(stored)]
+    finally:
+        await store.close()
