@@ -43,6 +43,8 @@ from router.store import OutcomeRecord, RequestRecord, Store
 from router.store.window import latest_requests
 
 RISK_EXAMPLES = 5
+#: A logged prompt (the log's largest column by far) is not replayed: not read.
+UNREAD = frozenset({"prompt"})
 
 
 def features_of(r: RequestRecord, vector: Mapping[int, float] | None) -> Features:
@@ -365,7 +367,7 @@ async def preview_posted(
 
     runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)", posted=True)
     until = time.time()
-    requests, capped = await latest_requests(store, until - seconds, max_requests)
+    requests, capped = await latest_requests(store, until - seconds, max_requests, UNREAD)
     outcomes = await store.outcomes_since(until - seconds)
     report = await asyncio.to_thread(preview, requests, outcomes, runtime)
     since = requests[0].ts if capped else until - seconds

@@ -7,7 +7,7 @@ no PostgreSQL driver.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from router.errors import ConfigError
@@ -60,9 +60,11 @@ class Store(Protocol):
 
     async def outcomes_for_task(self, task_id: str) -> list[OutcomeRecord]: ...
 
-    async def requests_since(self, ts: float, limit: int | None = None) -> list[RequestRecord]:
+    async def requests_since(
+        self, ts: float, limit: int | None = None, without: Collection[str] = ()
+    ) -> list[RequestRecord]:
         """Every request from ``ts`` (unix seconds) on, oldest first; with ``limit``, only the
-        latest ``limit`` of them."""
+        latest ``limit`` of them. ``without``: columns not read (``router.store.rows.request_rows``)."""
 
     async def outcomes_since(self, ts: float) -> list[OutcomeRecord]:
         """Every outcome recorded from ``ts`` on."""

@@ -6,15 +6,16 @@ to be, for as many rows as a dashboard or a preview reads: only the columns whos
 differs (booleans stored as 0/1, JSON stored as text) are touched, and the record is built from
 the row's values in field order.
 
-A query may select some columns only (``Decoder(..., names)``): the others keep their field
-defaults, so such a record says ``None`` for what was not read — the reader that chose the
-columns is the one that may rely on them.
+A query may leave out columns it does not need (``request_rows(without=...)``: a logged prompt is
+by far the largest column, the decision's candidates the largest JSON): the record keeps the
+field's default for them, so only the reader that chose what to leave out may take such records.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from typing import Any, Generic, TypeVar
 
 from router.store.records import OutcomeRecord, RequestRecord
@@ -25,16 +26,19 @@ R = TypeVar("R", RequestRecord, OutcomeRecord)
 
 
 class Decoder(Generic[R]):
-    """Rows of ``table`` with the columns ``names`` (in that order; all of them by default) → records."""
+    """Rows of ``table`` with the columns ``names`` (in that order; all of them by default) → records.
+
+    ``table`` is then the table of those columns only, what a query selects."""
 
     def __init__(self, table: Table, record: type[R], names: Sequence[str] | None = None) -> None:
-        self.table = table
         self.record: type[R] = record
         self.names = tuple(table.names if names is None else names)
         kinds = {c.name: c.kind for c in table.columns}
         unknown = [n for n in self.names if n not in kinds]
         if unknown:
             raise ValueError(f"{table.name} has no columns {unknown}")
+        by_name = {c.name: c for c in table.columns}
+        self.table = replace(table, columns=tuple(by_name[n] for n in self.names))
         required = [f.name for f in fields(record) if f.default is MISSING and f.default_factory is MISSING]
         if missing := [n for n in required if n not in self.names]:
             raise ValueError(f"a {record.__name__} needs the columns {missing}")
@@ -80,3 +84,11 @@ class Decoder(Generic[R]):
 
 REQUEST_ROWS = Decoder(REQUESTS, RequestRecord)
 OUTCOME_ROWS = Decoder(OUTCOMES, OutcomeRecord)
+
+
+@functools.cache
+def request_rows(without: frozenset[str] = frozenset()) -> Decoder[RequestRecord]:
+    """The decoder of request rows that leave out the columns ``without``."""
+    if not without:
+        return REQUEST_ROWS
+    return Decoder(REQUESTS, RequestRecord, [n for n in REQUESTS.names if n not in without])

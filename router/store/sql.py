@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from router.store import schema
 from router.store.records import KeyRecord, OutcomeRecord, RequestRecord
-from router.store.rows import OUTCOME_ROWS, REQUEST_ROWS, Decoder, R
+from router.store.rows import OUTCOME_ROWS, REQUEST_ROWS, Decoder, R, request_rows
 
 #: Rows decoded on the event loop; more are decoded on a worker thread.
 _DECODE_INLINE = 200
@@ -80,10 +80,13 @@ class SQLStore(ABC):
     async def outcomes_for_task(self, task_id: str) -> list[OutcomeRecord]:
         return await self._select(OUTCOME_ROWS, "task_id", task_id, "attempt, source")
 
-    async def requests_since(self, ts: float, limit: int | None = None) -> list[RequestRecord]:
+    async def requests_since(
+        self, ts: float, limit: int | None = None, without: Collection[str] = ()
+    ) -> list[RequestRecord]:
+        rows_of = request_rows(frozenset(without))
         if limit is None:
-            return await self._select(REQUEST_ROWS, "ts", ts, "ts, request_id", op=">=")
-        latest = await self._select(REQUEST_ROWS, "ts", ts, "ts DESC, request_id DESC", op=">=", limit=limit)
+            return await self._select(rows_of, "ts", ts, "ts, request_id", op=">=")
+        latest = await self._select(rows_of, "ts", ts, "ts DESC, request_id DESC", op=">=", limit=limit)
         return latest[::-1]
 
     async def outcomes_since(self, ts: float) -> list[OutcomeRecord]:

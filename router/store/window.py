@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,10 +53,12 @@ async def opened(url: str) -> AsyncIterator[Store]:
         await store.close()
 
 
-async def latest_requests(store: Store, since: float, limit: int) -> tuple[list[RequestRecord], bool]:
-    """The latest ``limit`` requests from ``since`` on, oldest first, and whether older ones of
-    that span were left out (what a server reads for one look at a window)."""
-    rows = await store.requests_since(since, limit + 1)
+async def latest_requests(
+    store: Store, since: float, limit: int, without: Collection[str] = ()
+) -> tuple[list[RequestRecord], bool]:
+    """The latest ``limit`` requests from ``since`` on (less the columns ``without``), oldest first,
+    and whether older ones of that span were left out (what a server reads for one look at a window)."""
+    rows = await store.requests_since(since, limit + 1, without)
     return rows[-limit:], len(rows) > limit
 
 

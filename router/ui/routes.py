@@ -119,7 +119,7 @@ def register_ui(
     async def read(since: float, until: float) -> tuple[list[RequestRecord], list[OutcomeRecord], bool]:
         """The window's latest requests (at most ``max_requests``), its outcomes, and whether
         older requests of the window were left out."""
-        requests, capped = await latest_requests(store, since, max_requests)
+        requests, capped = await latest_requests(store, since, max_requests, views.UNREAD)
         requests = [r for r in requests if r.ts <= until]
         return requests, await store.outcomes_since(since), capped
 

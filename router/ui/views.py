@@ -31,6 +31,9 @@ TIMELINE_BUCKETS = 24
 TASKS_PER_PAGE = 100
 #: Characters of an error's message shown beside its status and reason.
 ERROR_MESSAGE_CHARS = 160
+#: What the window's pages (not a task's) never show, so do not read: a logged prompt is the
+#: log's largest column by far, the decision's candidates its largest JSON to decode.
+UNREAD = frozenset({"prompt", "candidates", "task_features"})
 
 
 def window_seconds(label: str | None, default: str = DEFAULT_WINDOW) -> tuple[str, float]:

@@ -351,6 +351,16 @@ async def test_store_refuses_calls_before_open(tmp_path: Path) -> None:
     assert not await s.ping()
 
 
+async def test_a_read_may_leave_out_columns(store: SQLiteStore) -> None:
+    rec = full_record()
+    await store.write_requests([rec])
+    (got,) = await store.requests_since(0.0, without=("prompt", "candidates"))
+    assert got.prompt is None and got.candidates is None
+    assert replace(got, prompt=rec.prompt, candidates=rec.candidates) == expected_row(rec)
+    with pytest.raises(ValueError, match="request_id"):
+        await store.requests_since(0.0, without=("request_id",))
+
+
 def test_a_row_of_some_columns_reads_back_with_the_others_at_their_defaults() -> None:
     names = ("ts", "request_id", "stream", "candidates", "cost_usd", "attempt")
     got = Decoder(schema.REQUESTS, RequestRecord, names).one((1.0, "r", 1, '[{"model": "a"}]', 2, 3))

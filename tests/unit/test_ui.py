@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from router.fakeupstream import FakeUpstream
-from router.store import OutcomeRecord, RequestRecord
-from router.ui import charts, session, views
+from router.store import OutcomeRecord, RequestRecord, open_store
+from router.ui import charts, policyview, session, views
 from tests.unit.inprocess import serving
 from tests.unit.requestpath import model
+from tests.unit.test_store import full_record
 
 SECRET = b"s" * 32
 
@@ -325,3 +326,29 @@ async def test_the_task_page_reads_a_long_task_as_far_as_a_window(fake: FakeUpst
     shown = page.text.split('<table id="requests">')[1].split("</table>")[0]
     assert shown.count("<tr") - 1 == 3  # the header row, then the latest three requests
     assert "The task's latest 3 requests" in page.text
+
+
+async def test_the_window_pages_read_the_same_without_the_columns_they_leave_unread(tmp_path: Path) -> None:
+    base = full_record()
+    requests = [
+        replace(base, request_id=f"r{i}", ts=float(i), task_id=f"t{i % 3}", key_id=f"k{i % 2}",
+                status=200 if i % 4 else 502, chosen_model="ab"[i % 2], arm="control" if i % 2 else "treated",
+                policy_revision="rev", cost_usd=0.01 * i, cost_input_usd=0.005 * i if i % 3 else None,
+                queue_ms=None if i == 5 else 1.0, repo="acme/x" if i == 1 else None,
+                tries=[{"model": "a", "status": 503}, {"model": "ab"[i % 2]}] if i % 3 else base.tries)
+        for i in range(12)
+    ]  # fmt: skip
+    outcomes = [_verdict("t0", True, 20.0), _verdict("t1", False, 21.0, "tests")]
+    store = open_store(f"sqlite:///{tmp_path / 'log.db'}")
+    await store.open()
+    await store.write_requests(requests)
+    for o in outcomes:
+        await store.write_outcome(o)
+    everything = await store.requests_since(0.0)
+    shown = await store.requests_since(0.0, without=views.UNREAD)
+    await store.close()
+    assert all(r.prompt is None and r.candidates is None for r in shown)
+    assert views.overview(shown, outcomes, 0.0, 30.0) == views.overview(everything, outcomes, 0.0, 30.0)
+    assert views.task_rows(shown, outcomes) == views.task_rows(everything, outcomes)
+    assert views.latency(shown, outcomes) == views.latency(everything, outcomes)
+    assert policyview.arms(shown, outcomes, "rev") == policyview.arms(everything, outcomes, "rev")
