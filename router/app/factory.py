@@ -26,9 +26,10 @@ from router.features.tokens import TokenCounter
 from router.forward.execute import Executor
 from router.forward.upstream import Upstream
 from router.http.admission import Admission, restore_spend
-from router.http.api import register
+from router.http.api import Api
 from router.http.auth import Auth
-from router.http.ops import register_ops
+from router.http.ops import Ops, Probes
+from router.http.outcomes import Outcomes
 from router.http.proxy import Proxy
 from router.http.recorder import Recorder
 from router.policy.collector import PolicyCollector
@@ -182,15 +183,23 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         max_body_bytes=s.settings.max_body_bytes, log_prompts=s.settings.log_prompts,
         durable_log=s.settings.durable_log,
     )  # fmt: skip
-    register(
-        app, proxy=proxy, auth=s.auth, counter=s.counter, runtime=runtime, tracker=s.tracker, store=s.store,
-        background=s.background, max_body_bytes=s.settings.max_body_bytes,
-    )  # fmt: skip
-    register_ops(
-        app, auth=s.auth, store=s.store, state=s.state, writer=s.writer, telemetry=s.telemetry,
-        runtime=runtime, history=s.history, upstream=s.upstream, draining=lambda: s.draining,
-        max_body_bytes=s.settings.max_body_bytes, max_window_requests=s.settings.max_window_requests,
-    )  # fmt: skip
+    # Each class of handlers holds what its endpoints use; the order of registration is the
+    # order of the routes (and of the OpenAPI document).
+    Api(
+        proxy=proxy, auth=s.auth, counter=s.counter, runtime=runtime, background=s.background,
+        describe=app.openapi, max_body_bytes=s.settings.max_body_bytes,
+    ).register(app)  # fmt: skip
+    Outcomes(
+        auth=s.auth, tracker=s.tracker, store=s.store, runtime=runtime, max_body_bytes=s.settings.max_body_bytes,
+    ).register(app)  # fmt: skip
+    Probes(
+        store=s.store, state=s.state, writer=s.writer, telemetry=s.telemetry, runtime=runtime, history=s.history,
+        upstream=s.upstream, draining=lambda: s.draining,
+    ).register(app)  # fmt: skip
+    Ops(
+        auth=s.auth, store=s.store, runtime=runtime, history=s.history, max_body_bytes=s.settings.max_body_bytes,
+        max_window_requests=s.settings.max_window_requests,
+    ).register(app)  # fmt: skip
     register_ui(
         app, store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config,
         max_requests=s.settings.max_window_requests,

@@ -1,4 +1,4 @@
-"""HTTP endpoints: the three proxied protocols, token counting, models, route preview, outcomes."""
+"""HTTP endpoints: the three proxied protocols, token counting, models, route preview."""
 
 from __future__ import annotations
 
@@ -13,72 +13,69 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.background import Background
-from router.errors import BadRequest, RouterError, UnknownModel
+from router.errors import BadRequest, UnknownModel
 from router.features.promptsize import INLINE_CHARS
-from router.features.task.tracker import TaskTracker
 from router.features.tokens import TokenCounter
 from router.http.auth import Auth, Principal
-from router.http.outcomes import post_outcome
+from router.http.endpoints import keyed
 from router.http.proxy import Proxy, header_dict, read_body
 from router.http.replies import error_reply, json_reply
 from router.policy.runtime import RuntimeHolder
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, PROXIED, WIRES
 from router.protocols import anthropic as anthropic_protocol
-from router.store import Store
 
 
-def register(
-    app: FastAPI, *, proxy: Proxy, auth: Auth, counter: TokenCounter, runtime: RuntimeHolder,
-    tracker: TaskTracker, store: Store, background: Background, max_body_bytes: int,
-) -> None:  # fmt: skip
+class Api:
+    """The protocols' endpoints besides the proxied calls, the model list, and the route preview.
 
-    # router.app.asgi.RouterApp serves the proxied paths before FastAPI sees them; they are declared
-    # here for the OpenAPI document (and for the FastAPI app mounted on its own).
-    for path, protocol in PROXIED.items():
-        app.add_api_route(path, _proxied(proxy, protocol), methods=["POST"], tags=["proxy"], name=protocol)
+    ``describe``: the app's OpenAPI document (FastAPI's ``app.openapi``), which needs a key to read."""
 
-    @app.post("/v1/messages/count_tokens", tags=["proxy"])
-    async def count_tokens(request: Request) -> Response:
-        try:
-            await auth.check(request)
-            raw = await read_body(request, max_body_bytes)
-            req = anthropic_protocol.parse(raw, count_only=True)
-        except RouterError as err:
-            return error_reply(err, ANTHROPIC)
+    def __init__(
+        self, *, proxy: Proxy, auth: Auth, counter: TokenCounter, runtime: RuntimeHolder, background: Background,
+        describe: Callable[[], dict[str, Any]], max_body_bytes: int,
+    ) -> None:  # fmt: skip
+        self.proxy = proxy
+        self.auth = auth
+        self.counter = counter
+        self.runtime = runtime
+        self.background = background
+        self.describe = describe
+        self.max_body_bytes = max_body_bytes
+
+    def register(self, app: FastAPI) -> None:
+        # router.app.asgi.RouterApp serves the proxied paths before FastAPI sees them; they are declared
+        # here for the OpenAPI document (and for the FastAPI app mounted on its own).
+        for path, protocol in PROXIED.items():
+            app.add_api_route(
+                path, _proxied(self.proxy, protocol), methods=["POST"], tags=["proxy"], name=protocol
+            )
+        app.add_api_route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"], tags=["proxy"])
+        app.add_exception_handler(StarletteHTTPException, http_error)
+        app.add_api_route("/openapi.json", self.openapi, methods=["GET"], include_in_schema=False)
+        app.add_api_route("/v1/models", self.models, methods=["GET"], tags=["info"])
+        app.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"], tags=["info"])
+        app.add_api_route("/v1/route", self.route, methods=["POST"], tags=["info"])
+
+    @keyed(ANTHROPIC)
+    async def count_tokens(self, request: Request, principal: Principal) -> Response:
+        raw = await read_body(request, self.max_body_bytes)
+        req = anthropic_protocol.parse(raw, count_only=True)
         # Off the event loop unless short: a large prompt's count would stall every client.
         if len(raw) <= INLINE_CHARS:
-            return json_reply({"input_tokens": counter.count_request(req)})
-        return json_reply({"input_tokens": await background.in_thread(counter.count_request, req)})
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        # FastAPI's own refusals (405, 404) in the protocol's shape, like every other error.
-        err = BadRequest(str(exc.detail))
-        err.status = exc.status_code
-        if exc.status_code == 404:
-            err.anthropic_type = "not_found_error"
-        protocol = ANTHROPIC if request.url.path.startswith("/v1/messages") else OPENAI_CHAT
-        return error_reply(err, protocol, exc.headers)
+            return json_reply({"input_tokens": self.counter.count_request(req)})
+        return json_reply({"input_tokens": await self.background.in_thread(self.counter.count_request, req)})
 
     # With auth on, what the router serves and how it is configured is for callers only: the
     # route and backend list, and the API description. Health and metrics stay open.
-    @app.get("/openapi.json", include_in_schema=False)
-    async def openapi(request: Request) -> Response:
-        try:
-            await auth.check(request)
-        except RouterError as err:
-            return error_reply(err)
-        return json_reply(app.openapi())
+    @keyed()
+    async def openapi(self, request: Request, principal: Principal) -> Response:
+        return json_reply(self.describe())
 
-    @app.get("/v1/models", tags=["info"])
-    async def models(request: Request) -> Response:
-        try:
-            principal = await auth.check(request)
-        except RouterError as err:
-            return error_reply(err)
-        data = model_list(principal)
+    @keyed()
+    async def models(self, request: Request, principal: Principal) -> Response:
+        data = self.model_list(principal)
         names = [m["id"] for m in data]
-        routes = runtime.current.policy.routes
+        routes = self.runtime.current.policy.routes
         # A key restricted with --models sees the names it may ask for, never the backends behind
         # them (a route's candidates): those are the ones it was restricted from.
         shown = (
@@ -98,20 +95,15 @@ def register(
         )
 
     # The SDKs' models.retrieve: it was a bare 404 "Not Found" for a name the list gives.
-    @app.get("/v1/models/{model_id:path}", tags=["info"])
-    async def model(request: Request, model_id: str) -> Response:
-        protocol = ANTHROPIC if request.headers.get("anthropic-version") else OPENAI_CHAT
-        try:
-            principal = await auth.check(request)
-            found = next((m for m in model_list(principal) if m["id"] == model_id), None)
-            if found is None:
-                raise UnknownModel(f"model {model_id!r} is not served here; see GET /v1/models for the names")
-        except RouterError as err:
-            return error_reply(err, protocol)
+    @keyed(lambda request: ANTHROPIC if request.headers.get("anthropic-version") else OPENAI_CHAT)
+    async def model(self, request: Request, principal: Principal, model_id: str) -> Response:
+        found = next((m for m in self.model_list(principal) if m["id"] == model_id), None)
+        if found is None:
+            raise UnknownModel(f"model {model_id!r} is not served here; see GET /v1/models for the names")
         return json_reply(found)
 
-    def model_list(principal: Principal) -> list[dict[str, Any]]:
-        policy, catalog = runtime.current.policy, runtime.current.catalog
+    def model_list(self, principal: Principal) -> list[dict[str, Any]]:
+        policy, catalog = self.runtime.current.policy, self.runtime.current.catalog
         # One list that both SDKs accept: OpenAI reads id/object/owned_by, Anthropic type/id/display_name.
         # Limits in the fields clients read (OpenRouter's context_length, litellm's max_*_tokens):
         # a route gets the largest of its models', since the router sends what fits to one that takes it.
@@ -124,7 +116,7 @@ def register(
         names += [b for b in catalog.backends if b not in names]
         names = [n for n in names if principal.may_use(n)]
         # When this catalog was loaded: a reload that changes the models changes their date.
-        loaded = runtime.current.applied_at
+        loaded = self.runtime.current.applied_at
         created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(loaded))
         return [
             {"id": n, "object": "model", "type": "model", "display_name": n, "owned_by": "router",
@@ -133,20 +125,15 @@ def register(
             for n in names
         ]  # fmt: skip
 
-    @app.post("/v1/route", tags=["info"])
-    async def route(request: Request) -> Response:
+    @keyed()
+    async def route(self, request: Request, principal: Principal) -> Response:
         """The decision the proxy would make for this body now, without calling any backend."""
-        protocol = request.query_params.get("protocol")
-        try:
-            principal = await auth.check(request)
-            raw = await read_body(request, max_body_bytes)
-            protocol = protocol or _detect(raw, request)
-            if protocol not in WIRES:
-                raise BadRequest(f"unknown protocol {protocol!r}; use one of {', '.join(WIRES)}")
-            req = WIRES[protocol].parse(raw)
-            decided = await proxy.preview(req, principal, header_dict(request), len(raw))
-        except RouterError as err:
-            return error_reply(err)
+        raw = await read_body(request, self.max_body_bytes)
+        protocol = request.query_params.get("protocol") or _detect(raw, request)
+        if protocol not in WIRES:
+            raise BadRequest(f"unknown protocol {protocol!r}; use one of {', '.join(WIRES)}")
+        req = WIRES[protocol].parse(raw)
+        decided = await self.proxy.preview(req, principal, header_dict(request), len(raw))
         decision, feats = decided.decision, decided.features
         return json_reply(
             {
@@ -169,9 +156,16 @@ def register(
             }
         )
 
-    @app.post("/v1/outcomes", tags=["outcomes"])
-    async def outcomes(request: Request) -> Response:
-        return await post_outcome(request, auth, tracker, store, runtime.current, max_body_bytes)
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """FastAPI's own refusals (405, 404) in the protocol's shape, like every other error."""
+    assert isinstance(exc, StarletteHTTPException)  # registered for it alone
+    err = BadRequest(str(exc.detail))
+    err.status = exc.status_code
+    if exc.status_code == 404:
+        err.anthropic_type = "not_found_error"
+    protocol = ANTHROPIC if request.url.path.startswith("/v1/messages") else OPENAI_CHAT
+    return error_reply(err, protocol, exc.headers)
 
 
 def _proxied(proxy: Proxy, protocol: str) -> Callable[[Request], Awaitable[Response]]:

@@ -16,12 +16,13 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, ConfigError, RouterError, TaskNotFound
+from router.errors import BadRequest, ConfigError, TaskNotFound
 from router.features.task.identity import scoped
 from router.forward.upstream import Upstream
-from router.http.auth import Auth
+from router.http.auth import Auth, Principal
+from router.http.endpoints import keyed
 from router.http.proxy import read_body
-from router.http.replies import error_reply, json_reply
+from router.http.replies import json_reply
 from router.policy.runtime import PolicyHistory, RuntimeHolder
 from router.rollout.preview import preview_posted
 from router.state import SharedState
@@ -33,42 +34,56 @@ from router.telemetry.ledger import load_task
 from router.telemetry.metrics import CONTENT_TYPE_LATEST
 
 
-def register_ops(
-    app: FastAPI, *, auth: Auth, store: Store, state: SharedState, writer: LogWriter, telemetry: Telemetry,
-    runtime: RuntimeHolder, history: PolicyHistory, upstream: Upstream, draining: Callable[[], bool],
-    max_body_bytes: int, max_window_requests: int,
-) -> None:  # fmt: skip
-    @app.get("/healthz", tags=["health"])
-    async def healthz() -> Response:
+class Probes:
+    """``/healthz``, ``/readyz`` and ``/metrics``: open, for load balancers and scrapers."""
+
+    def __init__(
+        self, *, store: Store, state: SharedState, writer: LogWriter, telemetry: Telemetry, runtime: RuntimeHolder,
+        history: PolicyHistory, upstream: Upstream, draining: Callable[[], bool],
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.state = state
+        self.writer = writer
+        self.telemetry = telemetry
+        self.runtime = runtime
+        self.history = history
+        self.upstream = upstream
+        self.draining = draining
+
+    def register(self, app: FastAPI) -> None:
+        app.add_api_route("/healthz", self.healthz, methods=["GET"], tags=["health"])
+        app.add_api_route("/readyz", self.readyz, methods=["GET"], tags=["health"])
+        app.add_api_route("/metrics", self.metrics, methods=["GET"], tags=["ops"])
+
+    async def healthz(self) -> Response:
         return json_reply({"status": "ok"})
 
-    @app.get("/readyz", tags=["health"])
-    async def readyz() -> Response:
-        if draining():
+    async def readyz(self) -> Response:
+        if self.draining():
             return json_reply({"status": "draining"}, 503)
         # A degraded replica still serves: the log buffers while its store is down, and pins and
         # rate limits fall back to local state while Redis is (budgets refuse with 503 meanwhile).
         try:
             async with asyncio.timeout(1.0):  # a hung store must not hang the health check
-                store_ok = await store.ping()
+                store_ok = await self.store.ping()
         except TimeoutError:
             store_ok = False
-        state_ok = await state.ping()
-        rt = runtime.current
-        rejected = history.last_rejected
-        log_trouble = writer.trouble
+        state_ok = await self.state.ping()
+        rt = self.runtime.current
+        rejected = self.history.last_rejected
+        log_trouble = self.writer.trouble
         healthy = store_ok and state_ok and rejected is None and log_trouble is None
         body = {
             "status": "ok" if healthy else "degraded",
             "store": store_ok,
             "shared_state": state_ok,
-            "log_buffered": writer.buffered,
+            "log_buffered": self.writer.buffered,
             # Cross-protocol calls wait for litellm until it has loaded (seconds after a start).
-            "translation_loaded": upstream.translation_ready,
+            "translation_loaded": self.upstream.translation_ready,
             # Answered requests not yet in the log: a failing store (a full disk) or a backlog.
             "log_error": log_trouble,
-            "state_fail_open": dict(state.fail_open_counts),
-            "state_error": None if state_ok else state.last_error,
+            "state_fail_open": dict(self.state.fail_open_counts),
+            "state_error": None if state_ok else self.state.last_error,
             "policy": rt.policy.name,
             "scorer": rt.decider.scorer.name,
             "policy_revision": rt.revision,
@@ -77,58 +92,69 @@ def register_ops(
         }
         return json_reply(body)
 
-    @app.get("/metrics", tags=["ops"])
-    async def metrics() -> Response:
-        body = telemetry.exposition()
+    async def metrics(self) -> Response:
+        body = self.telemetry.exposition()
         if body is None:
             return Response(b"metrics are not enabled\n", 404, media_type="text/plain")
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/tasks", tags=["ops"], include_in_schema=False)
-    async def no_task(request: Request) -> Response:
-        # Without this, FastAPI redirected to /v1/tasks/, which answered "no request of task ''".
-        return await task("", request)
 
-    @app.get("/v1/tasks/{task_id:path}", tags=["ops"])
-    async def task(task_id: str, request: Request) -> Response:
-        try:
-            # A virtual key reads its own tasks' ledgers (ids scoped to it); the master key any.
-            principal = await auth.check(request)
-            if not task_id:
-                raise BadRequest(
-                    "GET /v1/tasks/{task_id} reads one task's ledger: name the task (there is no list "
-                    "of tasks here; `router tasks --recent` lists the recent ones)",
-                    code="task_id_required", param="task_id",
-                )  # fmt: skip
-            ledger = await load_task(store, scoped(principal.key_id, task_id), max_window_requests)
-            if ledger is None:
-                raise TaskNotFound(task_id)
-        except RouterError as err:
-            return error_reply(err)
+class Ops:
+    """The task ledger and the policy's revisions and preview, for callers with a key."""
+
+    def __init__(
+        self, *, auth: Auth, store: Store, runtime: RuntimeHolder, history: PolicyHistory, max_body_bytes: int,
+        max_window_requests: int,
+    ) -> None:  # fmt: skip
+        self.auth = auth
+        self.store = store
+        self.runtime = runtime
+        self.history = history
+        self.max_body_bytes = max_body_bytes
+        self.max_window_requests = max_window_requests
+
+    def register(self, app: FastAPI) -> None:
+        # Without this, FastAPI redirected to /v1/tasks/, which answered "no request of task ''".
+        app.add_api_route("/v1/tasks", self.no_task, methods=["GET"], tags=["ops"], include_in_schema=False)
+        app.add_api_route("/v1/tasks/{task_id:path}", self.task, methods=["GET"], tags=["ops"])
+        app.add_api_route("/v1/policy", self.policy, methods=["GET"], tags=["ops"])
+        app.add_api_route("/v1/policy/preview", self.policy_preview, methods=["POST"], tags=["ops"])
+
+    @keyed()
+    async def no_task(self, request: Request, principal: Principal) -> Response:
+        return await self.ledger(principal, "")
+
+    @keyed()
+    async def task(self, request: Request, principal: Principal, task_id: str) -> Response:
+        return await self.ledger(principal, task_id)
+
+    async def ledger(self, principal: Principal, task_id: str) -> Response:
+        # A virtual key reads its own tasks' ledgers (ids scoped to it); the master key any.
+        if not task_id:
+            raise BadRequest(
+                "GET /v1/tasks/{task_id} reads one task's ledger: name the task (there is no list "
+                "of tasks here; `router tasks --recent` lists the recent ones)",
+                code="task_id_required", param="task_id",
+            )  # fmt: skip
+        ledger = await load_task(self.store, scoped(principal.key_id, task_id), self.max_window_requests)
+        if ledger is None:
+            raise TaskNotFound(task_id)
         return json_reply(ledger)
 
-    @app.get("/v1/policy", tags=["ops"])
-    async def policy(request: Request) -> Response:
+    @keyed(master_only=True)
+    async def policy(self, request: Request, principal: Principal) -> Response:
         """The revision in force, the ones before it, and the last refused reload."""
-        try:
-            await auth.check(request, master_only=True)
-        except RouterError as err:
-            return error_reply(err)
-        return json_reply(history.describe(runtime.current))
+        return json_reply(self.history.describe(self.runtime.current))
 
-    @app.post("/v1/policy/preview", tags=["ops"])
-    async def policy_preview(request: Request) -> Response:
+    @keyed(master_only=True)
+    async def policy_preview(self, request: Request, principal: Principal) -> Response:
         """``router preview`` for a policy YAML posted as the body (``?since=7d``)."""
+        text = await read_body(request, self.max_body_bytes)
         try:
-            await auth.check(request, master_only=True)
-            text = await read_body(request, max_body_bytes)
-            try:
-                seconds = parse_duration(request.query_params.get("since", "7d"))
-                report = await preview_posted(
-                    store, text, history.archive.policy_path, seconds, max_window_requests
-                )
-            except ConfigError as exc:
-                raise BadRequest(str(exc), code="invalid_policy") from None
-        except RouterError as err:
-            return error_reply(err)
+            seconds = parse_duration(request.query_params.get("since", "7d"))
+            report = await preview_posted(
+                self.store, text, self.history.archive.policy_path, seconds, self.max_window_requests
+            )
+        except ConfigError as exc:
+            raise BadRequest(str(exc), code="invalid_policy") from None
         return json_reply(report)

@@ -19,21 +19,23 @@ import time
 from collections.abc import Mapping
 from typing import Annotated, Any
 
+from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, RouterError, TaskNotFound
+from router.errors import BadRequest, TaskNotFound
 from router.features.task import vector as taskfeatures
 from router.features.task.identity import scoped
 from router.features.task.tracker import TaskState, TaskTracker
-from router.http.auth import Auth
+from router.http.auth import Auth, Principal
+from router.http.endpoints import keyed
 from router.http.proxy import read_body
-from router.http.replies import error_reply, json_reply
+from router.http.replies import json_reply
 from router.policy.control import CONTROL
 from router.policy.decide import Decider
 from router.policy.learned import LearnedScorer
-from router.policy.runtime import Runtime
+from router.policy.runtime import Runtime, RuntimeHolder
 from router.protocols.common import load_json, validation_message
 from router.store import Store
 from router.store.records import OutcomeRecord, RequestRecord
@@ -54,23 +56,35 @@ class OutcomeIn(BaseModel):
     details: dict[str, Any] | None = None
 
 
-async def post_outcome(
-    request: Request, auth: Auth, tracker: TaskTracker, store: Store, runtime: Runtime, max_body_bytes: int
-) -> Response:
-    """``runtime``: the policy in force, for the recommendation that answers a failure."""
-    try:
-        principal = await auth.check(request)
-        body = load_json(await read_body(request, max_body_bytes))
+class Outcomes:
+    """``POST /v1/outcomes``. ``runtime``: the policy in force, for the recommendation that answers
+    a failure."""
+
+    def __init__(
+        self, *, auth: Auth, tracker: TaskTracker, store: Store, runtime: RuntimeHolder, max_body_bytes: int
+    ) -> None:
+        self.auth = auth
+        self.tracker = tracker
+        self.store = store
+        self.runtime = runtime
+        self.max_body_bytes = max_body_bytes
+
+    def register(self, app: FastAPI) -> None:
+        app.add_api_route("/v1/outcomes", self.outcomes, methods=["POST"], tags=["outcomes"])
+
+    @keyed()
+    async def outcomes(self, request: Request, principal: Principal) -> Response:
+        body = load_json(await read_body(request, self.max_body_bytes))
         try:
             out = OutcomeIn.model_validate(body)
         except ValidationError as exc:  # a 400 like every other endpoint's (FastAPI's default is 422)
             raise BadRequest(validation_message(exc)) from None
         # Another key's task is not found, not forbidden: its existence is not for this key to learn.
         out.task_id = scoped(principal.key_id, out.task_id)
-        state = tracker.peek(out.task_id)
+        state = self.tracker.peek(out.task_id)
         # Read even when the task is in memory: the log says which route and scope decided it. The
         # latest requests hold the latest attempt and decision; a task may have any number.
-        rows = await store.requests_for_task(out.task_id, OUTCOME_ROWS)
+        rows = await self.store.requests_for_task(out.task_id, OUTCOME_ROWS)
         if state is None and not rows:
             raise TaskNotFound(out.task_id)
         attempt = out.attempt or (state.attempt if state else max(r.attempt or 1 for r in rows))
@@ -81,27 +95,25 @@ async def post_outcome(
             task_id=out.task_id, attempt=attempt, success=out.success, score=out.score,
             source=EXPLICIT, details=details or None, ts=time.time(), explicit=True,
         )  # fmt: skip
-        await store.write_outcome(rec)
-        tracker.outcome(out.task_id, attempt, out.success)
-    except RouterError as err:
-        return error_reply(err)
-    result: dict[str, Any] = {
-        "task_id": out.task_id,
-        "attempt": attempt,
-        "success": out.success,
-        "recorded": True,
-    }
-    if not out.success:
-        known = _known(state, rows, attempt)
-        decider, allowed = deciding(runtime, out.task_id, rows)
-        scorer = decider.scorer
-        if known is None or not isinstance(scorer, LearnedScorer):
-            result["next"] = None
-        else:
-            vec, failed = known
-            models = [m for m in allowed if m in scorer.artifact.models]
-            result["next"] = scorer.recommend(vec, models, attempt=attempt + 1, failed=failed).as_dict()
-    return json_reply(result)
+        await self.store.write_outcome(rec)
+        self.tracker.outcome(out.task_id, attempt, out.success)
+        result: dict[str, Any] = {
+            "task_id": out.task_id,
+            "attempt": attempt,
+            "success": out.success,
+            "recorded": True,
+        }
+        if not out.success:
+            known = _known(state, rows, attempt)
+            decider, allowed = deciding(self.runtime.current, out.task_id, rows)
+            scorer = decider.scorer
+            if known is None or not isinstance(scorer, LearnedScorer):
+                result["next"] = None
+            else:
+                vec, failed = known
+                models = [m for m in allowed if m in scorer.artifact.models]
+                result["next"] = scorer.recommend(vec, models, attempt=attempt + 1, failed=failed).as_dict()
+        return json_reply(result)
 
 
 def deciding(runtime: Runtime, task_id: str, rows: list[RequestRecord]) -> tuple[Decider, list[str]]:
