@@ -42,7 +42,7 @@ from router.store import Store, open_store
 from router.store.writer import LogWriter
 from router.telemetry import Telemetry, build_telemetry
 from router.telemetry.health import HealthCollector
-from router.ui import register_ui
+from router.ui import Dashboard
 
 log = logging.getLogger("router.app.factory")
 
@@ -200,10 +200,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         auth=s.auth, store=s.store, runtime=runtime, history=s.history, max_body_bytes=s.settings.max_body_bytes,
         max_window_requests=s.settings.max_window_requests,
     ).register(app)  # fmt: skip
-    register_ui(
-        app, store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config,
+    Dashboard(
+        store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config,
         max_requests=s.settings.max_window_requests,
-    )  # fmt: skip
+    ).register(app)  # fmt: skip
     # Routes are labelled by the policy in force, which a reload may replace.
     s.telemetry.use_policy(lambda: runtime.current.policy)
     registry = getattr(getattr(s.telemetry, "metrics", None), "registry", None)

@@ -1,5 +1,5 @@
 """The operator's dashboard, served by the router itself at ``/ui``."""
 
-from router.ui.routes import register_ui
+from router.ui.routes import Dashboard
 
-__all__ = ["register_ui"]
+__all__ = ["Dashboard"]

@@ -11,6 +11,7 @@ client holds may read every task's spend.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -39,7 +40,8 @@ MAX_POLICY_BYTES = 1024 * 1024
 #: gather tasks for days.
 POLICY_WINDOW = "7d"
 
-Page = Callable[[Request], Awaitable[Response]]
+#: A page: a ``Dashboard`` method taking the request.
+Page = Callable[["Dashboard", Request], Awaitable[Response]]
 
 
 def environment() -> Environment:
@@ -84,109 +86,155 @@ def _when_utc(ts: float | None) -> str:
     return f"{shown} ({time.strftime('%Y-%m-%d %H:%M:%S', utc)} UTC)"
 
 
-def register_ui(
-    app: FastAPI, *, store: Store, auth: Auth, runtime: Callable[[], Runtime], history: PolicyHistory,
-    config: Path, max_requests: int,
-) -> None:  # fmt: skip
-    """``config``: the policy file in force; a previewed edit is placed beside it;
-    ``max_requests``: the most requests of a window a page reads (the latest)."""
-    env = environment()
-    sessions = session.Sessions()
+def gated(page: Page) -> Page:
+    """The dashboard's one auth check: open in open mode; with a master key, a session from the
+    login form (a browser without one is sent there); with virtual keys only, locked."""
 
-    def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    @functools.wraps(page)
+    async def guarded(self: Dashboard, request: Request) -> Response:
+        auth = self.auth
+        if auth.open:
+            return await page(self, request)
+        secret = auth.session_secret()
+        if secret is None:
+            return self.render(request, "locked.html", 403)
+        if self.sessions.valid(secret, request.cookies.get(session.COOKIE)):
+            return await page(self, request)
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/ui/login?next={quote(target)}", 303)
+
+    return guarded
+
+
+def same_origin(page: Page) -> Page:
+    """A form POST from another site's page is refused (CSRF): the session cookie is
+    ``SameSite=Strict`` already; this holds for browsers that do not honour it, and for the
+    login form, which needs no cookie."""
+
+    @functools.wraps(page)
+    async def checked(self: Dashboard, request: Request) -> Response:
+        if not session.same_origin(request.headers, request.url.scheme):
+            return HTMLResponse("cross-site form posts are refused", 403)
+        return await page(self, request)
+
+    return checked
+
+
+class Dashboard:
+    """The dashboard's pages. ``runtime``: the policy in force; ``config``: the policy file in
+    force, beside which a previewed edit is placed; ``max_requests``: the most requests of a
+    window a page reads (the latest)."""
+
+    def __init__(
+        self, *, store: Store, auth: Auth, runtime: Callable[[], Runtime], history: PolicyHistory, config: Path,
+        max_requests: int,
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.auth = auth
+        self.runtime = runtime
+        self.history = history
+        self.config = config
+        self.max_requests = max_requests
+        self.env = environment()
+        self.sessions = session.Sessions()
+
+    def register(self, app: FastAPI) -> None:
+        for path, endpoint, methods in (
+            ("/ui", self.overview, ["GET"]),
+            ("/ui/tasks", self.tasks, ["GET"]),
+            ("/ui/tasks/{task_id:path}", self.task, ["GET"]),
+            ("/ui/latency", self.latency, ["GET"]),
+            ("/ui/policy", self.policy, ["GET"]),
+            ("/ui/policy/preview", self.policy_preview, ["POST"]),
+            ("/ui/login", self.login_form, ["GET"]),
+            ("/ui/login", self.login, ["POST"]),
+            ("/ui/logout", self.logout, ["POST"]),
+        ):
+            app.add_api_route(
+                path, endpoint, methods=methods, include_in_schema=False, response_class=HTMLResponse
+            )
+
+    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         # The login form and the locked page are for someone not logged in: no "log out", and
         # nothing of the policy.
-        shown = {"logged_in": auth.has_master, "policy_name": runtime().policy.name}
+        shown = {"logged_in": self.auth.has_master, "policy_name": self.runtime().policy.name}
         if template in ("login.html", "locked.html"):
             shown = {"logged_in": False, "policy_name": None}
-        html = env.get_template(template).render(path=request.url.path, **shown, **context)
+        html = self.env.get_template(template).render(path=request.url.path, **shown, **context)
         return HTMLResponse(html, status, headers={"cache-control": "no-store"})
 
-    def gated(page: Page) -> Page:
-        async def guarded(request: Request) -> Response:
-            if auth.open:
-                return await page(request)
-            secret = auth.session_secret()
-            if secret is None:
-                return render(request, "locked.html", 403)
-            if sessions.valid(secret, request.cookies.get(session.COOKIE)):
-                return await page(request)
-            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-            return RedirectResponse(f"/ui/login?next={quote(target)}", 303)
-
-        return guarded
-
-    async def read(since: float, until: float) -> tuple[list[RequestRecord], list[OutcomeRecord], bool]:
+    async def read(self, since: float, until: float) -> tuple[list[RequestRecord], list[OutcomeRecord], bool]:
         """The window's latest requests (at most ``max_requests``), its outcomes, and whether
         older requests of the window were left out."""
-        requests, capped = await latest_requests(store, since, max_requests, views.UNREAD)
+        requests, capped = await latest_requests(self.store, since, self.max_requests, views.UNREAD)
         requests = [r for r in requests if r.ts <= until]
-        return requests, await store.outcomes_since(since), capped
+        return requests, await self.store.outcomes_since(since), capped
 
     async def window(
-        request: Request,
+        self, request: Request
     ) -> tuple[str, float, float, list[RequestRecord], list[OutcomeRecord], bool]:
         label, seconds = views.window_seconds(request.query_params.get("window"))
         until = time.time()
         since = until - seconds
-        requests, outcomes, capped = await read(since, until)
+        requests, outcomes, capped = await self.read(since, until)
         return label, since, until, requests, outcomes, capped
 
-    def shown(capped: bool, requests: list[RequestRecord]) -> dict[str, Any]:
+    def shown(self, capped: bool, requests: list[RequestRecord]) -> dict[str, Any]:
         """What the window template says of the rows read (the cap, and from when they start)."""
         return {
-            "capped": max_requests if capped else None,
+            "capped": self.max_requests if capped else None,
             "from_ts": requests[0].ts if requests else None,
         }
 
     @gated
-    async def overview(request: Request) -> Response:
-        label, since, until, requests, outcomes, capped = await window(request)
+    async def overview(self, request: Request) -> Response:
+        label, since, until, requests, outcomes, capped = await self.window(request)
         # A page's numbers take up to seconds of Python: in a worker thread, so that the event
         # loop goes on serving the agents' requests meanwhile.
-        names = {k.key_id: k.name for k in await store.list_keys()}
+        names = {k.key_id: k.name for k in await self.store.list_keys()}
         data = await asyncio.to_thread(views.overview, requests, outcomes, since, until, names)
-        return render(request, "overview.html", window=label, o=data, **shown(capped, requests))
+        return self.render(request, "overview.html", window=label, o=data, **self.shown(capped, requests))
 
     @gated
-    async def tasks(request: Request) -> Response:
-        label, _, _, requests, outcomes, capped = await window(request)
+    async def tasks(self, request: Request) -> Response:
+        label, _, _, requests, outcomes, capped = await self.window(request)
         q = request.query_params.get("q", "")
         page = request.query_params.get("page", "1")
         rows = await asyncio.to_thread(
             views.task_rows, requests, outcomes, q, int(page) if page.isdigit() else 1
         )
-        return render(request, "tasks.html", window=label, q=q, t=rows, **shown(capped, requests))
+        return self.render(request, "tasks.html", window=label, q=q, t=rows, **self.shown(capped, requests))
 
     @gated
-    async def task(request: Request) -> Response:
+    async def task(self, request: Request) -> Response:
         task_id = request.path_params["task_id"]
+        most = self.max_requests
         # A task of many thousand requests is read as far as a window is, and laid out on a
         # worker thread: one look at it must not hold every client's replies (as /v1/tasks/{id}).
-        requests = await store.requests_for_task(task_id, max_requests + 1)
+        requests = await self.store.requests_for_task(task_id, most + 1)
         if not requests:
-            return render(request, "missing.html", 404, task_id=task_id)
-        capped, requests = len(requests) > max_requests, requests[-max_requests:]
-        outcomes = await store.outcomes_for_task(task_id)
+            return self.render(request, "missing.html", 404, task_id=task_id)
+        capped, requests = len(requests) > most, requests[-most:]
+        outcomes = await self.store.outcomes_for_task(task_id)
         d = await asyncio.to_thread(views.task_detail, task_id, requests, outcomes)
-        return render(request, "task.html", d=d, **shown(capped, requests))
+        return self.render(request, "task.html", d=d, **self.shown(capped, requests))
 
     @gated
-    async def latency(request: Request) -> Response:
-        label, _, _, requests, outcomes, capped = await window(request)
+    async def latency(self, request: Request) -> Response:
+        label, _, _, requests, outcomes, capped = await self.window(request)
         lat = await asyncio.to_thread(views.latency, requests, outcomes)
-        return render(request, "latency.html", window=label, lat=lat, **shown(capped, requests))
+        return self.render(request, "latency.html", window=label, lat=lat, **self.shown(capped, requests))
 
-    def _diff(against: str, current: str) -> dict[str, Any] | None:
-        archive = history.archive
+    def _diff(self, against: str, current: str) -> dict[str, Any] | None:
+        archive = self.history.archive
         return policyview.diff(
             against, archive.archived(against), current, archive.archived(current),
             (archive.archived(against, "artifact"), archive.archived(current, "artifact")),
         )  # fmt: skip
 
-    async def policy_page(request: Request, label: str, status: int = 200, **context: Any) -> Response:
+    async def policy_page(self, request: Request, label: str, status: int = 200, **context: Any) -> Response:
         """``label``: the window of the arms' numbers and the preview's default."""
-        rt = runtime()
+        rt, history = self.runtime(), self.history
         try:
             text = await asyncio.to_thread(Path(rt.policy.source).read_text)
         except OSError as exc:
@@ -197,88 +245,64 @@ def register_ui(
         capped, arms = False, None
         if rt.control is not None:  # the arms are all the page reads the log for
             until = time.time()
-            requests, outcomes, capped = await read(until - views.WINDOWS[label], until)
+            requests, outcomes, capped = await self.read(until - views.WINDOWS[label], until)
             arms = await asyncio.to_thread(policyview.arms, requests, outcomes, rt.revision)
         applied = await asyncio.to_thread(history.archive.since, rt.revision or "")
         against = request.query_params.get("diff") or next((m["revision"] for m in h["previous"]), None)
-        diff = await asyncio.to_thread(_diff, against, rt.revision) if against and rt.revision else None
-        return render(
+        diff = await asyncio.to_thread(self._diff, against, rt.revision) if against and rt.revision else None
+        return self.render(
             request, "policy.html", status, rt=rt, yaml_text=text, h=h, window=label,
             control=policyview.control(rt), arms=arms,
             guard=policyview.guard(rt.policy.spec.guard, h["guard"], applied or rt.applied_at),
-            scopes=policyview.scopes(rt.policy.spec), diff=diff, **shown(capped, requests), **context,
+            scopes=policyview.scopes(rt.policy.spec), diff=diff, **self.shown(capped, requests), **context,
         )  # fmt: skip
 
     @gated
-    async def policy(request: Request) -> Response:
+    async def policy(self, request: Request) -> Response:
         label, _ = views.window_seconds(request.query_params.get("window"), POLICY_WINDOW)
-        return await policy_page(request, label)
+        return await self.policy_page(request, label)
 
+    @same_origin
     @gated
-    async def policy_preview(request: Request) -> Response:
+    async def policy_preview(self, request: Request) -> Response:
         """The edit in the form, decided again over the logged traffic (``router preview``)."""
         try:
             form = parse_qs((await read_body(request, MAX_POLICY_BYTES)).decode("utf-8", "replace"))
         except PayloadTooLarge as exc:
-            return await policy_page(request, POLICY_WINDOW, exc.status, preview_error=exc.message)
+            return await self.policy_page(request, POLICY_WINDOW, exc.status, preview_error=exc.message)
         edit = (form.get("yaml") or [""])[0]
         label, seconds = views.window_seconds((form.get("window") or [""])[0], POLICY_WINDOW)
         try:
-            report = await preview_posted(store, edit.encode(), config, seconds, max_requests)
+            report = await preview_posted(self.store, edit.encode(), self.config, seconds, self.max_requests)
         except ConfigError as exc:
-            return await policy_page(request, label, 400, edit=edit, preview_error=str(exc))
-        return await policy_page(request, label, edit=edit, preview=report)
+            return await self.policy_page(request, label, 400, edit=edit, preview_error=str(exc))
+        return await self.policy_page(request, label, edit=edit, preview=report)
 
-    async def login_form(request: Request) -> Response:
-        if not auth.has_master:
+    async def login_form(self, request: Request) -> Response:
+        if not self.auth.has_master:
             return RedirectResponse("/ui", 303)
-        return render(request, "login.html", next=session.safe_next(request.query_params.get("next")))
+        return self.render(request, "login.html", next=session.safe_next(request.query_params.get("next")))
 
-    async def login(request: Request) -> Response:
-        secret = auth.session_secret()
+    @same_origin
+    async def login(self, request: Request) -> Response:
+        secret = self.auth.session_secret()
         try:
             body = await read_body(request, MAX_FORM_BYTES)
         except PayloadTooLarge as exc:
             return Response(exc.message, exc.status)
         form = parse_qs(body.decode("utf-8", "replace"))
         target = session.safe_next((form.get("next") or [""])[0])
-        if secret is None or not auth.is_master((form.get("key") or [""])[0]):
-            return render(request, "login.html", 401, next=target, error="That is not the master key.")
+        if secret is None or not self.auth.is_master((form.get("key") or [""])[0]):
+            return self.render(request, "login.html", 401, next=target, error="That is not the master key.")
         response = RedirectResponse(target, 303)
-        response.set_cookie(session.COOKIE, sessions.issue(secret), max_age=session.TTL_S, path="/ui",
+        response.set_cookie(session.COOKIE, self.sessions.issue(secret), max_age=session.TTL_S, path="/ui",
                             httponly=True, samesite="strict", secure=request.url.scheme == "https")  # fmt: skip
         return response
 
-    async def logout(request: Request) -> Response:
-        if (secret := auth.session_secret()) is not None:
-            sessions.revoke(secret, request.cookies.get(session.COOKIE))
+    @same_origin
+    async def logout(self, request: Request) -> Response:
+        if (secret := self.auth.session_secret()) is not None:
+            self.sessions.revoke(secret, request.cookies.get(session.COOKIE))
         response = RedirectResponse("/ui/login", 303)
         response.delete_cookie(session.COOKIE, path="/ui", httponly=True, samesite="strict")
         return response
-
-    def same_origin(page: Page) -> Page:
-        """A form POST from another site's page is refused (CSRF): the session cookie is
-        ``SameSite=Strict`` already; this holds for browsers that do not honour it, and for the
-        login form, which needs no cookie."""
-
-        async def checked(request: Request) -> Response:
-            if not session.same_origin(request.headers, request.url.scheme):
-                return HTMLResponse("cross-site form posts are refused", 403)
-            return await page(request)
-
-        return checked
-
-    for path, endpoint, methods in (
-        ("/ui", overview, ["GET"]),
-        ("/ui/tasks", tasks, ["GET"]),
-        ("/ui/tasks/{task_id:path}", task, ["GET"]),
-        ("/ui/latency", latency, ["GET"]),
-        ("/ui/policy", policy, ["GET"]),
-        ("/ui/policy/preview", same_origin(policy_preview), ["POST"]),
-        ("/ui/login", login_form, ["GET"]),
-        ("/ui/login", same_origin(login), ["POST"]),
-        ("/ui/logout", same_origin(logout), ["POST"]),
-    ):
-        app.add_api_route(
-            path, endpoint, methods=methods, include_in_schema=False, response_class=HTMLResponse
-        )
