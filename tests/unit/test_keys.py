@@ -145,7 +145,8 @@ async def test_a_version_2_database_gains_the_keys_table(tmp_path: Path) -> None
     s = SQLiteStore(str(path))
     await s.open()
     try:
-        assert (await stored(s, "old") or {})["key_id"] is None
+        old = await stored(s, "old")
+        assert old is not None and old.key_id is None
         await check_keys(s)
     finally:
         await s.close()
