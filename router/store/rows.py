@@ -14,15 +14,27 @@ field's default for them, so only the reader that chose what to leave out may ta
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from dataclasses import MISSING, fields, replace
 from typing import Any, Generic, TypeVar
 
-from router.store.records import OutcomeRecord, RequestRecord
-from router.store.schema import OUTCOMES, REQUESTS, Table
-from router.store.schema import _decode_json as decode_json
+import orjson
 
-R = TypeVar("R", RequestRecord, OutcomeRecord)
+from router.store.records import KeyRecord, OutcomeRecord, RequestRecord
+from router.store.schema import KEYS, OUTCOMES, REQUESTS, Table
+
+R = TypeVar("R", RequestRecord, OutcomeRecord, KeyRecord)
+
+
+def decode_json(raw: Any) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw  # unreadable JSON is still worth showing rather than failing the whole query
 
 
 class Decoder(Generic[R]):
@@ -84,6 +96,7 @@ class Decoder(Generic[R]):
 
 REQUEST_ROWS = Decoder(REQUESTS, RequestRecord)
 OUTCOME_ROWS = Decoder(OUTCOMES, OutcomeRecord)
+KEY_ROWS = Decoder(KEYS, KeyRecord)
 
 
 @functools.cache

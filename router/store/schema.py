@@ -1,4 +1,5 @@
-"""Tables, migrations and the record <-> row codec, for SQLite and PostgreSQL alike.
+"""Tables, migrations and records encoded as rows, for SQLite and PostgreSQL alike (rows are read
+back into records by ``router.store.rows``).
 
 Both dialects' DDL and SQL come from one column spec, itself derived from the record
 dataclasses, so the two databases cannot drift apart. Portable choices: JSON lives in TEXT,
@@ -294,10 +295,6 @@ def encode_key(rec: KeyRecord) -> tuple[Any, ...]:
     return _encode_values(KEYS, [getattr(rec, n) for n in KEYS.names], rec.key_id)
 
 
-def decode_key(row: Sequence[Any]) -> KeyRecord:
-    return KeyRecord(**decode_row(KEYS, row))
-
-
 def encode_outcome(rec: OutcomeRecord) -> tuple[Any, ...]:
     values = [getattr(rec, n) for n in OUTCOMES.names]
     values[OUTCOMES.names.index("attempt")] = 0 if rec.attempt is None else rec.attempt
@@ -310,31 +307,6 @@ _OUTCOME_KEY = tuple(OUTCOMES.names.index(n) for n in OUTCOMES.primary_key)
 def outcome_key(row: Sequence[Any]) -> tuple[Any, ...]:
     """The primary key (task_id, attempt, source) of an encoded outcome row."""
     return tuple(row[i] for i in _OUTCOME_KEY)
-
-
-def _decode_json(raw: Any) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw  # unreadable JSON is still worth showing rather than failing the whole query
-
-
-def decode_row(table: Table, row: Sequence[Any]) -> dict[str, Any]:
-    """A database row as a dict: JSON decoded, booleans as bool."""
-    out: dict[str, Any] = {}
-    for col, value in zip(table.columns, row, strict=True):
-        if value is not None:
-            if col.kind == "bool":
-                value = bool(value)
-            elif col.kind == "json":
-                value = _decode_json(value)
-            elif col.kind == "float":
-                value = float(value)
-        out[col.name] = value
-    return out
 
 
 def spend_sql(column: str, dialect: Dialect, one: bool = False) -> str:

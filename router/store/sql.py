@@ -14,7 +14,7 @@ from typing import Any
 
 from router.store import schema
 from router.store.records import KeyRecord, OutcomeRecord, RequestRecord
-from router.store.rows import OUTCOME_ROWS, REQUEST_ROWS, Decoder, R, request_rows
+from router.store.rows import KEY_ROWS, OUTCOME_ROWS, REQUEST_ROWS, Decoder, R, request_rows
 
 #: Rows decoded on the event loop; more are decoded on a worker thread.
 _DECODE_INLINE = 200
@@ -114,11 +114,11 @@ class SQLStore(ABC):
 
     async def get_key_by_hash(self, key_hash: str) -> KeyRecord | None:
         rows = await self._fetch(schema.select_sql(schema.KEYS, self.dialect, where="key_hash"), (key_hash,))
-        return schema.decode_key(rows[0]) if rows else None
+        return KEY_ROWS.one(rows[0]) if rows else None
 
     async def list_keys(self) -> list[KeyRecord]:
         rows = await self._fetch(schema.select_sql(schema.KEYS, self.dialect, order="created_at, key_id"))
-        return [schema.decode_key(r) for r in rows]
+        return KEY_ROWS.all(rows)
 
     async def revoke_key(self, key_id: str, ts: float) -> bool:
         return await self._execute(schema.revoke_key_sql(self.dialect), (ts, key_id)) > 0
