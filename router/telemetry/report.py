@@ -25,7 +25,7 @@ from typing import Any
 
 from router.store import OutcomeRecord, RequestRecord
 from router.telemetry import tries
-from router.telemetry.ledger import answered, credible, final_outcome
+from router.telemetry.ledger import answered, credible, verdict
 
 Read = Callable[[RequestRecord], Any]
 
@@ -108,7 +108,7 @@ def _settings_differ(rows: Sequence[RequestRecord]) -> dict[str, dict[str, int]]
 def _group(
     key: str,
     rows: Sequence[RequestRecord],
-    verdicts: Mapping[str, dict[str, Any] | None],
+    verdicts: Mapping[str, OutcomeRecord | None],
     seconds: float | None,
 ) -> dict[str, Any]:
     n = len(rows)
@@ -127,7 +127,7 @@ def _group(
     cost = sum(r.cost_usd or 0.0 for r in rows)
     tasks = {r.task_id for r in rows if r.task_id}
     judged = {t for t in tasks if verdicts.get(t) is not None}
-    completed = sum(1 for t in judged if (verdicts[t] or {}).get("success"))
+    completed = sum(1 for t in judged if (v := verdicts[t]) is not None and v.success)
     judged_cost = sum(r.cost_usd or 0.0 for r in rows if r.task_id in judged)
     errors = sum(1 for r in rows if not is_ok(r))
     return {
@@ -172,7 +172,7 @@ def build_report(
     by_task: dict[str, list[OutcomeRecord]] = defaultdict(list)
     for o in credible(outcomes, answered(requests)):
         by_task[o.task_id].append(o)
-    verdicts = {t: final_outcome(os) for t, os in by_task.items()}
+    verdicts = {t: verdict(os) for t, os in by_task.items()}
     groups: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
         groups[group_of(r) or "(none)"].append(r)
