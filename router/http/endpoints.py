@@ -52,8 +52,8 @@ def keyed(
                 return error_reply(err, protocol(request) if callable(protocol) else protocol)
 
         # Not functools.wraps: FastAPI reads the signature through ``__wrapped__``, and would take
-        # ``principal`` for a query parameter. The names resolved here (eval_str), in the handler's
-        # module, so that FastAPI needs nothing of this one's.
+        # ``principal`` for a query parameter. The annotations are resolved now (eval_str), in the
+        # handler's module: FastAPI would look the strings up in this module's names instead.
         signature = inspect.signature(handler, eval_str=True)
         endpoint.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=[p for name, p in signature.parameters.items() if name != "principal"]
