@@ -151,3 +151,26 @@ def test_success_by_the_learned_model_when_the_policy_pins_one(tmp_path: Path) -
     assert s["difference"]["mean"] == pytest.approx(s["after"]["mean"] - s["before"]["mean"], abs=1e-3)
     lo, hi = s["after"]["ci95"]
     assert lo <= s["after"]["mean"] <= hi
+
+
+async def test_a_served_preview_reads_the_same_without_the_prompt(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from router.rollout.preview import UNREAD
+    from router.store import open_store
+
+    vec = {"0": 1.0}
+    rows = [replace(row(i, "a" if i % 2 else "b", task=f"t{i % 4}", task_features=vec, propensity=0.5,
+                        rule_headers={"x-tier": "premium"} if i == 3 else None),
+                    prompt="the whole conversation", candidates=[{"model": "a"}, {"model": "b"}])
+            for i in range(1, 13)]  # fmt: skip
+    outcomes = [OutcomeRecord(f"t{i}", 1, i % 2 == 0, None, "explicit", None, 2000.0, True) for i in range(4)]
+    store = open_store(f"sqlite:///{tmp_path / 'log.db'}")
+    await store.open()
+    await store.write_requests(rows)
+    everything, read = await store.requests_since(0.0), await store.requests_since(0.0, without=UNREAD)
+    await store.close()
+    assert all(r.prompt is None for r in read)
+    rule = {"name": "premium", "when": {"headers.x-tier": "premium"}, "only": ["b"]}
+    rt = runtime(tmp_path, ["a", "b"], rules=[rule])
+    assert preview(read, outcomes, rt) == preview(everything, outcomes, rt)
