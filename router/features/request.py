@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +60,41 @@ class Features:
     #: None: the whole estimate is taken as any backend's count (nothing is converted).
     prompt_anchor: int | None = None
     anchor_model: str | None = None
+    #: Characters of what the model is answering (the items after its last turn) and of that
+    #: last turn (None: it has not spoken yet); None: not measured. The expected output reads them.
+    turn_chars: tuple[int, int | None] | None = None
 
     def for_rules(self) -> dict[str, Any]:
         """The mapping that rule conditions read (names as in the policy file)."""
         facts: dict[str, Any] = {name: getattr(self, name) for name in RULE_FIELDS}
         facts["headers"] = self.headers
         return facts
+
+
+def _is_model_item(item: Any) -> bool:
+    """A turn the model wrote: an assistant message (Chat, Messages) or a Responses output item."""
+    if not isinstance(item, dict):
+        return False
+    return item.get("role") == "assistant" or item.get("type") in ("function_call", "reasoning")
+
+
+def turn_chars(messages: Sequence[Any]) -> tuple[int, int | None]:
+    """(characters of the items after the model's last turn, characters of that turn or None).
+
+    What an agent's next reply length follows: a short tool result (an edit went through) gets a
+    short reply, a long one (a file was read) a longer one, and a long last reply (a script was
+    written) is often followed by another. Only the tail is read: it costs the same on any history.
+    """
+    from router.features.tokens import item_text  # tiktoken loads with the counter, not with Features
+
+    new, k = 0, len(messages) - 1
+    while k >= 0 and not _is_model_item(messages[k]):
+        new += len(item_text(messages[k])[1])
+        k -= 1
+    if k < 0:
+        return new, None
+    reply = 0
+    while k >= 0 and _is_model_item(messages[k]):
+        reply += len(item_text(messages[k])[1])
+        k -= 1
+    return new, reply

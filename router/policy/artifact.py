@@ -235,7 +235,11 @@ def _write(a: Artifact) -> dict[str, Any]:
         }
 
     def backend(e: BackendEstimates) -> dict[str, Any]:
-        return {name: v for name in (*(b[0] for b in BOUNDS), "n") if (v := getattr(e, name)) is not None}
+        return {
+            name: v
+            for name in (*(b[0] for b in BOUNDS), "n", "output_cells")
+            if (v := getattr(e, name)) is not None
+        }
 
     return {
         "format": FORMAT,
@@ -312,8 +316,11 @@ def _read(doc: Node, digest: str) -> Artifact:
         ratio, mean, p90, share = (
             None if (n := e.get(name)) is None else n.number(low, high) for name, low, high in BOUNDS
         )
-        n = e.get("n")
-        return BackendEstimates(ratio, mean, p90, share, n=None if n is None else n.whole())
+        n, cells = e.get("n"), e.get("output_cells")
+        return BackendEstimates(
+            ratio, mean, p90, share, n=None if n is None else n.whole(),
+            output_cells=None if cells is None else {k: v.number(0.0, 10_000_000.0) for k, v in cells.mapping().items()},
+        )  # fmt: skip
 
     def scope(s: Node) -> ScopeEffects:
         match = {k: v.text() for k, v in s.need("match").mapping().items()}

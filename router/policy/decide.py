@@ -25,7 +25,7 @@ from router.features.request import Features
 from router.ids import IdMaker
 from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
-from router.policy.estimates import Estimates
+from router.policy.estimates import Estimates, turn_cell
 
 _PRIORS: Final = Estimates()
 
@@ -44,6 +44,8 @@ class Estimate:
     cost_per_completed_usd: float | None = None
     #: What a budget holds for this call: the cost at a high quantile of its output.
     hold_usd: float | None = None
+    #: The output table's cell of the call (``turn_cell``): logged, so ``router train`` learns its mean.
+    output_cell: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         # By hand: dataclasses.asdict deep-copies, and this runs for every candidate of every request.
@@ -189,11 +191,13 @@ class Decider:
                     excluded[n] = f"scope: not a backend the policy allows for {features.requested_model!r}"
 
         estimates = []
+        cell = turn_cell(features.turn_chars)
         for n in names:
             backend = self.catalog[n]
             prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
-            mean, high = self.output(backend, features)
+            mean, high = self.output(backend, features, cell)
             e = estimate(backend, features, mean, self.estimates, prompt, high)
+            e.output_cell = cell
             e.excluded = excluded.get(n) or self._hard_constraint(
                 backend, features, self.reserve(backend), prompt
             )
@@ -308,14 +312,16 @@ class Decider:
             anchor = round(anchor * ratio / est.tokens_ratio(source, self.catalog[source].provider))
         return anchor + round((tokens - min(features.prompt_anchor, tokens)) * ratio)
 
-    def output(self, backend: Backend, features: Features) -> tuple[int, int | None]:
+    def output(self, backend: Backend, features: Features, cell: str | None = None) -> tuple[int, int | None]:
         """The expected output of a call on ``backend`` (its cost) and the high one a budget holds for.
 
-        Learned per backend (the mean and the 90th percentile), else the scorer's fit (older
-        artifacts), else the policy's default (and the hold is the expected cost)."""
+        Learned per backend (the mean of the call's ``turn_cell``, else of all its calls, and the
+        90th percentile), else the scorer's fit (older artifacts), else the policy's default (and
+        the hold is the expected cost)."""
         defaults = self.policy.defaults
         learned = self.estimates.of(backend.id)
-        mean: int | None = round(learned.output_mean) if learned.output_mean else None
+        cell_mean = self.estimates.output_mean(backend.id, cell)
+        mean: int | None = round(cell_mean) if cell_mean else None
         if mean is None:
             out_model: Callable[[str, int], int | None] | None = getattr(self.scorer, "expected_output", None)
             mean = out_model(backend.id, features.prompt_tokens) if out_model else None

@@ -9,7 +9,10 @@ Pure numbers, learned by ``router train`` from the log (the artifact's ``estimat
   tokenizer counts 1.157 o200k tokens per token on agent conversations, OpenAI's is o200k).
 * **Output.** The mean output of a call prices it (a median undercounts an agent's total output
   about 3x: most calls are short, a few are long); the 90th percentile is what a budget holds and
-  what the context window must leave room for.
+  what the context window must leave room for. Where the log has enough calls of the same *turn
+  shape* (how long the model's last turn and what it is answering are, ``turn_cell``) the mean of
+  that cell prices the call: still a mean, so sums stay unbiased, but a short tool result is not
+  priced like a file just read.
 * **Cache.** The share of a warm prompt the provider reports as cached (not all of it: a cache
   entry is evicted, a prefix is cut, a call goes to another machine).
 """
@@ -17,10 +20,10 @@ Pure numbers, learned by ``router train`` from the log (the artifact's ``estimat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["BOUNDS", "FAMILY_RATIOS", "BackendEstimates", "Estimates"]
+__all__ = ["BOUNDS", "FAMILY_RATIOS", "BackendEstimates", "Estimates", "turn_cell"]
 
 #: Provider tokens per o200k token, by the provider part of a litellm model name, before data.
 FAMILY_RATIOS: Final[Mapping[str, float]] = {
@@ -36,6 +39,16 @@ FAMILY_RATIOS: Final[Mapping[str, float]] = {
 PRIOR_CACHE_SHARE: Final = 1.0
 
 
+def turn_cell(turn_chars: tuple[int, int | None] | None) -> str | None:
+    """The output table's cell of a call: powers of two of the characters the model is answering
+    and of its last turn ("12:9"; "12:-" before its first). Coarser cells lost accuracy on the
+    shipped trajectories, finer ones had too few calls each."""
+    if turn_chars is None:
+        return None
+    new, reply = turn_chars
+    return f"{max(new, 1).bit_length()}:{'-' if reply is None else max(reply, 1).bit_length()}"
+
+
 @dataclass(frozen=True, slots=True)
 class BackendEstimates:
     """One backend's learned numbers (None: not learned, the prior or the policy's default applies)."""
@@ -46,6 +59,8 @@ class BackendEstimates:
     cache_share: float | None = None
     #: Calls it was learned from.
     n: int | None = None
+    #: The mean output per ``turn_cell`` with enough calls (None: none learned).
+    output_cells: Mapping[str, float] | None = field(default=None, hash=False)
 
 
 _NONE: Final = BackendEstimates()
@@ -67,6 +82,14 @@ class Estimates:
     def cache_share(self, backend: str) -> float:
         share = self.of(backend).cache_share
         return share if share is not None else PRIOR_CACHE_SHARE
+
+    def output_mean(self, backend: str, cell: str | None) -> float | None:
+        """The mean output of a call in ``cell`` (the backend's overall mean where the cell has none)."""
+        learned = self.of(backend)
+        cells = learned.output_cells
+        if cell is not None and cells and cell in cells:
+            return cells[cell]
+        return learned.output_mean
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Estimates) and other.learned == self.learned

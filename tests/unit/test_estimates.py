@@ -11,7 +11,7 @@ from router.features.request import Features
 from router.learning.training.estimates import MIN_ROWS, as_estimates, fit_estimates
 from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
-from router.policy.estimates import BackendEstimates, Estimates
+from router.policy.estimates import BackendEstimates, Estimates, turn_cell
 from router.policy.loading import parse_policy
 from router.store import RequestRecord
 
@@ -138,3 +138,66 @@ def test_the_artifacts_estimates_are_validated() -> None:
         read({"gem": {"cache_share": 1.5}})
     with pytest.raises(ConfigError, match="estimates: expected"):
         read([1])
+
+
+def test_turn_chars_reads_what_the_model_answers_and_its_last_turn() -> None:
+    from router.features.request import turn_chars
+
+    assert turn_chars([{"role": "system", "content": "s"}, {"role": "user", "content": "fix it"}]) == (
+        7,
+        None,
+    )
+    chat = [
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": "ok", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.py\nb.py"},
+        {"role": "tool", "tool_call_id": "c2", "content": "done"},
+    ]  # fmt: skip
+    new, reply = turn_chars(chat)
+    assert new == len("a.py\nb.py") + len("done")
+    assert reply is not None and reply > len("ok")  # the tool call's arguments are part of the turn
+    # Responses items: a function call is the model's turn, its output what it answers.
+    items = [{"type": "function_call", "name": "bash", "arguments": "{}", "call_id": "c"},
+             {"type": "function_call_output", "call_id": "c", "output": "x" * 100}]  # fmt: skip
+    assert turn_chars(items)[0] >= 100 and turn_chars(items)[1] is not None
+
+
+def test_the_output_of_a_call_is_its_turn_cells_mean_where_learned() -> None:
+    short, long = (40, 200), (20_000, 200)
+    cell = turn_cell(short)
+    d = decider({"gpt": BackendEstimates(output_mean=300, output_cells={cell: 50.0})})  # type: ignore[dict-item]
+    e = d.decide(feats(1_000, turn_chars=short)).estimate("gpt")
+    assert e is not None and e.output_tokens == 50 and e.output_cell == cell
+    assert e.cost_usd == pytest.approx((1_000 * 1 + 50 * 4) / 1e6)
+    # A cell the log had too few calls of, or a request whose turn was not measured: the backend's mean.
+    assert d.decide(feats(1_000, turn_chars=long)).estimate("gpt").output_tokens == 300  # type: ignore[union-attr]
+    plain = d.decide(feats(1_000)).estimate("gpt")
+    assert plain is not None and plain.output_tokens == 300 and plain.output_cell is None
+
+
+def test_turn_cells_are_learned_from_the_logged_cell_and_round_trip_the_artifact() -> None:
+    import orjson
+
+    from router.features.task.vector import schema
+    from router.policy.artifact import FORMAT, Artifact
+
+    rows = [row(f"t{i}", 1.0, output_tokens=40, candidates=[{"model": "gem", "output_cell": "6:8"}])
+            for i in range(MIN_ROWS)]  # fmt: skip
+    rows += [row(f"u{i}", 1.0, output_tokens=900, candidates=[{"model": "gem", "output_cell": "15:8"}])
+             for i in range(MIN_ROWS - 1)]  # fmt: skip
+    fitted = fit_estimates(rows)["gem"]
+    # A cell of MIN_ROWS calls has its mean; one call short, it is priced at the backend's mean.
+    assert fitted["output_cells"] == {"6:8": 40.0}
+    assert fitted["output_mean"] == pytest.approx(
+        (40 * MIN_ROWS + 900 * (MIN_ROWS - 1)) / (2 * MIN_ROWS - 1), abs=0.01
+    )
+    est = as_estimates({"gem": fitted})
+    raw = orjson.dumps({"format": FORMAT, "feature_schema": schema(),
+                        "estimates": {"gem": {"output_mean": 300.0, "output_cells": {"6:8": 40.0}}}})  # fmt: skip
+    read = Artifact.from_json(raw, source="a.json").estimates
+    assert read.output_mean("gem", "6:8") == 40.0 and read.output_mean("gem", "15:8") == 300.0
+    assert est.output_mean("gem", "6:8") == 40.0
+    with pytest.raises(ConfigError, match=r"estimates.gem.output_cells.6:8"):
+        Artifact.from_json(orjson.dumps({"format": FORMAT, "feature_schema": schema(),
+                                         "estimates": {"gem": {"output_cells": {"6:8": -1}}}}), source="a.json")  # fmt: skip

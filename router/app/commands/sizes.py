@@ -94,4 +94,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {name} | {_n(o['sum_ratio'])} | {_pct(o['median_ape'])} | {_n(c['sum_ratio'])} | {_pct(c['median_ape'])} "
             f"| {_pct(k['share_est'])} / {_pct(k['share'])} | {_n(t['median_us'], '{:.1f}')}, {_n(t['p90_us'], '{:.1f}')} |"
         )
+    if "cost_candidates" in report:
+        lines += ["", "| cost estimate (held out) | cost sum ratio | cost median error |", "|---|---|---|"]
+        lines.append(f"| router | {_n(report['cost']['sum_ratio'])} | {_pct(report['cost']['median_ape'])} |")
+        for name, c in report["cost_candidates"].items():
+            lines.append(f"| {name} | {_n(c['sum_ratio'])} | {_pct(c['median_ape'])} |")
     return "\n".join(lines) + "\n"

@@ -30,12 +30,13 @@ from typing import Any, Final
 from router.errors import ContextTooLarge
 from router.features.memo import ConversationMemo
 from router.features.promptsize import COUNT_NEW_CHARS, PromptSizer
-from router.features.request import Features
+from router.features.request import Features, turn_chars
 from router.features.tokens import TokenCounter, item_text
 from router.learning.labels.replay import Trajectory, requests
 from router.learning.training.estimates import as_estimates, fit_estimates
 from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
+from router.policy.estimates import turn_cell
 from router.policy.loading import parse_policy
 from router.policy.pipeline import request_features
 from router.protocols import WIRES
@@ -79,6 +80,10 @@ class Row:
     cost_est: float
     cached: int
     cached_est: int
+    #: The warm prefix (the previous call's reported prompt) and the call's output cell
+    #: (``turn_cell`` of the request, whether or not the decision was told it).
+    warm: int
+    cell: str | None
     micros: float
     #: Per window: (router keeps it, the provider's count keeps it).
     fits: dict[int, tuple[bool, bool]]
@@ -87,7 +92,10 @@ class Row:
 
 
 class Replayer:
-    """The router's sizing, decision and cost code over trajectories, one conversation after another."""
+    """The router's sizing, decision and cost code over trajectories, one conversation after another.
+
+    The features come from ``request_features``, as the pipeline builds them: what the pipeline
+    does not pass the decision (``turn_chars`` until it does) the replay does not either."""
 
     def __init__(self, learned: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         """``learned``: ``fit_estimates``' output for the replayed backend (None: the priors)."""
@@ -154,7 +162,8 @@ class Replayer:
                 t.instance_id, turn, size.anchored, true, est.prompt_tokens, size.tokens,
                 int(usage.get("completion_tokens") or 0),
                 est.output_tokens, _cost(usage.get("cost")), est.cost_usd,
-                int(usage.get("cached_tokens") or 0), est.cached_tokens, micros, fits, base, base_fits,
+                int(usage.get("cached_tokens") or 0), est.cached_tokens, warm,
+                turn_cell(turn_chars(req.messages)), micros, fits, base, base_fits,
             ))  # fmt: skip
             # Pipeline.finish, the call served with its usage (the sampled count runs on a thread there).
             if self.sizer.reported(size, true, BACKEND, self.ratio):
@@ -196,7 +205,7 @@ def log_row(r: Row) -> RequestRecord:
     return RequestRecord(
         f"{r.task}#{r.turn}", float(r.turn), task_id=r.task, status=200, chosen_model=BACKEND,
         input_tokens=r.prompt, output_tokens=r.output, cache_read_tokens=r.cached, prompt_tokens_est=r.logged,
-        candidates=[{"model": BACKEND, "cached_tokens": r.cached_est}],
+        candidates=[{"model": BACKEND, "cached_tokens": r.cached_est, "output_cell": r.cell}],
     )  # fmt: skip
 
 
@@ -211,17 +220,56 @@ def cross_validate(
     random.Random(seed).shuffle(ids)
     fold_of = {task: i % folds for i, task in enumerate(ids)}
     prior_rows = replay(trajectories)
+    price = Replayer().backend.price
     rows: list[Row] = []
     fitted = []
+    candidates: dict[str, list[float]] = {name: [] for name in CANDIDATES}
     for k in range(folds):
-        learned = fit_estimates(log_row(r) for r in prior_rows if fold_of[r.task] != k)
+        train = [r for r in prior_rows if fold_of[r.task] != k]
+        learned = fit_estimates(log_row(r) for r in train)
         fitted.append(learned.get(BACKEND))
-        rows += replay([t for t in trajectories if fold_of[t.instance_id] == k], learned)
+        held = replay([t for t in trajectories if fold_of[t.instance_id] == k], learned)
+        rows += held
+        for name, cost in _candidates(train, held, learned.get(BACKEND) or {}, price).items():
+            candidates[name] += cost
     report = summarize(rows)
     report["setup"] = {"folds": folds, "seed": seed, "fitted": fitted}
     report["priors"] = summarize(prior_rows)
     del report["priors"]["baselines"]
+    priced = [i for i, r in enumerate(rows) if r.cost is not None]
+    true = [rows[i].cost or 0.0 for i in priced]
+    report["cost_candidates"] = {
+        name: {"sum_ratio": _ratio([c[i] for i in priced], true), "median_ape": _median(_ape([c[i] for i in priced], true))}
+        for name, c in candidates.items()
+    }  # fmt: skip
     return report, rows
+
+
+#: Other estimates of each held-out call's cost from the same fold's fit, beside the router's.
+#: ``turn_cells``: the mean output of the call's ``turn_cell`` (what the router does once the
+#: pipeline passes ``Features.turn_chars``); ``blocks``: the warm prefix's whole cache blocks
+#: (``CACHE_BLOCK``) times the share of them reported cached, instead of a share of the prompt;
+#: ``blocks_turn_cells``: both.
+CANDIDATES: Final = ("turn_cells", "blocks", "blocks_turn_cells")
+#: Gemini reports cached tokens in steps of ~2k (2,028, 4,044, 6,060... on these trajectories).
+CACHE_BLOCK: Final = 2048
+
+
+def _candidates(
+    train: Sequence[Row], held: Sequence[Row], learned: Mapping[str, Any], price: Any
+) -> dict[str, list[float]]:
+    warm = [r for r in train if r.warm]
+    hit = sum(r.cached for r in warm) / max(1, sum(r.warm // CACHE_BLOCK * CACHE_BLOCK for r in warm))
+    mean = learned.get("output_mean") or statistics.fmean(r.output for r in train)
+    cells = learned.get("output_cells") or {}
+    out: dict[str, list[float]] = {name: [] for name in CANDIDATES}
+    for r in held:
+        by_cell = round(cells.get(r.cell, mean)) if r.cell is not None else round(mean)
+        blocks = round(r.warm // CACHE_BLOCK * CACHE_BLOCK * hit)
+        out["turn_cells"].append(price.cost(r.prompt_est - r.cached_est, by_cell, r.cached_est))
+        out["blocks"].append(price.cost(r.prompt_est - blocks, round(mean), blocks))
+        out["blocks_turn_cells"].append(price.cost(r.prompt_est - blocks, by_cell, blocks))
+    return out
 
 
 def _ape(est: Sequence[float], true: Sequence[float]) -> list[float]:

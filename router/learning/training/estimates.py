@@ -7,6 +7,8 @@ What ``router.policy.estimates`` reads (the artifact's ``estimates``). Each numb
   calls that started a task (no earlier count of the conversation anchored them, so the estimate
   is in o200k tokens; a median, as a few odd prompts would pull a sum's ratio off the typical one);
 * ``output_mean`` and ``output_p90``: the reported output of the main loop's calls;
+  ``output_cells``: its mean per ``turn_cell`` the decision logged, for each cell of ``MIN_ROWS``
+  calls (a mean per cell, so the cells' sum stays the log's);
 * ``cache_share``: the reported cached tokens over the prompt, summed over the calls the router
   expected a warm prefix for (its estimate held cached tokens).
 """
@@ -17,7 +19,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from router.policy.estimates import BackendEstimates, Estimates
 from router.store import RequestRecord
@@ -25,9 +27,10 @@ from router.store import RequestRecord
 MIN_ROWS: Final = 20
 
 
-def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, float | int]]:
-    """``{backend: {tokens_ratio, output_mean, output_p90, cache_share, n}}`` (only what was learned)."""
+def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, Any]]:
+    """``{backend: {tokens_ratio, output_mean, output_p90, cache_share, output_cells, n}}`` (only what was learned)."""
     outputs: dict[str, list[int]] = defaultdict(list)
+    cells: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     cache: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
     first: dict[str, tuple[float, str, int, int]] = {}  # task → (ts, backend, reported, estimated)
     for r in requests:
@@ -35,9 +38,11 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, floa
         reported = r.input_tokens
         if r.status != 200 or not model or r.usage_estimated or not reported or r.side_call:
             continue
+        chosen = next((c for c in r.candidates or () if c.get("model") == model), None)
         if r.output_tokens is not None:
             outputs[model].append(r.output_tokens)
-        chosen = next((c for c in r.candidates or () if c.get("model") == model), None)
+            if chosen is not None and chosen.get("output_cell"):
+                cells[model][chosen["output_cell"]].append(r.output_tokens)
         if chosen is not None and chosen.get("cached_tokens"):
             c = cache[model]
             c[0] += r.cache_read_tokens or 0
@@ -49,13 +54,18 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, floa
     ratios: dict[str, list[float]] = defaultdict(list)
     for _, model, reported, est in first.values():
         ratios[model].append(reported / est)
-    fitted: dict[str, dict[str, float | int]] = defaultdict(dict)
+    fitted: dict[str, dict[str, Any]] = defaultdict(dict)
     for model, outs in outputs.items():
         if len(outs) >= MIN_ROWS:
             outs.sort()
             fitted[model]["output_mean"] = round(sum(outs) / len(outs), 2)
             fitted[model]["output_p90"] = float(outs[min(len(outs) - 1, math.ceil(0.9 * len(outs)) - 1)])
             fitted[model]["n"] = len(outs)
+            by_cell = {
+                cell: round(sum(v) / len(v), 2) for cell, v in cells[model].items() if len(v) >= MIN_ROWS
+            }
+            if by_cell:
+                fitted[model]["output_cells"] = by_cell
     for model, (read, prompt, n) in cache.items():
         if n >= MIN_ROWS and prompt > 0:
             fitted[model]["cache_share"] = round(min(1.0, read / prompt), 4)
@@ -65,16 +75,17 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, floa
     return dict(fitted)
 
 
-def as_estimates(fitted: Mapping[str, Mapping[str, float | int]]) -> Estimates:
+def as_estimates(fitted: Mapping[str, Mapping[str, Any]]) -> Estimates:
     """``fit_estimates``' numbers as the artifact holds them."""
 
-    def get(e: Mapping[str, float | int], name: str) -> float | None:
+    def get(e: Mapping[str, Any], name: str) -> float | None:
         return float(e[name]) if name in e else None
 
     return Estimates({
         backend: BackendEstimates(
             get(e, "tokens_ratio"), get(e, "output_mean"), get(e, "output_p90"), get(e, "cache_share"),
             n=int(e["n"]) if "n" in e else None,
+            output_cells={k: float(v) for k, v in e["output_cells"].items()} if "output_cells" in e else None,
         )
         for backend, e in fitted.items()
     })  # fmt: skip
