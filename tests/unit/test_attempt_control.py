@@ -278,6 +278,8 @@ def test_the_control_evaluation_runs_end_to_end(tiny: Dataset, noise: tuple[floa
         *(["cascade2, chosen on verdicts@60%"] if any(noise) else []),
     } == set(rows)
     assert (result["targets"]["0.60"]["not_below_cascade_on_verdicts"] is None) == (not any(noise))
+    # The frontier plot draws it too, as a line of its own.
+    assert ("cascade, chosen on verdicts" in result["sweep"]) == any(noise)
     assert len(rows["policy@60%"]["chosen_on_training"]) == 3  # one order per fold, each named
     assert result["targets"]["0.60"]["ratio"] > 0
     assert "| policy@60% |" in controlview.table(result)

@@ -192,6 +192,8 @@ def evaluate_fold(
     chosen: dict[str, str] = {}
     learned_out: dict[str, Any] = {}
     sweep: dict[str, list[dict[str, Any]]] = {"cascade": [], "cascade+caps": [], "policy": []}
+    if noisy:
+        sweep["cascade, chosen on verdicts"] = []
     for target in sorted({*s.targets, *SWEEP}):
         learned = control.learn(
             planned.runs, planned.ids, n, target, judging, s.noise, seed=s.seed, weights=planned.weights
@@ -222,6 +224,10 @@ def evaluate_fold(
         sweep["cascade"].append({"target": target, **got[f"cascade{n}"]})
         sweep["cascade+caps"].append({"target": target, **got[f"cascade{n}+caps"]})
         sweep["policy"].append({"target": target, **got["policy"]})
+        if noisy:
+            sweep["cascade, chosen on verdicts"].append(
+                {"target": target, **got[f"cascade{n}, chosen on verdicts"]}
+            )
         if target not in s.targets:
             continue
         for name, metrics in got.items():

@@ -10,9 +10,11 @@ from typing import Any
 
 #: Frontier lines of the plot: (sweep key, label, matplotlib style).
 LINES = (
-    ("cascade", "best fixed cascade (grid search on the training folds)", "--o"),
+    ("cascade", "best fixed cascade (grid search on the training folds' outcomes)", "--o"),
     ("cascade+caps", "best fixed cascade with learned caps", "-.s"),
     ("policy", "policy: caps, stop-loss, escalation", "-D"),
+    # Under a noisy verifier only: the cascade a deployment could choose, on the same verdicts.
+    ("cascade, chosen on verdicts", "best fixed cascade chosen on the verdicts", ":^"),
 )
 
 
@@ -81,6 +83,8 @@ def plot(results: Sequence[Mapping[str, Any]], path: Path) -> Path:
     for ax, result in zip(axes[0], results, strict=True):
         s = result["setup"]
         for key, label, style in LINES:
+            if key not in result["sweep"]:
+                continue
             pts = [p for p in result["sweep"][key] if p["cost_per_completed"] is not None]
             pts = [p for p in pts if math.isfinite(p["cost_per_completed"])]
             ax.plot(

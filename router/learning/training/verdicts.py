@@ -4,8 +4,8 @@ Under a verifier that accepts a wrong result with probability FA and rejects a r
 one verdict corrected by those rates, ``(v − FA) / (1 − FA − FR)``, is an unbiased estimate of the
 attempt's outcome, but at 0.3, 0.2 it is twice as noisy as the outcome itself (it runs from −0.6
 to 1.4). The cheapest of the 267,744 orders of four models that reaches a target on such estimates
-is one whose estimate ran high: on held-out SWE-bench tasks it resolved 9 points less than on the
-training tasks it was chosen on.
+is one whose estimate ran high: on SWE-bench it resolved 9 points less than estimated, on the very
+training tasks it was chosen on (and as much less on held-out ones).
 
 Every model's verdict on a task says something of how hard the task is, and that is what a single
 run's verdict lacks. Each task has a difficulty ``b`` (on a grid; how often each value occurs is
