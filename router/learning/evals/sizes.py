@@ -33,7 +33,7 @@ from router.features.promptsize import COUNT_NEW_CHARS, PromptSizer
 from router.features.request import Features, turn_chars
 from router.features.tokens import TokenCounter, item_text
 from router.learning.labels.replay import Trajectory, requests
-from router.learning.training.estimates import as_estimates, fit_estimates
+from router.learning.training.estimates import MIN_ROWS, as_estimates, fit_estimates
 from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
 from router.policy.estimates import turn_cell
@@ -249,8 +249,10 @@ def cross_validate(
 #: ``turn_cells``: the mean output of the call's ``turn_cell`` (what the router does once the
 #: pipeline passes ``Features.turn_chars``); ``blocks``: the warm prefix's whole cache blocks
 #: (``CACHE_BLOCK``) times the share of them reported cached, instead of a share of the prompt;
-#: ``blocks_turn_cells``: both.
-CANDIDATES: Final = ("turn_cells", "blocks", "blocks_turn_cells")
+#: ``blocks_turn_cells``: both. ``medians`` is not an estimate the router could use: the median
+#: output of the cell and the cache hit (all the warm blocks cached) price a typical call, which is
+#: what a median error rewards, and undercount the sum (the long replies and the misses are left out).
+CANDIDATES: Final = ("turn_cells", "blocks", "blocks_turn_cells", "medians")
 #: Gemini reports cached tokens in steps of ~2k (2,028, 4,044, 6,060... on these trajectories).
 CACHE_BLOCK: Final = 2048
 
@@ -262,6 +264,13 @@ def _candidates(
     hit = sum(r.cached for r in warm) / max(1, sum(r.warm // CACHE_BLOCK * CACHE_BLOCK for r in warm))
     mean = learned.get("output_mean") or statistics.fmean(r.output for r in train)
     cells = learned.get("output_cells") or {}
+    hits = [r for r in warm if r.cached and r.warm >= CACHE_BLOCK]
+    hit_share = sum(r.cached for r in hits) / max(1, sum(r.warm // CACHE_BLOCK * CACHE_BLOCK for r in hits))
+    by_cell_outputs: dict[str | None, list[int]] = {}
+    for r in train:
+        by_cell_outputs.setdefault(r.cell, []).append(r.output)
+    median = statistics.median(r.output for r in train)
+    medians = {c: statistics.median(v) for c, v in by_cell_outputs.items() if len(v) >= MIN_ROWS}
     out: dict[str, list[float]] = {name: [] for name in CANDIDATES}
     for r in held:
         by_cell = round(cells.get(r.cell, mean)) if r.cell is not None else round(mean)
@@ -269,6 +278,10 @@ def _candidates(
         out["turn_cells"].append(price.cost(r.prompt_est - r.cached_est, by_cell, r.cached_est))
         out["blocks"].append(price.cost(r.prompt_est - blocks, round(mean), blocks))
         out["blocks_turn_cells"].append(price.cost(r.prompt_est - blocks, by_cell, blocks))
+        all_cached = round(r.warm // CACHE_BLOCK * CACHE_BLOCK * hit_share)
+        out["medians"].append(
+            price.cost(r.prompt_est - all_cached, round(medians.get(r.cell, median)), all_cached)
+        )
     return out
 
 
