@@ -85,16 +85,35 @@ def turn_chars(messages: Sequence[Any]) -> tuple[int, int | None]:
     short reply, a long one (a file was read) a longer one, and a long last reply (a script was
     written) is often followed by another. Only the tail is read: it costs the same on any history.
     """
-    from router.features.tokens import item_text  # tiktoken loads with the counter, not with Features
-
     new, k = 0, len(messages) - 1
     while k >= 0 and not _is_model_item(messages[k]):
-        new += len(item_text(messages[k])[1])
+        new += _chars(messages[k])
         k -= 1
     if k < 0:
         return new, None
     reply = 0
     while k >= 0 and _is_model_item(messages[k]):
-        reply += len(item_text(messages[k])[1])
+        reply += _chars(messages[k])
         k -= 1
     return new, reply
+
+
+def _chars(item: Any) -> int:
+    # Chat's messages are measured as they are: joining their text as the token counter does
+    # (tool calls dumped to JSON) cost a fifth of the memo's whole measure of a request.
+    if isinstance(item, dict):
+        content, calls = item.get("content"), item.get("tool_calls")
+        if isinstance(content, str) and not calls:
+            return len(content)
+        if (
+            (content is None or isinstance(content, str))
+            and isinstance(calls, list)
+            and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
+        ):
+            fns = [c["function"] for c in calls]
+            return len(content or "") + sum(
+                len(str(f.get("name") or "")) + len(str(f.get("arguments") or "")) for f in fns
+            )
+    from router.features.tokens import item_text  # tiktoken loads with the counter, not with Features
+
+    return len(item_text(item)[1])

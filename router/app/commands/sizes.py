@@ -99,4 +99,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| router | {_n(report['cost']['sum_ratio'])} | {_pct(report['cost']['median_ape'])} |")
         for name, c in report["cost_candidates"].items():
             lines.append(f"| {name} | {_n(c['sum_ratio'])} | {_pct(c['median_ape'])} |")
+        t = report["time"]
+        lines += ["", f"µs per estimate with the turn's shape (turn_cells): {_n(t['median_us_with_turn'], '{:.1f}')} "
+                      f"median, against {_n(t['median_us'], '{:.1f}')} without (the same calls)"]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -85,6 +85,7 @@ class Row:
     warm: int
     cell: str | None
     micros: float
+    turn_micros: float  # the turn's shape (``turn_chars`` and ``turn_cell``), not in ``micros``
     #: Per window: (router keeps it, the provider's count keeps it).
     fits: dict[int, tuple[bool, bool]]
     baselines: dict[str, int]
@@ -131,6 +132,10 @@ class Replayer:
             if self.sizer.wants_count(size):  # as Pipeline.decide does
                 self.sizer.settle(size)
             micros = (time.perf_counter() - started) * 1e6
+            # The turn's shape, timed on its own: the pipeline will measure it beside the size.
+            started = time.perf_counter()
+            cell = turn_cell(turn_chars(req.messages))
+            turn_micros = (time.perf_counter() - started) * 1e6
             feats = replace(
                 request_features(req, size.tokens, {}, None, size), requested_model="replay",
                 warm_model=BACKEND if warm else None, warm_tokens=warm,
@@ -163,7 +168,7 @@ class Replayer:
                 int(usage.get("completion_tokens") or 0),
                 est.output_tokens, _cost(usage.get("cost")), est.cost_usd,
                 int(usage.get("cached_tokens") or 0), est.cached_tokens, warm,
-                turn_cell(turn_chars(req.messages)), micros, fits, base, base_fits,
+                cell, micros, turn_micros, fits, base, base_fits,
             ))  # fmt: skip
             # Pipeline.finish, the call served with its usage (the sampled count runs on a thread there).
             if self.sizer.reported(size, true, BACKEND, self.ratio):
@@ -347,6 +352,7 @@ def summarize(rows: Sequence[Row]) -> dict[str, Any]:
         "time": {
             "median_us": _median(micros),
             "p90_us": round(micros[int(0.9 * (len(micros) - 1))], 1) if micros else None,
+            "median_us_with_turn": _median([r.micros + r.turn_micros for r in rows]),
         },
         "baselines": {
             name: {
