@@ -243,11 +243,12 @@ def _print(console: Console, a: Artifact, path: Path, sha: str) -> None:
     tables.show(console, t)
     for r in a.report.get("scope_report") or []:
         console.print(_scope_line(r), highlight=False, soft_wrap=True)  # one line each, for grep
-    est = Table("backend", "calls", "provider/o200k", "mean output", "p90 output", "cached share",
+    est = Table("backend", "calls", "provider/o200k", "mean output", "turn cells", "p90 output", "cached share",
                 title="estimates (n/a: too few calls, the prior stays)")  # fmt: skip
     for mid, e in a.estimates.learned.items():
         est.add_row(mid, _fmt(e.n, "{}"), _fmt(e.tokens_ratio, "{:.3f}"), _fmt(e.output_mean, "{:.0f}"),
-                    _fmt(e.output_p90, "{:.0f}"), _fmt(e.cache_share, "{:.1%}"))  # fmt: skip
+                    str(len(e.output_cells or ())), _fmt(e.output_p90, "{:.0f}"),
+                    _fmt(e.cache_share, "{:.1%}"))  # fmt: skip
     tables.show(console, est)
     console.print(
         f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>"
