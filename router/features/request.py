@@ -85,6 +85,9 @@ def turn_chars(messages: Sequence[Any]) -> tuple[int, int | None]:
     short reply, a long one (a file was read) a longer one, and a long last reply (a script was
     written) is often followed by another. Only the tail is read: it costs the same on any history.
     """
+    if not isinstance(messages, list):
+        # As PromptSizer.measure takes it: one item (a string walked as a sequence is one call a character).
+        messages = [messages]
     new, k = 0, len(messages) - 1
     while k >= 0 and not _is_model_item(messages[k]):
         new += _chars(messages[k])
