@@ -44,8 +44,10 @@ class Estimate:
     cost_per_completed_usd: float | None = None
     #: What a budget holds for this call: the cost at a high quantile of its output.
     hold_usd: float | None = None
-    #: The output table's cell of the call (``turn_cell``): logged, so ``router train`` learns its mean.
+    #: The output table's cell of the call (``turn_cell``) and the warm prefix's whole cache blocks
+    #: on this backend (``cached_tokens`` is the learned share of them): logged for ``router train``.
     output_cell: str | None = None
+    cacheable_tokens: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         # By hand: dataclasses.asdict deep-copies, and this runs for every candidate of every request.
@@ -117,9 +119,10 @@ def estimate(
     """Tokens and dollars of this call on ``backend``, prompt caching included.
 
     ``prompt``: the prompt in the backend's tokens (default ``features.prompt_tokens``). The task's
-    prefix is warm only on the backend it last used, within that provider's cache lifetime, and
-    the provider caches the share of it ``estimates`` learned; anywhere else the whole prompt is
-    new, and where the provider charges for cache writes (Anthropic) a switch pays them.
+    prefix is warm only on the backend it last used, within that provider's cache lifetime; the
+    provider caches it in whole blocks, and the share of those ``estimates`` learned (a mean: a
+    call hits or misses); anywhere else the whole prompt is new, and where the provider charges
+    for cache writes (Anthropic) a switch pays them.
     ``hold_output``: the output a budget holds for (the cost at it is ``hold_usd``; without it, the
     hold is the expected cost).
     """
@@ -127,11 +130,12 @@ def estimate(
     out = min(features.max_output_tokens or expected_output, expected_output, backend.max_output_tokens)
     prompt = features.prompt_tokens if prompt is None else prompt
     warm = min(features.warm_tokens, prompt) if features.warm_model == backend.id else 0
-    cached = min(warm, round(prompt * est.cache_share(backend.id)))
+    cacheable = est.cacheable(backend.provider, warm)
+    cached = round(cacheable * est.cache_share(backend.id))
     fresh = prompt - cached
     writes = fresh if backend.protocol == "anthropic" else 0
     cost = backend.price.cost(fresh - writes, out, cached, writes)
-    e = Estimate(backend.id, prompt, out, cached, cost, hold_usd=cost)
+    e = Estimate(backend.id, prompt, out, cached, cost, hold_usd=cost, cacheable_tokens=cacheable or None)
     if hold_output is not None:
         held = min(features.max_output_tokens or hold_output, hold_output, backend.max_output_tokens)
         e.hold_usd = cost + max(0, held - out) * backend.price.output

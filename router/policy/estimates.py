@@ -13,8 +13,9 @@ Pure numbers, learned by ``router train`` from the log (the artifact's ``estimat
   shape* (how long the model's last turn and what it is answering are, ``turn_cell``) the mean of
   that cell prices the call: still a mean, so sums stay unbiased, but a short tool result is not
   priced like a file just read.
-* **Cache.** The share of a warm prompt the provider reports as cached (not all of it: a cache
-  entry is evicted, a prefix is cut, a call goes to another machine).
+* **Cache.** Providers cache a prefix in whole blocks (Gemini ~2k tokens, OpenAI 128), so what
+  can be cached of a warm prefix is its whole blocks; ``cache_share`` is the share of those the
+  provider reported cached (not all: an entry is evicted, a call goes to another machine).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["BOUNDS", "FAMILY_RATIOS", "BackendEstimates", "Estimates", "turn_cell"]
+__all__ = ["BOUNDS", "CACHE_BLOCKS", "FAMILY_RATIOS", "BackendEstimates", "Estimates", "turn_cell"]
 
 #: Provider tokens per o200k token, by the provider part of a litellm model name, before data.
 FAMILY_RATIOS: Final[Mapping[str, float]] = {
@@ -35,8 +36,12 @@ FAMILY_RATIOS: Final[Mapping[str, float]] = {
     "anthropic": 1.2,
     "bedrock": 1.2,
 }
-#: The cached share of a warm prompt before the log says: the whole warm prefix (the provider's promise).
+#: The cached share of the warm prefix's blocks before the log says: all of them (the provider's promise).
 PRIOR_CACHE_SHARE: Final = 1.0
+#: Tokens per cache block, by provider family: Gemini reports cached counts in steps of ~2k
+#: (2,028, 4,044, 6,060... on the shipped trajectories), OpenAI caches in 128-token steps;
+#: Anthropic caches up to the client's breakpoint, taken as the whole warm prefix (a block of 1).
+CACHE_BLOCKS: Final[Mapping[str, int]] = {"gemini": 2048, "vertex_ai": 2048, "openai": 128, "azure": 128}
 
 
 def turn_cell(turn_chars: tuple[int, int | None] | None) -> str | None:
@@ -82,6 +87,11 @@ class Estimates:
     def cache_share(self, backend: str) -> float:
         share = self.of(backend).cache_share
         return share if share is not None else PRIOR_CACHE_SHARE
+
+    def cacheable(self, provider: str, warm: int) -> int:
+        """The whole cache blocks of a warm prefix of ``warm`` tokens."""
+        block = CACHE_BLOCKS.get(provider, 1)
+        return warm // block * block
 
     def output_mean(self, backend: str, cell: str | None) -> float | None:
         """The mean output of a call in ``cell`` (the backend's overall mean where the cell has none)."""

@@ -82,13 +82,23 @@ def test_learned_output_mean_prices_a_call_and_its_90th_percentile_is_held_and_r
     assert plain is not None and plain.output_tokens == 1024 and plain.hold_usd == plain.cost_usd
 
 
-def test_a_warm_prompt_is_cached_at_the_learned_share() -> None:
+def test_a_warm_prompt_is_cached_in_whole_blocks_at_the_learned_share() -> None:
     f = feats(10_000, warm_model="gpt", warm_tokens=9_000)
-    assert decider().decide(f).estimate("gpt").cached_tokens == 9_000  # type: ignore[union-attr]
+    # OpenAI caches in 128-token blocks: 70 whole blocks of the 9,000 warm tokens, all of them before data.
+    prior = decider().decide(f).estimate("gpt")
+    assert prior is not None and prior.cached_tokens == prior.cacheable_tokens == 8_960
     learned = decider({"gpt": BackendEstimates(cache_share=0.8)}).decide(f).estimate("gpt")
-    assert learned is not None and learned.cached_tokens == 8_000
     assert (
-        decider({"gpt": BackendEstimates(cache_share=0.95)}).decide(f).estimate("gpt").cached_tokens == 9_000
+        learned is not None
+        and learned.cached_tokens == round(8_960 * 0.8)
+        and learned.cacheable_tokens == 8_960
+    )
+    # Gemini's blocks are ~2k: a warm prefix under one block has nothing to cache.
+    gem = decider().decide(feats(1_500, warm_model="gem", warm_tokens=1_900)).estimate("gem")
+    assert gem is not None and gem.cached_tokens == 0 and gem.cacheable_tokens is None
+    assert (
+        decider().decide(feats(9_000, warm_model="gem", warm_tokens=4_500)).estimate("gem").cached_tokens
+        == 4_096
     )  # type: ignore[union-attr]
 
 
@@ -104,9 +114,10 @@ def test_fit_from_the_log() -> None:
     for i in range(MIN_ROWS):
         # A task's first call: estimated without an anchor, 1.2x as the provider counted it.
         rows.append(row(f"t{i}", 1.0, input_tokens=1_200, output_tokens=100 + i, prompt_tokens_est=1_000))
-        # Its next: a warm prefix expected, 80 % reported cached; its estimate says nothing of the ratio.
-        rows.append(row(f"t{i}", 2.0, input_tokens=2_000, output_tokens=100 + i, cache_read_tokens=1_600,
-                        prompt_tokens_est=2_000, candidates=[{"model": "gem", "cached_tokens": 1_500}]))  # fmt: skip
+        # Its next: 80 % of the warm prefix's blocks reported cached; its estimate says nothing of the ratio.
+        rows.append(row(f"t{i}", 2.0, input_tokens=4_000, output_tokens=100 + i, cache_read_tokens=1_600,
+                        prompt_tokens_est=4_000, candidates=[{"model": "gem", "cached_tokens": 1_500,
+                                                              "cacheable_tokens": 2_000}]))  # fmt: skip
     rows.append(row("side", 0.5, side_call=True, output_tokens=10_000))  # side calls and failures say nothing
     rows.append(row("t0", 0.1, status=502, input_tokens=9_999))
     fitted = fit_estimates(rows)["gem"]

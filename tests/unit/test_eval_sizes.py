@@ -16,19 +16,22 @@ from router.learning.labels.replay import Trajectory, load
 
 OUTPUT = 120  # every call's reported output
 TASKS = 30
-SHARE = 0.5  # the share of a warm prompt the provider reports cached
+SHARE = 0.5  # the share of the warm prefix's whole 2,048-token blocks the provider reports cached
 
 
 def trajectory(i: int, counter: TokenCounter, turns: int = 4, ratio: float = 1.2) -> Trajectory:
-    """A conversation whose provider counts ``ratio`` tokens per o200k token and caches ``SHARE``."""
+    """A conversation whose provider counts ``ratio`` tokens per o200k token and caches ``SHARE`` of
+    the previous prompt's whole blocks."""
     msgs: list[dict[str, Any]] = [
-        {"role": "system", "content": "You run one bash command a turn. " * 10},
+        {"role": "system", "content": "You run one bash command a turn. " * 300},
         {"role": "user", "content": f"Fix issue {i}: the parser drops the last line. " * (5 + i)},
     ]
+    warm = 0
     for turn in range(turns):
         prompt = round(ratio * (3 + sum(counter.count_item({"role": m["role"], "content": m["content"]})
                                         for m in msgs)))  # fmt: skip
-        cached = round(SHARE * prompt) if turn else 0
+        cached = round(SHARE * (warm // 2048 * 2048))
+        warm = prompt
         usage = {"prompt_tokens": prompt, "completion_tokens": OUTPUT, "cached_tokens": cached,
                  "cost": (prompt - cached) * 2e-6 + cached * 0.2e-6 + OUTPUT * 12e-6}  # fmt: skip
         msgs.append(

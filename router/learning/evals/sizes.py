@@ -80,9 +80,10 @@ class Row:
     cost_est: float
     cached: int
     cached_est: int
-    #: The warm prefix (the previous call's reported prompt) and the call's output cell
-    #: (``turn_cell`` of the request, whether or not the decision was told it).
+    #: The warm prefix (the previous call's reported prompt), its whole cache blocks, and the
+    #: call's output cell (``turn_cell`` of the request, whether or not the decision was told it).
     warm: int
+    cacheable: int
     cell: str | None
     micros: float
     turn_micros: float  # the turn's shape (``turn_chars`` and ``turn_cell``), not in ``micros``
@@ -167,7 +168,7 @@ class Replayer:
                 t.instance_id, turn, size.anchored, true, est.prompt_tokens, size.tokens,
                 int(usage.get("completion_tokens") or 0),
                 est.output_tokens, _cost(usage.get("cost")), est.cost_usd,
-                int(usage.get("cached_tokens") or 0), est.cached_tokens, warm,
+                int(usage.get("cached_tokens") or 0), est.cached_tokens, warm, est.cacheable_tokens or 0,
                 cell, micros, turn_micros, fits, base, base_fits,
             ))  # fmt: skip
             # Pipeline.finish, the call served with its usage (the sampled count runs on a thread there).
@@ -210,7 +211,8 @@ def log_row(r: Row) -> RequestRecord:
     return RequestRecord(
         f"{r.task}#{r.turn}", float(r.turn), task_id=r.task, status=200, chosen_model=BACKEND,
         input_tokens=r.prompt, output_tokens=r.output, cache_read_tokens=r.cached, prompt_tokens_est=r.logged,
-        candidates=[{"model": BACKEND, "cached_tokens": r.cached_est, "output_cell": r.cell}],
+        candidates=[{"model": BACKEND, "cached_tokens": r.cached_est, "output_cell": r.cell,
+                     "cacheable_tokens": r.cacheable or None}],
     )  # fmt: skip
 
 
@@ -252,25 +254,24 @@ def cross_validate(
 
 #: Other estimates of each held-out call's cost from the same fold's fit, beside the router's.
 #: ``turn_cells``: the mean output of the call's ``turn_cell`` (what the router does once the
-#: pipeline passes ``Features.turn_chars``); ``blocks``: the warm prefix's whole cache blocks
-#: (``CACHE_BLOCK``) times the share of them reported cached, instead of a share of the prompt;
-#: ``blocks_turn_cells``: both. ``medians`` is not an estimate the router could use: the median
-#: output of the cell and the cache hit (all the warm blocks cached) price a typical call, which is
-#: what a median error rewards, and undercount the sum (the long replies and the misses are left out).
-CANDIDATES: Final = ("turn_cells", "blocks", "blocks_turn_cells", "medians")
-#: Gemini reports cached tokens in steps of ~2k (2,028, 4,044, 6,060... on these trajectories).
-CACHE_BLOCK: Final = 2048
+#: pipeline passes ``Features.turn_chars``); ``share``: a share of the whole prompt cached, not
+#: of the warm prefix's whole blocks (the router before cache blocks), with the mean output, and
+#: ``share_turn_cells`` with the cell's. ``medians`` is not an estimate the router could use: the
+#: median output of the cell and a cache hit (all the warm blocks cached) price a typical call,
+#: which is what a median error rewards, and undercount the sum (the long replies and the misses
+#: are left out).
+CANDIDATES: Final = ("turn_cells", "share", "share_turn_cells", "medians")
 
 
 def _candidates(
     train: Sequence[Row], held: Sequence[Row], learned: Mapping[str, Any], price: Any
 ) -> dict[str, list[float]]:
     warm = [r for r in train if r.warm]
-    hit = sum(r.cached for r in warm) / max(1, sum(r.warm // CACHE_BLOCK * CACHE_BLOCK for r in warm))
+    share = sum(r.cached for r in warm) / max(1, sum(r.prompt for r in warm))
     mean = learned.get("output_mean") or statistics.fmean(r.output for r in train)
     cells = learned.get("output_cells") or {}
-    hits = [r for r in warm if r.cached and r.warm >= CACHE_BLOCK]
-    hit_share = sum(r.cached for r in hits) / max(1, sum(r.warm // CACHE_BLOCK * CACHE_BLOCK for r in hits))
+    hits = [r for r in warm if r.cached and r.cacheable]
+    hit_share = sum(r.cached for r in hits) / max(1, sum(r.cacheable for r in hits))
     by_cell_outputs: dict[str | None, list[int]] = {}
     for r in train:
         by_cell_outputs.setdefault(r.cell, []).append(r.output)
@@ -279,11 +280,11 @@ def _candidates(
     out: dict[str, list[float]] = {name: [] for name in CANDIDATES}
     for r in held:
         by_cell = round(cells.get(r.cell, mean)) if r.cell is not None else round(mean)
-        blocks = round(r.warm // CACHE_BLOCK * CACHE_BLOCK * hit)
+        of_prompt = min(r.warm, round(r.prompt_est * share))
         out["turn_cells"].append(price.cost(r.prompt_est - r.cached_est, by_cell, r.cached_est))
-        out["blocks"].append(price.cost(r.prompt_est - blocks, round(mean), blocks))
-        out["blocks_turn_cells"].append(price.cost(r.prompt_est - blocks, by_cell, blocks))
-        all_cached = round(r.warm // CACHE_BLOCK * CACHE_BLOCK * hit_share)
+        out["share"].append(price.cost(r.prompt_est - of_prompt, round(mean), of_prompt))
+        out["share_turn_cells"].append(price.cost(r.prompt_est - of_prompt, by_cell, of_prompt))
+        all_cached = round(r.cacheable * hit_share)
         out["medians"].append(
             price.cost(r.prompt_est - all_cached, round(medians.get(r.cell, median)), all_cached)
         )

@@ -9,8 +9,10 @@ What ``router.policy.estimates`` reads (the artifact's ``estimates``). Each numb
 * ``output_mean`` and ``output_p90``: the reported output of the main loop's calls;
   ``output_cells``: its mean per ``turn_cell`` the decision logged, for each cell of ``MIN_ROWS``
   calls (a mean per cell, so the cells' sum stays the log's);
-* ``cache_share``: the reported cached tokens over the prompt, summed over the calls the router
-  expected a warm prefix for (its estimate held cached tokens).
+* ``cache_share``: the reported cached tokens over the warm prefix's whole cache blocks the
+  decision logged (``cacheable_tokens``), summed over the calls that had some. Rows from before
+  it was logged count their ``cached_tokens`` instead (the whole warm prefix at the prior, a
+  learned share of the prompt after: close, until newer rows come in).
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, Any]
             outputs[model].append(r.output_tokens)
             if chosen is not None and chosen.get("output_cell"):
                 cells[model][chosen["output_cell"]].append(r.output_tokens)
-        if chosen is not None and chosen.get("cached_tokens"):
+        cacheable = chosen and (chosen.get("cacheable_tokens") or chosen.get("cached_tokens"))
+        if cacheable:
             c = cache[model]
             c[0] += r.cache_read_tokens or 0
-            c[1] += reported
+            c[1] += cacheable
             c[2] += 1
         task, est = r.task_id, r.prompt_tokens_est
         if task and est and (task not in first or r.ts < first[task][0]):
@@ -66,9 +69,9 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, Any]
             }
             if by_cell:
                 fitted[model]["output_cells"] = by_cell
-    for model, (read, prompt, n) in cache.items():
-        if n >= MIN_ROWS and prompt > 0:
-            fitted[model]["cache_share"] = round(min(1.0, read / prompt), 4)
+    for model, (read, blocks, n) in cache.items():
+        if n >= MIN_ROWS and blocks > 0:
+            fitted[model]["cache_share"] = round(min(1.0, read / blocks), 4)
     for model, rs in ratios.items():
         if len(rs) >= MIN_ROWS:
             fitted[model]["tokens_ratio"] = round(statistics.median(rs), 4)
