@@ -14,7 +14,7 @@ from typing import Any
 
 from router.background import Background
 from router.features.promptsize import INLINE_CHARS, PromptSize, PromptSizer
-from router.features.request import Features
+from router.features.request import Features, turn_chars
 from router.features.task.context import TaskContext, TaskView
 from router.policy.decide import Decider, Decision
 from router.policy.runtime import Runtime
@@ -172,5 +172,7 @@ def request_features(
         stream=req.stream,
         n_messages=len(req.messages),
         headers=headers,
+        # The shape of the turn prices its output (the learned mean of its turn cell).
+        turn_chars=turn_chars(req.messages),
         **extra,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -212,3 +213,21 @@ def test_turn_cells_are_learned_from_the_logged_cell_and_round_trip_the_artifact
     with pytest.raises(ConfigError, match=r"estimates.gem.output_cells.6:8"):
         Artifact.from_json(orjson.dumps({"format": FORMAT, "feature_schema": schema(),
                                          "estimates": {"gem": {"output_cells": {"6:8": -1}}}}), source="a.json")  # fmt: skip
+
+
+def test_the_pipeline_tells_the_decision_the_turns_shape() -> None:
+    import orjson
+
+    from router.policy.pipeline import request_features
+    from router.protocols import WIRES
+    from router.protocols.common import OPENAI_CHAT
+
+    body = {"model": "auto", "messages": [{"role": "user", "content": "fix it"},
+                                          {"role": "assistant", "content": "I will look."},
+                                          {"role": "user", "content": "x" * 3_000}]}  # fmt: skip
+    req = WIRES[OPENAI_CHAT].parse(orjson.dumps(body))
+    f = request_features(req, 1_000, {})
+    assert f.turn_chars == (3_000, len("I will look."))
+    d = decider({"gpt": BackendEstimates(output_mean=300, output_cells={turn_cell(f.turn_chars): 900.0})})  # type: ignore[dict-item]
+    e = d.decide(replace(f, prompt_anchor=0)).estimate("gpt")
+    assert e is not None and e.output_tokens == 900 and e.output_cell == turn_cell((3_000, 12))

@@ -253,14 +253,13 @@ def cross_validate(
 
 
 #: Other estimates of each held-out call's cost from the same fold's fit, beside the router's.
-#: ``turn_cells``: the mean output of the call's ``turn_cell`` (what the router does once the
-#: pipeline passes ``Features.turn_chars``); ``share``: a share of the whole prompt cached, not
-#: of the warm prefix's whole blocks (the router before cache blocks), with the mean output, and
-#: ``share_turn_cells`` with the cell's. ``medians`` is not an estimate the router could use: the
+#: ``mean_output``: the backend's mean output, not its ``turn_cell``'s; ``share``: a share of the
+#: whole prompt cached, not of the warm prefix's whole blocks, with the mean output (the router
+#: before cache blocks and turn cells), and ``share_turn_cells`` with the cell's. ``medians`` is not an estimate the router could use: the
 #: median output of the cell and a cache hit (all the warm blocks cached) price a typical call,
 #: which is what a median error rewards, and undercount the sum (the long replies and the misses
 #: are left out).
-CANDIDATES: Final = ("turn_cells", "share", "share_turn_cells", "medians")
+CANDIDATES: Final = ("mean_output", "share", "share_turn_cells", "medians")
 
 
 def _candidates(
@@ -281,7 +280,7 @@ def _candidates(
     for r in held:
         by_cell = round(cells.get(r.cell, mean)) if r.cell is not None else round(mean)
         of_prompt = min(r.warm, round(r.prompt_est * share))
-        out["turn_cells"].append(price.cost(r.prompt_est - r.cached_est, by_cell, r.cached_est))
+        out["mean_output"].append(price.cost(r.prompt_est - r.cached_est, round(mean), r.cached_est))
         out["share"].append(price.cost(r.prompt_est - of_prompt, round(mean), of_prompt))
         out["share_turn_cells"].append(price.cost(r.prompt_est - of_prompt, by_cell, of_prompt))
         all_cached = round(r.cacheable * hit_share)
