@@ -115,9 +115,10 @@ def _group(
     ok = [r for r in rows if is_ok(r)]
     timed = [r for r in ok if r.total_ms is not None]
     total_ok = sum(r.total_ms or 0.0 for r in timed)
-    phases: dict[str, Any] = {}
-    for phase in PHASES:
-        phases[phase] = stats(phase_values(ok, phase))
+    # Each phase's values are read once: the dashboard's overview reports six groupings of a
+    # window of up to 20,000 requests, and reading them again for the means cost a fifth of it.
+    values = {phase: phase_values(ok, phase) for phase in PHASES}
+    phases: dict[str, Any] = {phase: stats(v) for phase, v in values.items()}
     for phase in PARTS.values():
         part_sum = sum(phase_values(timed, phase))
         phases[phase]["share"] = round(part_sum / total_ok, 4) if total_ok else None
@@ -141,7 +142,7 @@ def _group(
             else None,
         },
         "phases_ms": phases,
-        "mean_parts_ms": {p: round(sum(phase_values(ok, phase)) / n_ok, 3) for p, phase in PARTS.items()},
+        "mean_parts_ms": {p: round(sum(values[phase]) / n_ok, 3) for p, phase in PARTS.items()},
         "prefill_tok_s": stats(_rates(ok, lambda r: r.input_tokens, lambda r: r.ttft_ms)),
         "decode_tok_s": stats(_rates(ok, lambda r: r.output_tokens, lambda r: r.decode_ms)),
         "cached_input_share": round(sum(r.cache_read_tokens or 0 for r in rows) / inputs, 4)

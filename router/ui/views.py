@@ -52,11 +52,13 @@ def overview(
     tasks = summary(ledgers)
     spend = sum(r.cost_usd or 0.0 for r in requests)
     groupings = []
+    backends = build_report(requests, outcomes, by="backend")["groups"]
     for by, title in GROUPINGS:
         group_of = GROUPS.get(by)
         if group_of is None or not any(map(group_of, requests)):
             continue
-        groups = build_report(requests, outcomes, by=by)["groups"]
+        # The backend grouping is the one the page also shows on its own: built once.
+        groups = backends if by == "backend" else build_report(requests, outcomes, by=by)["groups"]
         for g in groups:
             judged = g["tasks"]["with_outcome"]
             g["success_rate"] = g["tasks"]["completed"] / judged if judged else None
@@ -65,7 +67,6 @@ def overview(
         chart = [((key_names or {}).get(g["key"], g["label"]) if by == "key" else g["label"],
                   g["cost_per_completed_task_usd"]) for g in groups]  # fmt: skip
         groupings.append({"by": by, "title": title, "groups": groups, "chart": chart})
-    backends = build_report(requests, outcomes, by="backend")["groups"]
     # What the headline leaves out: spend on tasks without a verdict, and on requests of no task.
     unlabelled = max(0.0, spend - tasks["cost_of_judged_tasks_usd"])
     return {
