@@ -15,6 +15,8 @@ from router.errors import ConfigError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from router.learning.labels.replay import Trajectory
+
 
 def default_trajectories() -> Path:
     from router.learning.labels.replay import DEFAULT_TRAJECTORIES
@@ -30,14 +32,20 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="only the first N trajectories")
 
 
-def trajectories_of(args: argparse.Namespace) -> Path:
-    """The trajectories file a replay reads (checked with the folds before anything loads)."""
+def load_trajectories(args: argparse.Namespace) -> tuple[Path, list[Trajectory]]:
+    """The trajectories file a replay reads (checked with the folds before anything loads) and
+    its runs, or a ``ConfigError`` that names the file."""
+    from router.learning.labels.replay import load
+
     path: Path = args.trajectories or default_trajectories()
     if not path.is_file():
         raise ConfigError(f"{path}: no such trajectories file (pass --trajectories FILE)")
     if args.folds < 2:
         raise ConfigError(f"--folds: expected at least 2, got {args.folds}")
-    return path
+    try:
+        return path, load(path, args.limit)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a trajectories file: {exc}") from exc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,13 +76,9 @@ def run(args: argparse.Namespace) -> int:
 
     from router.features.labels.model import LabelModel, default
     from router.learning.labels import evaluate as ev
-    from router.learning.labels.replay import SHAPES, load
+    from router.learning.labels.replay import SHAPES
 
-    path = trajectories_of(args)
-    try:
-        trajectories = load(path, args.limit)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: not a trajectories file: {exc}") from exc
+    path, trajectories = load_trajectories(args)
     model = LabelModel.load(args.model, None) if args.model else default()
     shapes = tuple(args.shape or SHAPES)
     report = ev.evaluate(

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from router.app.commands.labels import add_replay_arguments, trajectories_of
+from router.app.commands.labels import add_replay_arguments, load_trajectories
 from router.errors import ConfigError
 
 
@@ -31,13 +31,8 @@ def run(args: argparse.Namespace) -> int:
     import orjson
 
     from router.learning.evals import sizes
-    from router.learning.labels.replay import load
 
-    path = trajectories_of(args)
-    try:
-        trajectories = load(path, args.limit)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: not a trajectories file: {exc}") from exc
+    path, trajectories = load_trajectories(args)
     if len(trajectories) < args.folds:
         raise ConfigError(f"--folds {args.folds}: {path} has only {len(trajectories)} trajectories")
     try:
