@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import importlib.util
 import os
@@ -108,48 +107,21 @@ def cmd_outcome(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from router.store.window import opened, parse_duration
+    from router.app.commands.store import prune
 
-    before = time.time() - parse_duration(args.older_than)
-
-    async def prune() -> int:
-        async with opened(args.store) as store:
-            return await store.prune(before)
-
-    deleted = asyncio.run(prune())
-    print(f"deleted {deleted} requests (and their outcomes) logged before "
-          f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(before))}; their spend is kept per key and task")  # fmt: skip
-    return 0
+    return prune(args)
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from router.rollout.promote import promote
+    from router.app.commands.rollout import promote
 
-    sha = promote(
-        args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"), force=args.force
-    )
-    print(
-        f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second"
-    )
-    return 0
+    return promote(args)
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from router.policy.revisions import Archive
-    from router.policy.runtime import load_runtime
-    from router.rollout.promote import publish
-    from router.rollout.rollback import rollback
+    from router.app.commands.rollout import rollback
 
-    config = args.config or os.environ.get("ROUTER_CONFIG", "policies/default.yaml")
-    done = rollback(Archive(Path(config)), args.to, "router rollback", time.time())
-    assert done is not None  # without ``expect`` it rolls back or raises
-    old, new = done
-    load_runtime(config)  # the restored files load as they did when that revision was applied
-    redis = args.redis or os.environ.get("ROUTER_REDIS_URL")
-    if redis:
-        asyncio.run(publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))
-    print(f"{config}: rolled back from revision {old} to {new}; running routers reload it within a second")
-    return 0
+    return rollback(args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -195,21 +167,9 @@ def cmd_eval_sizes(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    import asyncio
+    from router.app.commands.store import migrate
 
-    from router.store import mask_url, open_store
-    from router.store.schema import SCHEMA_VERSION
-
-    url = args.store or os.environ.get("ROUTER_STORE", "sqlite:///router.db")
-
-    async def run() -> None:
-        store = open_store(url)
-        await store.open()  # applies pending migrations, each in its own transaction
-        await store.close()
-
-    asyncio.run(run())
-    print(f"{mask_url(url)}: schema at version {SCHEMA_VERSION}")
-    return 0
+    return migrate(args)
 
 
 STORE_HELP = "log store URL (env ROUTER_STORE; default sqlite:///router.db)"

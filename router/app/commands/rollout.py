@@ -1,0 +1,40 @@
+"""`router promote` and `router rollback`: a policy's learned artifact pinned, or an earlier
+revision restored, on disk and (with Redis) on every replica."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from pathlib import Path
+
+
+def promote(args: argparse.Namespace) -> int:
+    from router.rollout import promote as promoting
+
+    sha = promoting.promote(
+        args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"), force=args.force
+    )
+    print(
+        f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second"
+    )
+    return 0
+
+
+def rollback(args: argparse.Namespace) -> int:
+    from router.policy.revisions import Archive
+    from router.policy.runtime import load_runtime
+    from router.rollout import rollback as rolling
+    from router.rollout.promote import publish
+
+    config = args.config or os.environ.get("ROUTER_CONFIG", "policies/default.yaml")
+    done = rolling.rollback(Archive(Path(config)), args.to, "router rollback", time.time())
+    assert done is not None  # without ``expect`` it rolls back or raises
+    old, new = done
+    load_runtime(config)  # the restored files load as they did when that revision was applied
+    redis = args.redis or os.environ.get("ROUTER_REDIS_URL")
+    if redis:
+        asyncio.run(publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))
+    print(f"{config}: rolled back from revision {old} to {new}; running routers reload it within a second")
+    return 0
