@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 #: How long a refused connection is kept half-closed so the client reads the answer: until the
 #: client has sent nothing for _LINGER_S, or _LINGER_MAX_S at most (nginx: 5 s and 30 s). A client
@@ -162,9 +162,24 @@ class GuardedHttpTools(HttpToolsProtocol):
         cycle.transport = self._cycle_transport  # type: ignore[assignment]
         self._body_pending = cycle.more_body
         if self._body_pending:
+            cycle.send = self._closing_early(cycle)  # type: ignore[method-assign,assignment]
+        if self._body_pending:
             self._body_started = self.loop.time()
             self._body_bytes = 0
             self._arm(self.limits.body_timeout_s, self._body_too_slow)
+
+    def _closing_early(self, cycle: RequestResponseCycle) -> Callable[[Any], Awaitable[None]]:
+        """``cycle.send``, saying "Connection: close" on a reply that starts before the body is in:
+        the connection closes after it (``on_response_complete``), and a client told nothing reused
+        it for its next request and got a disconnect instead of a reply (a 403 form post, seen)."""
+        send = cycle.send
+
+        async def closing(message: Any) -> None:
+            if message["type"] == "http.response.start" and self._body_pending and cycle is self.cycle:
+                cycle.keep_alive = False
+            await send(message)
+
+        return closing
 
     def on_body(self, body: bytes) -> None:
         super().on_body(body)

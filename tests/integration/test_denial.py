@@ -243,6 +243,25 @@ def test_an_auth_failure_closes_the_connection(router_factory: Factory, upstream
     assert took < 10, f"the connection stayed open {took:.1f}s after its 401"
 
 
+def test_a_reply_before_the_body_says_the_connection_closes(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    """Any reply sent before the request's body is in closes the connection after it, so it must
+    say so: a client told nothing reused the connection for its next request and got a disconnect
+    (a cross-site form post's 403, then the next post from the same client, seen in CI)."""
+    r = router_factory(local_policy(upstream.url), master_key=MASTER)
+    with connect(r) as s:
+        s.sendall(
+            b"POST /ui/login HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nkey="
+        )
+        reply, took = read_until_closed(s, 15)
+    head = reply.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 403"), reply[:300]
+    assert b"connection: close" in head, f"closed after a reply that did not say so: {head!r}"
+    assert took < 10
+
+
 @pytest.mark.parametrize("connection", [b"", b"Connection: close\r\n"], ids=["keep-alive", "close"])
 def test_a_413_reaches_a_client_still_sending(
     router_factory: Factory, upstream: FakeUpstream, connection: bytes
