@@ -78,13 +78,13 @@ class Pipeline:
     def __init__(self, policy: Path | None = None) -> None:
         from router.features.task.identity import client_key_hash
         from router.features.tokens import TokenCounter
-        from router.policy.runtime import load_runtime
+        from router.policy.active import load_active_policy
 
         if policy is None:
             with tempfile.TemporaryDirectory(prefix="router-routing-") as tmp:
-                self.runtime = load_runtime(learned.write(Path(tmp)))  # the artifact is read now
+                self.runtime = load_active_policy(learned.write(Path(tmp)))  # the artifact is read now
         else:
-            self.runtime = load_runtime(policy)
+            self.runtime = load_active_policy(policy)
         #: Task vectors by task id, as the router keeps them in its task state (made once per task).
         self.vectors: dict[str, Any] = {}
         self.encoding = TokenCounter().encoding

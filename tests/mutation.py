@@ -37,9 +37,9 @@ CRITICAL: dict[str, list[str]] = {
     "admission": ["router.http.admission.*"],
     "signals": ["router.features.signals.*"],
     "budgets": [
-        "router.state.memory.xǁMemoryBudgetsǁ*",
-        "router.state.memory.xǁ_Scopeǁ*",
-        "router.state.memory.x_unique_scopes*",
+        "router.shared.memory.xǁMemoryBudgetsǁ*",
+        "router.shared.memory.xǁ_Scopeǁ*",
+        "router.shared.memory.x_unique_scopes*",
     ],
 }
 SMOKE = ["router.forward.execute.xǁRetryBudgetǁspend__mutmut_[1-5]"]

@@ -50,11 +50,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from router.policy.runtime import load_runtime
+    from router.policy.active import load_active_policy
 
     settings = _settings(args)
     # As a router would load it: the learned artifact, the control arm's reference and the scopes too.
-    rt = load_runtime(settings.config)
+    rt = load_active_policy(settings.config)
     policy = rt.policy
     extra = f", control arm {rt.control.share:.0%} of tasks" if rt.control else ""
     extra += f", {len(rt.scopes)} scope{'s' * (len(rt.scopes) != 1)}" if rt.scopes else ""

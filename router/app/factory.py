@@ -32,12 +32,12 @@ from router.http.ops import Ops, Probes
 from router.http.outcomes import Outcomes
 from router.http.proxy import Proxy
 from router.http.recorder import Recorder
+from router.policy.active import ActivePolicyHolder, PolicyHistory, PolicyWatcher, load_active_policy
 from router.policy.collector import PolicyCollector
 from router.policy.pipeline import Pipeline
 from router.policy.revisions import Archive
-from router.policy.runtime import PolicyHistory, PolicyWatcher, RuntimeHolder, load_runtime
 from router.rollout.guard import Guard
-from router.state import MemoryState, SharedState, StateConfig, open_state
+from router.shared import MemoryState, SharedState, StateConfig, open_state
 from router.store import Store, open_store
 from router.store.writer import LogWriter
 from router.telemetry import Telemetry, build_telemetry
@@ -50,7 +50,7 @@ log = logging.getLogger("router.app.factory")
 @dataclass
 class Services:
     settings: Settings
-    runtime: RuntimeHolder
+    runtime: ActivePolicyHolder
     counter: TokenCounter
     sizer: PromptSizer
     upstream: Upstream
@@ -68,7 +68,7 @@ class Services:
 
 def build_services(settings: Settings) -> Services:
     """Validate everything that can be validated before the server starts listening."""
-    runtime = load_runtime(settings.config)
+    runtime = load_active_policy(settings.config)
     history = PolicyHistory(Archive(settings.config))
     history.applied(runtime)
     counter = TokenCounter()
@@ -83,7 +83,7 @@ def build_services(settings: Settings) -> Services:
     executor = Executor(upstream, runtime.catalog, settings.timeouts, breakers=state.breakers)
     return Services(
         settings=settings,
-        runtime=RuntimeHolder(runtime, on_install=lambda rt: executor.use(rt.catalog)),
+        runtime=ActivePolicyHolder(runtime, on_install=lambda rt: executor.use(rt.catalog)),
         counter=counter,
         sizer=PromptSizer(
             counter, ConversationMemo(settings.transcript_memory_bytes), count_new_chars=COUNT_NEW_CHARS

@@ -10,7 +10,7 @@ Backends are tried in the decision's order, within one overall deadline:
   deadline) only when no other backend is left — moving on is faster for the agent — and only
   while the retry budget allows: retries are capped as a share of traffic, so an outage is not
   multiplied by the router;
-* a breaker per backend (shared across replicas through ``router.state``) skips backends that
+* a breaker per backend (shared across replicas through ``router.shared``) skips backends that
   keep failing, with a half-open probe to notice their return;
 * for streams, all of this happens only before the first content event — the commit point.
   Everything read before it is held back until then;
@@ -36,7 +36,7 @@ from router.forward.upstream import Reply, Upstream, relay_base
 from router.policy.catalog import Backend, Catalog
 from router.policy.decide import Decision
 from router.protocols import WIRES, ClientRequest, StreamObserver, sse
-from router.state import Breakers
+from router.shared import Breakers
 from router.telemetry.phases import Phases
 
 T = TypeVar("T")
@@ -113,7 +113,7 @@ class Executor:
         retry_budget: RetryBudget | None = None,
         backoff_s: float = 0.25,
     ) -> None:
-        from router.state.memory import MemoryState
+        from router.shared.memory import MemoryState
 
         self.upstream = upstream
         self.timeouts = timeouts

@@ -2,7 +2,7 @@
 
 Budgets reserve the decision's estimated cost atomically across every scope (the key's and the
 task's) before the call and settle the actual cost after it, so concurrent requests — on one
-replica or many, through ``router.state`` — cannot overspend by more than what is in flight.
+replica or many, through ``router.shared`` — cannot overspend by more than what is in flight.
 Rate limits are a sliding window of requests and tokens per key. A budget store that cannot be
 reached refuses the request (503): money is not spent blind. Rate limits fall back to local
 counts instead (the state layer counts each such fail-open).
@@ -22,7 +22,7 @@ from router.errors import PayloadTooLarge, RateLimited
 from router.features.task.context import least
 from router.http.auth import Principal
 from router.policy.decide import Decision
-from router.state import (
+from router.shared import (
     BudgetExceeded,
     Budgets,
     MemoryState,
@@ -31,7 +31,7 @@ from router.state import (
     SharedState,
     StateUnavailable,
 )
-from router.state.memory import MemoryBudgets
+from router.shared.memory import MemoryBudgets
 from router.store import Store
 
 log = logging.getLogger("router.http.admission")

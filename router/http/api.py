@@ -20,7 +20,7 @@ from router.http.auth import Auth, Principal
 from router.http.endpoints import keyed
 from router.http.proxy import Proxy, header_dict, read_body
 from router.http.replies import error_reply, json_reply
-from router.policy.runtime import RuntimeHolder
+from router.policy.active import ActivePolicyHolder
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, PROXIED, WIRES
 from router.protocols import anthropic as anthropic_protocol
 
@@ -31,7 +31,7 @@ class Api:
     ``describe``: the app's OpenAPI document (FastAPI's ``app.openapi``), which needs a key to read."""
 
     def __init__(
-        self, *, proxy: Proxy, auth: Auth, counter: TokenCounter, runtime: RuntimeHolder, background: Background,
+        self, *, proxy: Proxy, auth: Auth, counter: TokenCounter, runtime: ActivePolicyHolder, background: Background,
         describe: Callable[[], dict[str, Any]], max_body_bytes: int,
     ) -> None:  # fmt: skip
         self.proxy = proxy

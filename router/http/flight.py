@@ -15,10 +15,10 @@ import orjson
 from router.features.task.vector import to_json
 from router.forward.accounting import Charge
 from router.forward.execute import Execution
+from router.policy.active import ActivePolicy
 from router.policy.pipeline import Decided
-from router.policy.runtime import Runtime
 from router.protocols import ClientRequest
-from router.state import Reservation
+from router.shared import Reservation
 from router.store.records import RequestRecord
 from router.telemetry.phases import Phases
 
@@ -31,7 +31,7 @@ class Flight:
     endpoint: str
     client: str | None
     #: The runtime snapshot the request was admitted with, used to its end.
-    rt: Runtime
+    rt: ActivePolicy
     key_id: str | None = None
     req: ClientRequest | None = None
     #: The prompt as logged, when the operator opted in (taken before any backend saw the body).

@@ -23,9 +23,9 @@ from router.http.auth import Auth, Principal
 from router.http.endpoints import keyed
 from router.http.proxy import read_body
 from router.http.replies import json_reply
-from router.policy.runtime import PolicyHistory, RuntimeHolder
+from router.policy.active import ActivePolicyHolder, PolicyHistory
 from router.rollout.preview import preview_posted
-from router.state import SharedState
+from router.shared import SharedState
 from router.store import Store
 from router.store.window import parse_duration
 from router.store.writer import LogWriter
@@ -38,7 +38,7 @@ class Probes:
     """``/healthz``, ``/readyz`` and ``/metrics``: open, for load balancers and scrapers."""
 
     def __init__(
-        self, *, store: Store, state: SharedState, writer: LogWriter, telemetry: Telemetry, runtime: RuntimeHolder,
+        self, *, store: Store, state: SharedState, writer: LogWriter, telemetry: Telemetry, runtime: ActivePolicyHolder,
         history: PolicyHistory, upstream: Upstream, draining: Callable[[], bool],
     ) -> None:  # fmt: skip
         self.store = store
@@ -103,7 +103,7 @@ class Ops:
     """The task ledger and the policy's revisions and preview, for callers with a key."""
 
     def __init__(
-        self, *, auth: Auth, store: Store, runtime: RuntimeHolder, history: PolicyHistory, max_body_bytes: int,
+        self, *, auth: Auth, store: Store, runtime: ActivePolicyHolder, history: PolicyHistory, max_body_bytes: int,
         max_window_requests: int,
     ) -> None:  # fmt: skip
         self.auth = auth

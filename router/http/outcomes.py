@@ -32,10 +32,10 @@ from router.http.auth import Auth, Principal
 from router.http.endpoints import keyed
 from router.http.proxy import read_body
 from router.http.replies import json_reply
+from router.policy.active import ActivePolicy, ActivePolicyHolder
 from router.policy.control import CONTROL
 from router.policy.decide import Decider
 from router.policy.learned import LearnedScorer
-from router.policy.runtime import Runtime, RuntimeHolder
 from router.protocols.common import load_json, validation_message
 from router.store import Store
 from router.store.records import OutcomeRecord, RequestRecord
@@ -61,7 +61,13 @@ class Outcomes:
     a failure."""
 
     def __init__(
-        self, *, auth: Auth, tracker: TaskTracker, store: Store, runtime: RuntimeHolder, max_body_bytes: int
+        self,
+        *,
+        auth: Auth,
+        tracker: TaskTracker,
+        store: Store,
+        runtime: ActivePolicyHolder,
+        max_body_bytes: int,
     ) -> None:
         self.auth = auth
         self.tracker = tracker
@@ -116,7 +122,7 @@ class Outcomes:
         return json_reply(result)
 
 
-def deciding(runtime: Runtime, task_id: str, rows: list[RequestRecord]) -> tuple[Decider, list[str]]:
+def deciding(runtime: ActivePolicy, task_id: str, rows: list[RequestRecord]) -> tuple[Decider, list[str]]:
     """The decider in force for the task and the models its route allows, as its latest logged
     decision shows them: the scope that decided (the log's ``policy`` column names it) and the route
     of the model the client asked for. Without a logged decision: the task's arm, every model."""

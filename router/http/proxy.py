@@ -27,8 +27,8 @@ from router.http.flight import Flight, prompt_text
 from router.http.recorder import Recorder
 from router.http.replies import error_reply
 from router.ids import IdMaker
+from router.policy.active import ActivePolicyHolder
 from router.policy.pipeline import Decided, Pipeline
-from router.policy.runtime import RuntimeHolder
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
 from router.protocols.openai_chat import is_usage_only, usage_frame_with_cost
 from router.telemetry.phases import Phases
@@ -78,7 +78,7 @@ class Proxy:
         admission: Admission,
         executor: Executor,
         recorder: Recorder,
-        runtime: RuntimeHolder,
+        runtime: ActivePolicyHolder,
         *,
         max_body_bytes: int,
         log_prompts: bool = False,

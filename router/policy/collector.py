@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from router.policy.runtime import PolicyHistory, Runtime
+from router.policy.active import ActivePolicy, PolicyHistory
 
 
 class PolicyCollector(Collector):
-    def __init__(self, current: Callable[[], Runtime], history: PolicyHistory) -> None:
+    def __init__(self, current: Callable[[], ActivePolicy], history: PolicyHistory) -> None:
         self.current = current
         self.history = history
 

@@ -325,7 +325,7 @@ class Policy:
             else default_labels()
         )
         #: Per model, the rules that end an attempt early: the file's caps here; the runtime adds
-        #: what the learned artifact holds (``router.policy.runtime.attempt_controls``).
+        #: what the learned artifact holds (``router.policy.active.attempt_controls``).
         self.attempt_controls: dict[str, AttemptControl] = {
             m.id: AttemptControl(max_calls=m.max_calls_per_attempt)
             for m in spec.models
@@ -356,7 +356,7 @@ class Policy:
         return path
 
     def use_attempt_controls(self, controls: dict[str, AttemptControl]) -> None:
-        """The controls in force, the learned ones included (``router.policy.runtime``)."""
+        """The controls in force, the learned ones included (``router.policy.active``)."""
         self.attempt_controls = controls
         self.task_rules = replace(self.task_rules, attempt_controls=controls)
 

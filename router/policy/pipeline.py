@@ -16,8 +16,8 @@ from router.background import Background
 from router.features.promptsize import INLINE_CHARS, PromptSize, PromptSizer
 from router.features.request import Features, turn_chars
 from router.features.task.context import TaskContext, TaskView
+from router.policy.active import ActivePolicy
 from router.policy.decide import Decider, Decision
-from router.policy.runtime import Runtime
 from router.policy.scopes import scope_facts
 from router.protocols.common import ClientRequest
 
@@ -48,7 +48,7 @@ class Pipeline:
         self.background = background
 
     async def decide(
-        self, rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
+        self, rt: ActivePolicy, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
         attempt_header: str | None, body_bytes: int, key_budget_left: float | None = None,
     ) -> Decided:  # fmt: skip
         """``key_id``: the caller's virtual key, if any; ``headers``: those rules may read (no
@@ -80,7 +80,7 @@ class Pipeline:
         return Decided(feats, view, decision, size, size.remembered > 0, counted, arm, label)
 
     async def preview(
-        self, rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
+        self, rt: ActivePolicy, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str],
         attempt_header: str | None, body_bytes: int, key_budget_left: float | None = None,
     ) -> Decided:  # fmt: skip
         """The decision ``decide`` would make now, on the exact prompt size, remembering nothing."""
@@ -103,7 +103,7 @@ class Pipeline:
         return await self.background.in_thread(self.sizer.settle, size)
 
     def finish(
-        self, rt: Runtime, decided: Decided, served_by: str | None, input_tokens: int | None,
+        self, rt: ActivePolicy, decided: Decided, served_by: str | None, input_tokens: int | None,
         reported_input_tokens: int | None = None,
     ) -> None:  # fmt: skip
         """Once the request has ended: size the prompt exactly for the conversation's next turn
@@ -138,7 +138,7 @@ class Pipeline:
 
 
 def _decider(
-    rt: Runtime, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str]
+    rt: ActivePolicy, req: ClientRequest, task_id: str, key_id: str | None, headers: Mapping[str, str]
 ) -> tuple[str | None, Decider]:
     """The task's arm and the decider for it (the control arm's, a matching scope's, or the policy's)."""
     return rt.arm_for(task_id, scope_facts(req, headers, key_id) if rt.scopes else None)

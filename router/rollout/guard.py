@@ -38,9 +38,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from router.errors import ConfigError
+from router.policy.active import ActivePolicy, PolicyHistory
 from router.policy.config import GuardSpec
 from router.policy.control import CONTROL, TREATED
-from router.policy.runtime import PolicyHistory, Runtime
 from router.rollout.arms import ArmTasks, TaskTally
 from router.rollout.rollback import rollback
 from router.store import OutcomeRecord, RequestRecord, Store
@@ -220,7 +220,7 @@ class Guard:
         #: The revision found worse with no earlier one to put back (warned about once).
         self._stuck: str | None = None
 
-    async def check(self, rt: Runtime) -> Verdict | None:
+    async def check(self, rt: ActivePolicy) -> Verdict | None:
         spec = rt.policy.spec.guard
         if spec is None or rt.control is None or rt.revision is None:
             return None
@@ -248,7 +248,7 @@ class Guard:
         arms = tally.arms(outcomes)
         return judge(arms.get(CONTROL, ArmTasks()), arms.get(TREATED, ArmTasks()), spec)
 
-    def _tally_for(self, rt: Runtime) -> TaskTally:
+    def _tally_for(self, rt: ActivePolicy) -> TaskTally:
         """The tally of the revision's current time in force: only requests decided under it
         that arrived since it was (last) applied, and the outcomes of their tasks.
 
@@ -293,7 +293,7 @@ class Guard:
             )
         await self.reload()
 
-    async def run(self, current: Callable[[], Runtime]) -> None:
+    async def run(self, current: Callable[[], ActivePolicy]) -> None:
         while True:
             spec = current().policy.spec.guard
             await asyncio.sleep(spec.check_every_s if spec is not None else 60.0)

@@ -33,10 +33,10 @@ from router.features.request import Features
 from router.features.task.vector import from_json, with_attempt
 from router.forward.accounting import cost_split
 from router.learning.training import dataset, offpolicy
+from router.policy.active import ActivePolicy, build_active_policy
 from router.policy.catalog import Backend
 from router.policy.decide import Decider, estimate
 from router.policy.learned import LearnedScorer
-from router.policy.runtime import Runtime, build_runtime
 from router.policy.scopes import logged_facts
 from router.protocols.common import Usage
 from router.store import OutcomeRecord, RequestRecord, Store
@@ -191,7 +191,7 @@ def _offpolicy_success(
 def preview(
     requests: Sequence[RequestRecord],
     outcomes: Sequence[OutcomeRecord],
-    runtime: Runtime,
+    runtime: ActivePolicy,
     *,
     resamples: int = 200,
 ) -> dict[str, Any]:
@@ -365,7 +365,9 @@ async def preview_posted(
     the latest ``max_requests`` requests are read (``window.capped`` says when older were left out)."""
     import asyncio
 
-    runtime = await asyncio.to_thread(build_runtime, text, config, f"{config.name} (posted)", posted=True)
+    runtime = await asyncio.to_thread(
+        build_active_policy, text, config, f"{config.name} (posted)", posted=True
+    )
     until = time.time()
     requests, capped = await latest_requests(store, until - seconds, max_requests, UNREAD)
     outcomes = await store.outcomes_since(until - seconds)
@@ -380,10 +382,10 @@ def run_preview(args: Any) -> int:
 
     import orjson
 
-    from router.policy.runtime import load_runtime
+    from router.policy.active import load_active_policy
     from router.store.window import parse_duration, read_window
 
-    runtime = load_runtime(args.config)
+    runtime = load_active_policy(args.config)
     window = asyncio.run(read_window(args.store, parse_duration(args.since)))
     report = preview(window.requests, window.outcomes, runtime)
     report["window"] = {"since": window.since, "until": window.until}

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 from router.errors import ConfigError
+from router.policy.active import ActivePolicy, load_active_policy
 from router.policy.artifact import Artifact
 from router.policy.loading import load_policy
 from router.policy.revisions import Archive
-from router.policy.runtime import Runtime, load_runtime
-from router.state import StateConfig, open_state
+from router.shared import StateConfig, open_state
 
 _LEARNED_BLOCK = re.compile(r"^learned:\n(?:[ \t]+.*\n?)*", re.MULTILINE)
 
@@ -51,7 +51,7 @@ def promote(
     # `router rollback` can undo a promotion whether or not a router was serving the file.
     archive = Archive(cfg)
     try:
-        before: Runtime | None = load_runtime(cfg)
+        before: ActivePolicy | None = load_active_policy(cfg)
     except ConfigError:
         before = None  # a file no router would load: nothing worth going back to
     if before is not None and not force:
@@ -70,7 +70,7 @@ def promote(
         tmp.unlink(missing_ok=True)
     if before is not None and before.files is not None and archive.meta(before.revision or "") is None:
         archive.keep(before.files, before.policy.name, written_at)
-    after = load_runtime(cfg)
+    after = load_active_policy(cfg)
     if after.files is not None:
         archive.keep(after.files, after.policy.name, time.time())
     if redis_url:

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from router.state import SharedState
-from router.state.types import BreakerState
+from router.shared import SharedState
+from router.shared.types import BreakerState
 from router.store.writer import LogWriter
 
 

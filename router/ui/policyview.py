@@ -12,9 +12,9 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from router.policy.active import ActivePolicy
 from router.policy.config import GuardSpec, PolicyFile, Targets
 from router.policy.control import CONTROL, TREATED
-from router.policy.runtime import Runtime
 from router.rollout.arms import arm_report
 from router.store import OutcomeRecord, RequestRecord
 
@@ -28,7 +28,7 @@ def targets(t: Targets) -> str:
     return chosen + (f" (fallbacks {', '.join(t.fallbacks)})" if t.fallbacks else "")
 
 
-def control(rt: Runtime) -> dict[str, Any] | None:
+def control(rt: ActivePolicy) -> dict[str, Any] | None:
     """The control arm: its share of tasks and what decides it (None without one)."""
     spec = rt.policy.spec.control
     if spec is None or rt.control is None:

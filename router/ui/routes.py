@@ -27,7 +27,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from router.errors import ConfigError, PayloadTooLarge
 from router.http.auth import Auth
 from router.http.proxy import read_body
-from router.policy.runtime import PolicyHistory, Runtime
+from router.policy.active import ActivePolicy, PolicyHistory
 from router.rollout.preview import preview_posted
 from router.store import OutcomeRecord, RequestRecord, Store
 from router.store.window import latest_requests
@@ -126,7 +126,7 @@ class Dashboard:
     window a page reads (the latest)."""
 
     def __init__(
-        self, *, store: Store, auth: Auth, runtime: Callable[[], Runtime], history: PolicyHistory, config: Path,
+        self, *, store: Store, auth: Auth, runtime: Callable[[], ActivePolicy], history: PolicyHistory, config: Path,
         max_requests: int,
     ) -> None:  # fmt: skip
         self.store = store

@@ -607,19 +607,19 @@ def learned_policy(tmp_path: Path, sha: str) -> Path:
 
 def test_a_learned_artifact_must_match_its_pin(tmp_path: Path) -> None:
     from router.errors import ConfigError
-    from router.policy.runtime import PolicyWatcher, load_runtime
+    from router.policy.active import PolicyWatcher, load_active_policy
 
     raw = artifact_bytes()
     (tmp_path / "learned.json").write_bytes(raw)
     path = learned_policy(tmp_path, hashlib.sha256(raw).hexdigest())
-    runtime = load_runtime(path)  # the pinned artifact loads
+    runtime = load_active_policy(path)  # the pinned artifact loads
     assert runtime.decider.scorer.name.startswith("learned:")
 
     tampered = raw.replace(b'"platt":[1.0,0.0]', b'"platt":[9.0,0.0]')
     assert tampered != raw
     (tmp_path / "learned.json").write_bytes(tampered)
     with pytest.raises(ConfigError) as err:
-        load_runtime(path)
+        load_active_policy(path)
     assert "sha256 mismatch" in str(err.value)
     # A running router that sees the change keeps the policy it has.
     installed: list[object] = []
@@ -634,5 +634,5 @@ def test_a_learned_artifact_must_match_its_pin(tmp_path: Path) -> None:
     (tmp_path / "learned.json").write_bytes(evil)
     path = learned_policy(tmp_path, hashlib.sha256(evil).hexdigest())
     with pytest.raises(ConfigError) as err:
-        load_runtime(path)
+        load_active_policy(path)
     assert "not JSON" in str(err.value)

@@ -22,8 +22,8 @@ import redis
 
 from router.fakeupstream import FakeUpstream
 from router.forward.timeouts import Timeouts
-from router.state import Spend, StateConfig, open_state
-from router.state.redis_keys import Keys
+from router.shared import Spend, StateConfig, open_state
+from router.shared.redis_keys import Keys
 from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.tcpproxy import TcpProxy
 from tests.integration.test_faults import HI, faulty

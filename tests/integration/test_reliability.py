@@ -28,7 +28,7 @@ from router.app.factory import Services
 from router.app.limits import Limits
 from router.fakeupstream import FakeUpstream
 from router.forward.timeouts import Timeouts
-from router.state import MemoryState, StateConfig
+from router.shared import MemoryState, StateConfig
 from tests.integration.conftest import RunningRouter, local_policy
 from tests.integration.test_faults import HI, faulty, last
 from tests.integration.test_keys import MASTER, create_key

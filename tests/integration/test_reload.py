@@ -13,7 +13,7 @@ import yaml
 
 from router.app.factory import Services
 from router.fakeupstream import FakeUpstream
-from router.policy.runtime import load_runtime
+from router.policy.active import load_active_policy
 from tests.integration.conftest import RunningRouter, local_policy
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def test_a_reload_mid_stream_leaves_the_request_on_its_own_policy(
     ):
         lines = r.iter_lines()
         assert any(line.startswith("data: {") and '"content"' in line for line in lines)
-        held["s"].runtime.install(load_runtime(path))
+        held["s"].runtime.install(load_active_policy(path))
         rest = list(lines)
     assert "data: [DONE]" in rest
     rec = router.records(1)[0]

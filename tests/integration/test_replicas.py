@@ -25,7 +25,7 @@ from router.fakeupstream import FakeUpstream
 from router.learning.training import dataset
 from router.learning.training.fit import fit
 from router.rollout.promote import promote
-from router.state.redis_keys import Keys
+from router.shared.redis_keys import Keys
 from tests.integration.conftest import local_policy
 from tests.integration.tcpproxy import TcpProxy
 from tests.polling import wait_for

@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 import pytest
 from redis.asyncio import Redis
 
-from router.state import BreakerConfig, BreakerState, StateConfig, StateUnavailable, open_state
-from router.state.redis import RedisState
+from router.shared import BreakerConfig, BreakerState, StateConfig, StateUnavailable, open_state
+from router.shared.redis import RedisState
 from tests.unit.test_state_memory import (
     Env,
     check_breaker,

@@ -23,7 +23,7 @@ from router.policy.catalog import Backend, Catalog, build_catalog
 from router.policy.config import Policy, PolicyFile
 from router.policy.decide import Decision
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, WIRES, ClientRequest
-from router.state import BreakerConfig, MemoryState, StateConfig
+from router.shared import BreakerConfig, MemoryState, StateConfig
 from router.telemetry.phases import Phases
 
 _names = itertools.count(1)

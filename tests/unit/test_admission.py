@@ -22,7 +22,7 @@ from router.http.admission import Admission
 from router.http.auth import Principal
 from router.policy.decide import Decision, Estimate
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from router.state import BudgetExceeded, MemoryState, Reservation, StateConfig, open_state
+from router.shared import BudgetExceeded, MemoryState, Reservation, StateConfig, open_state
 from router.store import RequestRecord, open_store
 from tests.polling import eventually
 from tests.unit.inprocess import MASTER, Router, serving

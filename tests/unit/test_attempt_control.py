@@ -209,7 +209,7 @@ def test_the_proxy_stops_on_the_attempts_latest_label_and_keeps_saying_so(tmp_pa
     from router.features.labels.model import SOURCE
     from router.features.task.context import stop
     from router.features.task.tracker import TaskState
-    from router.policy.runtime import attempt_controls
+    from router.policy.active import attempt_controls
     from tests.unit.test_prior_plan import artifact, policy_with
 
     policy = policy_with(tmp_path, {"max_attempts": 2})

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from router.errors import ConfigError
+from router.policy.active import load_active_policy
 from router.policy.control import CONTROL, TREATED, arm_of
-from router.policy.runtime import load_runtime
 from router.rollout.arms import arm_report, by_arm, ratio_of_means, wilson
 from router.store import OutcomeRecord, RequestRecord
 
@@ -38,24 +38,26 @@ def test_arms_are_stable_per_task_and_nested_as_the_share_grows() -> None:
 
 
 def test_a_control_route_decides_its_share_of_tasks(tmp_path: Path) -> None:
-    rt = load_runtime(write(tmp_path / "p.yaml", control={"share": 0.5, "route": {"passthrough": "dear"}}))
+    rt = load_active_policy(
+        write(tmp_path / "p.yaml", control={"share": 0.5, "route": {"passthrough": "dear"}})
+    )
     assert rt.control is not None and rt.control.reference == "route"
     control_task = next(f"t{i}" for i in range(100) if arm_of(f"t{i}", 0.5) == CONTROL)
     treated_task = next(f"t{i}" for i in range(100) if arm_of(f"t{i}", 0.5) == TREATED)
     arm, decider = rt.arm_for(control_task)
     assert arm == CONTROL and decider.policy.name == "p/control" and decider.epsilon == 0
     assert rt.arm_for(treated_task) == (TREATED, rt.decider)
-    plain = load_runtime(write(tmp_path / "q.yaml"))
+    plain = load_active_policy(write(tmp_path / "q.yaml"))
     assert plain.arm_for("t1") == (None, plain.decider)
 
 
 def test_a_control_policy_file_is_part_of_the_revision(tmp_path: Path) -> None:
     ref = write(tmp_path / "ref.yaml", routes=[{"match": "auto", "passthrough": "dear"}])
     path = write(tmp_path / "p.yaml", control={"share": 0.1, "policy": "ref.yaml"})
-    first = load_runtime(path)
+    first = load_active_policy(path)
     assert first.control is not None and first.control.reference == str(ref.resolve())
     write(tmp_path / "ref.yaml", routes=[{"match": "auto", "passthrough": "cheap"}])
-    assert load_runtime(path).revision != first.revision
+    assert load_active_policy(path).revision != first.revision
 
 
 @pytest.mark.parametrize(
@@ -79,7 +81,7 @@ def test_bad_control_and_guard_sections_name_the_field(
     tmp_path: Path, extra: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ConfigError) as err:
-        load_runtime(write(tmp_path / "p.yaml", **extra))
+        load_active_policy(write(tmp_path / "p.yaml", **extra))
     assert message in str(err.value)
 
 
@@ -88,7 +90,7 @@ def test_a_reference_policy_may_only_use_models_of_the_catalog(tmp_path: Path) -
     (tmp_path / "ref.yaml").write_text(yaml.safe_dump({"version": 1, "models": [other],
                                                         "routes": [{"match": "auto", "passthrough": "elsewhere"}]}))  # fmt: skip
     with pytest.raises(ConfigError, match=r"models of .*ref\.yaml not in this file's catalog: elsewhere"):
-        load_runtime(write(tmp_path / "p.yaml", control={"share": 0.1, "policy": "ref.yaml"}))
+        load_active_policy(write(tmp_path / "p.yaml", control={"share": 0.1, "policy": "ref.yaml"}))
 
 
 def test_wilson_and_the_delta_method() -> None:

@@ -17,7 +17,7 @@ from router.fakeupstream import FakeUpstream
 from router.forward.execute import RetryBudget, Try, _pause
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from router.protocols.common import FAMILY
-from router.state import BreakerConfig
+from router.shared import BreakerConfig
 from tests.unit.requestpath import (
     called,
     calls,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from router.policy.active import PolicyHistory, load_active_policy
 from router.policy.config import GuardSpec
 from router.policy.revisions import Archive
-from router.policy.runtime import PolicyHistory, load_runtime
 from router.rollout.arms import ArmTasks
 from router.rollout.guard import Guard, Verdict, judge, msprt
 from router.rollout.rollback import rollback
@@ -112,7 +112,7 @@ def test_harm_with_no_revision_to_go_back_to_is_said_once_not_raised(
     policy["control"] = {"share": 0.5, "route": {"passthrough": "local-mini"}}
     policy["guard"] = {"min_tasks": 10, "check_every_s": 0.5, "max_success_drop": 0.05}
     path.write_text(yaml.safe_dump(policy))
-    rt = load_runtime(path)
+    rt = load_active_policy(path)
     history = PolicyHistory(Archive(path))
     history.applied(rt)
 
@@ -188,9 +188,9 @@ def test_a_revision_put_back_is_judged_on_its_new_requests_only(tmp_path: Path) 
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(guarded_policy("good")))
     history = PolicyHistory(Archive(path))
-    history.applied(load_runtime(path))
+    history.applied(load_active_policy(path))
     path.write_text(yaml.safe_dump(guarded_policy("worse")))
-    worse = load_runtime(path)
+    worse = load_active_policy(path)
     history.applied(worse)
 
     async def run() -> tuple[Verdict | None, list[str], Verdict | None, Verdict | None]:
@@ -211,7 +211,7 @@ def test_a_revision_put_back_is_judged_on_its_new_requests_only(tmp_path: Path) 
             first = await guard.check(worse)  # worse: rolled back to "good"
             assert worse.revision is not None
             rollback(history.archive, worse.revision, "operator", t + 1)  # router rollback --to
-            again = load_runtime(path)
+            again = load_active_policy(path)
             assert again.revision == worse.revision
             at_once = await guard.check(again)
             await log_tasks(store, again.revision, t + 2, "new", 20, treated_ok=True)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "ids", "background"),
     ("protocols", "store"),
-    ("state",),
+    ("shared",),
     ("telemetry", "features"),
     ("policy",),
     ("forward",),
@@ -148,7 +148,7 @@ def test_only_the_assembly_knows_the_app() -> None:
 
 def test_telemetry_and_the_lower_half_never_import_the_http_layer() -> None:
     graph = import_graph()
-    lower = ("router.telemetry", "router.policy", "router.forward", "router.store", "router.state",
+    lower = ("router.telemetry", "router.policy", "router.forward", "router.store", "router.shared",
              "router.protocols", "router.features", "router.learning")  # fmt: skip
     bad = {
         m: sorted(t for t in ts if t.startswith("router.http"))

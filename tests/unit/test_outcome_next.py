@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from router.http.outcomes import deciding
-from router.policy.runtime import load_runtime
+from router.policy.active import load_active_policy
 from router.store import RequestRecord
 from tests.unit.test_scopes import SCOPES, write
 
@@ -17,7 +17,7 @@ def logged(policy: str, requested: str = "auto", ts: float = 1.0, side_call: boo
 
 
 def test_the_scope_and_route_of_the_latest_decision_are_in_force(tmp_path: Path) -> None:
-    rt = load_runtime(write(tmp_path / "p.yaml", SCOPES, routes=[
+    rt = load_active_policy(write(tmp_path / "p.yaml", SCOPES, routes=[
         {"match": "auto", "candidates": ["cheap", "dear"]}, {"match": "small", "candidates": ["cheap"]}]))  # fmt: skip
     # The acme scope routes auto to dear alone: its recommendation may name no other model.
     decider, models = deciding(rt, "t1", [logged("p/acme/cheapest")])
@@ -32,6 +32,6 @@ def test_the_scope_and_route_of_the_latest_decision_are_in_force(tmp_path: Path)
 
 
 def test_without_a_logged_decision_every_model_of_the_policy(tmp_path: Path) -> None:
-    rt = load_runtime(write(tmp_path / "p.yaml", SCOPES))
+    rt = load_active_policy(write(tmp_path / "p.yaml", SCOPES))
     decider, models = deciding(rt, "t1", [])
     assert decider is rt.decider and models == ["cheap", "dear"]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from router.policy.runtime import load_runtime
+from router.policy.active import load_active_policy
 from router.rollout.preview import preview
 from router.store import OutcomeRecord, RequestRecord
 
@@ -26,7 +26,7 @@ def runtime(tmp_path: Path, candidates: list[str], name: str = "p", **extra: Any
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"version": 1, "name": name, "models": [A, B],
                                     "routes": [{"match": "auto", "candidates": candidates}], **extra}))  # fmt: skip
-    return load_runtime(path)
+    return load_active_policy(path)
 
 
 def row(i: int, model: str, *, task: str = "t1", attempt: int = 1, inp: int = 1000, out: int = 100,
@@ -71,7 +71,7 @@ def test_a_move_that_loses_no_cache_costs_nothing_for_the_switch(tmp_path: Path)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"version": 1, "name": "c", "models": [A, c],
                                     "routes": [{"match": "auto", "candidates": ["c"]}]}))  # fmt: skip
-    rt = load_runtime(path)
+    rt = load_active_policy(path)
     for inp, out in [(4984, 333), (1000, 100), (137, 7)]:
         switch = preview([row(1, "a", inp=inp, out=out)], [], rt)["cache_switch_usd"]
         assert switch == 0.0 and math.copysign(1.0, switch) == 1.0, (inp, out, switch)

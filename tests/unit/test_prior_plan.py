@@ -19,13 +19,13 @@ from router.learning.training import prior as training_prior
 from router.learning.training import value
 from router.learning.training.dataset import AttemptRow
 from router.policy import prior
+from router.policy.active import objective_for
 from router.policy.artifact import FORMAT, Artifact
 from router.policy.config import Policy
 from router.policy.learned import LearnedScorer, Objective
 from router.policy.loading import load_policy
 from router.policy.plan import Plan
 from router.policy.prior import STOP, FixedPlan
-from router.policy.runtime import objective_for
 from tests.unit.test_learned_values import MODELS, TASK, artifact, estimates, features
 from tests.unit.test_scopes import M
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from router.errors import ConfigError
+from router.policy.active import PolicyHistory, PolicyWatcher, load_active_policy
 from router.policy.revisions import Archive, revision_of
-from router.policy.runtime import PolicyHistory, PolicyWatcher, load_runtime
 
 MODEL = {"id": "m", "litellm_model": "openai/m", "protocol": "openai", "prices": {"input": 1, "output": 2},
          "context_window": 1000, "max_output_tokens": 100}  # fmt: skip
@@ -37,15 +37,15 @@ def test_revision_is_a_framed_content_hash() -> None:
 
 
 def test_the_revision_follows_the_bytes_not_the_file(tmp_path: Path) -> None:
-    a = load_runtime(write(tmp_path / "p.yaml", "one"))
-    b = load_runtime(write(tmp_path / "q.yaml", "one"))
-    c = load_runtime(write(tmp_path / "p.yaml", "two"))
+    a = load_active_policy(write(tmp_path / "p.yaml", "one"))
+    b = load_active_policy(write(tmp_path / "q.yaml", "one"))
+    c = load_active_policy(write(tmp_path / "p.yaml", "two"))
     assert a.revision == b.revision != c.revision
 
 
 def test_a_refused_reload_is_remembered_until_a_good_one(tmp_path: Path) -> None:
     path = write(tmp_path / "p.yaml", "one")
-    first = load_runtime(path)
+    first = load_active_policy(path)
     history = PolicyHistory(Archive(path))
     history.applied(first)
     installed = []
@@ -70,7 +70,7 @@ def test_a_refused_reload_is_remembered_until_a_good_one(tmp_path: Path) -> None
 
 def test_a_touched_file_keeps_its_revision(tmp_path: Path) -> None:
     path = write(tmp_path / "p.yaml", "one")
-    rt = load_runtime(path)
+    rt = load_active_policy(path)
     installed = []
     watcher = PolicyWatcher(path, installed.append, rt)
     bump(path)
@@ -108,16 +108,16 @@ def test_rollback_goes_to_the_revision_before_and_not_back_again(
 
     path = write(tmp_path / "p.yaml", "one")
     history = PolicyHistory(Archive(path))
-    first = load_runtime(path)
+    first = load_active_policy(path)
     history.applied(first)
     write(path, "two", ["n"])
-    second = load_runtime(path)
+    second = load_active_policy(path)
     history.applied(second)
 
     at = time.time() + 1
     assert rollback(history.archive, None, "worse", at) == (second.revision, first.revision)
-    assert load_runtime(path).revision == first.revision
-    assert history.describe(load_runtime(path))["last_rollback"] == {
+    assert load_active_policy(path).revision == first.revision
+    assert history.describe(load_active_policy(path))["last_rollback"] == {
         "from": second.revision,
         "to": first.revision,
         "at": at,
@@ -129,7 +129,7 @@ def test_rollback_goes_to_the_revision_before_and_not_back_again(
     # ... but an operator may name it.
     assert main(["rollback", "--config", str(path), "--to", second.revision]) == 0
     assert f"rolled back from revision {first.revision} to {second.revision}" in capsys.readouterr().out
-    assert load_runtime(path).revision == second.revision
+    assert load_active_policy(path).revision == second.revision
     assert main(["rollback", "--config", str(path), "--to", "feedfeedfeed"]) == 2
 
 
@@ -145,7 +145,7 @@ def test_applying_a_policy_warns_of_key_variables_that_are_not_set(
                                     "routes": [{"match": "auto", "candidates": ["m", "n"]}]}))  # fmt: skip
     monkeypatch.delenv("ROUTER_TEST_KEY_M", raising=False)
     with caplog.at_level("WARNING", logger="router"):
-        PolicyHistory(Archive(path)).applied(load_runtime(path))
+        PolicyHistory(Archive(path)).applied(load_active_policy(path))
     assert [r.getMessage() for r in caplog.records] == [
         "policy keys: ROUTER_TEST_KEY_M is not set: m, n cannot be called until it is (requests fall over to other models)"
     ]
@@ -156,7 +156,10 @@ def test_a_revision_applied_again_after_another_starts_a_new_trial(tmp_path: Pat
     # edited back after another revision), it kept the time of its first application.
     path = tmp_path / "p.yaml"
     archive = Archive(path)
-    one, two = load_runtime(write(path, "one")).files, load_runtime(write(tmp_path / "q.yaml", "two")).files
+    one, two = (
+        load_active_policy(write(path, "one")).files,
+        load_active_policy(write(tmp_path / "q.yaml", "two")).files,
+    )
     assert one is not None and two is not None
     archive.keep(one, "one", 100.0)
     archive.keep(one, "one", 105.0)  # another replica, or a restart: the same trial
@@ -181,7 +184,7 @@ def test_a_label_model_changed_under_its_pin_is_noticed_by_the_watcher(tmp_path:
     spec = yaml.safe_load(path.read_text())
     spec["tasks"] = {"label_model": {"artifact": "labels.json", "sha256": hashlib.sha256(raw).hexdigest()}}
     path.write_text(yaml.safe_dump(spec))
-    first = load_runtime(path)
+    first = load_active_policy(path)
     history = PolicyHistory(Archive(path))
     watcher = PolicyWatcher(path, [].append, first, history)
     labels.write_bytes(raw.replace(b"log_steps", b"log_turns"))

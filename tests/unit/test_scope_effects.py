@@ -20,8 +20,8 @@ from router.app.cli import main
 from router.features.task import vector as taskfeatures
 from router.learning.training import dataset
 from router.learning.training import scopes as scoped
+from router.policy.active import load_active_policy
 from router.policy.learned import LearnedScorer
-from router.policy.runtime import load_runtime
 from router.policy.scopes import ScopeFacts
 from router.store.records import OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore
@@ -197,7 +197,7 @@ def test_router_train_reports_each_scope_and_the_scorer_applies_the_kept_ones(
 
     # The router: acme's scorer raises cheap's chance (90% there vs ~55% over the log); others don't.
     sha = hashlib.sha256(out.read_bytes()).hexdigest()
-    rt = load_runtime(policy(tmp_path / "p.yaml", SCOPES, {"artifact": str(out), "sha256": sha}))
+    rt = load_active_policy(policy(tmp_path / "p.yaml", SCOPES, {"artifact": str(out), "sha256": sha}))
     vec = taskfeatures.task_vector("fix issue_1000 in module_3")
 
     def p_cheap(scorer: object) -> float:
@@ -217,7 +217,7 @@ def test_router_train_reports_each_scope_and_the_scorer_applies_the_kept_ones(
     # A scope whose match changed since training is not given effects fitted for other tasks.
     moved = [{**SCOPES[0], "match": {"repo": "acme/api"}}, SCOPES[1]]
     with caplog.at_level(logging.WARNING, logger="router.policy"):
-        rt = load_runtime(policy(tmp_path / "p.yaml", moved, {"artifact": str(out), "sha256": sha}))
+        rt = load_active_policy(policy(tmp_path / "p.yaml", moved, {"artifact": str(out), "sha256": sha}))
     assert p_cheap(rt.arm_for("t", ScopeFacts(repo="acme/api"))[1].scorer) == glob
     assert "scope acme: the learned artifact's effects were trained for match" in caplog.text
 

@@ -12,7 +12,7 @@ import yaml
 from router.errors import ConfigError
 from router.features.request import Features
 from router.features.task.vector import repo_hint
-from router.policy.runtime import load_runtime
+from router.policy.active import load_active_policy
 from router.policy.scopes import ScopeFacts, scope_facts
 from router.protocols.common import ClientRequest
 from router.rollout.preview import preview
@@ -42,7 +42,7 @@ SCOPES = [
 
 
 def test_the_first_matching_scope_decides(tmp_path: Path) -> None:
-    rt = load_runtime(write(tmp_path / "p.yaml", SCOPES))
+    rt = load_active_policy(write(tmp_path / "p.yaml", SCOPES))
     decide = lambda facts: rt.arm_for("t1", facts)[1].decide(feats())  # noqa: E731
     assert decide(ScopeFacts(repo="acme/api")).chosen == "dear"
     assert decide(ScopeFacts(repo="acme/api")).policy == "p/acme/cheapest"
@@ -54,7 +54,7 @@ def test_the_first_matching_scope_decides(tmp_path: Path) -> None:
 
 
 def test_the_control_arm_comes_before_any_scope(tmp_path: Path) -> None:
-    rt = load_runtime(
+    rt = load_active_policy(
         write(tmp_path / "p.yaml", SCOPES, control={"share": 0.999, "route": {"passthrough": "cheap"}})
     )
     arm, decider = rt.arm_for("t1", ScopeFacts(repo="acme/x"))
@@ -111,12 +111,12 @@ def test_only_a_git_remote_in_the_system_prompt_names_the_repository(system: str
 )  # fmt: skip
 def test_bad_scopes_name_the_field(tmp_path: Path, scopes: list[dict[str, Any]], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        load_runtime(write(tmp_path / "p.yaml", scopes))
+        load_active_policy(write(tmp_path / "p.yaml", scopes))
     assert message in str(err.value)
 
 
 def test_preview_replays_scopes_from_the_logged_headers(tmp_path: Path) -> None:
-    rt = load_runtime(write(tmp_path / "p.yaml", SCOPES))
+    rt = load_active_policy(write(tmp_path / "p.yaml", SCOPES))
     row = RequestRecord("r1", 1.0, decision_id="d", task_id="t", attempt=1, protocol="openai_chat",
                         requested_model="auto", chosen_model="cheap", prompt_tokens_est=100, input_tokens=100,
                         output_tokens=10, status=200, rule_headers={"x-router-repo": "acme/api"})  # fmt: skip
@@ -129,7 +129,7 @@ def test_preview_replays_scopes_from_the_logged_headers(tmp_path: Path) -> None:
 def test_a_scope_may_only_name_tasks_for_the_learned_models_effects(tmp_path: Path) -> None:
     """Without routes, rules or objective it decides as the policy does (``router train`` may give it
     learned effects of its own: tests/unit/test_scope_effects.py)."""
-    rt = load_runtime(write(tmp_path / "p.yaml", [{"name": "x", "match": {"repo": "a/*"}}]))
+    rt = load_active_policy(write(tmp_path / "p.yaml", [{"name": "x", "match": {"repo": "a/*"}}]))
     decider = rt.arm_for("t1", ScopeFacts(repo="a/b"))[1]
     assert decider is rt.scopes[0].decider and decider.decide(feats()).chosen == "cheap"
 
@@ -148,7 +148,7 @@ def test_a_scope_overrides_only_what_it_names(tmp_path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     doc["routes"].append({"match": "claude-*", "candidates": ["cheap"]})
     path.write_text(yaml.safe_dump(doc))
-    rt = load_runtime(path)
+    rt = load_active_policy(path)
     acme = rt.arm_for("t1", ScopeFacts(repo="acme/api"))[1]
     assert acme.decide(feats()).chosen == "dear"
     assert (

@@ -18,7 +18,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.errors import ConfigError, PermissionDenied, ServiceUnavailable
-from router.state import (
+from router.shared import (
     BreakerConfig,
     BreakerState,
     BudgetExceeded,
@@ -30,8 +30,8 @@ from router.state import (
     StateUnavailable,
     open_state,
 )
-from router.state.memory import TTLCache
-from router.state.redis_guard import RedisDown, RedisGuard
+from router.shared.memory import TTLCache
+from router.shared.redis_guard import RedisDown, RedisGuard
 
 
 @dataclass
@@ -428,7 +428,7 @@ async def test_bounded_maps(clock: FakeClock) -> None:
 async def test_open_state_picks_the_implementation() -> None:
     assert isinstance(open_state(None), MemoryState)
     assert isinstance(open_state(""), MemoryState)
-    from router.state.redis import RedisState
+    from router.shared.redis import RedisState
 
     state = open_state("redis://127.0.0.1:1/0")  # no I/O until first use
     assert isinstance(state, RedisState)

@@ -23,8 +23,8 @@ def promote(args: argparse.Namespace) -> int:
 
 
 def rollback(args: argparse.Namespace) -> int:
+    from router.policy.active import load_active_policy
     from router.policy.revisions import Archive
-    from router.policy.runtime import load_runtime
     from router.rollout import rollback as rolling
     from router.rollout.promote import publish
 
@@ -32,7 +32,7 @@ def rollback(args: argparse.Namespace) -> int:
     done = rolling.rollback(Archive(Path(config)), args.to, "router rollback", time.time())
     assert done is not None  # without ``expect`` it rolls back or raises
     old, new = done
-    load_runtime(config)  # the restored files load as they did when that revision was applied
+    load_active_policy(config)  # the restored files load as they did when that revision was applied
     redis = args.redis or os.environ.get("ROUTER_REDIS_URL")
     if redis:
         asyncio.run(publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))

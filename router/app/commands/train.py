@@ -22,11 +22,11 @@ from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
 from router.learning.training.value import MARGINS
 from router.policy import prior as priors
+from router.policy.active import objective_for
 from router.policy.artifact import Artifact
 from router.policy.config import Policy
 from router.policy.learned import LearnedScorer
 from router.policy.loading import load_policy
-from router.policy.runtime import objective_for
 from router.store import OutcomeRecord, RequestRecord
 from router.store.window import opened
 from router.telemetry import tables

@@ -24,7 +24,7 @@ from router.features.task.rules import TaskRules
 from router.features.task.tracker import TaskState, TaskTracker, is_side_call
 from router.features.task.vector import Packed, Vector, repo_hint, task_vector
 from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest
-from router.state import Budgets, Sessions, StateUnavailable
+from router.shared import Budgets, Sessions, StateUnavailable
 from router.store.records import OutcomeRecord
 
 log = logging.getLogger("router.features.task.context")

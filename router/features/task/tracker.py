@@ -4,7 +4,7 @@ A task's *attempt* advances when the client says so (``X-Router-Attempt``) or wh
 failed outcome, the conversation starts over (the same first message with no assistant turn
 yet). Within an attempt the task is *pinned* to the model that served its first main-loop
 request. Side calls never move the pin. The in-process tracker is bounded (LRU) so memory stays
-flat however many tasks pass; replicas share this state through Redis (``router.state``).
+flat however many tasks pass; replicas share this state through Redis (``router.shared``).
 """
 
 from __future__ import annotations

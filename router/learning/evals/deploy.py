@@ -21,12 +21,12 @@ from router.learning.evals.arrival import REQUESTED_MODEL, Arrival
 from router.learning.evals.loader import Dataset, Model
 from router.learning.training import dataset
 from router.learning.training.fit import fit
+from router.policy.active import scorer_for
 from router.policy.artifact import Artifact
 from router.policy.catalog import Catalog, build_catalog
 from router.policy.config import Policy, PolicyFile
 from router.policy.decide import Decider, Scorer
 from router.policy.learned import LearnedScorer
-from router.policy.runtime import scorer_for
 from router.store.records import OutcomeRecord, RequestRecord
 
 #: Windows large enough that no SWE-bench opening request is excluded on size.

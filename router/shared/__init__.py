@@ -63,8 +63,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from router.state.memory import MemoryState
-from router.state.types import (
+from router.shared.memory import MemoryState
+from router.shared.types import (
     Allowed,
     BreakerConfig,
     BreakerState,
@@ -251,6 +251,6 @@ def open_state(redis_url: str | None, config: StateConfig | None = None) -> Shar
     so a replica starts, degraded, even while Redis is down). A malformed URL is a ``ConfigError``."""
     if not redis_url:
         return MemoryState(config)
-    from router.state.redis import RedisState  # keeps redis-py out of the embedded default's imports
+    from router.shared.redis import RedisState  # keeps redis-py out of the embedded default's imports
 
     return RedisState(redis_url, config)

@@ -1,4 +1,4 @@
-"""Values, settings and errors of the shared state layer (the contracts are in ``router.state``)."""
+"""Values, settings and errors of the shared state layer (the contracts are in ``router.shared``)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from redis.exceptions import RedisError, ResponseError
 
-from router.state.types import StateUnavailable
+from router.shared.types import StateUnavailable
 
 T = TypeVar("T")
 

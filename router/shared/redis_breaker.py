@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from router.state.memory import MemoryBreakers
-from router.state.redis_guard import RedisGuard
-from router.state.redis_keys import Keys
-from router.state.types import BreakerConfig, BreakerState
+from router.shared.memory import MemoryBreakers
+from router.shared.redis_guard import RedisGuard
+from router.shared.redis_keys import Keys
+from router.shared.types import BreakerConfig, BreakerState
 
 _NOW = """
 local t = redis.call('TIME')

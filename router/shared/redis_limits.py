@@ -12,10 +12,10 @@ import uuid
 
 from redis.asyncio import Redis
 
-from router.state.memory import MemoryRateLimits
-from router.state.redis_guard import RedisGuard
-from router.state.redis_keys import Keys
-from router.state.types import Allowed, StateConfig
+from router.shared.memory import MemoryRateLimits
+from router.shared.redis_guard import RedisGuard
+from router.shared.redis_keys import Keys
+from router.shared.types import Allowed, StateConfig
 
 # KEYS: log zset, sum hash. ARGV: window ms, requests, tokens, rpm (-1 none), tpm (-1 none), event id.
 # Returns {1 allowed / 0 refused, retry-after ms as a string, reason}.

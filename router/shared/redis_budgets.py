@@ -1,6 +1,6 @@
 """Budgets in Redis: reserve across every scope in one Lua script, settle/release in another.
 
-Per scope three keys (see ``router.state`` for the layout): ``budget:spent:{scope}`` (hash:
+Per scope three keys (see ``router.shared`` for the layout): ``budget:spent:{scope}`` (hash:
 ``spent``, ``reserved``, integer nano-USD), ``budget:exp:{scope}`` (zset: reservation id -> expiry
 in ms on the Redis clock) and ``budget:amt:{scope}`` (hash: reservation id -> nano-USD). Each
 script first purges expired reservations of the scopes it touches (subtracting them from
@@ -27,10 +27,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from router.state.memory import unique_scopes
-from router.state.redis_guard import RedisGuard
-from router.state.redis_keys import Keys
-from router.state.types import (
+from router.shared.memory import unique_scopes
+from router.shared.redis_guard import RedisGuard
+from router.shared.redis_keys import Keys
+from router.shared.types import (
     NANO,
     BudgetExceeded,
     Reservation,

@@ -1,4 +1,4 @@
-"""Redis key names of the state layer, in one place (the layout is documented in ``router.state``)."""
+"""Redis key names of the state layer, in one place (the layout is documented in ``router.shared``)."""
 
 from __future__ import annotations
 

@@ -16,14 +16,14 @@ from redis.backoff import NoBackoff
 from redis.maint_notifications import MaintNotificationsConfig
 
 from router.errors import ConfigError
-from router.state.memory import MemorySessions, MemoryState
-from router.state.redis_breaker import RedisBreakers
-from router.state.redis_budgets import RedisBudgets
-from router.state.redis_guard import RedisDown, RedisGuard
-from router.state.redis_keys import Keys
-from router.state.redis_limits import RedisRateLimits
-from router.state.redis_version import RedisPolicyVersion
-from router.state.types import Pin, StateConfig, Warm
+from router.shared.memory import MemorySessions, MemoryState
+from router.shared.redis_breaker import RedisBreakers
+from router.shared.redis_budgets import RedisBudgets
+from router.shared.redis_guard import RedisDown, RedisGuard
+from router.shared.redis_keys import Keys
+from router.shared.redis_limits import RedisRateLimits
+from router.shared.redis_version import RedisPolicyVersion
+from router.shared.types import Pin, StateConfig, Warm
 from router.store import mask_url
 
 

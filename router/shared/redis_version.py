@@ -15,10 +15,10 @@ import logging
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from router.state.memory import deliver_version
-from router.state.redis_guard import RedisDown, RedisGuard
-from router.state.redis_keys import Keys
-from router.state.types import StateConfig, VersionCallback
+from router.shared.memory import deliver_version
+from router.shared.redis_guard import RedisDown, RedisGuard
+from router.shared.redis_keys import Keys
+from router.shared.types import StateConfig, VersionCallback
 
 log = logging.getLogger(__name__)
 

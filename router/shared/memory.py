@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
-from router.state.types import (
+from router.shared.types import (
     NANO,
     Allowed,
     BreakerConfig,

@@ -35,7 +35,10 @@ log = logging.getLogger("router.policy")
 
 
 @dataclass(frozen=True)
-class Runtime:
+class ActivePolicy:
+    """A policy loaded and ready to decide: the file, its catalog, its decider and the learned
+    artifact it pins, checked together."""
+
     policy: Policy
     catalog: Catalog
     decider: Decider
@@ -73,16 +76,18 @@ class Runtime:
         return self.files.revision if self.files is not None else None
 
 
-class RuntimeHolder:
-    """The runtime in force. A request reads ``current`` once, when it is admitted, and uses that
-    snapshot to its end; a reload (``install``) swaps the whole runtime in one assignment, so it
+class ActivePolicyHolder:
+    """The policy in force. A request reads ``current`` once, when it is admitted, and uses that
+    snapshot to its end; a reload (``install``) swaps the whole policy in one assignment, so it
     never mixes two policies within a request."""
 
-    def __init__(self, runtime: Runtime, on_install: Callable[[Runtime], None] | None = None) -> None:
+    def __init__(
+        self, runtime: ActivePolicy, on_install: Callable[[ActivePolicy], None] | None = None
+    ) -> None:
         self.current = runtime
         self._on_install = on_install
 
-    def install(self, runtime: Runtime) -> None:
+    def install(self, runtime: ActivePolicy) -> None:
         if self._on_install is not None:
             self._on_install(runtime)
         self.current = runtime
@@ -183,15 +188,15 @@ def attempt_controls(policy: Policy, artifact: Artifact) -> dict[str, AttemptCon
     return out
 
 
-def load_runtime(path: str | Path, lookup: PriceLookup | None = None) -> Runtime:
+def load_active_policy(path: str | Path, lookup: PriceLookup | None = None) -> ActivePolicy:
     """Each file is read once: what is validated is what the revision hashes and the archive keeps."""
     path = Path(path)
-    return build_runtime(_read(path, "policy file"), path, str(path), lookup)
+    return build_active_policy(_read(path, "policy file"), path, str(path), lookup)
 
 
-def build_runtime(
+def build_active_policy(
     text: bytes, path: Path, source: str, lookup: PriceLookup | None = None, *, posted: bool = False
-) -> Runtime:  # fmt: skip
+) -> ActivePolicy:  # fmt: skip
     """A runtime from a policy's bytes; ``path`` places it (its artifact is relative to it),
     ``source`` names it in errors. ``posted``: the bytes came from a caller (the served preview),
     so they are not interpolated from the environment and read no file outside ``path``'s directory."""
@@ -215,7 +220,7 @@ def build_runtime(
         policy.use_attempt_controls(attempt_controls(policy, scorer.artifact))
     decider = Decider(policy, catalog, scorer)
     scopes = build_scopes(policy, catalog, lambda p: scorer_for(p, learned))
-    return Runtime(policy, catalog, decider, files, control=control, scopes=scopes)
+    return ActivePolicy(policy, catalog, decider, files, control=control, scopes=scopes)
 
 
 class PolicyHistory:
@@ -231,7 +236,7 @@ class PolicyHistory:
         #: The guard's last verdict on the revision in force (``router.rollout.guard``).
         self.guard: dict[str, Any] | None = None
 
-    def applied(self, rt: Runtime) -> None:
+    def applied(self, rt: ActivePolicy) -> None:
         self.last_rejected = None
         for line in rt.catalog.missing_credentials():
             log.warning("policy %s: %s", rt.policy.name, line)
@@ -242,7 +247,7 @@ class PolicyHistory:
         self.rejected_reloads += 1
         self.last_rejected = Rejected(time.time(), error)
 
-    def describe(self, rt: Runtime) -> dict[str, Any]:
+    def describe(self, rt: ActivePolicy) -> dict[str, Any]:
         """The answer of ``GET /v1/policy``."""
         previous = self.archive.previous(rt.revision or "")[:PREVIOUS_SHOWN]
         return {
@@ -266,7 +271,7 @@ class PolicyWatcher:
     """Polls the policy file and its artifact; on a change, loads and installs the new runtime."""
 
     def __init__(
-        self, path: Path, install: Callable[[Runtime], None], current: Runtime,
+        self, path: Path, install: Callable[[ActivePolicy], None], current: ActivePolicy,
         history: PolicyHistory | None = None,
     ) -> None:  # fmt: skip
         self.path = path
@@ -274,7 +279,7 @@ class PolicyWatcher:
         self.history = history or PolicyHistory(Archive(path))
         self._stamp = self._read_stamp(current)
 
-    def _read_stamp(self, rt: Runtime) -> tuple[float, ...]:
+    def _read_stamp(self, rt: ActivePolicy) -> tuple[float, ...]:
         referenced = (
             (rt.files.artifact_path, rt.files.control_path) if rt.files else (rt.policy.learned_path,)
         )
@@ -283,14 +288,14 @@ class PolicyWatcher:
         files = [self.path, *(f for f in (*referenced, rt.policy.label_model_path) if f is not None)]
         return tuple(f.stat().st_mtime_ns if f.exists() else -1 for f in files)
 
-    def check(self, current: Runtime) -> bool:
+    def check(self, current: ActivePolicy) -> bool:
         """Reload if anything changed; return whether a new runtime was installed."""
         stamp = self._read_stamp(current)
         if stamp == self._stamp:
             return False
         self._stamp = stamp
         try:
-            rt = load_runtime(self.path)
+            rt = load_active_policy(self.path)
         except ConfigError as exc:
             log.error("policy change not applied, the running policy stays:\n%s", exc)
             self.history.rejected(str(exc))
@@ -303,7 +308,7 @@ class PolicyWatcher:
         log.info("policy reloaded: %s revision %s (%s)", rt.policy.name, rt.revision, rt.decider.scorer.name)
         return True
 
-    async def run(self, current: Callable[[], Runtime], interval: float = 1.0) -> None:
+    async def run(self, current: Callable[[], ActivePolicy], interval: float = 1.0) -> None:
         while True:
             await asyncio.sleep(interval)
             await asyncio.to_thread(self.check, current())
