@@ -30,8 +30,8 @@ import orjson
 from router.errors import ConfigError
 from router.features.task.attempt import MIN_CALLS, AttemptControl
 from router.features.task.vector import HASH_DIM, NUMERIC, arrays, dot, schema
+from router.jsondoc import Node, attempts_key
 from router.policy.estimates import BOUNDS, BackendEstimates, Estimates
-from router.policy.jsondoc import Node, attempts_key
 from router.policy.prior import FixedPlan, Point
 
 FORMAT = "router-learned/3"

@@ -149,15 +149,29 @@ def _artifact(**over: Any) -> bytes:
 
 def test_the_artifact_is_read_checked_and_pinned(tmp_path: Path) -> None:
     raw = _artifact()
-    m = LabelModel.from_bytes(raw, source="a.json", expected_sha256=hashlib.sha256(raw).hexdigest())
+    m = LabelModel.from_json(raw, source="a.json", expected_sha256=hashlib.sha256(raw).hexdigest())
     assert m.p_success({"log_steps": 2.0}) == pytest.approx(1 / (1 + 2.718281828**-1.0))
     assert m.p_success({"log_steps": 4.0}) < m.p_success({"log_steps": 1.0})
+    assert m.threshold == 0.5 and m.meta == {} and m.sha256 == hashlib.sha256(raw).hexdigest()
     with pytest.raises(ConfigError, match=r"a\.json: sha256 mismatch"):
-        LabelModel.from_bytes(raw, source="a.json", expected_sha256="0" * 64)
-    for bad, why in ((_artifact(features=["mood"]), "unknown features"), (_artifact(scale=[0.0]), "scales"),
-                     (b"not json", "not a label model"), (_artifact(format="pickle"), "format")):  # fmt: skip
+        LabelModel.from_json(raw, source="a.json", expected_sha256="0" * 64)
+    # A bad field is named with its file, in one line.
+    for bad, why in (
+        (
+            _artifact(features=["log_steps", "mood"]),
+            r"a\.json: features\[1\]: expected a feature this router reads",
+        ),
+        (_artifact(scale=[0.0]), r"a\.json: scale\[0\]: expected a number in \(0, inf\), got 0\.0"),
+        (_artifact(mean=[1.0, 2.0]), r"a\.json: mean: expected a list of 1, got a list of 2"),
+        (_artifact(intercept=None), r"a\.json: intercept: missing"),
+        (_artifact(platt=[1.0, "x"]), r"a\.json: platt\[1\]: expected a number"),
+        (_artifact(threshold=2), r"a\.json: threshold: expected a number in \[0, 1\]"),
+        (b"not json", r"a\.json: not a label model artifact: not JSON"),
+        (b"[]", r"a\.json: not a label model artifact: format is None"),
+        (_artifact(format="pickle"), "format is 'pickle'"),
+    ):
         with pytest.raises(ConfigError, match=why):
-            LabelModel.from_bytes(bad, source="a.json", expected_sha256=None)
+            LabelModel.from_json(bad, source="a.json")
     with pytest.raises(ConfigError, match="cannot read"):
         LabelModel.load(tmp_path / "missing.json", None)
 
@@ -166,6 +180,8 @@ def test_the_shipped_default_is_the_pinned_file() -> None:
     assert hashlib.sha256(DEFAULT_PATH.read_bytes()).hexdigest() == DEFAULT_SHA256
     m = default()
     assert m.features == fitting.DEFAULT_FEATURES and m.meta["attempts"] == 361
+    # The value writes the shipped file byte for byte: the format is the one it was fitted in.
+    assert m.to_json() == DEFAULT_PATH.read_bytes()
 
 
 def test_a_policy_pins_its_own_label_model(tmp_path: Path) -> None:
@@ -209,8 +225,8 @@ def _separable(n: int = 120) -> list[fitting.Sample]:
 
 def test_fitting_learns_the_direction_and_cross_validation_keeps_tasks_apart() -> None:
     samples = _separable()
-    art = fitting.fit(samples, ["log_steps"])
-    m = LabelModel.from_bytes(orjson.dumps(art), source="x", expected_sha256=None)
+    m = fitting.fit(samples, ["log_steps"])
+    assert LabelModel.from_json(m.to_json(), source="x") == m  # what the file keeps is what scored
     assert m.p_success({"log_steps": 0.0}) > 0.9 > 0.1 > m.p_success({"log_steps": 9.0})
     oof = fitting.cross_validate(samples, ["log_steps"])
     assert fitting.quality(list(oof), [int(s.success) for s in samples])["auc"] > 0.95

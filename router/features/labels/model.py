@@ -1,10 +1,12 @@
-"""The outcome label model: a calibrated P(success | the conversation so far), as data.
+"""The outcome label model: a calibrated P(success | the conversation so far), as one typed value.
 
-The artifact is JSON (``router-labels/1``): the features it reads (names from
+On disk it is JSON (``router-labels/1``): the features it reads (names from
 ``router.features.labels.features``), their standardisation, logistic coefficients, a Platt
-calibration fitted on out-of-fold scores, and what it was fitted on and how well it did. It is
-pinned by sha256, like the routing artifact; nothing is unpickled. The package ships a default
-fitted on real agent trajectories (``default.json``, pinned by ``DEFAULT_SHA256``).
+calibration fitted on out-of-fold scores, and what it was fitted on and how well it did (``meta``,
+for people). Fitting (``router.learning.labels.fit``) builds the value and ``to_json`` writes it;
+the router reads a file once (``load``), pinned by sha256 like the routing artifact, and any bad
+field is refused in one line naming the file and the field. Nothing is unpickled. The package
+ships a default fitted on real agent trajectories (``default.json``, pinned by ``DEFAULT_SHA256``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import orjson
 
 from router.errors import ConfigError
 from router.features.labels.features import NAMES
+from router.jsondoc import Node
 
 FORMAT: Final = "router-labels/1"
 DEFAULT_PATH: Final = Path(__file__).with_name("default.json")
@@ -39,7 +42,6 @@ def _sigmoid(z: float) -> float:
 
 @dataclass(frozen=True)
 class LabelModel:
-    sha256: str
     features: tuple[str, ...]
     mean: tuple[float, ...]
     scale: tuple[float, ...]
@@ -49,7 +51,15 @@ class LabelModel:
     platt: tuple[float, float]
     #: P(success) at or above which the label says "success".
     threshold: float = 0.5
-    meta: dict[str, Any] = field(default_factory=dict)
+    #: What it was fitted on and how (samples, groups, c, ...): for people, never read to label.
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    #: The sha256 of the bytes it was read from ("" for one built in memory).
+    digest: str = field(default="", compare=False, repr=False)
+
+    @functools.cached_property
+    def sha256(self) -> str:
+        """What a policy pins: the file's digest, or that of ``to_json()`` for a value not read from one."""
+        return self.digest or hashlib.sha256(self.to_json()).hexdigest()
 
     def logit(self, x: Mapping[str, float]) -> float:
         z = self.intercept
@@ -61,8 +71,18 @@ class LabelModel:
         a, b = self.platt
         return _sigmoid(a * self.logit(x) + b)
 
+    def to_json(self) -> bytes:
+        """The file: reading it back gives an equal value (fitting rounds what it builds)."""
+        doc = {
+            "format": FORMAT, "features": self.features, "mean": self.mean, "scale": self.scale,
+            "coef": self.coef, "intercept": self.intercept, "platt": self.platt,
+            "threshold": self.threshold, "meta": self.meta,
+        }  # fmt: skip
+        return orjson.dumps(doc, option=orjson.OPT_INDENT_2)
+
     @classmethod
-    def from_bytes(cls, raw: bytes, *, source: str, expected_sha256: str | None) -> LabelModel:
+    def from_json(cls, raw: bytes, *, source: str, expected_sha256: str | None = None) -> LabelModel:
+        """The model in ``raw`` (``source`` names it in errors); ``expected_sha256``: the pin."""
         digest = hashlib.sha256(raw).hexdigest()
         if expected_sha256 is not None and digest != expected_sha256.lower():
             raise ConfigError(
@@ -70,22 +90,12 @@ class LabelModel:
             )
         try:
             obj = orjson.loads(raw)
-            if obj.get("format") != FORMAT:
-                raise ValueError(f"format is {obj.get('format')!r}, expected {FORMAT!r}")
-            feats = tuple(str(f) for f in obj["features"])
-            unknown = [f for f in feats if f not in NAMES]
-            if unknown:
-                raise ValueError(f"unknown features {unknown} (this router reads {list(NAMES)})")
-            vectors = [tuple(float(v) for v in obj[k]) for k in ("mean", "scale", "coef")]
-            if any(len(v) != len(feats) for v in vectors) or any(s <= 0 for s in vectors[1]):
-                raise ValueError("mean, scale and coef must have one entry per feature, scales > 0")
-            a, b = (float(v) for v in obj["platt"])
-            return cls(
-                digest, feats, vectors[0], vectors[1], vectors[2], float(obj["intercept"]), (a, b),
-                float(obj.get("threshold", 0.5)), dict(obj.get("meta") or {}),
-            )  # fmt: skip
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"{source}: not a label model artifact: {exc}") from exc
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"{source}: not a label model artifact: not JSON: {exc}") from None
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            got = obj.get("format") if isinstance(obj, dict) else None
+            raise ConfigError(f"{source}: not a label model artifact: format is {got!r}, expected {FORMAT!r}")
+        return _read(Node(obj, source), digest)
 
     @classmethod
     def load(cls, path: str | Path, sha256: str | None) -> LabelModel:
@@ -94,7 +104,26 @@ class LabelModel:
             raw = p.read_bytes()
         except OSError as exc:
             raise ConfigError(f"{p}: cannot read the label model: {exc.strerror}") from exc
-        return cls.from_bytes(raw, source=str(p), expected_sha256=sha256)
+        return cls.from_json(raw, source=str(p), expected_sha256=sha256)
+
+
+def _read(doc: Node, digest: str) -> LabelModel:
+    names = doc.need("features").items()
+    features = tuple(n.text() for n in names)
+    for n, name in zip(names, features, strict=True):
+        if name not in NAMES:
+            n.fail(f"a feature this router reads ({', '.join(NAMES)})")
+    k = len(features)
+    mean, coef = doc.need("mean").numbers(k), doc.need("coef").numbers(k)
+    scale = tuple(n.number(0, math.inf, open_=True) for n in doc.need("scale").items(k))
+    a, b = doc.need("platt").numbers(2)
+    threshold, meta = doc.get("threshold"), doc.get("meta")
+    return LabelModel(
+        features, mean, scale, coef, doc.need("intercept").number(), (a, b),
+        threshold=0.5 if threshold is None else threshold.number(0, 1),
+        meta={} if meta is None else {k: v.value for k, v in meta.mapping().items()},
+        digest=digest,
+    )  # fmt: skip
 
 
 @functools.cache

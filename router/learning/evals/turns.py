@@ -111,10 +111,7 @@ def samples(runs: Iterable[Turns]) -> list[fitting.Sample]:
 
 def label_model(runs: Sequence[Turns], features_: Sequence[str] = fitting.DEFAULT_FEATURES) -> LabelModel:
     """The label model fitted on these runs only (a fold's training tasks)."""
-    art = fitting.fit(samples(runs), features_)
-    return LabelModel.from_bytes(
-        orjson.dumps(art), source="(fitted on the training folds)", expected_sha256=None
-    )
+    return fitting.fit(samples(runs), features_)
 
 
 @dataclass(frozen=True, slots=True)

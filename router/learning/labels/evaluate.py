@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
 from router.features.labels.model import LabelModel
 from router.learning.labels import fit as fitting
 from router.learning.labels.replay import SHAPES, Trajectory, replay
@@ -148,11 +146,8 @@ def fit_default(
     trajectories: Sequence[Trajectory], model: LabelModel, features: Sequence[str], out: Path
 ) -> str:
     """Fit the label model on every request of every trajectory, both shapes; write the artifact."""
-    import hashlib
-
     pooled = [s for shape in SHAPES for s in samples(replay_all(trajectories, shape, model))]
     half = [fitting.Sample(s.group, s.x, s.success, s.weight / len(SHAPES)) for s in pooled]
-    art = fitting.fit(half, features, meta={"fitted_on": "trajectories", "attempts": len(trajectories)})
-    raw = orjson.dumps(art, option=orjson.OPT_INDENT_2)
-    out.write_bytes(raw)
-    return hashlib.sha256(raw).hexdigest()
+    fitted = fitting.fit(half, features, meta={"fitted_on": "trajectories", "attempts": len(trajectories)})
+    out.write_bytes(fitted.to_json())
+    return fitted.sha256

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
-import orjson
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedGroupKFold
 
-from router.features.labels.model import FORMAT, LabelModel
+from router.features.labels.model import LabelModel
 from router.learning.training.fit import reliability
 
 #: The features the default model reads: few, chosen before looking at their fitted weights.
@@ -68,8 +67,9 @@ def fit(
     folds: int = FOLDS,
     seed: int = SEED,
     meta: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The artifact (a JSON-ready dict) fitted on ``samples``; its Platt step on out-of-fold logits."""
+) -> LabelModel:
+    """The model fitted on ``samples``, its Platt step on out-of-fold logits; rounded as its file
+    keeps it, so the model in memory scores as the one read back."""
     y = np.array([int(s.success) for s in samples])
     if len(set(y.tolist())) < 2:
         raise ValueError("the samples need both successes and failures")
@@ -80,17 +80,19 @@ def fit(
         oof[test] = clf.decision_function((x[test] - mean) / scale)
     platt = LogisticRegression(C=1e6, max_iter=2000).fit(oof[:, None], y, sample_weight=w)
     mean, scale, clf = _core(x, y, w, c)
-    return {
-        "format": FORMAT,
-        "features": list(features),
-        "mean": [round(float(v), 8) for v in mean],
-        "scale": [round(float(v), 8) for v in scale],
-        "coef": [round(float(v), 8) for v in clf.coef_[0]],
-        "intercept": round(float(clf.intercept_[0]), 8),
-        "platt": [round(float(platt.coef_[0][0]), 8), round(float(platt.intercept_[0]), 8)],
-        "threshold": 0.5,
-        "meta": {"samples": len(samples), "groups": len({s.group for s in samples}), "c": c, **(meta or {})},
-    }
+    return LabelModel(
+        features=tuple(features),
+        mean=_rounded(mean),
+        scale=_rounded(scale),
+        coef=_rounded(clf.coef_[0]),
+        intercept=round(float(clf.intercept_[0]), 8),
+        platt=(round(float(platt.coef_[0][0]), 8), round(float(platt.intercept_[0]), 8)),
+        meta={"samples": len(samples), "groups": len({s.group for s in samples}), "c": c, **(meta or {})},
+    )
+
+
+def _rounded(values: np.ndarray) -> tuple[float, ...]:
+    return tuple(round(float(v), 8) for v in values)
 
 
 def cross_validate(
@@ -102,11 +104,10 @@ def cross_validate(
     seed: int = SEED,
 ) -> np.ndarray:
     """Out-of-fold P(success) of every sample: each fold's model (calibration included) is fitted
-    without the fold's tasks, and read back as the router would read its artifact."""
+    without the fold's tasks."""
     out = np.zeros(len(samples))
     for train, test in _folds(samples, folds, seed):
-        art = fit([samples[i] for i in train], features, c=c, folds=folds, seed=seed)
-        model = LabelModel.from_bytes(orjson.dumps(art), source="(fitted in memory)", expected_sha256=None)
+        model = fit([samples[i] for i in train], features, c=c, folds=folds, seed=seed)
         for i in test:
             out[i] = model.p_success(samples[i].x)
     return out

@@ -12,8 +12,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
 from router.features.labels.model import SOURCE, LabelModel
 from router.learning.labels import fit as fitting
 from router.store import OutcomeRecord
@@ -60,16 +58,12 @@ def train(outcomes: Iterable[OutcomeRecord], current: LabelModel, out: Path | No
         )
         return report
     oof = fitting.cross_validate(data, current.features)
-    art = fitting.fit(data, current.features, meta={"fitted_on": "log", "attempts": len(data)})
+    model = fitting.fit(data, current.features, meta={"fitted_on": "log", "attempts": len(data)})
     refit: dict[str, Any] = {"cv": fitting.quality(list(oof), y)}
     if out is not None:
-        raw = orjson.dumps(art, option=orjson.OPT_INDENT_2)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(raw)
-        refit |= {
-            "path": str(out),
-            "sha256": LabelModel.from_bytes(raw, source=str(out), expected_sha256=None).sha256,
-        }
+        out.write_bytes(model.to_json())
+        refit |= {"path": str(out), "sha256": model.sha256}
     report["refit"] = refit
     return report
 
