@@ -85,10 +85,25 @@ class ContextTooLarge(BadRequest):
 class AttemptStopped(BadRequest):
     """The router ended the task's attempt (its model's call cap, or the stop-loss): the agent should
     start the task over, and the next attempt goes to the next model of the plan. A 400, so that an
-    SDK does not resend the same request (it would be stopped again); ``param`` names the rule."""
+    SDK does not resend the same request (it would be stopped again); ``param`` names the rule, and
+    ``next`` what comes after (``router.policy.following``: ``retry``, ``model``, and the plan's
+    ``expected_success`` and ``expected_cost_usd`` when a learned one made it), in every protocol's
+    error body beside the message that says it in words."""
 
-    def __init__(self, message: str, reason: str) -> None:
+    def __init__(self, message: str, reason: str, next: dict[str, Any] | None = None) -> None:
         super().__init__(message, code="attempt_stopped", param=reason)
+        self.next = next
+
+    def openai_body(self) -> dict[str, Any]:
+        body = super().openai_body()
+        body["error"]["next"] = self.next
+        return body
+
+    def anthropic_body(self) -> dict[str, Any]:
+        body = super().anthropic_body()
+        # Anthropic's error names neither code nor param: the rule goes beside ``next`` here.
+        body["error"] |= {"code": self.code, "param": self.param, "next": self.next}
+        return body
 
 
 class UnknownModel(BadRequest):

@@ -10,7 +10,9 @@ A failure is answered with what the learned policy recommends next (``next``): a
 on which model, with what chance of completing the task and at what expected cost — or stop,
 when the next attempt is expected to be worth less than it costs (``LearnedScorer.recommend``).
 A harness (CI, a batch runner) can ask this; if it retries anyway, the router serves the best
-plan that remains. Without a learned policy, or without the task's features, ``next`` is null.
+plan that remains. Without a learned policy, or without the task's features, ``next`` is null. For
+an attempt the router stopped (a cap, the stop-loss) ``next`` is what its error told the agent
+(``router.policy.following``), learned policy or not.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from router.http.auth import Auth, Principal
 from router.http.endpoints import keyed
 from router.http.proxy import read_body
 from router.http.replies import json_reply
+from router.policy import following
 from router.policy.active import ActivePolicy, ActivePolicyHolder
 from router.policy.control import CONTROL
 from router.policy.decide import Decider
-from router.policy.learned import LearnedScorer
 from router.protocols.common import load_json, validation_message
 from router.store import Store
 from router.store.records import OutcomeRecord, RequestRecord
@@ -110,15 +112,14 @@ class Outcomes:
             "recorded": True,
         }
         if not out.success:
-            known = _known(state, rows, attempt)
-            decider, allowed = deciding(self.runtime.current, out.task_id, rows)
-            scorer = decider.scorer
-            if known is None or not isinstance(scorer, LearnedScorer):
-                result["next"] = None
+            if state is not None and state.stopped == attempt and state.stop_next is not None:
+                # The router stopped this attempt and told the agent what comes next: the same here.
+                result["next"] = state.stop_next
             else:
-                vec, failed = known
-                models = [m for m in allowed if m in scorer.artifact.models]
-                result["next"] = scorer.recommend(vec, models, attempt=attempt + 1, failed=failed).as_dict()
+                known = _known(state, rows, attempt)
+                decider, allowed = deciding(self.runtime.current, out.task_id, rows)
+                vec, failed = known if known is not None else (None, [])
+                result["next"] = following.planned(decider, allowed, vec, attempt, failed)
         return json_reply(result)
 
 

@@ -13,9 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from router.background import Background
+from router.errors import AttemptStopped
 from router.features.promptsize import INLINE_CHARS, PromptSize, PromptSizer
 from router.features.request import Features, turn_chars
 from router.features.task.context import TaskContext, TaskView
+from router.policy import following
 from router.policy.active import ActivePolicy
 from router.policy.decide import Decider, Decision
 from router.policy.scopes import scope_facts
@@ -60,6 +62,9 @@ class Pipeline:
         view = await self.tasks.enter(
             rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo, size.facts
         )
+        if view.stopped is not None:
+            feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
+            raise stopped(view, _decider(rt, req, task_id, key_id, headers)[1], feats)
         label = self.tasks.label_reader(rt.policy.task_rules, req, view, size.repeat, size.facts)
         try:
             feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
@@ -135,6 +140,18 @@ class Pipeline:
             )  # fmt: skip
         if decided.label is not None:
             decided.label()
+
+
+def stopped(view: TaskView, decider: Decider, features: Features) -> AttemptStopped:
+    """The error that refuses a call of an attempt the router stopped, saying what comes next: asked
+    of the policy at the attempt's first refused call and kept with the task, so that every later
+    call of the attempt and the outcome reply (``next``) say the same."""
+    assert view.stopped is not None
+    why, rule = view.stopped
+    state = view.state
+    if state.stop_next is None:
+        state.stop_next = following.after_stop(decider, features)
+    return AttemptStopped(following.told(why, state.stop_next), rule, state.stop_next)
 
 
 def _decider(

@@ -32,18 +32,26 @@ class Wire:
     endpoint: str
 
 
+def _openai_body(err: RouterError) -> dict[str, Any]:
+    return err.openai_body()  # the error's own (an ``AttemptStopped`` adds ``next``), not the base's
+
+
+def _anthropic_body(err: RouterError) -> dict[str, Any]:
+    return err.anthropic_body()
+
+
 WIRES: dict[str, Wire] = {
     OPENAI_CHAT: Wire(
         OPENAI_CHAT, openai_chat.parse, openai_chat.usage_from, openai_chat.StreamObserver,
-        openai_chat.error_frame, RouterError.openai_body, "/chat/completions", "/v1/chat/completions",
+        openai_chat.error_frame, _openai_body, "/chat/completions", "/v1/chat/completions",
     ),
     ANTHROPIC: Wire(
         ANTHROPIC, anthropic.parse, anthropic.usage_from, anthropic.StreamObserver,
-        anthropic.error_frame, RouterError.anthropic_body, "/v1/messages", "/v1/messages",
+        anthropic.error_frame, _anthropic_body, "/v1/messages", "/v1/messages",
     ),
     OPENAI_RESPONSES: Wire(
         OPENAI_RESPONSES, responses.parse, responses.usage_from, responses.StreamObserver,
-        responses.error_frame, RouterError.openai_body, "/responses", "/v1/responses",
+        responses.error_frame, _openai_body, "/responses", "/v1/responses",
     ),
 }  # fmt: skip
 

@@ -58,7 +58,7 @@ def test_the_stop_message_names_the_reason_and_the_setting() -> None:
     c = AttemptControl(max_calls=12, stop_below=0.35)
     assert "models.m.max_calls_per_attempt (12)" in message(CAP, "m", 12, c, None)
     text = message(STOP_LOSS, "m", 5, c, 0.2)
-    assert "0.20" in text and "0.35" in text and "next model" in text
+    assert "0.20" in text and "0.35" in text and text.startswith("attempt stopped by the router on m: ")
 
 
 def test_a_capped_run_pays_only_the_calls_made() -> None:
@@ -225,19 +225,22 @@ def test_the_proxy_stops_on_the_attempts_latest_label_and_keeps_saying_so(tmp_pa
     }
     policy.use_attempt_controls(merged)
     state = TaskState(attempt=2, pinned="cheap", calls=5)
-    stop(policy.task_rules, state)  # no label yet: goes on
+    assert stop(policy.task_rules, state) is None  # no label yet: goes on
     state.last_label = (1, False, 0.1, SOURCE, ())  # a low reading of the previous attempt: not this one's
-    stop(policy.task_rules, state)
+    assert stop(policy.task_rules, state) is None
     state.last_label = (2, False, 0.1, SOURCE, ())
-    with pytest.raises(
-        AttemptStopped, match=r"P\(success\) 0.10 fell below the stop-loss threshold 0.30"
-    ) as err:
-        stop(policy.task_rules, state)
-    assert err.value.param == STOP_LOSS and err.value.code == "attempt_stopped" and err.value.status == 400
+    said = stop(policy.task_rules, state)
+    assert said is not None and said[1] == STOP_LOSS
+    assert "P(success) 0.10 fell below the stop-loss threshold 0.30" in said[0]
     assert state.failed_open and state.stopped == 2
     state.last_label = (2, True, 0.9, SOURCE, ())  # a later reading changes nothing: the attempt is over
-    with pytest.raises(AttemptStopped):
-        stop(policy.task_rules, state)
+    assert stop(policy.task_rules, state) == said
+    # The error in the caller's protocol: the rule, the words, and what comes next beside them.
+    err = AttemptStopped(said[0] + "; start the task again", STOP_LOSS, {"retry": True, "model": "strong"})
+    assert err.param == STOP_LOSS and err.code == "attempt_stopped" and err.status == 400
+    assert err.openai_body()["error"]["next"] == {"retry": True, "model": "strong"}
+    anthropic = err.anthropic_body()["error"]
+    assert anthropic["next"]["model"] == "strong" and anthropic["param"] == STOP_LOSS
 
 
 def test_the_artifact_reads_its_attempt_control_block() -> None:

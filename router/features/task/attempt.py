@@ -55,15 +55,14 @@ def stop_reason(control: AttemptControl, calls_made: int, p_success: float | Non
 def message(
     reason: str, model: str, calls_made: int, control: AttemptControl, p_success: float | None
 ) -> str:
-    """What the agent is told when its attempt is stopped (the error body's message)."""
+    """Why the attempt was stopped (the error body's message begins with it; what comes next is
+    the policy's to add: ``router.policy.following.told``)."""
     if reason == CAP:
         why = f"its {calls_made} calls reached models.{model}.max_calls_per_attempt ({control.max_calls})"
     else:
         p = "?" if p_success is None else f"{p_success:.2f}"
         why = f"the conversation's P(success) {p} fell below the stop-loss threshold {control.stop_below:.2f}"
-    return (
-        f"attempt stopped by the router on {model}: {why}; start the task again to escalate to the next model"
-    )
+    return f"attempt stopped by the router on {model}: {why}"
 
 
 def first_stop(

@@ -12,12 +12,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Final, Protocol
 
 from router.background import Background
-from router.errors import AttemptStopped
 from router.features import labels, signals
 from router.features.task import attempt
 from router.features.task.rules import TaskRules
@@ -64,6 +63,8 @@ class TaskView:
     warm_tokens: int
     #: The last messages as the switch signals read them; the label reads them again from here.
     recent: signals.Recent | None = None
+    #: (why, rule) when the router has stopped the attempt (``stop``): the request is refused.
+    stopped: tuple[str, str] | None = None
 
 
 class TaskContext:
@@ -99,8 +100,8 @@ class TaskContext:
         budget than the policy's (the scope's that decides the request)."""
         state = self.tracker.begin(task_id, req, attempt_header)
         view = await self._view(rules, req, task_id, state, prompt_tokens, repo, seen, task_budget)
-        if not view.side_call:
-            stop(rules, state)
+        if not view.side_call and (said := stop(rules, state)) is not None:
+            return replace(view, stopped=said)
         return view
 
     def label_reader(
@@ -255,25 +256,31 @@ def vector_for(req: ClientRequest, repo: str | None = None) -> Vector:
     return task_vector(req.first_user_text, req.system_text, len(req.tools), repo)
 
 
-def stop(rules: TaskRules, state: TaskState) -> None:
-    """End the attempt here when its model's cap is reached or the stop-loss fires on the
-    attempt's latest stored label (``router.features.task.attempt``): the attempt counts as failed, the
-    next restart of the conversation opens the next one (on the plan's next model), and until then
-    every main-loop request of the attempt is told the same."""
+def stop(rules: TaskRules, state: TaskState) -> tuple[str, str] | None:
+    """(why, rule) when the attempt ends here: its model's cap is reached or the stop-loss fires on
+    the attempt's latest stored label (``router.features.task.attempt``). The attempt counts as
+    failed, the next restart of the conversation opens the next one (on the plan's next model), and
+    until then every main-loop request of the attempt is told the same. What comes next is the
+    policy's to say (``router.policy.following``): the caller raises ``AttemptStopped``."""
     if state.stopped == state.attempt and state.stop_said is not None:
-        raise AttemptStopped(*state.stop_said)
+        return state.stop_said
     model = state.pinned
     control = rules.attempt_controls.get(model) if model is not None else None
     if control is None or model is None:
-        return
-    label = state.last_label
-    p = label[2] if label is not None and label[0] == state.attempt and label[3] == labels.SOURCE else None
-    reason = attempt.stop_reason(control, state.calls, p)
+        return None
+    reason = attempt.stop_reason(control, state.calls, p := reading(state))
     if reason is None:
-        return
-    state.stopped, state.failed_open = state.attempt, True
+        return None
+    state.stopped, state.failed_open, state.stop_next = state.attempt, True, None
     state.stop_said = (attempt.message(reason, model, state.calls, control, p), reason)
-    raise AttemptStopped(*state.stop_said)
+    return state.stop_said
+
+
+def reading(state: TaskState) -> float | None:
+    """The label model's P(success) of the attempt's conversation so far: what the stop-loss reads
+    (the latest stored label of the current attempt, read off the request path), else None."""
+    label = state.last_label
+    return label[2] if label is not None and label[0] == state.attempt and label[3] == labels.SOURCE else None
 
 
 def escalation(threshold: float | None, state: TaskState) -> str | None:

@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from router.protocols.common import ClientRequest, text_of
 
@@ -43,9 +44,11 @@ class TaskState:
     label_at: tuple[int, int] = (0, 0)
     #: Main-loop calls the current attempt's model has answered (its cap counts these).
     calls: int = 0
-    #: The attempt the router stopped (its cap or the stop-loss; 0: none), and (message, rule) it was told.
+    #: The attempt the router stopped (its cap or the stop-loss; 0: none), (why, rule) it was told,
+    #: and what the policy said comes next (``router.policy.following``; None until it is asked).
     stopped: int = 0
     stop_said: tuple[str, str] | None = None
+    stop_next: dict[str, Any] | None = None
     seen: float = field(default_factory=time.time)
 
 
