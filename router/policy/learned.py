@@ -123,17 +123,19 @@ class LearnedScorer:
         obj = self.objective
         left = max(1, obj.max_attempts - attempt + 1)
         limit = budget if budget is not None else obj.max_cost_per_task
-        sd = self.artifact.task_sd
+        sd, noise = self.artifact.task_sd, self.artifact.noise
+        # Planned under the verifier the log's outcomes came through (its known error rates).
         best = best_plan(
-            opts, attempts_left=left, already_failed=failed, value=obj.value, budget=limit, task_sd=sd
-        )
+            opts, attempts_left=left, already_failed=failed, value=obj.value, budget=limit, task_sd=sd,
+            noise=noise,
+        )  # fmt: skip
         own = Choice(best, opts, best.worth_trying(obj.value), prior=False)
         if obj.prior is None or obj.value is None:
             return own
         by_model = {o.model: o for o in opts}
         rest_models = priors.remainder(obj.prior, failed, models, left)
         failed_opts = [by_model[m] for m in failed if m in by_model]
-        rest = evaluate([by_model[m] for m in rest_models], failed_opts, sd) if rest_models else None
+        rest = evaluate([by_model[m] for m in rest_models], failed_opts, sd, noise) if rest_models else None
         if rest is not None and limit is not None and rest.expected_cost > limit:
             return own  # what is left of the prior plan does not fit the budget: the task's own plan
         if priors.deviates(best, rest, obj.value, obj.margin):

@@ -20,6 +20,14 @@ With a task effect (``task_sd`` > 0, learned with the artifact), each task has a
 difficulty ``u ~ N(0, 1)`` that shifts every model's logit by ``task_sd · u``; the products
 above are then averaged over ``u`` (Gauss–Hermite), weighted by how likely the failures already
 seen make each ``u``. With ``task_sd`` = 0 this is the independent formula exactly.
+
+Results are judged by the deployment's verifier, which may accept a wrong result (``FA``) and
+reject a right one (``FR``): its known rates are ``noise``. An attempt then completes the task
+with ``p (1 − FR)``, ends it unresolved with ``(1 − p) FA`` (a wrong result accepted: nothing
+comes after it), and goes on with ``p FR + (1 − p)(1 − FA)``; the last attempt's right result
+stands whatever the verdict (nothing replaces it), as ``router eval`` and ``router train``'s
+frontier count it. A rejection seen is then weaker evidence of a hard task than a failure. With
+``noise`` = (0, 0) every formula above is the exact verifier's.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ import numpy as np
 REPEAT_FACTOR = 0.35
 #: Quadrature points over the task effect.
 NODES = 9
+#: (accepts a wrong result, rejects a right one): a verifier that is always right.
+EXACT = (0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +75,11 @@ class Plan:
 
 
 def evaluate(
-    options: Sequence[Option], already_failed: Sequence[str | Option] = (), task_sd: float = 0.0
-) -> Plan:
-    """The expected cost and success of trying ``options`` in order, after ``already_failed``.
+    options: Sequence[Option], already_failed: Sequence[str | Option] = (), task_sd: float = 0.0,
+    noise: tuple[float, float] = EXACT,
+) -> Plan:  # fmt: skip
+    """The expected cost and success of trying ``options`` in order, after ``already_failed``
+    (attempts the verifier rejected), judged by a verifier of error rates ``noise``.
 
     With a task effect every failure seen says how hard the task is, including failures of
     models outside this plan (as ``best_plan`` weighs them): such a model is given as its
@@ -89,16 +101,22 @@ def evaluate(
                 "task effect can weigh their failure"
             )
         failed_options = [known[m] for m in dict.fromkeys(failed_names)]
-        costs, successes = _score(distinct, _rows([seq], len(seq)), failed_names, task_sd, failed_options)
+        costs, successes = _score(
+            distinct, _rows([seq], len(seq)), failed_names, task_sd, failed_options, noise
+        )
         return Plan(tuple(o.model for o in options), float(costs[0]), float(successes[0]))
+    fa, fr = noise
     failed = set(failed_names)
-    cost, fail_all = 0.0, 1.0
-    for o in options:
+    cost, alive, success = 0.0, 1.0, 0.0
+    for k, o in enumerate(options):
         p = o.p_success * (REPEAT_FACTOR if o.model in failed else 1.0)
-        cost += fail_all * o.attempt_cost
-        fail_all *= 1.0 - p
+        cost += alive * o.attempt_cost
+        last = k == len(options) - 1
+        success += alive * p * (1.0 if last else 1.0 - fr)
+        alive *= p * fr + (1.0 - p) * (1.0 - fa)
         failed.add(o.model)
-    return Plan(tuple(o.model for o in options), cost, 1.0 - fail_all)
+    # Exact: what is not alive at the end succeeded (the arithmetic as it was, to the last bit).
+    return Plan(tuple(o.model for o in options), cost, success if fa > 0 or fr > 0 else 1.0 - alive)
 
 
 def best_plan(
@@ -110,8 +128,10 @@ def best_plan(
     budget: float | None = None,
     allow_repeats: bool = True,
     task_sd: float = 0.0,
+    noise: tuple[float, float] = EXACT,
 ) -> Plan:
-    """The plan of one to ``attempts_left`` attempts worth most (``value · success − cost``).
+    """The plan of one to ``attempts_left`` attempts worth most (``value · success − cost``),
+    its attempts judged by a verifier of error rates ``noise`` (false accept, false reject).
 
     Stopping is the alternative: when the plan returned is not ``worth_trying(value)``, no
     attempt is. Without a value, the plan with the least cost per completed task. With a budget,
@@ -124,7 +144,7 @@ def best_plan(
     failed_options = [o for o in options if o.model in failed]
     options = shortlist(options)
     rows = _sequences(len(options), max(1, attempts_left), allow_repeats)
-    cost, success = _score(options, rows, already_failed, task_sd, failed_options)
+    cost, success = _score(options, rows, already_failed, task_sd, failed_options, noise)
     i = _choose(cost, success, rows.lengths, budget, value)
     return Plan(
         tuple(options[j].model for j in rows.index[i, : rows.lengths[i]]), float(cost[i]), float(success[i])
@@ -133,7 +153,7 @@ def best_plan(
 
 def outcomes_by_value(
     options: Sequence[Option], values: np.ndarray, *, attempts_left: int, task_sd: float = 0.0,
-    already_failed: Sequence[str] = (),
+    already_failed: Sequence[str] = (), noise: tuple[float, float] = EXACT,
 ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:  # fmt: skip
     """Of the plan ``best_plan`` makes at each value: its expected success and cost (0 where it
     stops) and its first model (None: stop). Every plan is scored once, then chosen for every value
@@ -141,7 +161,7 @@ def outcomes_by_value(
     failed_options = [o for o in options if o.model in already_failed]
     options = shortlist(options)
     rows = _sequences(len(options), max(1, attempts_left), True)
-    cost, success = _score(options, rows, already_failed, task_sd, failed_options)
+    cost, success = _score(options, rows, already_failed, task_sd, failed_options, noise)
     # Rounded as _choose rounds; ties go to the cheaper, then shorter, plan (lexsort's order).
     order = np.lexsort((rows.lengths, cost))
     worth = np.round(values[:, None] * success[None, order] - cost[None, order], 12)
@@ -191,20 +211,22 @@ def _sequences(k: int, n: int, allow_repeats: bool) -> _Rows:
 
 def _score(
     options: Sequence[Option], rows: _Rows, already_failed: Sequence[str], task_sd: float,
-    failed_options: Sequence[Option],
+    failed_options: Sequence[Option], noise: tuple[float, float] = EXACT,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Expected cost and success of every plan (``evaluate``'s arithmetic, in the same order).
 
-    Without a task effect each plan is one product of failure chances. With one, the products are
-    taken per quadrature node of the task's difficulty, starting from what the failures already
+    Without a task effect each plan is one product of chances to go on. With one, the products are
+    taken per quadrature node of the task's difficulty, starting from what the rejections already
     seen say of it, and averaged.
     """
+    fa, fr = noise
     failed = set(already_failed)
     if task_sd > 0:
         _, w = _quadrature(NODES)
         posterior = np.array(w)
         for o in failed_options:
-            posterior = posterior * (1.0 - conditional_success(o.p_success, task_sd))
+            right = conditional_success(o.p_success, task_sd)
+            posterior = posterior * (right * fr + (1.0 - right) * (1.0 - fa))
         posterior = posterior / posterior.sum() if posterior.sum() > 0 else np.array(w)
         p = np.array([conditional_success(o.p_success, task_sd) for o in options])  # (options, nodes)
     else:
@@ -212,16 +234,25 @@ def _score(
         p = np.array([[o.p_success] for o in options])
     costs = np.array([o.attempt_cost for o in options])
     was_failed = np.array([o.model in failed for o in options])
+    noisy = fa > 0 or fr > 0
     alive = np.tile(posterior, (len(rows.index), 1))
     cost = np.zeros(len(rows.index))
+    success = np.zeros(len(rows.index))
     for j in range(rows.index.shape[1]):
         k = rows.index[:, j]
         active = rows.lengths > j
         repeat = was_failed[k] | rows.repeat[:, j]
+        right = p[k] * np.where(repeat, REPEAT_FACTOR, 1.0)[:, None]
         cost = np.where(active, cost + costs[k] * alive.sum(axis=1), cost)
-        failing = alive * (1.0 - p[k] * np.where(repeat, REPEAT_FACTOR, 1.0)[:, None])
-        alive = np.where(active[:, None], failing, alive)
-    return cost, 1.0 - alive.sum(axis=1)
+        if noisy:
+            # The plan's last attempt: its right result stands whatever the verdict.
+            kept = np.where(rows.lengths == j + 1, 1.0, 1.0 - fr)
+            success = np.where(active, success + kept * (alive * right).sum(axis=1), success)
+            going = alive * (right * fr + (1.0 - right) * (1.0 - fa))
+        else:  # what is not alive at the end succeeded (the arithmetic as it was, to the last bit)
+            going = alive * (1.0 - right)
+        alive = np.where(active[:, None], going, alive)
+    return cost, success if noisy else 1.0 - alive.sum(axis=1)
 
 
 def _choose(

@@ -136,7 +136,7 @@ def _replay(
         nxt: dict[tuple[tuple[str, ...], bool], np.ndarray] = defaultdict(lambda: np.zeros(shape))
         for (failed, last_right), weight in states.items():
             s_best, c_best, first = outcomes_by_value(
-                opts, values, attempts_left=left, task_sd=task_sd, already_failed=failed
+                opts, values, attempts_left=left, task_sd=task_sd, already_failed=failed, noise=noise
             )
             best_worth = values * s_best - c_best
             best_model = np.array([-1 if m is None else index[m] for m in first])
@@ -148,7 +148,7 @@ def _replay(
                 if not rest:
                     continue
                 if rest not in kept:
-                    p = evaluate([by_model[m] for m in rest], failed_opts, task_sd)
+                    p = evaluate([by_model[m] for m in rest], failed_opts, task_sd, noise)
                     kept[rest] = (p.success, p.expected_cost)
                 s, c = kept[rest]
                 rest_worth[i], rest_model[i] = op.value * s - c, index[rest[0]]
