@@ -28,7 +28,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from router.errors import RouterError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.forward.timeouts import Timeouts
@@ -37,6 +37,7 @@ from router.policy.catalog import Backend, Catalog
 from router.policy.decide import Decision
 from router.protocols import WIRES, ClientRequest, StreamObserver, sse
 from router.shared import Breakers
+from router.store.records import TryRecord
 from router.telemetry.phases import Phases
 
 T = TypeVar("T")
@@ -56,15 +57,15 @@ class Try:
     status: int | None = None
     error_type: str | None = None
 
-    def as_dict(self, arrival: float) -> dict[str, Any]:
+    def record(self, arrival: float) -> TryRecord:
         """``arrival``: the request's arrival on the same clock; ``start_ms`` counts from it."""
-        return {
-            "model": self.model,
-            "start_ms": None if self.start is None else round((self.start - arrival) * 1000, 3),
-            "ms": None if self.start is None else round((self.end - self.start) * 1000, 3),
-            "status": self.status,
-            "error_type": self.error_type,
-        }
+        return TryRecord(
+            self.model,
+            start_ms=None if self.start is None else round((self.start - arrival) * 1000, 3),
+            ms=None if self.start is None else round((self.end - self.start) * 1000, 3),
+            status=self.status,
+            error_type=self.error_type,
+        )
 
 
 @dataclass(slots=True)

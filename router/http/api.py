@@ -152,7 +152,7 @@ class Api:
                 "attempt": feats.attempt,
                 "pinned": feats.pinned,
                 "arm": decided.arm,
-                "candidates": [e.as_dict() for e in decision.candidates],
+                "candidates": [e.as_json() for e in decision.candidates],
             }
         )
 

@@ -105,11 +105,11 @@ def record(f: Flight, phases: Phases) -> RequestRecord:
             rec.rule_headers = {h: capped(v) for h in logged if (v := feats.headers.get(h)) is not None}
         rec.decision_id, rec.policy = decision.decision_id, decision.policy
         rec.decision_reason, rec.propensity = decision.reason, decision.propensity
-        rec.candidates = [e.as_dict() for e in decision.candidates]
+        rec.candidates = list(decision.candidates)
         est = decision.estimate(decision.chosen)
         rec.cost_est_usd = est.cost_usd if est else None
     if (ex := f.execution) is not None:
-        rec.tries = [t.as_dict(phases.arrival) for t in ex.tries]
+        rec.tries = [t.record(phases.arrival) for t in ex.tries]
         if ex.backend is not None:  # known before the call: a failed request keeps its backend
             rec.backend_model = ex.backend.litellm_model
     if (c := f.charge) is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
@@ -26,35 +26,9 @@ from router.ids import IdMaker
 from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
 from router.policy.estimates import Estimates, turn_cell
+from router.store.records import Estimate
 
 _PRIORS: Final = Estimates()
-
-
-@dataclass(slots=True)
-class Estimate:
-    model: str
-    prompt_tokens: int
-    output_tokens: int
-    cached_tokens: int
-    cost_usd: float
-    excluded: str | None = None
-    score: float | None = None
-    p_success: float | None = None
-    attempt_cost_usd: float | None = None
-    cost_per_completed_usd: float | None = None
-    #: What a budget holds for this call: the cost at a high quantile of its output.
-    hold_usd: float | None = None
-    #: The output table's cell of the call (``turn_cell``) and the warm prefix's whole cache blocks
-    #: on this backend (``cached_tokens`` is the learned share of them): logged for ``router train``.
-    output_cell: str | None = None
-    cacheable_tokens: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        # By hand: dataclasses.asdict deep-copies, and this runs for every candidate of every request.
-        return {k: v for k in _ESTIMATE_FIELDS if (v := getattr(self, k)) is not None}
-
-
-_ESTIMATE_FIELDS = tuple(f.name for f in fields(Estimate))
 
 
 @dataclass(slots=True)

@@ -72,8 +72,7 @@ def features_of(r: RequestRecord, vector: Mapping[int, float] | None) -> Feature
 
 def first_choice(r: RequestRecord) -> str:
     """The model the logged decision put first (what served may be a fallback)."""
-    tries = r.tries or []
-    return str(tries[0].get("model") if tries and tries[0].get("model") else r.chosen_model)
+    return r.tries[0].model if r.tries and r.tries[0].model else str(r.chosen_model)
 
 
 def logged_usage(r: RequestRecord) -> Usage:

@@ -4,17 +4,71 @@ The field names are the column names; ``router.store.schema`` derives the tables
 classes, so adding a field adds a column. A field added after the first release needs
 ``metadata={"since": N}`` (N = the schema version that adds it) so existing databases get an
 ``ALTER TABLE``; opening a store refuses to start if a field has no column. ``KeyRecord`` is a
-virtual key (its hash and limits, never the key).
+virtual key (its hash and limits, never the key). The JSON columns ``candidates`` and ``tries``
+hold records too (``Estimate``, ``TryRecord``), written as ``as_json`` says and read back as records
+(``router.store.rows``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Final
 
 
 class StoreDataError(Exception):
     """The store refused a record's *contents* (the store is fine): retrying the same rows fails again."""
+
+
+@dataclass(slots=True)
+class Estimate:
+    """What the decision estimated of one candidate backend (``router.policy.decide``): what
+    ``/v1/route`` answers, and what the log keeps in ``candidates``."""
+
+    model: str
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cost_usd: float
+    excluded: str | None = None
+    score: float | None = None
+    p_success: float | None = None
+    attempt_cost_usd: float | None = None
+    cost_per_completed_usd: float | None = None
+    #: What a budget holds for this call: the cost at a high quantile of its output.
+    hold_usd: float | None = None
+    #: The output table's cell of the call (``turn_cell``) and the warm prefix's whole cache blocks
+    #: on this backend (``cached_tokens`` is the learned share of them): logged for ``router train``.
+    output_cell: str | None = None
+    cacheable_tokens: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The fields that are set (None ones are left out of the log and of ``/v1/route``)."""
+        # By hand: dataclasses.asdict deep-copies, and this runs for every candidate of every request.
+        return {k: v for k in _ESTIMATE_FIELDS if (v := getattr(self, k)) is not None}
+
+
+_ESTIMATE_FIELDS: Final = tuple(f.name for f in fields(Estimate))
+
+
+@dataclass(frozen=True, slots=True)
+class TryRecord:
+    """One try of a request, in order (``router.telemetry.tries`` reads them)."""
+
+    #: The catalog id of the backend tried.
+    model: str
+    #: Arrival → the try's upstream call (None: the try never reached the backend, its breaker was
+    #: open or no concurrency slot came before the deadline).
+    start_ms: float | None = None
+    #: The call, to its failure or, for the try that served, to the reply or a stream's first token.
+    ms: float | None = None
+    #: The backend's HTTP status; for a try it never answered, the router's (502 unreachable, 504 timeout).
+    status: int | None = None
+    error_type: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field, None ones as null (the log's documented form)."""
+        return {"model": self.model, "start_ms": self.start_ms, "ms": self.ms, "status": self.status,
+                "error_type": self.error_type}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -43,8 +97,8 @@ class RequestRecord:
     policy: str | None = None
     decision_reason: str | None = None
     propensity: float | None = None
-    candidates: list[dict[str, Any]] | None = None
-    tries: list[dict[str, Any]] | None = None
+    candidates: list[Estimate] | None = None
+    tries: list[TryRecord] | None = None
 
     stream: bool = False
     status: int | None = None  # HTTP status the client got

@@ -4,7 +4,8 @@ Readers use attributes (``r.cost_usd``), not column names in strings: a misspelt
 column is then a type error, not a silent ``None``. A row is decoded in place of the dict it used
 to be, for as many rows as a dashboard or a preview reads: only the columns whose stored form
 differs (booleans stored as 0/1, JSON stored as text) are touched, and the record is built from
-the row's values in field order.
+the row's values in field order. A JSON column of records (``candidates``, ``tries``) is read back
+as those records (``RecordsOf``).
 
 A query may leave out columns it does not need (``request_rows(without=...)``: a logged prompt is
 by far the largest column, the decision's candidates the largest JSON): the record keeps the
@@ -15,16 +16,17 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, fields, replace
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar, cast
 
 import orjson
 
-from router.store.records import KeyRecord, OutcomeRecord, RequestRecord
+from router.store.records import Estimate, KeyRecord, OutcomeRecord, RequestRecord, TryRecord
 from router.store.schema import KEYS, OUTCOMES, REQUESTS, Table
 
 R = TypeVar("R", RequestRecord, OutcomeRecord, KeyRecord)
+T = TypeVar("T")
 
 
 def decode_json(raw: Any) -> Any:
@@ -35,6 +37,36 @@ def decode_json(raw: Any) -> Any:
             return json.loads(raw)
         except ValueError:
             return raw  # unreadable JSON is still worth showing rather than failing the whole query
+
+
+class RecordsOf(Generic[T]):
+    """A JSON column's list of ``kind`` records, from its decoded JSON. Keys the record does not
+    have (another version's) are ignored; an item that is not an object or lacks a key the record
+    needs is left out (as a row that is not a list is: None), so one bad row never fails a query."""
+
+    def __init__(self, kind: type[T]) -> None:
+        self.kind = kind
+        self.names = frozenset(f.name for f in fields(cast(Any, kind)))
+
+    def __call__(self, value: Any) -> list[T] | None:
+        if not isinstance(value, list):
+            return None
+        kind, names = self.kind, self.names
+        out = []
+        for item in value:
+            if isinstance(item, dict):
+                try:
+                    out.append(kind(**{k: v for k, v in item.items() if k in names}))
+                except TypeError:
+                    continue
+        return out
+
+
+#: The JSON columns that hold records (``RequestRecord.candidates``, ``.tries``), by name.
+_RECORD_COLUMNS: Final[dict[str, Callable[[Any], Any]]] = {
+    "candidates": RecordsOf(Estimate),
+    "tries": RecordsOf(TryRecord),
+}
 
 
 class Decoder(Generic[R]):
@@ -56,6 +88,9 @@ class Decoder(Generic[R]):
             raise ValueError(f"a {record.__name__} needs the columns {missing}")
         self._bools = tuple(i for i, n in enumerate(self.names) if kinds[n] == "bool")
         self._json = tuple(i for i, n in enumerate(self.names) if kinds[n] == "json")
+        self._records = tuple(
+            (i, _RECORD_COLUMNS[n]) for i, n in enumerate(self.names) if n in _RECORD_COLUMNS
+        )
         # Both drivers return REAL / DOUBLE PRECISION as float; anything else (an integer a
         # foreign writer put in SQLite's dynamic typing) is made one.
         self._floats = tuple(i for i, n in enumerate(self.names) if kinds[n] == "float")
@@ -74,6 +109,10 @@ class Decoder(Generic[R]):
             v = values[i]
             if v is not None:
                 values[i] = decode_json(v)
+        for i, read in self._records:
+            v = values[i]
+            if v is not None:
+                values[i] = read(v)
         for i in self._floats:
             v = values[i]
             if v is not None and type(v) is not float:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import orjson
 
-from router.store.records import KeyRecord, OutcomeRecord, RequestRecord, StoreDataError
+from router.store.records import Estimate, KeyRecord, OutcomeRecord, RequestRecord, StoreDataError, TryRecord
 
 Dialect = Literal["sqlite", "postgres"]
 Kind = Literal["text", "int", "float", "bool", "json"]
@@ -223,11 +223,21 @@ def _clean_text(value: str) -> str:
     return value
 
 
+def _json_default(value: Any) -> Any:
+    # The records a JSON column holds say what of them is written (an Estimate leaves out its None fields).
+    if isinstance(value, Estimate | TryRecord):
+        return value.as_json()
+    if is_dataclass(value) and not isinstance(value, type):  # as orjson writes one by itself
+        return asdict(value)
+    return str(value)
+
+
 def _encode_json(value: Any) -> str:
     try:
-        return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        options = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+        return orjson.dumps(value, default=_json_default, option=options).decode()
     except (TypeError, orjson.JSONEncodeError):
-        return _clean_text(json.dumps(value, default=str, ensure_ascii=False))
+        return _clean_text(json.dumps(value, default=_json_default, ensure_ascii=False))
 
 
 def _encode(col: Column, value: Any) -> Any:

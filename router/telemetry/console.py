@@ -74,12 +74,11 @@ def refused_line(rec: RequestRecord) -> str:
 
 def fallback_lines(rec: RequestRecord) -> list[str]:
     """One line per backend the request left for another (its tries, in order)."""
-    tries = rec.tries or []
     return [
-        f"fallback in request {rec.request_id} (task {rec.task_id or '-'}): {a['model']} failed "
-        f"({' '.join(str(x) for x in (a.get('status'), a.get('error_type')) if x)}) → {b['model']}"
-        for a, b in itertools.pairwise(tries)
-        if a["model"] != b["model"]
+        f"fallback in request {rec.request_id} (task {rec.task_id or '-'}): {a.model} failed "
+        f"({' '.join(str(x) for x in (a.status, a.error_type) if x)}) → {b.model}"
+        for a, b in itertools.pairwise(rec.tries or [])
+        if a.model != b.model
     ]
 
 

@@ -186,7 +186,7 @@ class RequestMetrics:
         if tries_.fallen_back_from(rec.tries):
             self._child(self.fallbacks, backend).inc()
         for t in tries_.retried(rec.tries):
-            self._child(self.retries, str(t.get("model") or "none"), tries_.reason(t)).inc()
+            self._child(self.retries, t.model or "none", tries_.reason(t)).inc()
 
     def prompt_sized(self, remembered: bool, counted: bool) -> None:
         self._child(self.memo, "hit" if remembered else "miss").inc()

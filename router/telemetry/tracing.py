@@ -59,7 +59,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from router.store.records import RequestRecord
+from router.store.records import RequestRecord, TryRecord
 from router.telemetry import tries as tries_
 from router.telemetry.phases import Phases
 
@@ -184,27 +184,23 @@ class RequestTracer:
         if first is not None and last is not None:
             queued = phases.decided if phases.decided is not None else phases.arrival
             child("queue", queued, first).end(ns(first))
-            reached: list[tuple[int, Mapping[str, Any]]] = [
-                (i, t) for i, t in enumerate(rec.tries or [], 1) if t.get("start_ms") is not None
-            ]
+            reached = [(i, t) for i, t in enumerate(rec.tries or [], 1) if t.start_ms is not None]
             if last != first:
                 retry = child("retry", first, last)
                 under = trace.set_span_in_context(retry, parent)
                 for i, t in reached[:-1]:
-                    start = phases.arrival + t["start_ms"] / 1000
-                    stop = start + (t.get("ms") or 0.0) / 1000
+                    start = phases.arrival + (t.start_ms or 0.0) / 1000
+                    stop = start + (t.ms or 0.0) / 1000
                     up = child("upstream", start, stop, SpanKind.CLIENT, under)
                     up.set_attributes(self._try_attributes(i, t))
                     up.set_status(Status(StatusCode.ERROR, tries_.reason(t)))
                     up.end(ns(stop))
                 retry.end(ns(last))
             # A record without tries (written by hand) still gets its one upstream span.
-            final: tuple[int, Mapping[str, Any]] = (
-                reached[-1] if reached else (1, {"model": rec.chosen_model})
-            )
+            final = reached[-1] if reached else (1, TryRecord(rec.chosen_model or ""))
             up_end = phases.last_byte or phases.last_token or end
-            if failed and phases.first_token is None and final[1].get("ms") is not None:
-                up_end = last + final[1]["ms"] / 1000  # the try failed: its span ends with it
+            if failed and phases.first_token is None and (ms := final[1].ms) is not None:
+                up_end = last + ms / 1000  # the try failed: its span ends with it
             up = child("upstream", last, up_end, SpanKind.CLIENT)
             up.set_attributes(self._try_attributes(*final))
             up.set_attributes(_serving_attributes(rec))
@@ -219,8 +215,8 @@ class RequestTracer:
             child("delivery", phases.last_byte, phases.done).end(ns(phases.done))
         root.end(ns(end))
 
-    def _try_attributes(self, number: int, t: Mapping[str, Any]) -> dict[str, AttributeValue]:
-        backend = str(t.get("model")) if t.get("model") is not None else None
+    def _try_attributes(self, number: int, t: TryRecord) -> dict[str, AttributeValue]:
+        backend = t.model or None
         info = self.backend_info(backend) if backend is not None else None
         provider = info.litellm_model.split("/", 1)[0] if info and "/" in info.litellm_model else None
         attrs: dict[str, Any] = {
@@ -229,11 +225,11 @@ class RequestTracer:
             "gen_ai.request.model": _wire_model(info.litellm_model) if info else None,
             "server.address": info.server_address if info else None,
             "server.port": info.server_port if info else None,
-            "http.response.status_code": t.get("status"),
-            "error.type": t.get("error_type"),
+            "http.response.status_code": t.status,
+            "error.type": t.error_type,
             "router.backend": backend,
             "router.try": number,
-            "router.try_ms": t.get("ms"),
+            "router.try_ms": t.ms,
         }
         return {k: v for k, v in attrs.items() if v is not None}
 
@@ -338,8 +334,10 @@ def request_attributes(rec: RequestRecord, *, prompts: bool = False) -> dict[str
         "router.propensity": rec.propensity,
         "router.chosen_model": rec.chosen_model,
         "router.backend_model": rec.backend_model,
-        "router.candidates": orjson.dumps(rec.candidates).decode() if rec.candidates else None,
-        "router.candidate_models": [str(c.get("model")) for c in rec.candidates or []] or None,
+        "router.candidates": orjson.dumps([c.as_json() for c in rec.candidates]).decode()
+        if rec.candidates
+        else None,
+        "router.candidate_models": [c.model for c in rec.candidates or []] or None,
         "router.fallbacks": tries_.fallen_back_from(tries) or None,
         "router.retries": len(tries_.retried(tries)) if tries else None,
         "router.tries": len(tries) or None,

@@ -14,6 +14,7 @@ from typing import Any
 
 from router.policy.decide import was_explored
 from router.store import OutcomeRecord, RequestRecord
+from router.store.records import TryRecord
 from router.telemetry.ledger import final_outcome, summary, task_ledger, task_ledgers
 from router.telemetry.report import GROUPS, PHASES, build_report, is_ok, phase_values, stats
 
@@ -204,7 +205,7 @@ class ShownRequest:
     r: RequestRecord
     when: str
     ok: bool
-    fallbacks: list[dict[str, Any]]  # the tries before the last
+    fallbacks: list[TryRecord]  # the tries before the last
     explored: bool
 
 

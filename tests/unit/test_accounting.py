@@ -130,7 +130,7 @@ async def test_fallback_is_accounted_at_the_serving_backends_price(
         await r.post()
         (row,) = await r.records()
     assert row.chosen_model == "b"
-    assert [t["model"] for t in row.tries] == ["a", "b"]
+    assert [t.model for t in row.tries or []] == ["a", "b"]
     assert row.cost_usd == pytest.approx(10 * hand_cost(row), abs=1e-12)
 
 

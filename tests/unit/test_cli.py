@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from router.app.cli import build_parser, main
-from router.store.records import RequestRecord
+from router.store.records import Estimate, RequestRecord
 from router.store.sqlite import SQLiteStore
 from tests.unit.requestpath import closed_port
 
@@ -86,7 +86,7 @@ def _log(path: Path, tasks: dict[str, list[str]]) -> str:
                 input_tokens=10,
                 output_tokens=5,
                 total_ms=5.0,
-                candidates=[{"model": "cheap"}, {"model": "strong"}],
+                candidates=[Estimate("cheap", 0, 0, 0, 0.0), Estimate("strong", 0, 0, 0, 0.0)],
                 propensity=0.5,
                 task_features={"3": 1.0},
             )

@@ -7,7 +7,7 @@ import logging
 import orjson
 
 from router.app.logs import JsonFormatter
-from router.store.records import RequestRecord
+from router.store.records import RequestRecord, TryRecord
 from router.telemetry import console
 
 
@@ -50,14 +50,14 @@ def test_a_request_that_reached_a_backend_and_failed_keeps_its_routing() -> None
 
 
 def test_one_fallback_line_per_backend_left() -> None:
-    tries = [{"model": "a", "status": 500, "error_type": "UpstreamError"}, {"model": "a", "status": 500},
-             {"model": "b", "status": None, "error_type": "BreakerOpen"}, {"model": "c", "status": 200}]  # fmt: skip
+    tries = [TryRecord("a", status=500, error_type="UpstreamError"), TryRecord("a", status=500),
+             TryRecord("b", status=None, error_type="BreakerOpen"), TryRecord("c", status=200)]  # fmt: skip
     lines = console.fallback_lines(_rec(tries=tries))
     assert lines == [
         "fallback in request r1 (task t-9): a failed (500) → b",
         "fallback in request r1 (task t-9): b failed (BreakerOpen) → c",
     ]
-    assert console.fallback_lines(_rec(tries=[{"model": "a", "status": 200}])) == []
+    assert console.fallback_lines(_rec(tries=[TryRecord("a", status=200)])) == []
 
 
 def test_json_log_lines_carry_the_request_fields(caplog: object) -> None:
@@ -67,9 +67,7 @@ def test_json_log_lines_carry_the_request_fields(caplog: object) -> None:
     console.log.addHandler(handler)
     console.log.setLevel(logging.INFO)
     try:
-        console.log_request(
-            _rec(tries=[{"model": "x", "status": 503}, {"model": "local-mini", "status": 200}])
-        )
+        console.log_request(_rec(tries=[TryRecord("x", status=503), TryRecord("local-mini", status=200)]))
     finally:
         console.log.removeHandler(handler)
         console.log.setLevel(logging.NOTSET)

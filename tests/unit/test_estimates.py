@@ -15,6 +15,7 @@ from router.policy.decide import Decider
 from router.policy.estimates import BackendEstimates, Estimates, turn_cell
 from router.policy.loading import parse_policy
 from router.store import RequestRecord
+from router.store.records import Estimate
 
 POLICY = """
 models:
@@ -106,7 +107,7 @@ def test_a_warm_prompt_is_cached_in_whole_blocks_at_the_learned_share() -> None:
 def row(task: str, ts: float, **kw: Any) -> RequestRecord:
     base: dict[str, Any] = {"status": 200, "chosen_model": "gem", "input_tokens": 1_000, "output_tokens": 100,
                             "cache_read_tokens": 0, "prompt_tokens_est": 1_000,
-                            "candidates": [{"model": "gem", "cached_tokens": 0}], **kw}  # fmt: skip
+                            "candidates": [Estimate("gem", 1_000, 100, 0, 0.0)], **kw}  # fmt: skip
     return RequestRecord(f"{task}@{ts}", ts, task_id=task, **base)
 
 
@@ -117,8 +118,8 @@ def test_fit_from_the_log() -> None:
         rows.append(row(f"t{i}", 1.0, input_tokens=1_200, output_tokens=100 + i, prompt_tokens_est=1_000))
         # Its next: 80 % of the warm prefix's blocks reported cached; its estimate says nothing of the ratio.
         rows.append(row(f"t{i}", 2.0, input_tokens=4_000, output_tokens=100 + i, cache_read_tokens=1_600,
-                        prompt_tokens_est=4_000, candidates=[{"model": "gem", "cached_tokens": 1_500,
-                                                              "cacheable_tokens": 2_000}]))  # fmt: skip
+                        prompt_tokens_est=4_000, candidates=[Estimate("gem", 4_000, 100, 1_500, 0.0,
+                                                                       cacheable_tokens=2_000)]))  # fmt: skip
     rows.append(row("side", 0.5, side_call=True, output_tokens=10_000))  # side calls and failures say nothing
     rows.append(row("t0", 0.1, status=502, input_tokens=9_999))
     fitted = fit_estimates(rows)["gem"]
@@ -194,9 +195,9 @@ def test_turn_cells_are_learned_from_the_logged_cell_and_round_trip_the_artifact
     from router.features.task.vector import schema
     from router.policy.artifact import FORMAT, Artifact
 
-    rows = [row(f"t{i}", 1.0, output_tokens=40, candidates=[{"model": "gem", "output_cell": "6:8"}])
+    rows = [row(f"t{i}", 1.0, output_tokens=40, candidates=[Estimate("gem", 0, 0, 0, 0.0, output_cell="6:8")])
             for i in range(MIN_ROWS)]  # fmt: skip
-    rows += [row(f"u{i}", 1.0, output_tokens=900, candidates=[{"model": "gem", "output_cell": "15:8"}])
+    rows += [row(f"u{i}", 1.0, output_tokens=900, candidates=[Estimate("gem", 0, 0, 0, 0.0, output_cell="15:8")])
              for i in range(MIN_ROWS - 1)]  # fmt: skip
     fitted = fit_estimates(rows)["gem"]
     # A cell of MIN_ROWS calls has its mean; one call short, it is priced at the backend's mean.

@@ -18,6 +18,7 @@ from router.forward.execute import RetryBudget, Try, _pause
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from router.protocols.common import FAMILY
 from router.shared import BreakerConfig
+from router.store.records import TryRecord
 from tests.unit.requestpath import (
     called,
     calls,
@@ -419,20 +420,16 @@ async def test_tries_say_when_each_call_started_and_how_long_it_took(fake: FakeU
         await run.complete(request(), decision("bad", "slow"), cat, {}, *fresh())
         phases, ex = fresh()
         await run.complete(request(), decision("bad", "slow"), cat, {}, phases, ex)
-    skipped, served = (t.as_dict(phases.arrival) for t in ex.tries)
-    assert skipped == {
-        "model": "bad",
-        "start_ms": None,
-        "ms": None,
-        "status": None,
-        "error_type": "BreakerOpen",
-    }
-    assert served["model"] == "slow" and served["status"] == 200 and served["error_type"] is None
-    assert 0 <= served["start_ms"] < 150  # the call began as soon as the breaker said skip
-    assert 200 <= served["ms"] < 2000  # the provider's 200 ms before answering, in milliseconds
+    skipped, served = (t.record(phases.arrival) for t in ex.tries)
+    assert skipped == TryRecord("bad", start_ms=None, ms=None, status=None, error_type="BreakerOpen")
+    assert served.model == "slow" and served.status == 200 and served.error_type is None
+    assert (
+        served.start_ms is not None and 0 <= served.start_ms < 150
+    )  # began as soon as the breaker said skip
+    assert served.ms is not None and 200 <= served.ms < 2000  # the provider's 200 ms before answering, in ms
     started, ended = ex.tries[1].start, ex.tries[1].end
-    assert started is not None and served["start_ms"] == round((started - phases.arrival) * 1000, 3)
-    assert served["ms"] == round((ended - started) * 1000, 3)  # milliseconds to the microsecond
+    assert started is not None and served.start_ms == round((started - phases.arrival) * 1000, 3)
+    assert served.ms == round((ended - started) * 1000, 3)  # milliseconds to the microsecond
 
 
 async def test_stream_error_before_the_first_token_names_the_backend(fake: FakeUpstream) -> None:

@@ -20,6 +20,7 @@ from router.policy.artifact import Artifact
 from router.policy.learned import LearnedScorer, Objective
 from router.policy.plan import Option, Plan, best_plan, evaluate
 from router.store import OutcomeRecord, RequestRecord
+from router.store.records import Estimate
 
 CHEAP = Option("cheap", 0.5, 1.0)
 STRONG = Option("strong", 0.9, 4.0)
@@ -236,7 +237,7 @@ def test_artifact_refuses_wrong_hash_and_schema() -> None:
 def test_dataset_labels_explicit_over_weak_and_abandoned() -> None:
     vec = to_json(task_vector("x"))
     req = RequestRecord("r", 100.0, task_id="a", attempt=1, chosen_model="m", status=200, cost_usd=0.1,
-                        task_features=vec, propensity=0.5, candidates=[{"model": "m"}, {"model": "n"}])  # fmt: skip
+                        task_features=vec, propensity=0.5, candidates=[Estimate("m", 0, 0, 0, 0.0), Estimate("n", 0, 0, 0, 0.0)])  # fmt: skip
     weak = OutcomeRecord("a", 1, False, None, "tests", None, 101, False)
     explicit = OutcomeRecord("a", 1, True, None, "explicit", None, 99, True)
     [row] = dataset.build([req], [weak, explicit], now=200)

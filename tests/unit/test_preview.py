@@ -12,6 +12,7 @@ import yaml
 from router.policy.active import load_active_policy
 from router.rollout.preview import preview
 from router.store import OutcomeRecord, RequestRecord
+from router.store.records import Estimate, TryRecord
 
 # Prices per 1M tokens; the catalog keeps them per token.
 A = {"id": "a", "litellm_model": "openai/a", "protocol": "openai", "context_window": 10_000,
@@ -33,7 +34,7 @@ def row(i: int, model: str, *, task: str = "t1", attempt: int = 1, inp: int = 10
         read: int = 0, write: int = 0, cost: float = 0.0, **kw: Any) -> RequestRecord:  # fmt: skip
     fields: dict[str, Any] = {"requested_model": "auto", **kw}
     return RequestRecord(f"r{i}", 1000.0 + i, decision_id=f"d{i}", task_id=task, attempt=attempt,
-                         protocol="openai_chat", chosen_model=model, tries=[{"model": model}],
+                         protocol="openai_chat", chosen_model=model, tries=[TryRecord(model)],
                          prompt_tokens_est=inp, input_tokens=inp, output_tokens=out, cache_read_tokens=read,
                          cache_write_tokens=write, cost_usd=cost, n_messages=2, status=200, **fields)  # fmt: skip
 
@@ -162,7 +163,7 @@ async def test_a_served_preview_reads_the_same_without_the_prompt(tmp_path: Path
     vec = {"0": 1.0}
     rows = [replace(row(i, "a" if i % 2 else "b", task=f"t{i % 4}", task_features=vec, propensity=0.5,
                         rule_headers={"x-tier": "premium"} if i == 3 else None),
-                    prompt="the whole conversation", candidates=[{"model": "a"}, {"model": "b"}])
+                    prompt="the whole conversation", candidates=[Estimate("a", 0, 0, 0, 0.0), Estimate("b", 0, 0, 0, 0.0)])
             for i in range(1, 13)]  # fmt: skip
     outcomes = [OutcomeRecord(f"t{i}", 1, i % 2 == 0, None, "explicit", None, 2000.0, True) for i in range(4)]
     store = open_store(f"sqlite:///{tmp_path / 'log.db'}")

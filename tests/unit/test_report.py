@@ -15,7 +15,7 @@ from router.errors import ConfigError
 from router.features.labels.model import SOURCE as LABEL_MODEL
 from router.rollout.arms import by_arm
 from router.store import open_store
-from router.store.records import OutcomeRecord, RequestRecord
+from router.store.records import OutcomeRecord, RequestRecord, TryRecord
 from router.store.window import parse_duration
 from router.telemetry.ledger import final_outcome, load_task, summary, task_ledger, task_ledgers
 from router.telemetry.report import build_report, quantile
@@ -27,7 +27,7 @@ BASE = NOW - 600
 def rec(n: int, backend: str, task: str, **fields: Any) -> RequestRecord:
     r = RequestRecord(request_id=f"r{n}", ts=BASE + n, chosen_model=backend, task_id=task, attempt=1,
                       requested_model="auto", policy="p1", status=200, stream=True,
-                      tries=[{"model": backend, "status": 200}])  # fmt: skip
+                      tries=[TryRecord(backend, status=200)])  # fmt: skip
     for k, v in fields.items():
         setattr(r, k, v)
     return r
@@ -46,7 +46,7 @@ def streamed(
 
 
 FAILED_THEN_FELL_BACK = {"status": 502, "error_type": "UpstreamError", "queue_ms": 5.0, "total_ms": 100.0,
-                         "tries": [{"model": "alpha", "status": 500}, {"model": "beta", "status": 502}]}  # fmt: skip
+                         "tries": [TryRecord("alpha", status=500), TryRecord("beta", status=502)]}  # fmt: skip
 NOT_STREAMED = {"stream": False, "queue_ms": 5.0, "delivery_ms": 2.0, "total_ms": 500.0, "input_tokens": 100,
                 "output_tokens": 10, "cost_usd": 0.005}  # fmt: skip
 RECORDS = [
@@ -127,7 +127,7 @@ def test_report_by_backend(store_url: str, capsys: pytest.CaptureFixture[str]) -
 
 def test_retry_is_its_own_part_and_retries_are_not_fallbacks() -> None:
     def row(n: int, tries: list[str], **phases: float | None) -> RequestRecord:
-        attempts = [{"model": m, "status": 503} for m in tries[:-1]] + [{"model": tries[-1], "status": 200}]
+        attempts = [TryRecord(m, status=503) for m in tries[:-1]] + [TryRecord(tries[-1], status=200)]
         return RequestRecord(f"x{n}", BASE + n, chosen_model=tries[-1], status=200, tries=attempts,
                              delivery_ms=5.0, decode_ms=200.0, **phases)  # type: ignore[arg-type]  # fmt: skip
 

@@ -23,7 +23,7 @@ from router.learning.training import scopes as scoped
 from router.policy.active import load_active_policy
 from router.policy.learned import LearnedScorer
 from router.policy.scopes import ScopeFacts
-from router.store.records import OutcomeRecord, RequestRecord
+from router.store.records import Estimate, OutcomeRecord, RequestRecord
 from router.store.sqlite import SQLiteStore
 
 VEC = taskfeatures.task_vector("fix the failing test")
@@ -154,7 +154,7 @@ def write_log(path: Path) -> str:
             requests.append(RequestRecord(
                 request_id=f"{task}#1", ts=ts, task_id=task, attempt=1, protocol="openai_chat",
                 requested_model="auto", chosen_model=m, status=200, cost_usd=0.01 if m == "cheap" else 0.1,
-                propensity=0.5, candidates=[{"model": "cheap"}, {"model": "strong"}], task_features=vec, repo=repo,
+                propensity=0.5, candidates=[Estimate("cheap", 0, 0, 0, 0.0), Estimate("strong", 0, 0, 0, 0.0)], task_features=vec, repo=repo,
             ))  # fmt: skip
             outcomes.append(
                 OutcomeRecord(task, 1, bool(rng.random() < p), None, "explicit", None, ts + 0.5, True)

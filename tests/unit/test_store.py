@@ -11,12 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from router.background import Background
 from router.errors import ConfigError
 from router.store import Store, StoreDataError, mask_url, open_store, redact, schema
-from router.store.records import OutcomeRecord, RequestRecord
+from router.store.records import Estimate, OutcomeRecord, RequestRecord, TryRecord
 from router.store.rows import Decoder
 from router.store.sqlite import SQLiteStore
 from router.store.writer import LogWriter
@@ -43,10 +44,10 @@ def full_record(request_id: str = "req-full") -> RequestRecord:
         decision_reason="cheapest above quality floor",
         propensity=0.75,
         candidates=[
-            {"model": "cheap-model", "p_success": 0.8, "excluded": None},
-            {"model": "x", "excluded": "ctx"},
+            Estimate("cheap-model", 1200, 80, 0, 0.0004, p_success=0.8, output_cell="6:8"),
+            Estimate("x", 1200, 80, 512, 0.01, excluded="ctx"),
         ],
-        tries=[{"model": "a", "status": 529, "error_type": "UpstreamOverloaded", "ms": 12.5}],
+        tries=[TryRecord("a", 3.5, 12.5, 529, "UpstreamOverloaded"), TryRecord("b", status=200)],
         stream=True,
         status=200,
         error_type="UpstreamError",
@@ -351,6 +352,26 @@ async def test_store_refuses_calls_before_open(tmp_path: Path) -> None:
     assert not await s.ping()
 
 
+def test_the_json_columns_of_records_keep_their_stored_form() -> None:
+    rec = full_record()
+    row = dict(zip(schema.REQUESTS.names, schema.encode_request(rec), strict=True))
+    # A candidate leaves out its None fields (as /v1/route shows it); a try writes them as null.
+    assert orjson.loads(row["candidates"])[1] == {
+        "model": "x", "prompt_tokens": 1200, "output_tokens": 80, "cached_tokens": 512, "cost_usd": 0.01,
+        "excluded": "ctx",
+    }  # fmt: skip
+    assert row["tries"].endswith('{"model":"b","start_ms":null,"ms":null,"status":200,"error_type":null}]')
+    # What another version wrote reads back: keys the record lacks are ignored; an item without a
+    # key it needs, or not an object, is left out; a column that is not a list reads as None.
+    other = orjson.dumps([
+        {"model": "a", "prompt_tokens": 1, "output_tokens": 2, "cached_tokens": 0, "cost_usd": 0.5, "gone": 1},
+        {"model": "b"}, 3,
+    ]).decode()  # fmt: skip
+    names = ("request_id", "ts", "candidates", "tries")
+    got = Decoder(schema.REQUESTS, RequestRecord, names).one(("r", 1.0, other, '{"model": "a"}'))
+    assert got.candidates == [Estimate("a", 1, 2, 0, 0.5)] and got.tries is None
+
+
 async def test_a_read_may_leave_out_columns(store: SQLiteStore) -> None:
     rec = full_record()
     await store.write_requests([rec])
@@ -363,9 +384,19 @@ async def test_a_read_may_leave_out_columns(store: SQLiteStore) -> None:
 
 def test_a_row_of_some_columns_reads_back_with_the_others_at_their_defaults() -> None:
     names = ("ts", "request_id", "stream", "candidates", "cost_usd", "attempt")
-    got = Decoder(schema.REQUESTS, RequestRecord, names).one((1.0, "r", 1, '[{"model": "a"}]', 2, 3))
+    row = (
+        1.0,
+        "r",
+        1,
+        '[{"model": "a", "prompt_tokens": 9, "output_tokens": 1, "cached_tokens": 0, "cost_usd": 0}]',
+        2,
+        3,
+    )
+    got = Decoder(schema.REQUESTS, RequestRecord, names).one(row)
     # SQLite's dynamic typing can hand back an integer from a REAL column: still a float.
-    assert got == RequestRecord("r", 1.0, stream=True, candidates=[{"model": "a"}], cost_usd=2.0, attempt=3)
+    assert got == RequestRecord(
+        "r", 1.0, stream=True, candidates=[Estimate("a", 9, 1, 0, 0)], cost_usd=2.0, attempt=3
+    )
     assert isinstance(got.cost_usd, float)
     with pytest.raises(ValueError, match="request_id"):
         Decoder(schema.REQUESTS, RequestRecord, ("ts", "stream"))

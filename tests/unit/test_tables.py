@@ -14,7 +14,7 @@ from rich.table import Table
 
 from router.app.cli import main
 from router.store import open_store
-from router.store.records import OutcomeRecord, RequestRecord
+from router.store.records import OutcomeRecord, RequestRecord, TryRecord
 from router.telemetry import tables
 from router.telemetry.ledger import usd
 
@@ -33,7 +33,7 @@ def _record(i: int, task: str) -> RequestRecord:
         chosen_model=backend, status=status, stream=True, cost_usd=0.000123 * (i + 1), input_tokens=1200 * (i + 1),
         output_tokens=80, queue_ms=1.5, ttft_ms=120.0 + i, decode_ms=900.0, total_ms=1100.0 + i,
         policy_revision="rev-0123456789", arm=("control", "treated")[i % 2],
-        tries=[{"model": backend, "status": status}],
+        tries=[TryRecord(backend, status=status)],
     )  # fmt: skip
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import prometheus_client
@@ -15,7 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.policy.loading import load_policy
-from router.store.records import RequestRecord
+from router.store.records import Estimate, RequestRecord, TryRecord
 from router.telemetry import RouterTelemetry, Telemetry, build_telemetry
 from router.telemetry.metrics import RequestMetrics
 from router.telemetry.phases import Phases
@@ -46,10 +47,13 @@ def streamed(task: str = "task-a", request_id: str = "req-1") -> tuple[RequestRe
     rec.requested_model, rec.chosen_model = "auto", "mini"
     rec.backend_model, rec.provider_model = "openai/gpt-mini", "gpt-mini-2025"
     rec.policy, rec.temperature, rec.max_tokens = "local-demo", 0.3, 512
-    rec.candidates = [{"model": "nano", "excluded": "context"}, {"model": "mini", "cost_usd": 0.002}]
+    rec.candidates = [
+        Estimate("nano", 1000, 50, 0, 0.001, excluded="context"),
+        Estimate("mini", 1000, 50, 600, 0.002),
+    ]
     rec.tries = [  # nano's breaker was open: skipped without a call, so mini served as a fallback
-        {"model": "nano", "start_ms": None, "ms": None, "status": None, "error_type": "BreakerOpen"},
-        {"model": "mini", "start_ms": 10.0, "ms": 200.0, "status": 200, "error_type": None},
+        TryRecord("nano", start_ms=None, ms=None, status=None, error_type="BreakerOpen"),
+        TryRecord("mini", start_ms=10.0, ms=200.0, status=200, error_type=None),
     ]
     rec.response_id, rec.finish_reasons = "chatcmpl-1", ["stop"]
     rec.input_tokens, rec.output_tokens, rec.cache_read_tokens, rec.cache_write_tokens = 1000, 50, 600, 100
@@ -306,9 +310,9 @@ def retried_then_fell_back() -> tuple[RequestRecord, Phases]:
     p.upstream_start, p.first_token, p.last_token, p.last_byte, p.done = 100.2, 100.3, 100.4, 100.401, 100.405
     p.gaps = [0.010] * 9 + [0.01001]
     rec.tries = [
-        {"model": "nano", "start_ms": 10.0, "ms": 50.0, "status": 500, "error_type": "UpstreamError"},
-        {"model": "nano", "start_ms": 160.0, "ms": 10.0, "status": 529, "error_type": "UpstreamOverloaded"},
-        {"model": "mini", "start_ms": 200.0, "ms": 100.0, "status": 200, "error_type": None},
+        TryRecord("nano", start_ms=10.0, ms=50.0, status=500, error_type="UpstreamError"),
+        TryRecord("nano", start_ms=160.0, ms=10.0, status=529, error_type="UpstreamOverloaded"),
+        TryRecord("mini", start_ms=200.0, ms=100.0, status=200, error_type=None),
     ]
     for name, value in p.summary().items():
         setattr(rec, name, value)
@@ -384,7 +388,7 @@ def test_failed_tries_and_back_off_are_the_retry_phase_not_queue() -> None:
 
 def test_same_backend_retries_are_retries_not_fallbacks() -> None:
     rec, p = retried_then_fell_back()
-    rec.tries = [{**t, "model": "mini"} for t in rec.tries or []]
+    rec.tries = [replace(t, model="mini") for t in rec.tries or []]
     m = RequestMetrics(process=False)
     m.finished(rec, p)
     v = metrics_text(m)
@@ -399,9 +403,7 @@ def test_a_failed_request_keeps_its_backend_on_the_span() -> None:
     p.decided, p.first_upstream_start, p.upstream_start, p.done = 1.001, 1.002, 1.002, 1.2
     rec = RequestRecord(request_id="f", ts=TS, requested_model="auto", status=502, error_type="UpstreamError")
     rec.chosen_model, rec.backend_model = "mini", "anthropic/claude-mini"
-    rec.tries = [
-        {"model": "mini", "start_ms": 2.0, "ms": 150.0, "status": 502, "error_type": "UpstreamError"}
-    ]
+    rec.tries = [TryRecord("mini", start_ms=2.0, ms=150.0, status=502, error_type="UpstreamError")]
     spans = spans_of(rec, p)
     attrs = spans["chat auto"].attributes or {}
     assert attrs["gen_ai.provider.name"] == "anthropic" and attrs["gen_ai.response.model"] == "claude-mini"

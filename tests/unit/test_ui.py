@@ -8,6 +8,7 @@ from typing import Any
 
 from router.fakeupstream import FakeUpstream
 from router.store import OutcomeRecord, RequestRecord, open_store
+from router.store.records import TryRecord
 from router.ui import charts, policyview, session, views
 from tests.unit.inprocess import serving
 from tests.unit.requestpath import model
@@ -335,7 +336,7 @@ async def test_the_window_pages_read_the_same_without_the_columns_they_leave_unr
                 status=200 if i % 4 else 502, chosen_model="ab"[i % 2], arm="control" if i % 2 else "treated",
                 policy_revision="rev", cost_usd=0.01 * i, cost_input_usd=0.005 * i if i % 3 else None,
                 queue_ms=None if i == 5 else 1.0, repo="acme/x" if i == 1 else None,
-                tries=[{"model": "a", "status": 503}, {"model": "ab"[i % 2]}] if i % 3 else base.tries)
+                tries=[TryRecord("a", status=503), TryRecord("ab"[i % 2])] if i % 3 else base.tries)
         for i in range(12)
     ]  # fmt: skip
     outcomes = [_verdict("t0", True, 20.0), _verdict("t1", False, 21.0, "tests")]

@@ -27,7 +27,7 @@ from router.policy.catalog import Catalog, build_catalog
 from router.policy.config import Policy, PolicyFile
 from router.policy.decide import Decider, Scorer
 from router.policy.learned import LearnedScorer
-from router.store.records import OutcomeRecord, RequestRecord
+from router.store.records import Estimate, OutcomeRecord, RequestRecord
 
 #: Windows large enough that no SWE-bench opening request is excluded on size.
 CONTEXT_WINDOW = 1_000_000
@@ -97,7 +97,8 @@ def log_records(
     attempt of its own task session, chosen with propensity 1/len(models).
     """
     models = data.model_ids
-    candidates = [{"model": m} for m in models]
+    # Every model was a candidate (training reads which, not what the decision estimated of them).
+    candidates = [Estimate(m, 0, 0, 0, 0.0) for m in models]
     requests: list[RequestRecord] = []
     outcomes: list[OutcomeRecord] = []
     ts = 1_700_000_000.0

@@ -42,6 +42,7 @@ from router.policy.pipeline import request_features
 from router.protocols import WIRES
 from router.protocols.common import OPENAI_CHAT
 from router.store import RequestRecord
+from router.store.records import Estimate
 
 WINDOWS: Final = (16_384, 32_768, 65_536, 131_072)
 BASELINES: Final = ("chars4", "o200k", "prev_chars4")
@@ -211,8 +212,8 @@ def log_row(r: Row) -> RequestRecord:
     return RequestRecord(
         f"{r.task}#{r.turn}", float(r.turn), task_id=r.task, status=200, chosen_model=BACKEND,
         input_tokens=r.prompt, output_tokens=r.output, cache_read_tokens=r.cached, prompt_tokens_est=r.logged,
-        candidates=[{"model": BACKEND, "cached_tokens": r.cached_est, "output_cell": r.cell,
-                     "cacheable_tokens": r.cacheable or None}],
+        candidates=[Estimate(BACKEND, r.prompt_est, r.output_est, r.cached_est, r.cost_est, output_cell=r.cell,
+                             cacheable_tokens=r.cacheable or None)],
     )  # fmt: skip
 
 

@@ -110,7 +110,7 @@ def build(
             label = (False, "abandoned", INFERRED_WEIGHT)
         model = Counter(m for _, m in served).most_common(1)[0][0]
         first = main[0]
-        actions = [c["model"] for c in (first.candidates or []) if not c.get("excluded")] or [model]
+        actions = [c.model for c in (first.candidates or []) if not c.excluded] or [model]
         rows.append(
             AttemptRow(
                 task_id=task,

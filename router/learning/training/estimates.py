@@ -40,12 +40,12 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, Any]
         reported = r.input_tokens
         if r.status != 200 or not model or r.usage_estimated or not reported or r.side_call:
             continue
-        chosen = next((c for c in r.candidates or () if c.get("model") == model), None)
+        chosen = next((c for c in r.candidates or () if c.model == model), None)
         if r.output_tokens is not None:
             outputs[model].append(r.output_tokens)
-            if chosen is not None and chosen.get("output_cell"):
-                cells[model][chosen["output_cell"]].append(r.output_tokens)
-        cacheable = chosen and (chosen.get("cacheable_tokens") or chosen.get("cached_tokens"))
+            if chosen is not None and chosen.output_cell:
+                cells[model][chosen.output_cell].append(r.output_tokens)
+        cacheable = chosen and (chosen.cacheable_tokens or chosen.cached_tokens)
         if cacheable:
             c = cache[model]
             c[0] += r.cache_read_tokens or 0
