@@ -28,7 +28,7 @@ from router.forward.upstream import Upstream
 from router.http.admission import Admission, restore_spend
 from router.http.api import Api
 from router.http.auth import Auth
-from router.http.ops import Ops, Probes
+from router.http.ops import Metrics, Ops, Probes
 from router.http.outcomes import Outcomes
 from router.http.proxy import Proxy
 from router.http.recorder import Recorder
@@ -193,9 +193,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         auth=s.auth, tracker=s.tracker, store=s.store, runtime=runtime, max_body_bytes=s.settings.max_body_bytes,
     ).register(app)  # fmt: skip
     Probes(
-        store=s.store, state=s.state, writer=s.writer, telemetry=s.telemetry, runtime=runtime, history=s.history,
-        upstream=s.upstream, draining=lambda: s.draining,
+        writer=s.writer, state=s.state, upstream=s.upstream, runtime=runtime, history=s.history,
+        draining=lambda: s.draining,
     ).register(app)  # fmt: skip
+    Metrics(s.telemetry).register(app)
     Ops(
         auth=s.auth, store=s.store, runtime=runtime, history=s.history, max_body_bytes=s.settings.max_body_bytes,
         max_window_requests=s.settings.max_window_requests,

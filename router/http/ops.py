@@ -9,7 +9,6 @@ spend, and the policy names files and models, so they take the master key when o
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from fastapi import FastAPI
@@ -35,25 +34,22 @@ from router.telemetry.metrics import CONTENT_TYPE_LATEST
 
 
 class Probes:
-    """``/healthz``, ``/readyz`` and ``/metrics``: open, for load balancers and scrapers."""
+    """``/healthz`` and ``/readyz``: open, for load balancers."""
 
     def __init__(
-        self, *, store: Store, state: SharedState, writer: LogWriter, telemetry: Telemetry, runtime: ActivePolicyHolder,
-        history: PolicyHistory, upstream: Upstream, draining: Callable[[], bool],
+        self, *, writer: LogWriter, state: SharedState, upstream: Upstream, runtime: ActivePolicyHolder,
+        history: PolicyHistory, draining: Callable[[], bool],
     ) -> None:  # fmt: skip
-        self.store = store
-        self.state = state
         self.writer = writer
-        self.telemetry = telemetry
+        self.state = state
+        self.upstream = upstream
         self.runtime = runtime
         self.history = history
-        self.upstream = upstream
         self.draining = draining
 
     def register(self, app: FastAPI) -> None:
         app.add_api_route("/healthz", self.healthz, methods=["GET"], tags=["health"])
         app.add_api_route("/readyz", self.readyz, methods=["GET"], tags=["health"])
-        app.add_api_route("/metrics", self.metrics, methods=["GET"], tags=["ops"])
 
     async def healthz(self) -> Response:
         return json_reply({"status": "ok"})
@@ -63,11 +59,7 @@ class Probes:
             return json_reply({"status": "draining"}, 503)
         # A degraded replica still serves: the log buffers while its store is down, and pins and
         # rate limits fall back to local state while Redis is (budgets refuse with 503 meanwhile).
-        try:
-            async with asyncio.timeout(1.0):  # a hung store must not hang the health check
-                store_ok = await self.store.ping()
-        except TimeoutError:
-            store_ok = False
+        store_ok = await self.writer.store_answers(within=1.0)  # a hung store must not hang the check
         state_ok = await self.state.ping()
         rt = self.runtime.current
         rejected = self.history.last_rejected
@@ -91,6 +83,16 @@ class Probes:
             "policy_rejected": rejected.as_dict() if rejected else None,
         }
         return json_reply(body)
+
+
+class Metrics:
+    """``GET /metrics``: open, for scrapers (Prometheus' text format)."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+
+    def register(self, app: FastAPI) -> None:
+        app.add_api_route("/metrics", self.metrics, methods=["GET"], tags=["ops"])
 
     async def metrics(self) -> Response:
         body = self.telemetry.exposition()

@@ -101,6 +101,15 @@ class LogWriter:
             return f"{self.buffered} log records waiting for the store"
         return None
 
+    async def store_answers(self, within: float) -> bool:
+        """Whether the store answers a ping within ``within`` seconds (``/readyz`` asks, beside
+        ``trouble``: a hung store must not hang the health check)."""
+        try:
+            async with asyncio.timeout(within):
+                return await self._store.ping()
+        except TimeoutError:
+            return False
+
     def submit(self, record: RequestRecord) -> None:
         """Encode and queue a record; never blocks, never raises."""
         if self._closed:

@@ -537,6 +537,20 @@ def test_fake_store_satisfies_protocol() -> None:
     assert store is not None
 
 
+class HungStore(FakeStore):
+    """A store whose ping never answers (a database that accepts the connection and stalls)."""
+
+    async def ping(self) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+
+async def test_the_store_answers_or_not_within_the_bound() -> None:
+    assert await LogWriter(FakeStore()).store_answers(within=1.0)
+    async with asyncio.timeout(2.0):  # bounded by ``within``, not by the hung ping
+        assert not await LogWriter(HungStore()).store_answers(within=0.05)
+
+
 async def test_writer_batches_by_size() -> None:
     fake = FakeStore()
     w = LogWriter(fake, batch_size=4, flush_interval=60)
