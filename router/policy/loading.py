@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from router.errors import ConfigError
 from router.policy.config import Policy, PolicyFile
-from router.policy.interpolate import interpolate, named_path
+from router.policy.interpolate import ITEM_NAMES, interpolate, named_path
 
 
 def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Policy:
@@ -46,9 +46,11 @@ def parse_policy(
             raise ConfigError(f"{source}: {dup}")
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {_yaml_problem(exc, source)}") from None
+        raise ConfigError(f"{source}: {_yaml_problem(exc, text)}") from None
+    if raw is None:
+        raise ConfigError(f"{source}: the file is empty (a policy needs at least version, models and routes)")
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping")
+        raise ConfigError(f"{source}: the top level must be a mapping (version: 1, models: ..., routes: ...)")
     raw = interpolate(raw, env, source=source)
     try:
         spec = PolicyFile.model_validate(raw)
@@ -57,14 +59,91 @@ def parse_policy(
     return Policy(spec, source, base, confined=confined)
 
 
-def _yaml_problem(exc: yaml.YAMLError, source: str) -> str:
-    """PyYAML's complaint on one line (its own spans four, with a caret under a quoted line),
-    naming the file where it says "<unicode string>"."""
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    """PyYAML's complaint on one line (its own spans four, with a caret under a quoted line), led
+    by where it is: the line, and the field before it in the terms of the other errors
+    (``models[1] (id 'mid').prices``), since a line number alone is hard to match to an edit."""
     mark = getattr(exc, "problem_mark", None)
-    if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
-        said = "; ".join(str(p) for p in (exc.context, exc.problem) if p)
-        return f'{said} (in "{source}", line {mark.line + 1}, column {mark.column + 1})'
-    return " ".join(str(exc).split()).replace('"<unicode string>"', f'"{source}"')
+    if not isinstance(exc, yaml.MarkedYAMLError) or mark is None:
+        return f"not valid YAML: {' '.join(str(exc).split())}"
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    after = _field_before(text, mark.line)
+    if after:
+        where += f" (after {after})"
+    said = str(exc.problem or "")
+    if exc.context:
+        context_mark = exc.context_mark
+        at = f" at line {context_mark.line + 1}" if context_mark is not None else ""
+        said += f" ({exc.context}{at})"
+    hint = next((h for cue, h in _YAML_HINTS if cue in said), "")
+    return f"{where}: not valid YAML: {said}{hint}"
+
+
+#: What the usual slips of a hand edit look like in PyYAML's words, and what to look at.
+_YAML_HINTS = (
+    ("'\\t'", "; YAML indents with spaces, never tabs"),
+    ("expected <block end>", "; is this line indented like the lines of its block?"),
+    (
+        "mapping values are not allowed here",
+        "; a value holding ': ' needs quotes, or the line is indented too far",
+    ),
+)
+
+
+def _field_before(text: str, line: int) -> str:
+    """The path of the last field that ends before ``line`` (0-based), or ''. Read from the nodes
+    of the lines above it, which may load where the whole file did not; never constructed, so an
+    alias bomb above a typo costs nothing."""
+    head = "".join(text.splitlines(keepends=True)[:line])
+    try:
+        root = yaml.compose(head, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return ""
+    parts: list[str | int] = []
+    node, seen = root, set()
+    # Not into a flow collection (``prices: {input: 1}``): to the reader its line is one field.
+    while isinstance(node, yaml.CollectionNode) and node.value and not node.flow_style:
+        if id(node) in seen:  # an alias inside its own anchor
+            break
+        seen.add(id(node))
+        last = node.value[-1]
+        if isinstance(node, yaml.SequenceNode):
+            parts.append(len(node.value) - 1)
+            node = last
+        elif isinstance(last[0], yaml.ScalarNode):
+            parts.append(last[0].value)
+            node = last[1]
+        else:
+            break
+    return _named_path_of_nodes(parts, root)
+
+
+def _named_path_of_nodes(parts: list[str | int], root: yaml.Node | None) -> str:
+    """``named_path`` where only the nodes exist: the one name it reads (an item's id, match or
+    name) is handed to it in a stand-in of the document's shape."""
+    name = None
+    if (
+        len(parts) >= 2
+        and isinstance(parts[1], int)
+        and parts[0] in ITEM_NAMES
+        and isinstance(root, yaml.MappingNode)
+    ):
+        items = next(
+            (v for k, v in root.value if isinstance(k, yaml.ScalarNode) and k.value == parts[0]), None
+        )
+        item = (
+            items.value[parts[1]]
+            if isinstance(items, yaml.SequenceNode) and parts[1] < len(items.value)
+            else None
+        )
+        if isinstance(item, yaml.MappingNode):
+            key = ITEM_NAMES[str(parts[0])]
+            name = next((v.value for k, v in item.value if isinstance(k, yaml.ScalarNode) and k.value == key
+                         and isinstance(v, yaml.ScalarNode)), None)  # fmt: skip
+    stand_in = (
+        {parts[0]: [{ITEM_NAMES[str(parts[0])]: name}] * (int(parts[1]) + 1)} if name is not None else {}
+    )
+    return named_path(parts, stand_in)
 
 
 #: A policy is a few hundred values; aliases nested in aliases can make a short file expand to
@@ -73,12 +152,13 @@ MAX_YAML_NODES = 100_000
 
 
 def _duplicate_key(root: yaml.Node) -> str | None:
-    """The first mapping key given twice, said with both lines: YAML keeps the later value
-    without a word, so an edit that adds a key a model already has would be silently half-applied."""
+    """The first mapping key given twice, said with its path and both lines: YAML keeps the later
+    value without a word, so an edit that adds a key a model already has would be silently
+    half-applied."""
     seen_nodes: set[int] = set()
-    stack = [root]
+    stack: list[tuple[yaml.Node, list[str | int]]] = [(root, [])]
     while stack:
-        node = stack.pop()
+        node, parts = stack.pop()
         if id(node) in seen_nodes:
             continue
         seen_nodes.add(id(node))
@@ -88,11 +168,15 @@ def _duplicate_key(root: yaml.Node) -> str | None:
                 if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
                     line = key.start_mark.line + 1
                     if key.value in lines:
-                        return f"line {line}: duplicate key {key.value!r} (line {lines[key.value]} has it already)"
+                        where = _named_path_of_nodes(parts, root)
+                        said = f"line {line}: duplicate key {key.value!r} (line {lines[key.value]} has it already)"
+                        return f"{where}: {said}" if where else said
                     lines[key.value] = line
-                stack.extend((key, value))
+                    stack.append((value, [*parts, key.value]))
+                else:
+                    stack.extend(((key, parts), (value, parts)))
         elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
+            stack.extend((item, [*parts, i]) for i, item in enumerate(node.value))
     return None
 
 

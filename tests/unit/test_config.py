@@ -69,8 +69,8 @@ def test_interpolation_default_and_override() -> None:
          "p.yaml: rules[0] (name 'r').when"),
         (lambda t: t.replace("candidates: [a]", "candidates: [a]\n    passthrough: a"),
          "p.yaml: routes[0] (match 'auto'): Value error, give exactly one"),
-        (lambda t: "!!python/object/apply:os.system ['true']\n" + t, "p.yaml: not valid YAML"),
-        (lambda t: t.replace("routes:", "routes: [\n"), 'in "p.yaml", line'),  # never "<unicode string>"
+        (lambda t: "!!python/object/apply:os.system ['true']\n" + t, "p.yaml: line 3, column 1: not valid YAML"),
+        (lambda t: t.replace("routes:", "routes: [\n"), "p.yaml: line "),  # never "<unicode string>"
         (lambda t: t.replace("context_window: 1000", "context_windw: 1000"),
          "p.yaml: models[0] (id 'a').context_windw: unknown field (did you mean 'context_window'?)"),
         (lambda t: t.replace("candidates: [a]", "candidates: [a]\n    fallback: [a]"),
@@ -89,7 +89,7 @@ def test_interpolation_default_and_override() -> None:
          "p.yaml: routes[0] (match 'auto').passthrough: unknown model id 'b' (known: a)"),
         # YAML lets a later key silently replace an earlier one; a policy file does not.
         (lambda t: t.replace("context_window: 1000", "context_window: 1000\n    context_window: 10"),
-         "p.yaml: line 10: duplicate key 'context_window' (line 9 has it already)"),
+         "p.yaml: models[0] (id 'a'): line 10: duplicate key 'context_window' (line 9 has it already)"),
     ],
 )  # fmt: skip
 def test_errors_name_file_and_field(mutate, expected: str) -> None:  # type: ignore[no-untyped-def]
@@ -104,8 +104,37 @@ def test_invalid_yaml_is_one_line_naming_file_line_and_column() -> None:
         parse(BASE.replace("routes:", "routes: [\n"))
     message = str(exc.value)
     assert "\n" not in message, message
-    assert message.startswith("p.yaml: not valid YAML: while parsing a flow node; expected the node content")
-    assert re.search(r'\(in "p\.yaml", line \d+, column \d+\)$', message), message
+    assert re.match(r"p\.yaml: line \d+, column \d+: not valid YAML: expected the node content, but found '-' "
+                    r"\(while parsing a flow node at line \d+\)$", message), message  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        # A line indented one step too far: the field before it, and what to look at. It was
+        # "p.yaml: not valid YAML: while parsing a block mapping; expected <block end>, but found
+        # '<block mapping start>' (in "p.yaml", line 10, column 5)": which model, the reader had
+        # to count.
+        (lambda t: t.replace("    context_window: 1000", "      context_window: 1000"),
+         "p.yaml: line 9, column 7 (after models[0] (id 'a').prices): not valid YAML: expected <block end>, "
+         "but found '<block mapping start>' (while parsing a block mapping at line 4); is this line "
+         "indented like the lines of its block?"),
+        (lambda t: t.replace("    context_window: 1000", "\tcontext_window: 1000"),
+         "p.yaml: line 9, column 1 (after models[0] (id 'a').prices): not valid YAML: found character '\\t' "
+         "that cannot start any token (while scanning for the next token); YAML indents with spaces, never tabs"),
+        (lambda t: t.replace("  - match: auto", "   - match: auto"),
+         "p.yaml: line 12, column 5 (after routes[0] (match 'auto').match): not valid YAML"),
+        # Nothing above the slip loads: the line alone.
+        (lambda t: "version: [1\n" + t, "p.yaml: line 3, column 8: not valid YAML: expected ',' or ']'"),
+        # An empty file was "the top level must be a mapping".
+        (lambda t: "", "p.yaml: the file is empty"),
+        (lambda t: "# nothing yet\n", "p.yaml: the file is empty"),
+    ],
+)  # fmt: skip
+def test_a_yaml_slip_names_its_line_and_the_field_before_it(mutate, expected: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as exc:
+        parse(mutate(BASE))
+    assert str(exc.value).startswith(expected), str(exc.value)
 
 
 def test_duplicate_model_ids() -> None:
