@@ -143,6 +143,10 @@ def cmd_preview(args: argparse.Namespace) -> int:
 def cmd_tasks(args: argparse.Namespace) -> int:
     from router.telemetry.ledger import run_tasks
 
+    if args.task_id is not None:  # `router tasks ID`, as `router outcome ID` takes it
+        if args.task is not None and args.task != args.task_id:
+            raise ConfigError(f"two task ids: {args.task_id!r} and --task {args.task!r}; give one")
+        args.task = args.task_id
     return run_tasks(args)
 
 
@@ -289,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "most recent first. --recent prints one plain line per task with its full id, for "
                     "`router outcome`.")  # fmt: skip
     window(tasks)
+    tasks.add_argument("task_id", nargs="?", help="only this task id (the same as --task)")
     tasks.add_argument("--task", help="only this task id")
     tasks.add_argument("--recent", type=_positive_int, nargs="?", const=20, metavar="N",
                        help="the N most recent tasks (default 20), one plain line each, full ids")  # fmt: skip
@@ -410,8 +415,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # argparse keeps its subcommands nowhere public
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse says this with the top-level usage ("usage: router [-h] [--version] COMMAND"),
+        # which shows none of the flags the command does take.
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     configure(getattr(args, "log_level", "info"), getattr(args, "log_format", "text"))
     try:
         return int(args.func(args))

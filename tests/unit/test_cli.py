@@ -118,6 +118,30 @@ def test_outcome_and_recent_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "--score: expected a number in [0, 1]" in capsys.readouterr().err
 
 
+def test_tasks_takes_the_task_id_as_outcome_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `router tasks ID` was "router: error: unrecognized arguments: ID" under the top-level usage.
+    store = _log(tmp_path / "log.db", {LONG_TASK: ["cheap"], "short": ["strong"]})
+    assert main(["tasks", "short", "--json", "--store", store]) == 0
+    assert [t["task_id"] for t in orjson.loads(capsys.readouterr().out)["tasks"]] == ["short"]
+    assert main(["tasks", "short", "--task", LONG_TASK, "--store", store]) == 2
+    assert "two task ids" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [(["tasks", "a", "b"], "usage: router tasks "), (["serve", "--bogus"], "usage: router serve ")],
+)
+def test_an_unknown_argument_shows_the_commands_usage(
+    argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It showed "usage: router [-h] [--version] COMMAND ...": none of the command's own flags.
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and "error: unrecognized arguments: " in err, err
+
+
 @pytest.mark.parametrize("attempt", ["0", "-3", "2"])
 def test_outcome_refuses_an_attempt_the_task_never_had(
     attempt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
