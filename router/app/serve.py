@@ -8,6 +8,7 @@ signal skips the grace period.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import signal
@@ -22,6 +23,7 @@ from router.app.factory import Services, create_app
 from router.app.limits import GuardedHttpTools
 from router.app.settings import Settings
 from router.errors import ConfigError
+from router.store import open_store
 
 log = logging.getLogger("router.app.serve")
 
@@ -82,9 +84,24 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def check_store(url: str) -> None:
+    """Say now, in one line, that the log store cannot be opened (a database that does not
+    answer or refuses, a path that cannot hold one): from the app's start-up, uvicorn prints it as
+    a 20-line traceback and "Application startup failed". Opened and closed again here: the app
+    opens its own on uvicorn's event loop."""
+
+    async def probe() -> None:
+        store = open_store(url)
+        await store.open()
+        await store.close()
+
+    asyncio.run(probe())
+
+
 def serve(settings: Settings, log_level: str = "info") -> None:
     app = create_app(settings)  # a policy file's error first: it names what to fix
     check_port_free(settings.host, settings.port)
+    check_store(settings.store)
     # log_config=None: uvicorn's loggers go through the process's handler (router.app.logs).
     config = uvicorn_config(app, settings, log_level=log_level, log_config=None)
     DrainingServer(config, app.state.services, settings.drain_delay).run()

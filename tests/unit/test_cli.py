@@ -272,6 +272,8 @@ def test_a_missing_store_is_one_line_and_no_new_file(
         ["outcome", "t1", "--success"],
         ["migrate"],
         ["keys", "list"],
+        # A 20-line traceback from uvicorn's start-up, then "Application startup failed. Exiting."
+        ["serve", "--config", "policies/examples/local.yaml", "--port", "0"],
     ],
 )
 def test_an_unreachable_store_is_one_line(
