@@ -125,12 +125,25 @@ class BudgetExceeded(PermissionDenied):
     def __init__(
         self, scope: str, limit_usd: float, spent_usd: float, reserved_usd: float, amount_usd: float
     ) -> None:
-        super().__init__(f"budget exceeded for {scope}: limit ${limit_usd:.4f}", code="budget_exceeded")
+        # Spend and the request's own estimate: the first request of a task whose estimate alone is
+        # over the limit read "budget exceeded" with nothing spent, and no way to tell why.
+        super().__init__(
+            f"budget for {scope} has no room for this request: limit {_usd(limit_usd)}, spent "
+            f"{_usd(spent_usd)}, held by requests in flight {_usd(reserved_usd)}, this request's "
+            f"estimated cost {_usd(amount_usd)}",
+            code="budget_exceeded",
+        )
         self.scope = scope
         self.limit_usd = limit_usd
         self.spent_usd = spent_usd
         self.reserved_usd = reserved_usd
         self.amount_usd = amount_usd
+
+
+def _usd(value: float) -> str:
+    """$1.25, $0.0042, $0.000012, $0: the digits a small amount needs (``.4f`` made it $0.0000)."""
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return f"${text}" if text != "0" or value == 0 else "<$0.000001"
 
 
 class StateUnavailable(ServiceUnavailable):

@@ -118,6 +118,11 @@ async def check_budgets(state: SharedState, env: Env) -> None:
     refused = info.value
     assert (refused.scope, refused.limit_usd, refused.amount_usd) == ("task", 0.5, 0.3)
     assert (refused.spent_usd, refused.reserved_usd) == (pytest.approx(0.25), 0.0)
+    # It said "budget exceeded for task: limit $0.5000", also to a first request with nothing spent.
+    assert str(refused) == (
+        "budget for task has no room for this request: limit $0.5, spent $0.25, "
+        "held by requests in flight $0, this request's estimated cost $0.3"
+    )
 
     await b.reserve(["task"], 0.25, limits)  # exactly up to the limit
     with pytest.raises(BudgetExceeded):
