@@ -144,9 +144,14 @@ class Decider:
         policy's choice, and must not draw from the exploration's seeded sequence either."""
         route = self.policy.route_for(features.requested_model)
         if route is None:
-            raise UnknownModel(
-                f"model {features.requested_model!r} is not served here; see GET /v1/models for the names"
-            )
+            name = features.requested_model
+            if name in self.catalog.backends:
+                # GET /v1/models lists the backends too: "see GET /v1/models" sent the reader in a circle.
+                raise UnknownModel(
+                    f"model {name!r} is a backend of this policy, but no route serves that name: ask for "
+                    f"a route's name, or add `- {{match: {name}, passthrough: {name}}}` to the policy's routes"
+                )
+            raise UnknownModel(f"model {name!r} is not served here; see GET /v1/models for the names")
         names = [route.passthrough] if route.passthrough else list(route.candidates)
         applied: list[str] = []
         excluded: dict[str, str] = {}

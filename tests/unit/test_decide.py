@@ -69,8 +69,19 @@ def test_nothing_fits_is_context_too_large(decider: Decider) -> None:
 
 
 def test_unknown_model(decider: Decider) -> None:
-    with pytest.raises(UnknownModel):
+    with pytest.raises(UnknownModel, match="see GET /v1/models"):
         decider.decide(feats(model="gpt-99"))
+
+
+def test_a_backend_no_route_serves_says_so(decider: Decider) -> None:
+    # GET /v1/models lists it, and the 404 said "not served here; see GET /v1/models for the names".
+    assert decider.policy.route_for("cheap") is None and "cheap" in decider.catalog.backends
+    with pytest.raises(UnknownModel) as exc:
+        decider.decide(feats(model="cheap"))
+    assert str(exc.value) == (
+        "model 'cheap' is a backend of this policy, but no route serves that name: ask for a route's "
+        "name, or add `- {match: cheap, passthrough: cheap}` to the policy's routes"
+    )
 
 
 def test_capabilities_exclude(decider: Decider) -> None:
