@@ -245,6 +245,7 @@ class Upstream:
             timeout=self.timeouts.overall,
             connect=self.timeouts.connect,
             idle=self.timeouts.idle,
+            backend=backend.id,
         )
 
 

@@ -457,6 +457,17 @@ async def test_committed_stream_holds_the_events_up_to_the_first_token(fake: Fak
     assert committed.observer.done and committed.observer.usage.output_tokens == 3
 
 
+async def test_a_translated_backends_failure_names_the_backend(fake: FakeUpstream, tmp_path: Path) -> None:
+    # Through litellm it was "anthropic backend answered 500": with several backends of a wire
+    # format, which one failed was left to guess (the relay path says "backend 'c' answered 500").
+    from tests.unit.inprocess import serving
+
+    async with serving(tmp_path, [model("c", fake.url, "status=500", protocol="anthropic")]) as r:
+        failed = await r.post(OPENAI_CHAT)
+    assert failed.status_code == 502
+    assert failed.json()["error"]["message"].startswith("backend 'c' (anthropic) answered 500: "), failed.text
+
+
 async def test_a_request_litellm_cannot_convert_opens_no_breaker(fake: FakeUpstream, tmp_path: Path) -> None:
     # litellm raises its APIConnectionError around its own conversion error: read as the backend
     # breaking off, each such request was retried and three opened the breaker for every client.
@@ -467,6 +478,6 @@ async def test_a_request_litellm_cannot_convert_opens_no_breaker(fake: FakeUpstr
         for _ in range(6):
             refused = await r.post(OPENAI_CHAT, messages=bogus)
             assert refused.status_code == 502
-            assert "translation for the anthropic backend failed" in refused.json()["error"]["message"]
+            assert "translation for backend 'c' (anthropic) failed" in refused.json()["error"]["message"]
         assert (await r.post(OPENAI_CHAT)).status_code == 200
         assert [len(row.tries) for row in (await r.records())[:6]] == [1] * 6  # not retried

@@ -18,3 +18,5 @@ class Target:
     #: before a whole reply): the relay path's ``connect`` and ``idle``. None: ``timeout``.
     connect: float | None = None
     idle: float | None = None
+    #: The policy's id of the backend, for messages: the relay path's name it ("backend 'mini'").
+    backend: str | None = None

@@ -31,6 +31,9 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
     if isinstance(exc, RouterError):
         return exc
     provider = target.litellm_model.split("/", 1)[0] if "/" in target.litellm_model else "litellm"
+    # Named as the relay path names it, the wire format beside: "openai backend answered 500" left a
+    # policy of three openai backends to guess which one.
+    who = f"backend {target.backend!r} ({provider})" if target.backend else f"the {provider} backend"
     chain = list(_chain(exc))
     if any(_is_connect_timeout(e) for e in chain):
         return UpstreamTimeout("connect", target.connect or target.timeout)
@@ -40,37 +43,33 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
         return UpstreamTimeout("overall", target.timeout)
     if any(isinstance(e, json.JSONDecodeError) for e in chain):
         # The backend's reply or stream event did not parse: litellm calls that a 500; it is not.
-        return UpstreamError(f"{provider} backend sent a reply or stream event that is not JSON")
+        return UpstreamError(f"{who} sent a reply or stream event that is not JSON")
     status = _status(chain)
     transport = next((e for e in chain if _is_transport(e)), None)
     if transport is not None and status in (None, 500) and _failed_before_sending(chain):
         # Named by litellm's own error under its wrapper, which says nothing of a connection.
         root = next(e for e in reversed(chain) if type(e).__module__ == "builtins" and not _is_transport(e))
-        return _translation_failed(provider, root)
+        return _translation_failed(who, root)
     if transport is not None and (status is None or status == 500):
         # litellm reports a refused connection or a cut stream as a 500; it is neither.
         root = next((e for e in reversed(chain) if _is_transport(e)), transport)
         what = "unreachable" if _is_connect(chain) else "broke off its reply"
-        return UpstreamError(f"{provider} backend {what} ({type(root).__name__})")
+        return UpstreamError(f"{who} {what} ({type(root).__name__})")
     if status is not None:
         text = _redact(_provider_text(chain), target.api_key)
-        message = (
-            f"{provider} backend answered {status}: {text}"
-            if text
-            else f"{provider} backend answered {status}"
-        )
+        message = f"{who} answered {status}: {text}" if text else f"{who} answered {status}"
         err = from_upstream_status(status, message, _retry_after_of(chain))
         if any(type(e).__name__ == "ContextWindowExceededError" for e in chain):
             # Lets the executor fall over to a larger window instead of failing the request.
             err.code = "context_length_exceeded"
         return err
-    return _translation_failed(provider, exc)
+    return _translation_failed(who, exc)
 
 
-def _translation_failed(provider: str, exc: BaseException) -> RouterError:
+def _translation_failed(who: str, exc: BaseException) -> RouterError:
     # The translation failed here or inside litellm: this backend cannot take the request as it
     # is, another backend may; trying this one again would fail the same way.
-    err = UpstreamError(f"translation for the {provider} backend failed ({type(exc).__name__})")
+    err = UpstreamError(f"translation for {who} failed ({type(exc).__name__})")
     err.retryable = False
     err.next_candidate = True
     return err
