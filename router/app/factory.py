@@ -38,7 +38,7 @@ from router.policy.pipeline import Pipeline
 from router.policy.revisions import Archive
 from router.rollout.guard import Guard
 from router.shared import MemoryState, SharedState, StateConfig, open_state
-from router.store import Store, open_store
+from router.store import Store, mask_url, open_store
 from router.store.writer import LogWriter
 from router.telemetry import Telemetry, build_telemetry
 from router.telemetry.health import HealthCollector
@@ -148,8 +148,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         if not await s.state.ping():
             log.warning("shared state unreachable at startup: running degraded (see /readyz)")
         rt = runtime.current
+        # The store's URL, not its kind alone: where the log is, for `router tasks --store` and the
+        # rest (the password masked).
         log.info("router ready: policy %s (%d models), store %s", rt.policy.source, len(rt.catalog.backends),
-                 s.settings.store.split("://", 1)[0])  # fmt: skip
+                 mask_url(s.settings.store))  # fmt: skip
         try:
             yield
         finally:

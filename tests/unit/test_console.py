@@ -85,3 +85,15 @@ def test_an_explored_choice_says_so_first_and_keeps_the_policys_own() -> None:
     )
     line = console.request_line(_rec(chosen_model="local-claude", decision_reason=reason))
     assert "local-claude (explored (epsilon 0.2); the policy chose local-nano: " in line
+
+
+async def test_the_ready_line_says_where_the_log_is(tmp_path, caplog, fake) -> None:  # type: ignore[no-untyped-def]
+    # It said "store sqlite": which file, the reader of `router tasks --store` had to guess.
+    from tests.unit.inprocess import serving
+    from tests.unit.requestpath import model
+
+    with caplog.at_level(logging.INFO, logger="router.app.factory"):
+        async with serving(tmp_path, [model("a", fake.url)]):
+            pass
+    ready = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("router ready"))
+    assert ready.endswith(f"store sqlite:///{tmp_path / 'log.db'}"), ready
