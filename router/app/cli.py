@@ -347,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "with K keys if larger; the keys over it are scaled down and listed (default 0.1)")  # fmt: skip
     tr.add_argument("--trajectories", metavar="PATH",
                     help="agent runs with known outcomes (a *.jsonl[.gz] file or a directory of them, the format "
-                         "router eval reads) to learn each model's stop-loss from; without it the stop-loss stays off")  # fmt: skip
+                         "router eval reads) to learn each model's stop-loss from; without it the stop-loss is learned from the "
+                         "log's attempts with explicit outcomes and the P(success) logged at each call")  # fmt: skip
     tr.set_defaults(func=cmd_train)
 
     pv = command("preview", "decide the logged requests again under a new policy: moves, cost, success, risks",

@@ -95,7 +95,7 @@ def record(f: Flight, phases: Phases) -> RequestRecord:
         rec.n_messages, rec.n_tools = len(req.messages), len(req.tools)
     if (decided := f.decided) is not None:
         task, feats, decision = decided.task, decided.features, decided.decision
-        rec.attempt, rec.side_call = task.attempt, task.side_call
+        rec.attempt, rec.side_call, rec.p_success = task.attempt, task.side_call, task.p_success
         if task.new_vector and task.vector is not None:
             rec.task_features, rec.repo = to_json(task.vector), capped(task.repo)
         rec.prompt_tokens_est = feats.prompt_tokens

@@ -155,6 +155,11 @@ class RequestRecord:
     #: The task's repository (``x-router-repo``, else a github.com URL in the opening message), on
     #: the task's first main-loop request, as ``task_features``.
     repo: str | None = field(default=None, metadata={"since": 7})
+    #: The label model's P(success | the conversation so far) that the stop-loss read at this call
+    #: (the attempt's latest label, read off the request path after an earlier call of it); None
+    #: without one (a side call, an attempt's first calls, a conversation without tools). ``router
+    #: train`` learns each model's stop-loss from these readings and the attempts' outcomes.
+    p_success: float | None = field(default=None, metadata={"since": 9})
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

@@ -79,6 +79,7 @@ def full_record(request_id: str = "req-full") -> RequestRecord:
         n_messages=12,
         n_tools=3,
         prompt="hello\nworld",
+        p_success=0.625,
     )
 
 
@@ -171,6 +172,7 @@ def test_columns_follow_the_records() -> None:
             "arm",
             "rule_headers",
             "repo",
+            "p_success",
         ]
     )
 
@@ -214,6 +216,23 @@ async def test_version_4_drops_the_unused_backend_index(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert "requests_chosen_model_ts_idx" not in indexes and "requests_ts_idx" in indexes
+
+
+async def test_version_9_adds_the_stop_loss_reading_to_a_version_8_log(tmp_path: Path) -> None:
+    path = tmp_path / "v8.db"
+    with contextlib.closing(database_at(path, 8)) as conn, conn:
+        conn.execute("INSERT INTO requests (request_id, ts) VALUES ('old', 1.0)")
+        assert "p_success" not in {r[1] for r in conn.execute("PRAGMA table_info(requests)")}
+    s = SQLiteStore(str(path))
+    await s.open()
+    try:
+        old = await stored(s, "old")
+        assert old is not None and old.p_success is None  # logged before the reading was
+        await s.write_requests([full_record()])
+        new = await stored(s, "req-full")
+        assert new is not None and new.p_success == 0.625
+    finally:
+        await s.close()
 
 
 async def test_migrations_are_idempotent(tmp_path: Path) -> None:

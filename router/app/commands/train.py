@@ -118,13 +118,14 @@ def train(
     fitted = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
                  scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
-    # Per model: a cap on an attempt's calls, and a stop-loss where recorded runs show it pays.
-    stops = _stop_losses(trajectories, list(counts))
-    said = {} if stops is None else {"stop_loss": {m: c.to_json() for m, c in stops.items()}}
+    # Per model: a cap on an attempt's calls, and a stop-loss where the log's attempts (or recorded
+    # runs) show it pays.
+    stops, source = _stop_losses(trajectories, list(counts), requests, rows)
+    said = {"stop_loss": {m: c.to_json() for m, c in stops.items()}, "stop_loss_from": source}
     fitted = dataclasses.replace(
         fitted,
         output_tokens=fit_output_tokens(requests),
-        controls=stoploss.merge(control.caps_from_log(rows), stops or {}),
+        controls=stoploss.merge(control.caps_from_log(rows), stops),
         # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
         estimates=as_estimates(fit_estimates(requests)),
         report={**fitted.report, "dominant_keys": dominant_keys, **said},
@@ -150,7 +151,7 @@ def train(
     console.print(
         control.caps_line({m: c for m, c in artifact.controls.items() if c.max_calls}), highlight=False
     )
-    console.print(stoploss.line(stops), highlight=False)
+    console.print(stoploss.line(stops, source), highlight=False)
     # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
     labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
     for line in fromlog.lines(labels):
@@ -158,14 +159,17 @@ def train(
     return Trained(path, sha, artifact, labels)
 
 
-def _stop_losses(path: str | None, models: list[str]) -> dict[str, stoploss.Choice] | None:
-    """Each model's stop-loss from the runs in ``path`` of the log's models (None: no runs given)."""
+def _stop_losses(
+    path: str | None, models: list[str], requests: list[RequestRecord], rows: list[dataset.AttemptRow]
+) -> tuple[dict[str, stoploss.Choice], str]:
+    """Each model's stop-loss, and where it was learned: from the runs in ``path`` of the log's
+    models, else from the log's attempts with explicit outcomes and the reading logged at each call."""
     if path is None:
-        return None
+        return stoploss.learn(stoploss.runs_from_log(requests, rows)), "the log"
     from router.learning.evals import turns
 
     known = {k: r for k, r in turns.load([path]).items() if k[1] in models}
-    return stoploss.learn(stoploss.runs_from(known))
+    return stoploss.learn(stoploss.runs_from(known)), f"--trajectories {path}"
 
 
 def prior_line(scorer: LearnedScorer) -> str:

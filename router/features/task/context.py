@@ -65,6 +65,9 @@ class TaskView:
     recent: signals.Recent | None = None
     #: (why, rule) when the router has stopped the attempt (``stop``): the request is refused.
     stopped: tuple[str, str] | None = None
+    #: What the stop-loss reads at this call (``reading``), whether a stop-loss is on or not: logged
+    #: with the call, for ``router train`` to learn the stop-loss from.
+    p_success: float | None = None
 
 
 class TaskContext:
@@ -166,6 +169,8 @@ class TaskContext:
             new_vector=new_vector, repo=repo if new_vector else None, failed_models=tuple(state.failed_models), pinned=state.pinned,
             switch_reason=switch, signed_history=signed_history(req), budget_left=budget_left,
             warm_model=warm_model, warm_tokens=warm_tokens, recent=recent,
+            # Read after the last await: ``stop`` reads the same label (labels are kept on the loop).
+            p_success=None if side else reading(state),
         )  # fmt: skip
 
     def served(

@@ -118,9 +118,8 @@ def caps_from_log(
     rows: Sequence[_Row], min_resolved: int = MIN_RESOLVED_FOR_CAP
 ) -> dict[str, AttemptControl]:
     """The artifact's attempt controls from a log: per model with enough resolved
-    attempts, a cap of ``CAP_FACTOR`` × their median calls. The stop-loss needs each call's
-    reading of the conversation, which the log does not keep: ``router train --trajectories``
-    learns it from recorded runs (``router.learning.training.stoploss``)."""
+    attempts, a cap of ``CAP_FACTOR`` × their median calls. The stop-loss, learned from each call's
+    reading of the conversation, is ``router.learning.training.stoploss``'s."""
     calls: dict[str, list[int]] = {}
     for r in rows:
         if r.success and r.model not in r.failed_before:

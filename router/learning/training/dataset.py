@@ -25,6 +25,8 @@ from router.store import OutcomeRecord, RequestRecord
 #: The weight of an inferred label that carries no calibrated probability (older hand-weighted
 #: signals, an abandoned attempt): they agreed with real verdicts little better than chance.
 INFERRED_WEIGHT = 0.5
+#: The label source of an attempt whose outcome the client reported.
+EXPLICIT = "explicit"
 
 
 @dataclass(slots=True)
@@ -62,7 +64,7 @@ def _label(outcomes: list[OutcomeRecord]) -> tuple[bool, str, float] | None:
     explicit = [o for o in outcomes if o.explicit]
     if explicit:
         o = max(explicit, key=lambda o: o.ts)
-        return o.success, "explicit", 1.0
+        return o.success, EXPLICIT, 1.0
     if not outcomes:
         return None
     model = [o for o in outcomes if o.source == MODEL_SOURCE]

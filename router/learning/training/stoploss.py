@@ -1,12 +1,18 @@
 """The stop-loss ``router train`` learns: per model, the threshold on the label model's P(success |
 the conversation so far) below which the proxy ends an attempt, or none.
 
-It is learned from agent runs whose outcome is known and whose every call is recorded
-(``router train --trajectories``: the format ``router eval`` and ``router eval-labels`` read).
-The log cannot serve: it keeps each attempt's latest label reading, not the one before each call
-the stop-loss acted on. Each run is read, call by call, by a label model fitted without its task
-(out of fold, on the other runs given): the shipped label model has seen the shipped runs, and
-would read them too well.
+It is learned from attempts whose outcome is known and whose every call is recorded with the
+reading the stop-loss read before it. Two sources give them:
+
+- the log (``runs_from_log``, what ``router train`` reads without ``--trajectories``): every
+  main-loop call logs the P(success) the stop rule read at it (``p_success``: the attempt's latest
+  label, from the label model in force), and the attempt's explicit outcome says how it ended. An
+  inferred outcome is left out: it is the label model's own last reading, which its earlier ones
+  would predict by construction;
+- recorded agent runs (``runs_from``, ``router train --trajectories``: the format ``router eval``
+  and ``router eval-labels`` read), each read call by call by a label model fitted without its
+  task (out of fold, on the other runs given): the shipped label model has seen the shipped runs,
+  and would read them too well.
 
 A threshold is judged by the model's cost per completed task under it: a stopped attempt pays the
 calls made and completes nothing. The next model of the plan is tried after a failure whether it
@@ -22,7 +28,8 @@ random stop by ``MIN_GAIN``: otherwise it sells a cut in spending that any stop 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,6 +46,8 @@ from router.learning.training.control import (
     controlled,
     matched_random_stop,
 )
+from router.learning.training.dataset import EXPLICIT, AttemptRow
+from router.store import RequestRecord
 
 #: Runs a model needs for a stop-loss.
 MIN_RUNS = 40
@@ -56,6 +65,36 @@ def runs_from(known: Mapping[tuple[str, str], turns.Turns], seed: int = 0) -> di
         out.setdefault(m, {})[t] = Run(r.resolved, float(sum(r.costs)), r.calls, r.costs,
                                        tuple(float(p) for p in read.before[t, m]))  # fmt: skip
     return out
+
+
+def runs_from_log(
+    requests: Iterable[RequestRecord], attempts: Iterable[AttemptRow]
+) -> dict[str, dict[str, Run]]:
+    """model → task → the run of the task's first attempt on the model (a repeat after a failure is
+    another question), for each attempt with an explicit outcome (``attempts``: ``dataset.build``'s
+    rows): its main-loop calls a backend answered, in order, with their costs and the P(success)
+    logged before each (NaN where none was read: the stop-loss cannot act there). An attempt the
+    router stopped counts as it went: a failure that paid the calls it made."""
+    calls: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
+    for r in requests:
+        if r.task_id and not r.side_call and r.status == 200 and r.chosen_model:
+            calls[r.task_id, r.attempt or 1].append(r)
+    out: dict[str, dict[str, Run]] = {}
+    for a in attempts:
+        made = sorted(calls.get((a.task_id, a.attempt), ()), key=lambda r: r.ts)
+        if a.label_source != EXPLICIT or a.model in a.failed_before or not made:
+            continue
+        costs = tuple(float(r.cost_usd or 0.0) for r in made)
+        readings = tuple(math.nan if r.p_success is None else float(r.p_success) for r in made)
+        out.setdefault(a.model, {}).setdefault(
+            a.task_id, Run(a.success, sum(costs), len(made), costs, readings)
+        )
+    # A model none of whose calls logged a reading (a log from before the column) says nothing.
+    return {m: runs for m, runs in out.items() if any(_read(r) for r in runs.values())}
+
+
+def _read(run: Run) -> bool:
+    return any(not math.isnan(p) for p in run.readings or ())
 
 
 @dataclass(frozen=True)
@@ -157,12 +196,11 @@ def merge(caps: Mapping[str, AttemptControl], choices: Mapping[str, Choice]) -> 
     return out
 
 
-def line(choices: Mapping[str, Choice] | None) -> str:
-    if choices is None:
-        return ("stop-loss: off (learned from agent runs with known outcomes: router train --trajectories "
-                "PATH; the log keeps each attempt's latest label reading, not one per call)")  # fmt: skip
+def line(choices: Mapping[str, Choice], source: str = "the log") -> str:
+    """``source``: where the runs came from (the log, or --trajectories PATH)."""
     if not choices:
-        return "stop-loss: off (no run of --trajectories is of a model of this log with both outcomes)"
+        return (f"stop-loss: off (no attempt in {source} of a model of this log with an explicit outcome "
+                "and the P(success) read at each call)")  # fmt: skip
     parts = []
     for m, c in choices.items():
         if c.threshold is not None and c.held_out is not None:
@@ -171,4 +209,6 @@ def line(choices: Mapping[str, Choice] | None) -> str:
                          f"${n:.4f} without, ${r:.4f} with a random stop)")  # fmt: skip
         else:
             parts.append(f"{m} off ({c.reason})")
-    return "stop-loss per model (label model's P(success) read from call 3 on): " + "; ".join(parts)
+    return f"stop-loss per model from {source} (label model's P(success) read from call 3 on): " + "; ".join(
+        parts
+    )
