@@ -99,6 +99,25 @@ def refused(parse: Any, raw: bytes) -> str:
     return err.value.message
 
 
+@pytest.mark.parametrize(
+    ("parse", "body", "param"),
+    [
+        (openai_chat.parse, {"model": "auto", "messages": "hi"}, "messages"),
+        (openai_chat.parse, {"model": "auto", "temperature": "hot", "messages": [{"role": "user", "content": "x"}]},
+         "temperature"),
+        (openai_chat.parse, {"messages": [{"role": "user", "content": "x"}]}, "model"),
+        (anthropic.parse, {"model": "claude-x", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        (responses.parse, {"model": "auto"}, "input"),
+    ],
+)  # fmt: skip
+def test_a_field_that_fails_validation_is_the_errors_param(parse, body: dict[str, Any], param: str) -> None:  # type: ignore[no-untyped-def]
+    # It was null ("invalid request: temperature: Input should be a valid number", param null),
+    # where the checks by hand (roles, content blocks) name it.
+    with pytest.raises(BadRequest) as exc:
+        parse(orjson.dumps(body))
+    assert exc.value.param == param, str(exc.value)
+
+
 def test_an_unknown_responses_item_is_refused_naming_it() -> None:
     ok = {"role": "user", "content": "hi"}
     assert refused(responses.parse, items(ok, {"type": "bogus"})) == (
