@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import sys
 import time
@@ -224,6 +225,17 @@ def _trained(tmp_path: Path) -> tuple[Path, Path]:
     artifact = tmp_path / "v1.json"
     assert main(["train", "--store", store, "--config", str(config), "--out", str(artifact), "--force"]) == 0
     return config, artifact
+
+
+def test_train_says_the_artifacts_hash_on_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    _, artifact = _trained(tmp_path)
+    out = capsys.readouterr().out
+    sha = hashlib.sha256(artifact.read_bytes()).hexdigest()
+    # It was "wrote PATH (sha256 HASH)", broken inside at 80 columns (test_train_at_80_columns_cuts_nothing).
+    assert f"\n  sha256 {sha}\n" in out, out
 
 
 def test_rollback_undoes_a_promotion_with_no_router_serving(

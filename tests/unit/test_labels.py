@@ -363,7 +363,10 @@ def test_train_measures_the_model_in_force_and_refits_from_explicit_outcomes(tmp
     m = LabelModel.load(tmp_path / "l.json", report["refit"]["sha256"])
     assert m.p_success({"log_steps": 1.0}) > 0.5 > m.p_success({"log_steps": 8.0})
     text = "\n".join(fromlog.lines(report))
-    assert "refitted, 5-fold CV by task: AUC" in text and "tasks.label_model" in text
+    assert "refitted, 5-fold CV by task: AUC" in text
+    # "pin it under tasks.label_model" left the shape of the entry to the docs.
+    assert f"\n    sha256 {report['refit']['sha256']}\n" in text
+    assert "pin it to use it: tasks: {label_model: {artifact: PATH, sha256: SHA256}}" in text
 
 
 def test_escalation_reads_the_attempts_stored_label_once() -> None:

@@ -254,8 +254,10 @@ def _print(console: Console, a: Artifact, path: Path, sha: str) -> None:
                     str(len(e.output_cells or ())), _fmt(e.output_p90, "{:.0f}"),
                     _fmt(e.cache_share, "{:.1%}"))  # fmt: skip
     tables.show(console, est)
+    # The hash on a line of its own: after the path, an 80-column terminal broke it in two.
     console.print(
-        f"wrote {path} (sha256 {sha})\npromote it with: router promote {path} --config <policy.yaml>"
+        f"wrote {path}\n  sha256 {sha}\npromote it with: router promote {path} --config <policy.yaml>",
+        highlight=False,
     )
 
 

@@ -88,5 +88,9 @@ def lines(report: Mapping[str, Any]) -> Sequence[str]:
     else:
         out.append(f"  refitted, 5-fold CV by task: {q(refit['cv'])}")
         if "path" in refit:
-            out.append(f"  wrote {refit['path']} (sha256 {refit['sha256']}); pin it under tasks.label_model")
+            # The hash on a line of its own (an 80-column terminal broke it after the path), and
+            # what to write in the policy, not only under which key.
+            out.append(f"  wrote {refit['path']}")
+            out.append(f"    sha256 {refit['sha256']}")
+            out.append("    pin it to use it: tasks: {label_model: {artifact: PATH, sha256: SHA256}}")
     return out
