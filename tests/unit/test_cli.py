@@ -238,6 +238,18 @@ def test_train_says_the_artifacts_hash_on_one_line(
     assert f"\n  sha256 {sha}\n" in out, out
 
 
+def test_promote_says_only_the_routers_serving_the_file_reload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "running routers reload it within a second", also said of a candidate no router serves.
+    config, artifact = _trained(tmp_path)
+    capsys.readouterr()
+    assert main(["promote", str(artifact), "--config", str(config), "--force"]) == 0
+    assert capsys.readouterr().out.endswith("; routers serving it reload it within a second\n")
+    assert main(["rollback", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.endswith("; routers serving it reload it within a second\n")
+
+
 def test_rollback_undoes_a_promotion_with_no_router_serving(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,8 +16,9 @@ def promote(args: argparse.Namespace) -> int:
     sha = promoting.promote(
         args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"), force=args.force
     )
+    # "running routers reload it" read as if every router would, also for a candidate no router serves.
     print(
-        f"{args.config}: now pins {args.artifact} (sha256 {sha}); running routers reload it within a second"
+        f"{args.config}: now pins {args.artifact} (sha256 {sha}); routers serving it reload it within a second"
     )
     return 0
 
@@ -36,5 +37,5 @@ def rollback(args: argparse.Namespace) -> int:
     redis = args.redis or os.environ.get("ROUTER_REDIS_URL")
     if redis:
         asyncio.run(publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))
-    print(f"{config}: rolled back from revision {old} to {new}; running routers reload it within a second")
+    print(f"{config}: rolled back from revision {old} to {new}; routers serving it reload it within a second")
     return 0
