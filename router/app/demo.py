@@ -147,8 +147,9 @@ def run_demo(
     request_log.setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its own client's "HTTP Request:" lines
     with serving(store, port, upstream_port) as live:
+        # Two lines: one, wrapped at 80 columns, ended in a dangling "·" before "policy local.yaml".
         console.print(
-            f"[bold]router[/] on {live.base}  ·  local upstream on {live.upstream}  ·  policy {POLICY.name}"
+            f"[bold]router[/] on {live.base}, policy {POLICY.name}\nlocal upstream on {live.upstream}"
         )
         if source is not None and tasks:
             from router.app.demotasks import report, run_tasks

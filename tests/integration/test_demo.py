@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -45,6 +46,10 @@ def test_demo_runs_with_the_master_key_exported(tmp_path: Path) -> None:
     assert sorted(statuses(tmp_path / "demo.db")) == [200] * 6 + [404], done.stdout
     assert "POST /v1/route for the 40k-token prompt: chose" in done.stdout
     assert MASTER not in done.stdout + done.stderr  # the key is used, never printed
+    # "router on URL  ·  local upstream on URL  ·  policy local.yaml", wrapped before "policy".
+    assert re.search(
+        r"^router on http://\S+, policy local\.yaml\nlocal upstream on http://\S+$", done.stdout, re.M
+    ), done.stdout
 
 
 def test_demo_tasks_label_each_task_with_the_shipped_outcome_of_the_model_that_served_it(
