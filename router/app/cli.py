@@ -91,11 +91,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     _fitting()
     from router.app.commands.train import train
+    from router.app.settings import config_given
     from router.store.window import parse_duration
 
     since = time.time() - parse_duration(args.since) if args.since else 0.0
-    train(args.store, args.config, args.out, since=since, min_attempts=args.min_attempts, force=args.force,
-          min_scope_attempts=args.min_scope_attempts, max_key_share=args.max_key_share,
+    train(args.store, config_given(args.config), args.out, since=since, min_attempts=args.min_attempts,
+          force=args.force, min_scope_attempts=args.min_scope_attempts, max_key_share=args.max_key_share,
           trajectories=args.trajectories)  # fmt: skip
     return 0
 
@@ -331,8 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "the policy that produced the log, and write a versioned artifact. Refuses when some model "
                  "has too few labelled attempts (--force trains anyway).")  # fmt: skip
     tr.add_argument("--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP)
-    tr.add_argument("--config", default=os.environ.get("ROUTER_CONFIG", "policies/default.yaml"),
-                    help="the policy the artifact is for: its objective and models (env ROUTER_CONFIG)")  # fmt: skip
+    tr.add_argument("--config", help="the policy the artifact is for: its objective and models (env "
+                    "ROUTER_CONFIG; default policies/default.yaml)")  # fmt: skip
     tr.add_argument("--out", required=True, help="artifact path, e.g. policies/learned/NAME.json")
     tr.add_argument(
         "--since", help="only requests this recent: 90s, 15m, 2h, 7d, 1w (default: the whole log)"

@@ -7,6 +7,7 @@ the catalog, when a call is made).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -16,6 +17,12 @@ from router.app.limits import Limits
 from router.forward.timeouts import Timeouts
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+
+
+def config_given(given: str | None) -> str:
+    """The policy file a command reads: ``--config``, else ``ROUTER_CONFIG``, else the default policy
+    the router serves (``DEFAULT_CONFIG``): every command reads the same file from any directory."""
+    return given or os.environ.get("ROUTER_CONFIG") or str(DEFAULT_CONFIG)
 
 
 class Settings(BaseSettings):

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from router.app.cli import build_parser, main
+from router.app.settings import DEFAULT_CONFIG
 from router.store.records import Estimate, RequestRecord
 from router.store.sqlite import SQLiteStore
 from tests.unit.requestpath import closed_port
@@ -190,6 +191,22 @@ def test_train_refuses_too_few_labels_and_says_how_many(
     )
     assert captured.err.startswith("router train: too few labelled attempts to train on (cheap 4, strong 2;")
     assert "--force" in captured.err and captured.err.count("\n") == 1
+
+
+def test_train_without_config_reads_the_policy_serve_reads_from_any_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # serve and check read the default policy from any directory; train looked for
+    # ./policies/default.yaml and, outside the repository, said it was not there.
+    store = _log(tmp_path / "log.db", {f"t{i}": ["cheap"] for i in range(3)})
+    for i in range(3):
+        assert main(["outcome", f"t{i}", "--success", "--store", store]) == 0
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ROUTER_CONFIG", raising=False)
+    assert main(["train", "--store", store, "--out", str(tmp_path / "p.json")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("router train: too few labelled attempts"), captured.err
+    assert f"models of {DEFAULT_CONFIG}" in " ".join(captured.out.split())
 
 
 def test_train_at_80_columns_cuts_nothing(

@@ -24,12 +24,13 @@ def promote(args: argparse.Namespace) -> int:
 
 
 def rollback(args: argparse.Namespace) -> int:
+    from router.app.settings import config_given
     from router.policy.active import load_active_policy
     from router.policy.revisions import Archive
     from router.rollout import rollback as rolling
     from router.rollout.promote import publish
 
-    config = args.config or os.environ.get("ROUTER_CONFIG", "policies/default.yaml")
+    config = config_given(args.config)
     done = rolling.rollback(Archive(Path(config)), args.to, "router rollback", time.time())
     assert done is not None  # without ``expect`` it rolls back or raises
     old, new = done
