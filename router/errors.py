@@ -90,9 +90,14 @@ class AttemptStopped(BadRequest):
     ``expected_success`` and ``expected_cost_usd`` when a learned one made it), in every protocol's
     error body beside the message that says it in words."""
 
-    def __init__(self, message: str, reason: str, next: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, message: str, reason: str, next: dict[str, Any] | None = None, *, attempt: int | None = None,
+        p_success: float | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(message, code="attempt_stopped", param=reason)
         self.next = next
+        #: For the log's row of the refused call: the attempt it belonged to and what the stop rule read.
+        self.attempt, self.p_success = attempt, p_success
 
     def openai_body(self) -> dict[str, Any]:
         body = super().openai_body()

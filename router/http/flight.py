@@ -12,6 +12,7 @@ from typing import overload
 
 import orjson
 
+from router.errors import AttemptStopped
 from router.features.task.vector import to_json
 from router.forward.accounting import Charge
 from router.forward.execute import Execution
@@ -44,6 +45,8 @@ class Flight:
     status: int | None = None
     error_type: str | None = None
     error_message: str | None = None
+    #: The router refused the call because it had stopped its attempt: the row names the attempt.
+    stopped: AttemptStopped | None = None
     closed: bool = False
 
     @property
@@ -108,6 +111,8 @@ def record(f: Flight, phases: Phases) -> RequestRecord:
         rec.candidates = list(decision.candidates)
         est = decision.estimate(decision.chosen)
         rec.cost_est_usd = est.cost_usd if est else None
+    if (stopped := f.stopped) is not None:  # refused before any decision: its attempt and reading
+        rec.attempt, rec.p_success = stopped.attempt, stopped.p_success
     if (ex := f.execution) is not None:
         rec.tries = [t.record(phases.arrival) for t in ex.tries]
         if ex.backend is not None:  # known before the call: a failed request keeps its backend

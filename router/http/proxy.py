@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from router.errors import PayloadTooLarge, RouterError, UpstreamError
+from router.errors import AttemptStopped, PayloadTooLarge, RouterError, UpstreamError
 from router.features.task.identity import client_key_hash, scoped, task_id_of
 from router.forward.accounting import charge, cost_split
 from router.forward.execute import CommittedStream, Execution, Executor
@@ -254,6 +254,8 @@ class Proxy:
     @staticmethod
     def _error(wire: Wire, err: RouterError, f: Flight) -> _Reply:
         f.ended(err.status, err.kind, err.message[:500])
+        if isinstance(err, AttemptStopped):
+            f.stopped = err
         return error_reply(err, wire.name, _route_headers(f), _Reply)
 
 

@@ -151,7 +151,13 @@ def stopped(view: TaskView, decider: Decider, features: Features) -> AttemptStop
     state = view.state
     if state.stop_next is None:
         state.stop_next = following.after_stop(decider, features)
-    return AttemptStopped(following.told(why, state.stop_next), rule, state.stop_next)
+    return AttemptStopped(
+        following.told(why, state.stop_next),
+        rule,
+        state.stop_next,
+        attempt=view.attempt,
+        p_success=view.p_success,
+    )
 
 
 def _decider(

@@ -95,6 +95,27 @@ async def test_each_call_logs_the_reading_the_stop_rule_reads(fake: FakeUpstream
         assert read == [pytest.approx(0.269 if t % 2 else 0.731, abs=1e-3)] * (CALLS - 2), (t, readings)
 
 
+async def test_the_call_a_stopped_attempt_refuses_is_logged_with_its_attempt_and_reading(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    labels = tmp_path / "labels.json"
+    labels.write_bytes(LABELS.to_json())
+    pinned = {"tasks": {"label_model": {"artifact": str(labels), "sha256": LABELS.sha256}}}
+    async with serving(
+        tmp_path, [model("solo", fake.url, "text=ok", max_calls_per_attempt=2)], policy=pinned
+    ) as r:
+        for k in range(3):
+            body = {"model": "auto", "messages": conversation(1, k, True), "tools": [BASH]}
+            got = await r.client.post(PATHS[OPENAI_CHAT], json=body, headers={"x-router-task-id": "capped"})
+        assert got.status_code == 400 and got.json()["error"]["code"] == "attempt_stopped", got.text
+        rows = sorted(await r.records(), key=lambda r: r.ts)
+    assert [(r.status, r.attempt, r.error_type) for r in rows] == [
+        (200, 1, None), (200, 1, None), (400, 1, "AttemptStopped")
+    ]  # fmt: skip
+    # What the cap's rule saw: the label of the second call's conversation (its test run failed).
+    assert rows[2].p_success == pytest.approx(0.269, abs=1e-3)
+
+
 async def test_router_train_fits_a_threshold_from_a_log_whose_readings_tell_failures_apart(
     fake: FakeUpstream, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
