@@ -200,7 +200,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     ).register(app)  # fmt: skip
     Metrics(s.telemetry).register(app)
     Ops(
-        auth=s.auth, store=s.store, runtime=runtime, history=s.history, max_body_bytes=s.settings.max_body_bytes,
+        auth=s.auth, store=s.store, tracker=s.tracker, runtime=runtime, history=s.history, max_body_bytes=s.settings.max_body_bytes,
         max_window_requests=s.settings.max_window_requests,
     ).register(app)  # fmt: skip
     Dashboard(

@@ -10,6 +10,7 @@ spend, and the policy names files and models, so they take the master key when o
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -17,6 +18,7 @@ from starlette.responses import Response
 
 from router.errors import BadRequest, ConfigError, TaskNotFound
 from router.features.task.identity import scoped
+from router.features.task.tracker import TaskState, TaskTracker
 from router.forward.upstream import Upstream
 from router.http.auth import Auth, Principal
 from router.http.endpoints import keyed
@@ -105,11 +107,12 @@ class Ops:
     """The task ledger and the policy's revisions and preview, for callers with a key."""
 
     def __init__(
-        self, *, auth: Auth, store: Store, runtime: ActivePolicyHolder, history: PolicyHistory, max_body_bytes: int,
-        max_window_requests: int,
+        self, *, auth: Auth, store: Store, tracker: TaskTracker, runtime: ActivePolicyHolder, history: PolicyHistory,
+        max_body_bytes: int, max_window_requests: int,
     ) -> None:  # fmt: skip
         self.auth = auth
         self.store = store
+        self.tracker = tracker
         self.runtime = runtime
         self.history = history
         self.max_body_bytes = max_body_bytes
@@ -138,9 +141,11 @@ class Ops:
                 "of tasks here; `router tasks --recent` lists the recent ones)",
                 code="task_id_required", param="task_id",
             )  # fmt: skip
-        ledger = await load_task(self.store, scoped(principal.key_id, task_id), self.max_window_requests)
+        scoped_id = scoped(principal.key_id, task_id)
+        ledger = await load_task(self.store, scoped_id, self.max_window_requests)
         if ledger is None:
             raise TaskNotFound(task_id)
+        ledger["stopped"] = stopped(self.tracker.peek(scoped_id))
         return json_reply(ledger)
 
     @keyed(master_only=True)
@@ -160,3 +165,11 @@ class Ops:
         except ConfigError as exc:
             raise BadRequest(str(exc), code="invalid_policy") from None
         return json_reply(report)
+
+
+def stopped(state: TaskState | None) -> dict[str, Any] | None:
+    """The task's latest attempt the router stopped, as this replica's tracker remembers it: which,
+    by which rule, and ``next``, what the stop's error told the agent (and the outcome reply says)."""
+    if state is None or not state.stopped or state.stop_said is None:
+        return None
+    return {"attempt": state.stopped, "rule": state.stop_said[1], "next": state.stop_next}

@@ -85,7 +85,10 @@ def test_a_capped_attempt_is_stopped_and_the_next_attempt_escalates(capped: Runn
     conversation += turn(2)
     again = send(capped, conversation)
     assert again.status_code == 400 and again.json()["error"] == error
-    # The failure reported on the stopped attempt is answered with the same `next`.
+    # The task's status says the same, and so does the failure reported on the stopped attempt.
+    status = httpx.get(capped.url + "/v1/tasks/leap-year-fix", timeout=30)
+    assert status.status_code == 200, status.text
+    assert status.json()["stopped"] == {"attempt": 1, "rule": "max_calls_per_attempt", "next": error["next"]}
     reported = report_failure(capped, "leap-year-fix")
     assert reported["attempt"] == 1 and reported["next"] == error["next"]
     # The agent starts the task over: a new attempt, on the next model (nano failed the task).
@@ -190,6 +193,7 @@ def test_a_stopped_attempt_names_the_learned_plans_next_model_and_the_outcome_ag
     assert 0 < nxt["expected_success"] <= 1 and nxt["expected_cost_usd"] > 0
     assert f"its next attempt goes to {nxt['model']} (the plan from there: " in error["message"]
     assert report_failure(router, "learned-leap")["next"] == nxt
+    assert httpx.get(router.url + "/v1/tasks/learned-leap", timeout=30).json()["stopped"]["next"] == nxt
     # The next attempt goes where it was told.
     restarted = send(router, list(START), "learned-leap")
     assert restarted.status_code == 200 and restarted.headers["x-router-model"] == nxt["model"]
