@@ -196,8 +196,9 @@ def evaluate_fold(
         sweep["cascade, chosen on verdicts"] = []
     for target in sorted({*s.targets, *SWEEP}):
         learned = control.learn(
-            planned.runs, planned.ids, n, target, judging, s.noise, seed=s.seed, weights=planned.weights
-        )
+            planned.runs, planned.ids, n, target, judging, s.noise, seed=s.seed, weights=planned.weights,
+            task_of=planned.task_of,
+        )  # fmt: skip
         caps = {m: AttemptControl(max_calls=c.max_calls) for m, c in learned.controls.items()}
         plans = {
             f"cascade{s.reference_attempts}": (cascade(s.reference_attempts, target, {}), {}),
@@ -237,6 +238,10 @@ def evaluate_fold(
             "stop_loss": {m: c.stop_below for m, c in learned.controls.items() if c.stop_below is not None},
             "caps": {m: c.max_calls for m, c in learned.controls.items()},
             "stop_loss_trials": learned.report,
+            # Chosen at target + margin (inner cross-validation on the training tasks).
+            "margin": learned.margin,
+            "longest": learned.longest,
+            "held_out": {f"{k}@{m:.3f}": r for (k, m), r in learned.held_out.items()},
         }
     return Fold(rows, chosen, learned_out, sweep, frozenset(train_known), frozenset(test_known))
 

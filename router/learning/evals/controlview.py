@@ -66,7 +66,13 @@ def table(result: Mapping[str, Any]) -> str:
                 for m, r in got["stop_loss_trials"].items()
                 if "threshold" in r and r.get("random_stop") is not None
             )
-            lines.append(f"- fold {i}, target {float(target):.0%}: caps {caps}; stop-loss {stops}"
+            margin = got.get("margin")
+            chosen_at = (
+                f"; chosen at the target + {100 * margin:.1f} pt among orders of up to {got.get('longest')} (inner folds)"
+                if margin is not None
+                else ""
+            )
+            lines.append(f"- fold {i}, target {float(target):.0%}: caps {caps}; stop-loss {stops}{chosen_at}"
                          + (f" (tried {tried})" if tried else ""))  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -22,12 +22,13 @@ import dataclasses
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from router.features.task.attempt import NONE, AttemptControl, first_stop
+from router.learning.training import margin as margins
 
 CAP_FACTOR = 2.0
 #: Caps tried per model: multiples of the median calls of its resolved runs.
@@ -239,14 +240,16 @@ class Orders:
     def names(self, i: int) -> tuple[str, ...]:
         return tuple(self.models[j] for j in self.seqs[i] if j >= 0)
 
-    def best(self, target: float | None = None) -> int:
+    def best(self, target: float | None = None, longest: int | None = None) -> int:
         """The least cost per completed task (ties: the shorter); with a target, among orders
-        reaching it (else the one resolving most)."""
+        reaching it (else the one resolving most); with ``longest``, among orders of at most that
+        many models."""
         cpc = np.where(self.resolved > 0, self.cost / np.maximum(self.resolved, 1e-12), np.inf)
         length = (self.seqs >= 0).sum(axis=1)
-        ok = np.ones(len(cpc), dtype=bool) if target is None else self.resolved >= target - 1e-12
+        fits = np.ones(len(cpc), dtype=bool) if longest is None else length <= longest
+        ok = fits & (True if target is None else self.resolved >= target - 1e-12)
         if not ok.any():
-            return int(np.lexsort((self.cost, -self.resolved))[0])
+            return int(np.lexsort((self.cost, np.where(fits, -self.resolved, np.inf)))[0])
         key = np.where(ok, cpc, np.inf)
         return int(np.lexsort((length, key))[0])
 
@@ -284,6 +287,29 @@ def orders(tbl: Table, max_len: int, weights: np.ndarray | None = None) -> Order
     return Orders(tbl.models, np.concatenate(seqs), np.concatenate(resolved), np.concatenate(cost))
 
 
+def scored(tbl: Table, seq: Sequence[int], weights: np.ndarray | None = None) -> tuple[float, float]:
+    """(share resolved, cost per row) of one order on ``tbl``'s rows (weighted), as ``orders``
+    scores it."""
+    n = len(tbl.right)
+    if n == 0:
+        return 0.0, 0.0
+    alive = np.ones(n) if weights is None else weights * n / weights.sum()
+    got = spent = 0.0
+    for step, k in enumerate(seq):
+        spent += float(alive @ tbl.cost[:, k]) / n
+        if step == len(seq) - 1:  # the last result stands whatever the verdict
+            return got + float(alive @ tbl.right[:, k]) / n, spent
+        got += float(alive @ (tbl.right[:, k] * tbl.accept[:, k])) / n
+        right, accept, false_accept = tbl.right[:, k], tbl.accept[:, k], tbl.false_accept[:, k]
+        alive = alive * (right * (1.0 - accept) + (1.0 - right) * (1.0 - false_accept))
+    return got, spent
+
+
+def subset(tbl: Table, index: np.ndarray) -> Table:
+    """The table's rows at ``index``."""
+    return Table(tbl.models, tbl.right[index], tbl.cost[index], tbl.accept[index], tbl.false_accept[index])
+
+
 def shortlist(
     runs: Mapping[str, Mapping[str, Run]], tasks: Sequence[str], size: int = SHORTLIST
 ) -> tuple[str, ...]:
@@ -310,6 +336,12 @@ class Learned:
     cost: float
     #: What was tried: per model, the caps and stop-loss thresholds and what each reached.
     report: dict[str, dict[str, object]]
+    #: How far above the target, and among orders of how many models at most, the order was
+    #: chosen (``router.learning.training.margin``), and what each choice tried did on the inner
+    #: folds left out: (longest, margin) → (share resolved, cost per completed task).
+    margin: float = 0.0
+    longest: int | None = None
+    held_out: dict[tuple[int, float], tuple[float, float]] = field(default_factory=dict)
 
 
 def cpc(o: Orders, i: int) -> float:
@@ -321,9 +353,13 @@ def learn(
     judging: Judging | None = None, exact_noise: tuple[float, float] = (0.0, 0.0), *,
     caps: bool = True, stop_loss: bool = True, cap_factors: Sequence[float] = CAP_FACTORS,
     thresholds: Sequence[float] = THRESHOLDS, seed: int = 0, weights: np.ndarray | None = None,
+    task_of: Mapping[str, str] | None = None, inner_folds: int = margins.INNER_FOLDS,
 ) -> Learned:  # fmt: skip
     """Caps, stop-loss thresholds and the order chosen under them, on ``tasks`` (training only;
-    ``weights``: how much each counts, for rows standing for a task's likely difficulties).
+    ``weights``: how much each counts, for rows standing for a task's likely difficulties, and
+    ``task_of`` the task each row stands for). With a target, the order is chosen at the target
+    plus the margin an inner cross-validation on ``tasks`` finds it needs to reach the target on
+    tasks it was not chosen on (``inner_folds`` = 0: at the target itself).
 
     Greedy, on the models of the order chosen so far (a control on a model no order uses changes
     nothing): each keeps a cap or a threshold only where the order chosen under it costs less per
@@ -384,5 +420,20 @@ def learn(
             best, o, i, controls = got[0], got[1], got[2], trial
     # The trials searched the shortlist; the order itself is chosen among every model.
     _, o, i = score(controls, among=everyone)
+    chosen = margins.Margin(0.0, None, {})
+    if target is not None and inner_folds:
+        tbl = _stack(everyone, [col(m, controls[m]) for m in everyone])
+        w = np.ones(len(tasks)) if weights is None else np.asarray(weights, dtype=float)
+
+        def choose(fit: np.ndarray, choices: Sequence[tuple[int, float]]) -> list[list[int]]:
+            inner = orders(subset(tbl, fit), max_len, w[fit])
+            return [[j for j in inner.seqs[inner.best(t, k)].tolist() if j >= 0] for k, t in choices]
+
+        groups = [task_of.get(t, t) if task_of is not None else t for t in tasks]
+        chosen = margins.learn(
+            groups, w, target, max_len, choose, lambda held, seq: scored(subset(tbl, held), seq, w[held]),
+            folds=inner_folds, seed=seed,
+        )  # fmt: skip
+        i = o.best(target + chosen.margin, chosen.longest)
     return Learned({m: c for m, c in controls.items() if c.active}, o.names(i), float(o.resolved[i]),
-                   float(o.cost[i]), report)  # fmt: skip
+                   float(o.cost[i]), report, chosen.margin, chosen.longest, chosen.held_out)  # fmt: skip
