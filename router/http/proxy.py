@@ -227,11 +227,20 @@ class Proxy:
                         await stored()
                     yield b"".join(pending)
                 if not c.observer.done:
-                    raise UpstreamError(f"backend {c.backend.id!r} ended the stream before its final event")
+                    said = c.observer.error
+                    raise UpstreamError(
+                        f"backend {c.backend.id!r} "
+                        + (
+                            "ended the stream before its final event"
+                            if said is None
+                            else f"sent an error: {said}"
+                        )
+                    )
             except RouterError as err:
-                # After the commit point a failure is one protocol error event, then the end.
+                # After the commit point a failure is one protocol error event, then the end: none
+                # of ours when the backend's own has been relayed.
                 f.ended(200, err.kind, err.message)
-                yield b"".join(pending) + wire.error_frame(err)
+                yield b"".join(pending) + (wire.error_frame(err) if c.observer.error is None else b"")
             except BaseException:
                 # One rule, streamed or not: a client that left is a 499 (nginx's "client closed"),
                 # unless it had the whole stream (clients hang up as soon as they see the end).

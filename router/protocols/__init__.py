@@ -14,6 +14,8 @@ from router.protocols.common import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Cl
 class StreamObserver(Protocol):
     usage: Usage
     done: bool
+    #: The message of an error event the backend sent in the stream (the client has it already).
+    error: str | None
 
     def observe(self, event: str | None, data: bytes) -> bool: ...
 

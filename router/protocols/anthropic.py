@@ -16,6 +16,7 @@ from router.protocols.common import (
     Usage,
     allow,
     check_messages,
+    error_message,
     event_json,
     has_image,
     load_body,
@@ -191,6 +192,7 @@ class StreamObserver:
     def __init__(self) -> None:
         self.usage = Usage()
         self.done = False
+        self.error: str | None = None
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event == "content_block_delta":
@@ -198,6 +200,10 @@ class StreamObserver:
             return True
         if event == "message_stop":
             self.done = True
+            return False
+        if event == "error":
+            said = event_json(data)
+            self.error = error_message(said.get("error") if isinstance(said, dict) else said)
             return False
         if event == "message_start":
             try:

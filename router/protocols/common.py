@@ -258,6 +258,13 @@ def check_messages(
             )
 
 
+def error_message(said: Any) -> str:
+    """The message of an error a backend put in its stream (``{"message": ...}`` in every protocol)."""
+    if isinstance(said, dict) and isinstance(said.get("message"), str):
+        return str(said["message"])
+    return orjson.dumps(said).decode()[:500]
+
+
 def event_json(data: bytes) -> Any:
     """A stream event's JSON payload; a payload that is not JSON is the backend's failure.
 

@@ -16,6 +16,7 @@ from router.protocols.common import (
     Usage,
     allow,
     check_messages,
+    error_message,
     event_json,
     has_image,
     load_body,
@@ -133,6 +134,7 @@ class StreamObserver:
         self.usage = Usage()
         #: The stream's terminal event has been seen (a stream that ends without it was cut short).
         self.done = False
+        self.error: str | None = None
 
     def observe(self, event: str | None, data: bytes) -> bool:
         """Return whether this frame carries content (a token of text, tool call or reasoning)."""
@@ -143,6 +145,9 @@ class StreamObserver:
             return False  # a comment or keep-alive
         chunk = event_json(data)
         if not isinstance(chunk, dict):
+            return False
+        if (said := chunk.get("error")) is not None:
+            self.error = error_message(said)
             return False
         u = self.usage
         if u.provider_model is None and chunk.get("model"):

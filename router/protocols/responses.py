@@ -19,6 +19,7 @@ from router.protocols.common import (
     MaxTokens,
     Usage,
     allow,
+    error_message,
     event_json,
     has_image,
     load_body,
@@ -178,11 +179,15 @@ class StreamObserver:
     def __init__(self) -> None:
         self.usage = Usage()
         self.done = False
+        self.error: str | None = None
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event in _CONTENT_EVENTS:
             event_json(data)
             return True
+        if event == "error":
+            self.error = error_message(event_json(data))
+            return False
         if event in ("response.completed", "response.incomplete", "response.failed"):
             self.done = True
         if event in ("response.completed", "response.incomplete", "response.created"):

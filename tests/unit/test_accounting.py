@@ -114,12 +114,33 @@ async def test_stream_without_its_final_event_ends_in_an_error_event(
     assert row.error_type == "UpstreamError"
 
 
-async def test_provider_error_event_after_the_first_token(fake: FakeUpstream, tmp_path: Path) -> None:
-    async with serving(tmp_path, [model("a", fake.url, "error_after=2"), model("b", fake.url)]) as r:
-        answer = await r.post(stream=True)
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
+async def test_provider_error_event_after_the_first_token(
+    fake: FakeUpstream, tmp_path: Path, protocol: str
+) -> None:
+    # The backend's error event was relayed and then followed by one of the router's own ("ended
+    # the stream before its final event"): two errors for one failure.
+    family = {OPENAI_CHAT: "openai", ANTHROPIC: "anthropic", OPENAI_RESPONSES: "openai_responses"}[protocol]
+    backends = [model("a", fake.url, "error_after=2", protocol=family), model("b", fake.url, protocol=family)]
+    async with serving(tmp_path, backends) as r:
+        answer = await r.post(protocol, stream=True)
         (row,) = await r.records()
-    assert "injected stream error" in answer.text  # relayed as the provider sent it
-    assert row.chosen_model == "a"
+    said = {
+        OPENAI_CHAT: "injected stream error",
+        ANTHROPIC: "Overloaded",
+        OPENAI_RESPONSES: "injected stream error",
+    }
+    assert said[protocol] in answer.text  # relayed as the provider sent it
+    errors = [
+        e for e in answer.text.split("\n\n")
+        if e.startswith(('data: {"error"', "event: error", "event: response.failed"))
+    ]  # fmt: skip
+    assert len(errors) == 1, errors
+    assert row.chosen_model == "a" and row.error_type == "UpstreamError"
+    assert (
+        row.error_message
+        == f"backend 'a' sent an error: {said[protocol].replace('injected', 'fake upstream: injected')}"
+    )
 
 
 async def test_fallback_is_accounted_at_the_serving_backends_price(
