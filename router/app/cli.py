@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with `router demo --serve` (all local), then `router serve --config YOUR.yaml`.\n"
         "`router COMMAND --help` shows each command's flags and an example.",
     )  # fmt: skip
+    store = os.environ.get("ROUTER_STORE", "sqlite:///router.db")  # the commands that read the log
     p.add_argument("--version", action="version", version=f"router {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -281,9 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_upstream)
 
     def window(sp: argparse.ArgumentParser, since: str = "24h") -> None:
-        sp.add_argument(
-            "--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP
-        )
+        sp.add_argument("--store", default=store, help=STORE_HELP)
         sp.add_argument(
             "--since", default=since, help=f"how far back: 90s, 15m, 2h, 7d, 1w (default {since})"
         )
@@ -310,9 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     verdict.add_argument("--failure", dest="success", action="store_false", help="it was not")
     out.add_argument("--score", type=float, help="a score in [0, 1] besides the verdict (optional)")
     out.add_argument("--attempt", type=int, help="which attempt (default: the task's latest)")
-    out.add_argument(
-        "--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP
-    )
+    out.add_argument("--store", default=store, help=STORE_HELP)
     out.set_defaults(func=cmd_outcome)
 
     pru = command("prune", "delete old requests and outcomes from the log, keeping budgets right",
@@ -321,9 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                   "from the log read the spend per key and task: it is kept as one summary row per key "
                   "and task (endpoint '(pruned)'), written in the same transaction as the deletion.")  # fmt: skip
     pru.add_argument("--older-than", required=True, metavar="DURATION", help="90s, 15m, 2h, 7d, 1w")
-    pru.add_argument(
-        "--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP
-    )
+    pru.add_argument("--store", default=store, help=STORE_HELP)
     pru.set_defaults(func=cmd_prune)
 
     tr = command("train", "fit the learned policy from the log and evaluate it off-policy",
@@ -331,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "Fit the learned policy from the labelled tasks in the log, evaluate it off-policy against "
                  "the policy that produced the log, and write a versioned artifact. Refuses when some model "
                  "has too few labelled attempts (--force trains anyway).")  # fmt: skip
-    tr.add_argument("--store", default=os.environ.get("ROUTER_STORE", "sqlite:///router.db"), help=STORE_HELP)
+    tr.add_argument("--store", default=store, help=STORE_HELP)
     tr.add_argument("--config", help="the policy the artifact is for: its objective and models (env "
                     "ROUTER_CONFIG; default policies/default.yaml)")  # fmt: skip
     tr.add_argument("--out", required=True, help="artifact path, e.g. policies/learned/NAME.json")
@@ -413,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from router.app.commands.keys import add_parser as add_keys
 
-    add_keys(sub, os.environ.get("ROUTER_STORE", "sqlite:///router.db"))
+    add_keys(sub, store)
     return p
 
 

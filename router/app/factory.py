@@ -200,8 +200,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     ).register(app)  # fmt: skip
     Metrics(s.telemetry).register(app)
     Ops(
-        auth=s.auth, store=s.store, tracker=s.tracker, runtime=runtime, history=s.history, max_body_bytes=s.settings.max_body_bytes,
-        max_window_requests=s.settings.max_window_requests,
+        auth=s.auth, store=s.store, tracker=s.tracker, runtime=runtime, history=s.history,
+        max_body_bytes=s.settings.max_body_bytes, max_window_requests=s.settings.max_window_requests,
     ).register(app)  # fmt: skip
     Dashboard(
         store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config,
