@@ -239,3 +239,8 @@ _ANTHROPIC_4XX = {
     404: "not_found_error",
     413: "request_too_large",
 }
+
+
+def redact_key(text: str, key: str | None) -> str:
+    """``text`` without ``key``: some providers echo the key they refused in their error message."""
+    return text.replace(key, "[redacted]") if key else text

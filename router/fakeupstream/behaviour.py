@@ -16,7 +16,9 @@ connection after K content deltas), ``stall_after``/``stall_ms`` (pause once mid
 shell tool runs it can be made to run a given command, such as its own completion marker),
 ``cached`` (cached prompt tokens to report), ``context_window`` (answer the provider's own
 context-length error, 400, when the prompt has more tokens than this), ``error_after`` (a stream
-sends the provider's error event after K content deltas, then ends without its final event).
+sends the provider's error event after K content deltas, then ends without its final event),
+``echo_key`` (error messages, answered or streamed, end with the API key the request carried, as
+some providers echo the key they refused).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Behaviour:
     cached: int | None = None
     context_window: int | None = None
     error_after: int | None = None
+    echo_key: bool = False
 
     def overrides(self) -> Overrides:
         """The fields that differ from the defaults: what this behaviour adds on top of another."""
@@ -148,6 +151,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "cached": _non_negative_int,
     "context_window": _non_negative_int,
     "error_after": _non_negative_int,
+    "echo_key": _flag,
 }
 KEYS = tuple(_CONVERTERS)
 

@@ -221,6 +221,8 @@ class FakeServer:
         status = self._injected_failure(body["model"], behaviour)
         if status is not None:
             message = f"fake upstream: injected {status} error for model {name}"
+            if behaviour.echo_key:
+                message += f"; the key sent: {_presented_key(request)}"
             error = from_upstream_status(status, message, behaviour.retry_after)
             return _error(dialect, error, status, behaviour.retry_after)
         reply = self.planner.plan(prompt, behaviour)
@@ -232,7 +234,11 @@ class FakeServer:
         if body.get("stream"):
             self.open_streams += 1
             try:
-                return await _stream(request, dialect, dialect.frames(reply, body, self.ids), behaviour)
+                error_frame = dialect.error_frame
+                if behaviour.echo_key:
+                    error_frame = _echoing(error_frame, request)
+                frames = dialect.frames(reply, body, self.ids)
+                return await _stream(request, dialect, frames, behaviour, error_frame)
             finally:
                 self.open_streams -= 1
         if behaviour.ttft_ms:
@@ -291,8 +297,22 @@ def _abort(request: web.Request) -> web.StreamResponse:
     return web.Response(status=500)
 
 
+def _presented_key(request: web.Request) -> str:
+    bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
+    return request.headers.get("x-api-key") or bearer
+
+
+def _echoing(frame: bytes, request: web.Request) -> bytes:
+    """A stream's error frame whose message ends with the request's key (``echo_key``)."""
+    head, _, data = frame.partition(b"data: ")
+    event = orjson.loads(data)
+    said = event["error"] if isinstance(event.get("error"), dict) else event
+    said["message"] += f"; the key sent: {_presented_key(request)}"
+    return head + b"data: " + orjson.dumps(event) + b"\n\n"
+
+
 async def _stream(
-    request: web.Request, dialect: Dialect, frames: list[Frame], behaviour: bh.Behaviour
+    request: web.Request, dialect: Dialect, frames: list[Frame], behaviour: bh.Behaviour, error_frame: bytes
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={
@@ -315,7 +335,7 @@ async def _stream(
             if content:
                 pause = 0.0
                 if seen == behaviour.error_after:
-                    pending.append(dialect.error_frame)
+                    pending.append(error_frame)
                     break
                 if seen == behaviour.break_after:
                     await _flush(response, pending)

@@ -27,7 +27,7 @@ import orjson
 from yarl import URL
 
 from router.background import on_daemon_thread
-from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upstream_status
+from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upstream_status, redact_key
 from router.forward.timeouts import Timeouts
 from router.forward.translate.target import Target
 from router.policy.catalog import Backend
@@ -170,10 +170,7 @@ class Upstream:
         if resp.status >= 400:
             raw = await resp.read()
             resp.release()
-            text = _error_text(raw)
-            key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
-            if key and key in text:
-                text = text.replace(key, "[redacted]")  # some providers echo the key they refused
+            text = _error_text(raw, backend.api_key())
             err = from_upstream_status(
                 resp.status, f"backend {backend.id!r} answered {resp.status}: {text}",
                 _retry_after(resp.headers.get("retry-after")),
@@ -233,7 +230,8 @@ class Upstream:
             raw = await resp.read()
             resp.release()
             raise UpstreamError(
-                f"backend {backend.id!r} did not stream (content-type {ctype!r}): {_error_text(raw)}"
+                f"backend {backend.id!r} did not stream (content-type {ctype!r}): "
+                + _error_text(raw, backend.api_key())
             )
         return sse.events(_guard(resp.content.iter_any(), backend, self.timeouts, resp))
 
@@ -308,15 +306,17 @@ def _too_long(raw: bytes) -> bool:
     )
 
 
-def _error_text(raw: bytes, limit: int = 300) -> str:
-    """The provider's own error message, short; falls back to a byte count, never to the body."""
+def _error_text(raw: bytes, key: str | None, limit: int = 300) -> str:
+    """The provider's own error message, short and without ``key``; falls back to a byte count,
+    never to the body."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return f"{len(raw)} bytes, not JSON"
     err = obj.get("error") if isinstance(obj, dict) else None
     msg = err.get("message") if isinstance(err, dict) else err if isinstance(err, str) else None
-    return str(msg)[:limit] if msg else "no message"
+    # Redacted before it is cut: a key that straddled the cut left its first characters behind.
+    return redact_key(str(msg), key)[:limit] if msg else "no message"
 
 
 __all__ = ["OPENAI_RESPONSES", "Upstream", "provider_body", "provider_json", "relay_base"]

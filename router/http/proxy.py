@@ -17,7 +17,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from router.errors import AttemptStopped, PayloadTooLarge, RouterError, UpstreamError
+from router.errors import AttemptStopped, PayloadTooLarge, RouterError, UpstreamError, redact_key
 from router.features.task.identity import client_key_hash, scoped, task_id_of
 from router.forward.accounting import charge, cost_split
 from router.forward.execute import CommittedStream, Execution, Executor
@@ -28,6 +28,7 @@ from router.http.recorder import Recorder
 from router.http.replies import error_reply
 from router.ids import IdMaker
 from router.policy.active import ActivePolicyHolder
+from router.policy.catalog import Backend
 from router.policy.pipeline import Decided, Pipeline
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
 from router.protocols.openai_chat import is_usage_only, usage_frame_with_cost
@@ -212,7 +213,11 @@ class Proxy:
                     if c.observer.observe(ev.name, ev.data):
                         phases.token()
                         content_events += 1
-                    if not (chat and is_usage_only(ev.data)):
+                    if c.observer.error is not None:
+                        # The backend's error event, relayed as it came but for the key it may
+                        # echo (rare: the one event of a failed stream).
+                        pending.append(_without_key(ev.raw, c.backend))
+                    elif not (chat and is_usage_only(ev.data)):
                         pending.append(ev.raw)
                     elif not hide_usage:
                         cost = cost_split(c.backend.price, c.observer.usage).total
@@ -227,7 +232,7 @@ class Proxy:
                         await stored()
                     yield b"".join(pending)
                 if not c.observer.done:
-                    said = c.observer.error
+                    said = c.observer.error and redact_key(c.observer.error, c.backend.api_key())
                     raise UpstreamError(
                         f"backend {c.backend.id!r} "
                         + (
@@ -279,6 +284,11 @@ class _Reply(Response):
         finally:
             if self.then is not None:
                 self.then()
+
+
+def _without_key(raw: bytes, backend: Backend) -> bytes:
+    key = backend.api_key()
+    return raw.replace(key.encode(), b"[redacted]") if key else raw
 
 
 def _route_headers(f: Flight) -> dict[str, str]:

@@ -311,3 +311,61 @@ def test_prompts_are_stored_only_when_the_operator_opts_in(
         "trace spans", "\n".join(s.to_json() for s in spans.get_finished_spans()), canaries.everything()
     )
     assert os.environ[KEY_ENV] == canaries.provider
+
+
+def echo_policy(up: str) -> dict[str, Any]:
+    """Backends whose errors quote the provider key back, as some providers do for a key they refused.
+
+    ``late``'s name puts the key across the 300 characters of a provider's message the router keeps
+    (44 characters of the fake's words, the name, 16 more): cut before it was redacted, the key's
+    first characters were left in the error.
+    """
+    v1, late = up + "/v1", "nano-" + "x" * 200
+    models = [
+        backend("refused", "openai/nano-model@status=401,echo_key=1", "openai", v1),
+        backend("refused-claude", "anthropic/claude-local@status=401,echo_key=1", "anthropic", up),
+        backend("late", f"openai/{late}@status=401,echo_key=1", "openai", v1),
+        backend("late-claude", f"anthropic/{late}@status=401,echo_key=1", "anthropic", up),
+        backend("broke", "openai/nano-model@error_after=2,echo_key=1", "openai", v1),
+        backend("broke-claude", "anthropic/claude-local@error_after=2,echo_key=1", "anthropic", up),
+    ]
+    return {"version": 1, "name": "echo", "models": models,
+            "routes": [{"match": m["id"], "passthrough": m["id"]} for m in models]}  # fmt: skip
+
+
+def test_a_provider_key_the_backend_echoes_is_redacted_everywhere(
+    router_factory: Callable[..., RunningRouter],
+    upstream: FakeUpstream,
+    canaries: Canaries,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    upstream.clear()
+    r = router_factory(echo_policy(upstream.url), master_key=canaries.master)
+    seen = Seen()
+    sent = 0
+    with httpx.Client(base_url=r.url, timeout=30, headers={"x-api-key": canaries.master}) as http:
+        for path in (CHAT, MESSAGES, RESPONSES):
+            for model in ("refused", "refused-claude", "late", "late-claude", "broke", "broke-claude"):
+                for stream in (False, True):
+                    resp = http.post(path, json=body(path, model, canaries.marker, stream))
+                    sent += 1
+                    seen.add(resp)
+    # The fake did echo the key (so the test can fail), and the router said the backend's words.
+    echoed = [req for req in upstream.requests() if "echo_key" in str(req["body"].get("model"))]
+    assert echoed
+    errors = seen.errors()
+    assert any("[redacted]" in text for text in errors)
+    assert any("broke" in text and "[redacted]" in text for text in errors)  # a stream's error event
+    rows = r.records(sent)
+    assert len(rows) >= sent
+    r.stop()
+    secret = {"provider key": canaries.provider}
+    for i, (status, text) in enumerate(seen.bodies):
+        assert_absent(f"response body #{i} ({status})", text, secret)
+    # Nor any part of it: the 300-character cut once kept the key's first characters.
+    start = canaries.provider[:24]
+    assert not any(start in text for _, text in seen.bodies)
+    assert_absent("the log output", caplog.text, secret)
+    assert_absent("the SQLite store", store_bytes(r.db_path), secret)
+    assert start.encode() not in store_bytes(r.db_path)

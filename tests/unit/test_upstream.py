@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from router.errors import BadRequest, RateLimited, UpstreamError, UpstreamTimeout
 from router.fakeupstream import FakeUpstream
@@ -194,6 +196,38 @@ async def test_a_key_the_provider_echoes_is_redacted(
     assert key not in info.value.message and "[redacted]" in info.value.message
 
 
+async def test_a_key_echoed_in_a_reply_that_did_not_stream_is_redacted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A gateway that answers a stream request with a whole JSON error naming the key it refused;
+    # its message went into the router's error (to the client, the log and the console) as it was.
+    async def refuse(request: web.Request) -> web.Response:
+        key = request.headers["authorization"].removeprefix("Bearer ")
+        return web.json_response({"error": {"message": f"key {key} is not valid"}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        monkeypatch.setenv("ROUTER_TEST_KEY", "sk-gateway-echoed-0123456789")
+        cat = catalog(model("gw", str(server.make_url("")).rstrip("/"), api_key_env="ROUTER_TEST_KEY"))
+        async with upstream() as up:
+            with pytest.raises(UpstreamError, match="did not stream") as info:
+                await up.open_stream(request(stream=True), cat["gw"], {})
+    finally:
+        await server.close()
+    assert (
+        "sk-gateway-echoed" not in info.value.message and "key [redacted] is not valid" in info.value.message
+    )
+
+
+def test_a_key_across_the_cut_of_an_error_message_leaves_nothing() -> None:
+    key = "sk-straddle-0123456789abcdef"
+    raw = orjson.dumps({"error": {"message": "x" * 290 + key}})
+    assert _error_text(raw, key) == "x" * 290 + "[redacted]"
+
+
 async def test_reply_that_is_not_json(fake: FakeUpstream) -> None:
     cat = catalog(model("bad", fake.url, "malformed=1"))
     async with upstream() as up:
@@ -296,9 +330,9 @@ def test_retry_after_header_values() -> None:
 
 
 def test_error_text_is_short_and_never_the_body() -> None:
-    assert _error_text(b"<html>oops</html>") == "17 bytes, not JSON"
-    assert _error_text(b'{"error": {"message": "bad model"}}') == "bad model"
-    assert _error_text(b'{"error": "plain"}') == "plain"
-    assert _error_text(b'{"detail": "x"}') == "no message"
-    assert _error_text(b"[1, 2]") == "no message"
-    assert _error_text(b'{"error": {"message": "' + b"x" * 1000 + b'"}}') == "x" * 300
+    assert _error_text(b"<html>oops</html>", None) == "17 bytes, not JSON"
+    assert _error_text(b'{"error": {"message": "bad model"}}', None) == "bad model"
+    assert _error_text(b'{"error": "plain"}', None) == "plain"
+    assert _error_text(b'{"detail": "x"}', None) == "no message"
+    assert _error_text(b"[1, 2]", None) == "no message"
+    assert _error_text(b'{"error": {"message": "' + b"x" * 1000 + b'"}}', None) == "x" * 300

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upstream_status
+from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upstream_status, redact_key
 from router.forward.translate.target import Target
 
 _PREFIX = re.compile(r"^(?:litellm\.)?\w+(?:Error|Exception)\s*(?::|-)\s*", re.ASCII)
@@ -56,7 +56,7 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
         what = "unreachable" if _is_connect(chain) else "broke off its reply"
         return UpstreamError(f"{who} {what} ({type(root).__name__})")
     if status is not None:
-        text = _redact(_provider_text(chain), target.api_key)
+        text = _provider_text(chain, target.api_key)
         message = f"{who} answered {status}: {text}" if text else f"{who} answered {status}"
         err = from_upstream_status(status, message, _retry_after_of(chain))
         if any(type(e).__name__ == "ContextWindowExceededError" for e in chain):
@@ -155,12 +155,17 @@ def _status(chain: list[BaseException]) -> int | None:
     return found
 
 
-def _provider_text(chain: list[BaseException]) -> str | None:
-    """The provider's own error message, from a parsed body or the JSON inside litellm's text."""
+def _provider_text(chain: list[BaseException], key: str | None) -> str | None:
+    """The provider's own error message, from a parsed body or the JSON inside litellm's text,
+    without ``key`` (redacted before it is cut: a key that straddled the cut left its start)."""
+
+    def short(text: str) -> str:
+        return _cut(redact_key(text, key))
+
     for exc in chain:
         text = _message_of(getattr(exc, "body", None))
         if text:
-            return _short(text)
+            return short(text)
     raw = getattr(chain[0], "message", None)
     raw = raw if isinstance(raw, str) else str(chain[0])
     start = raw.find("{")
@@ -170,15 +175,15 @@ def _provider_text(chain: list[BaseException]) -> str | None:
         except ValueError:
             text = None
         if text:
-            return _short(text)
+            return short(text)
     cleaned = raw.strip()
     for _ in range(4):  # litellm stacks its prefixes: "litellm.X: XError: OpenAIException - ..."
         cleaned = _PREFIX.sub("", cleaned, count=1)
     cleaned = _HANDLE_WITH.sub("", cleaned)
-    return _short(cleaned) if cleaned and "{" not in cleaned else None
+    return short(cleaned) if cleaned and "{" not in cleaned else None
 
 
-def _short(text: str) -> str:
+def _cut(text: str) -> str:
     text = " ".join(text.split())
     return text[:_MAX_TEXT] + ("..." if len(text) > _MAX_TEXT else "")
 
@@ -193,12 +198,6 @@ def _message_of(body: Any) -> str | None:
         if isinstance(body.get("message"), str):
             return str(body["message"])
     return None
-
-
-def _redact(text: str | None, api_key: str | None) -> str | None:
-    if text and api_key and len(api_key) >= 4:
-        text = text.replace(api_key, "[redacted]")
-    return text
 
 
 def _retry_after_of(chain: list[BaseException]) -> float | None:
