@@ -18,7 +18,8 @@ shell tool runs it can be made to run a given command, such as its own completio
 context-length error, 400, when the prompt has more tokens than this), ``error_after`` (a stream
 sends the provider's error event after K content deltas, then ends without its final event),
 ``echo_key`` (error messages, answered or streamed, end with the API key the request carried, as
-some providers echo the key they refused).
+some providers echo the key they refused), ``no_usage`` (a whole reply comes without its usage, as
+from some OpenAI-compatible servers).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Behaviour:
     context_window: int | None = None
     error_after: int | None = None
     echo_key: bool = False
+    no_usage: bool = False
 
     def overrides(self) -> Overrides:
         """The fields that differ from the defaults: what this behaviour adds on top of another."""
@@ -152,6 +154,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "context_window": _non_negative_int,
     "error_after": _non_negative_int,
     "echo_key": _flag,
+    "no_usage": _flag,
 }
 KEYS = tuple(_CONVERTERS)
 

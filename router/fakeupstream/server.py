@@ -245,7 +245,10 @@ class FakeServer:
             await asyncio.sleep(behaviour.ttft_ms / 1000)
         if behaviour.break_after is not None:
             return _abort(request)
-        payload = orjson.dumps(dialect.complete(reply, body, self.ids))
+        whole = dialect.complete(reply, body, self.ids)
+        if behaviour.no_usage:
+            whole.pop("usage", None)
+        payload = orjson.dumps(whole)
         if behaviour.malformed:
             payload = payload[: len(payload) // 2]
         return web.Response(body=payload, content_type=_JSON, headers={dialect.request_id_header: "req_fake"})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from router.features.bpe import default_encoding
 from router.policy.catalog import Backend, Price
 from router.protocols.common import Usage
 
@@ -11,17 +14,49 @@ from router.protocols.common import Usage
 def fill_missing(usage: Usage, prompt_tokens_est: int, output_events: int) -> bool:
     """Estimate what the provider did not report; return whether anything was estimated.
 
-    A streamed content event carries about one token at every provider we relay, so the count
-    of content events is the output estimate when no usage arrives (a stream cut short).
+    ``output_events``: the output's estimate. A streamed content event carries about one token at
+    every provider we relay, so for a stream it is the count of content events (a stream cut
+    short); for a whole reply, ``written_tokens``. A count of 0 is taken as unreported where it
+    cannot be true — no prompt is empty, and there was output — since litellm writes zeros for
+    a usage the provider did not send.
     """
     estimated = False
-    if usage.input_tokens is None:
+    if not usage.input_tokens:
         usage.input_tokens = prompt_tokens_est
         estimated = True
-    if usage.output_tokens is None:
+    if usage.output_tokens is None or (usage.output_tokens == 0 and output_events > 0):
         usage.output_tokens = output_events
         estimated = True
     return estimated
+
+
+#: Fields of a reply that are not what the model wrote.
+_NOT_WRITTEN = frozenset({
+    "id", "object", "type", "role", "model", "index", "finish_reason", "stop_reason", "stop_sequence",
+    "status", "call_id", "signature", "logprobs", "annotations", "encrypted_content",
+})  # fmt: skip
+
+
+def written_tokens(obj: Mapping[str, Any]) -> int:
+    """Tokens the model wrote in a whole reply of any protocol (text, reasoning, tool calls): the
+    output's estimate for a reply that came without usage. Only then: it tokenizes the reply."""
+    texts: list[str] = []
+    _collect(obj.get("choices") or obj.get("content") or obj.get("output"), texts, 0)
+    return len(default_encoding().encode_ordinary("\n".join(texts))) if texts else 0
+
+
+def _collect(value: Any, texts: list[str], depth: int) -> None:
+    if isinstance(value, str):
+        texts.append(value)
+    elif depth > 32:
+        return
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if key not in _NOT_WRITTEN:
+                _collect(item, texts, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _collect(item, texts, depth + 1)
 
 
 @dataclass(frozen=True, slots=True)

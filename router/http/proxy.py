@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from router.errors import AttemptStopped, PayloadTooLarge, RouterError, UpstreamError, redact_key
 from router.features.task.identity import client_key_hash, scoped, task_id_of
-from router.forward.accounting import charge, cost_split
+from router.forward.accounting import charge, cost_split, written_tokens
 from router.forward.execute import CommittedStream, Execution, Executor
 from router.http.admission import Admission
 from router.http.auth import Auth, Principal, presented_key
@@ -146,7 +146,8 @@ class Proxy:
                 committed = await self.executor.open_stream(req, decision, f.rt.catalog, headers, phases, ex)
                 return self._stream(wire, req, committed, phases, f)
             reply = await self.executor.complete(req, decision, f.rt.catalog, headers, phases, ex)
-            self._charge(f, wire.usage_from(reply.obj), 0)
+            usage = wire.usage_from(reply.obj)
+            self._charge(f, usage, 0 if usage.output_tokens else written_tokens(reply.obj))
             f.ended(200)
             return _Reply(reply.body(), media_type="application/json", headers=_route_headers(f))
         except RouterError as err:

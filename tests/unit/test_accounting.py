@@ -80,6 +80,33 @@ async def test_cost_is_the_providers_usage_at_the_catalogs_prices(
     assert row.cost_input_usd + row.cost_output_usd == pytest.approx(row.cost_usd, abs=1e-12)
 
 
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC, OPENAI_RESPONSES])
+async def test_a_whole_reply_without_usage_is_charged_for_what_it_says(
+    fake: FakeUpstream, tmp_path: Path, protocol: str
+) -> None:
+    # An OpenAI-compatible server that omits usage (relayed to chat clients, translated for the
+    # others). Without usage, a relayed reply was charged 0 output tokens, and one translated by
+    # litellm (which writes zeros for a missing usage) cost nothing at all: a backend that omits
+    # usage served a budget for free. The same 2 KB reply with its usage says what it should cost.
+    family = "openai"
+    models = [model("bare", fake.url, "no_usage=1,big_kb=2", protocol=family),
+              model("counted", fake.url, "big_kb=2", protocol=family)]  # fmt: skip
+    async with serving(
+        tmp_path, models, policy={"routes": [{"match": m["id"], "passthrough": m["id"]} for m in models]}
+    ) as r:
+        bare = await r.post(protocol, model="bare")
+        counted = await r.post(protocol, model="counted")
+        rows = {row.chosen_model: row for row in await r.records()}
+    assert bare.status_code == counted.status_code == 200
+    row, reported = rows["bare"], rows["counted"]
+    assert row.usage_estimated and not reported.usage_estimated
+    assert 0.5 * reported.output_tokens <= row.output_tokens <= 2 * reported.output_tokens, (
+        row.output_tokens, reported.output_tokens,
+    )  # fmt: skip
+    assert row.input_tokens > 0
+    assert row.cost_usd == pytest.approx(hand_cost(row), abs=1e-12)
+
+
 async def test_chat_usage_chunk_only_for_clients_that_asked(fake: FakeUpstream, tmp_path: Path) -> None:
     async with serving(tmp_path, [model("a", fake.url)]) as r:
         plain = await r.post(stream=True)
