@@ -96,7 +96,7 @@ def parse(raw: bytes) -> ClientRequest:
         messages=messages,
         system=system or None,
         tools=body.get("tools") or [],
-        max_output_tokens=req.max_completion_tokens or req.max_tokens,
+        max_output_tokens=_larger(req.max_completion_tokens, req.max_tokens),
         temperature=req.temperature,
         top_p=req.top_p,
         reasoning_effort=req.reasoning_effort,
@@ -107,6 +107,12 @@ def parse(raw: bytes) -> ClientRequest:
         session_hint=body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None,
         include_usage=bool((req.stream_options or {}).get("include_usage")),
     )
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    """The output limit of a request that may give two: both are forwarded, and a backend may obey
+    either (some read only ``max_tokens``), so the budget's hold is sized by the larger."""
+    return a if b is None else b if a is None else max(a, b)
 
 
 def usage_from(obj: dict[str, Any]) -> Usage:

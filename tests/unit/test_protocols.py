@@ -218,3 +218,17 @@ def test_signed_blocks_are_read_in_the_parsers_pass_as_the_history_check_reads_t
         assert req.signed_blocks is (expected is not None), name
         # The walk over the history, as for a request whose parser did not read it, agrees.
         assert signed_history(req) == signed_history(replace(req, signed_blocks=None)) == expected, name
+
+
+def test_a_chat_request_with_two_output_limits_is_sized_by_the_larger() -> None:
+    # Both are forwarded, and backends differ in which they obey (DeepSeek and others read only
+    # max_tokens). Read as the smaller, a client that sent max_completion_tokens 1 next to
+    # max_tokens 8000 had each request's budget hold sized for one output token.
+    def limit(**fields: int) -> int | None:
+        body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], **fields}
+        return openai_chat.parse(orjson.dumps(body)).max_output_tokens
+
+    assert limit(max_completion_tokens=1, max_tokens=8000) == 8000
+    assert limit(max_tokens=1, max_completion_tokens=8000) == 8000
+    assert limit(max_tokens=300) == limit(max_completion_tokens=300) == 300
+    assert limit() is None
