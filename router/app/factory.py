@@ -192,7 +192,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         describe=app.openapi, max_body_bytes=s.settings.max_body_bytes,
     ).register(app)  # fmt: skip
     Outcomes(
-        auth=s.auth, tracker=s.tracker, store=s.store, runtime=runtime, max_body_bytes=s.settings.max_body_bytes,
+        auth=s.auth, tasks=tasks, store=s.store, runtime=runtime, max_body_bytes=s.settings.max_body_bytes,
     ).register(app)  # fmt: skip
     Probes(
         writer=s.writer, state=s.state, upstream=s.upstream, runtime=runtime, history=s.history,
@@ -200,7 +200,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     ).register(app)  # fmt: skip
     Metrics(s.telemetry).register(app)
     Ops(
-        auth=s.auth, store=s.store, tracker=s.tracker, runtime=runtime, history=s.history,
+        auth=s.auth, store=s.store, tasks=tasks, runtime=runtime, history=s.history,
         max_body_bytes=s.settings.max_body_bytes, max_window_requests=s.settings.max_window_requests,
     ).register(app)  # fmt: skip
     Dashboard(

@@ -10,15 +10,14 @@ spend, and the policy names files and models, so they take the master key when o
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
 from router.errors import BadRequest, ConfigError, TaskNotFound
+from router.features.task.context import TaskContext
 from router.features.task.identity import scoped
-from router.features.task.tracker import TaskState, TaskTracker
 from router.forward.upstream import Upstream
 from router.http.auth import Auth, Principal
 from router.http.endpoints import keyed
@@ -107,12 +106,12 @@ class Ops:
     """The task ledger and the policy's revisions and preview, for callers with a key."""
 
     def __init__(
-        self, *, auth: Auth, store: Store, tracker: TaskTracker, runtime: ActivePolicyHolder, history: PolicyHistory,
+        self, *, auth: Auth, store: Store, tasks: TaskContext, runtime: ActivePolicyHolder, history: PolicyHistory,
         max_body_bytes: int, max_window_requests: int,
     ) -> None:  # fmt: skip
         self.auth = auth
         self.store = store
-        self.tracker = tracker
+        self.tasks = tasks
         self.runtime = runtime
         self.history = history
         self.max_body_bytes = max_body_bytes
@@ -145,7 +144,7 @@ class Ops:
         ledger = await load_task(self.store, scoped_id, self.max_window_requests)
         if ledger is None:
             raise TaskNotFound(task_id)
-        ledger["stopped"] = stopped(self.tracker.peek(scoped_id))
+        ledger["stopped"] = await self.tasks.stopped(scoped_id)
         return json_reply(ledger)
 
     @keyed(master_only=True)
@@ -165,11 +164,3 @@ class Ops:
         except ConfigError as exc:
             raise BadRequest(str(exc), code="invalid_policy") from None
         return json_reply(report)
-
-
-def stopped(state: TaskState | None) -> dict[str, Any] | None:
-    """The task's latest attempt the router stopped, as this replica's tracker remembers it: which,
-    by which rule, and ``next``, what the stop's error told the agent (and the outcome reply says)."""
-    if state is None or not state.stopped or state.stop_said is None:
-        return None
-    return {"attempt": state.stopped, "rule": state.stop_said[1], "next": state.stop_next}

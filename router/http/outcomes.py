@@ -28,8 +28,9 @@ from starlette.responses import Response
 
 from router.errors import BadRequest, TaskNotFound
 from router.features.task import vector as taskfeatures
+from router.features.task.context import TaskContext
 from router.features.task.identity import scoped
-from router.features.task.tracker import TaskState, TaskTracker
+from router.features.task.tracker import TaskState
 from router.http.auth import Auth, Principal
 from router.http.endpoints import keyed
 from router.http.proxy import read_body
@@ -66,13 +67,13 @@ class Outcomes:
         self,
         *,
         auth: Auth,
-        tracker: TaskTracker,
+        tasks: TaskContext,
         store: Store,
         runtime: ActivePolicyHolder,
         max_body_bytes: int,
     ) -> None:
         self.auth = auth
-        self.tracker = tracker
+        self.tasks = tasks
         self.store = store
         self.runtime = runtime
         self.max_body_bytes = max_body_bytes
@@ -89,7 +90,7 @@ class Outcomes:
             raise BadRequest(validation_message(exc)) from None
         # Another key's task is not found, not forbidden: its existence is not for this key to learn.
         out.task_id = scoped(principal.key_id, out.task_id)
-        state = self.tracker.peek(out.task_id)
+        state = self.tasks.peek(out.task_id)
         # Read even when the task is in memory: the log says which route and scope decided it. The
         # latest requests hold the latest attempt and decision; a task may have any number.
         rows = await self.store.requests_for_task(out.task_id, OUTCOME_ROWS)
@@ -104,7 +105,9 @@ class Outcomes:
             source=EXPLICIT, details=details or None, ts=time.time(), explicit=True,
         )  # fmt: skip
         await self.store.write_outcome(rec)
-        self.tracker.outcome(out.task_id, attempt, out.success)
+        await self.tasks.outcome(
+            out.task_id, attempt, out.success, self.runtime.current.policy.task_rules.abandon_after_s
+        )
         result: dict[str, Any] = {
             "task_id": out.task_id,
             "attempt": attempt,

@@ -338,6 +338,7 @@ class Policy:
             max_cost_per_task=spec.objective.max_cost_per_task,
             label_model=self.label_model,
             attempt_controls=self.attempt_controls,
+            abandon_after_s=spec.tasks.abandon_after_s,
         )
         self.rules = [
             CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}] (name {r.name!r}).when"))

@@ -23,6 +23,7 @@ Redis key layout (prefix ``StateConfig.prefix``, default ``router:``; times on t
 =================================  =====  ===================================================
 ``pin:{task}``                     str    pinned model; PX = pin TTL
 ``warm:{task}``                    str    backend holding the warm prefix; PX = TTL
+``attempt:{task}``                 hash   latest ``attempt``, its ``calls``, ``failed``, stop ``why`` / ``rule``; PX = pin TTL
 ``budget:spent:{scope}``           hash   ``spent``, ``reserved`` (integer nano-USD); PX idle
 ``budget:exp:{scope}``             zset   reservation id -> expiry (ms); PX idle
 ``budget:amt:{scope}``             hash   reservation id -> amount (nano-USD); PX idle
@@ -43,7 +44,8 @@ never over-commit a limit. A hold carries a TTL (``ttl_s``, default ``reservatio
 scope's expiry zset; every script purges the scope's expired holds first, so a crashed replica's
 reservations stop counting after their TTL with no janitor. ``settle`` drops the hold and adds
 the actual cost, which may differ from the hold: a limit can be passed only by actual costs that
-exceed their own reservations, never by concurrent reserves. Pins are last-writer-wins. Scripts
+exceed their own reservations, never by concurrent reserves. Pins are last-writer-wins; an
+attempt's mark only moves forward (a write for an earlier attempt than the stored one is dropped). Scripts
 use several keys, so this needs one Redis (or Sentinel), not Cluster.
 
 Failure (Redis): every call has a hard timeout (``op_timeout_s``, socket timeouts under it, a
@@ -66,6 +68,7 @@ from typing import Protocol
 from router.shared.memory import MemoryState
 from router.shared.types import (
     Allowed,
+    AttemptMark,
     BreakerConfig,
     BreakerState,
     BudgetExceeded,
@@ -81,6 +84,7 @@ from router.shared.types import (
 
 __all__ = [
     "Allowed",
+    "AttemptMark",
     "BreakerConfig",
     "BreakerState",
     "Breakers",
@@ -104,8 +108,9 @@ __all__ = [
 
 
 class Sessions(Protocol):
-    """Task pins (which model a task stays on) and prompt-cache affinity (which backend holds the
-    task's warm prefix). Entries expire after their TTL; setting again replaces and re-arms."""
+    """Task pins (which model a task stays on), prompt-cache affinity (which backend holds the
+    task's warm prefix) and each task's latest attempt (what a call cap counts, what opens the next
+    attempt). Entries expire after their TTL; setting again replaces and re-arms."""
 
     async def pin(self, task_id: str) -> Pin | None: ...
 
@@ -114,6 +119,20 @@ class Sessions(Protocol):
     async def warm(self, task_id: str) -> Warm | None: ...
 
     async def mark_warm(self, task_id: str, model: str, ttl_s: float) -> None: ...
+
+    async def attempt(self, task_id: str) -> AttemptMark | None:
+        """The task's latest attempt as the replicas last wrote it (None: none written, or expired)."""
+        ...
+
+    async def count_call(self, task_id: str, attempt: int, ttl_s: float) -> None:
+        """A main-loop call of ``attempt`` was served (a later attempt starts its count at 1)."""
+        ...
+
+    async def mark_attempt(
+        self, task_id: str, attempt: int, ttl_s: float, *, failed: bool, stop: tuple[str, str] | None = None
+    ) -> None:
+        """``attempt`` failed (or, a later outcome says, did not), or the router stopped it: (why, rule)."""
+        ...
 
 
 class Budgets(Protocol):

@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 from router.shared.types import (
     NANO,
     Allowed,
+    AttemptMark,
     BreakerConfig,
     BreakerState,
     BudgetExceeded,
@@ -84,11 +85,12 @@ def _positive_ttl(ttl_s: float) -> float:
 
 
 class MemorySessions:
-    """Task pins and prompt-cache affinity."""
+    """Task pins, prompt-cache affinity and the tasks' latest attempts."""
 
     def __init__(self, config: StateConfig, clock: Clock) -> None:
         self._pins: TTLCache[str] = TTLCache(config.local_max_entries, clock)
         self._warm: TTLCache[str] = TTLCache(config.local_max_entries, clock)
+        self._attempts: TTLCache[AttemptMark] = TTLCache(config.local_max_entries, clock)
 
     async def pin(self, task_id: str) -> Pin | None:
         entry = self._pins.get_entry(task_id)
@@ -103,6 +105,23 @@ class MemorySessions:
 
     async def mark_warm(self, task_id: str, model: str, ttl_s: float) -> None:
         self._warm.set(task_id, model, _positive_ttl(ttl_s))
+
+    async def attempt(self, task_id: str) -> AttemptMark | None:
+        return self._attempts.get(task_id)
+
+    async def count_call(self, task_id: str, attempt: int, ttl_s: float) -> None:
+        mark = self._attempts.get(task_id) or AttemptMark(0)
+        self._keep(task_id, mark.counted(attempt), ttl_s)
+
+    async def mark_attempt(
+        self, task_id: str, attempt: int, ttl_s: float, *, failed: bool, stop: tuple[str, str] | None = None
+    ) -> None:
+        mark = self._attempts.get(task_id) or AttemptMark(0)
+        self._keep(task_id, mark.marked(attempt, failed, stop), ttl_s)
+
+    def _keep(self, task_id: str, mark: AttemptMark | None, ttl_s: float) -> None:
+        if mark is not None:
+            self._attempts.set(task_id, mark, _positive_ttl(ttl_s))
 
 
 @dataclass

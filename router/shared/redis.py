@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.maint_notifications import MaintNotificationsConfig
 
 from router.errors import ConfigError
@@ -23,8 +25,39 @@ from router.shared.redis_guard import RedisDown, RedisGuard
 from router.shared.redis_keys import Keys
 from router.shared.redis_limits import RedisRateLimits
 from router.shared.redis_version import RedisPolicyVersion
-from router.shared.types import Pin, StateConfig, Warm
+from router.shared.types import AttemptMark, Pin, StateConfig, Warm
 from router.store import mask_url
+
+# A task's latest attempt (``AttemptMark``), as a hash: attempt, calls, failed, why, rule. Both
+# scripts move it as ``AttemptMark.counted`` / ``.marked`` do; a mark of a later attempt than the
+# one written stays as it is. ARGV[1]: the attempt, ARGV[2]: the expiry in ms.
+COUNT_CALL = """
+local have = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
+local n = tonumber(ARGV[1])
+if n < have then return 0 end
+if n > have then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'attempt', n, 'calls', 1, 'failed', 0)
+else
+  redis.call('HINCRBY', KEYS[1], 'calls', 1)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+# ARGV[3]: 1 failed, 0 not; ARGV[4], ARGV[5]: the stop's why and rule ('' when not stopped).
+MARK_ATTEMPT = """
+local have = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
+local n = tonumber(ARGV[1])
+if n < have then return 0 end
+if n > have then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'attempt', n, 'calls', 0)
+end
+redis.call('HSET', KEYS[1], 'failed', ARGV[3])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'why', ARGV[4], 'rule', ARGV[5]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
 
 
 def connect(url: str, config: StateConfig) -> Redis:
@@ -52,15 +85,17 @@ def connect(url: str, config: StateConfig) -> Redis:
 
 class RedisSessions:
     """Pins and warm prefixes are plain keys with a PX expiry; ``until`` comes from PTTL, so it
-    does not depend on the writer's clock. Writes are mirrored to this replica's local maps, which
-    answer when Redis is down (counted) or has never heard of the task (pinned during an outage,
-    or Redis restarted empty)."""
+    does not depend on the writer's clock; a task's latest attempt is a hash moved by a script.
+    Writes are mirrored to this replica's local maps, which answer when Redis is down (counted) or
+    has never heard of the task (pinned during an outage, or Redis restarted empty)."""
 
     def __init__(self, client: Redis, guard: RedisGuard, keys: Keys, local: MemorySessions) -> None:
         self._client = client
         self._guard = guard
         self._keys = keys
         self._local = local
+        self._count_call = client.register_script(COUNT_CALL)
+        self._mark_attempt = client.register_script(MARK_ATTEMPT)
 
     async def pin(self, task_id: str) -> Pin | None:
         found = await self._read(self._keys.pin(task_id), lambda: self._local.pin(task_id))
@@ -78,6 +113,37 @@ class RedisSessions:
         await self._local.mark_warm(task_id, model, ttl_s)
         await self._write(self._keys.warm(task_id), model, ttl_s)
 
+    async def attempt(self, task_id: str) -> AttemptMark | None:
+        async def remote() -> AttemptMark | None:
+            # The client decodes responses: the hash's keys and values are str.
+            h = cast(dict[str, str], await self._client.hgetall(self._keys.attempt(task_id)))
+            if not h.get("attempt"):
+                return await self._local.attempt(task_id)
+            stop = (h.get("why", ""), h["rule"]) if h.get("rule") else None
+            return AttemptMark(int(h["attempt"]), int(h.get("calls", 0)), h.get("failed") == "1", stop)
+
+        return await self._guard.fail_open("sessions", remote, lambda: self._local.attempt(task_id))
+
+    async def count_call(self, task_id: str, attempt: int, ttl_s: float) -> None:
+        await self._local.count_call(task_id, attempt, ttl_s)
+        await self._script(self._count_call, task_id, [attempt, _ms(ttl_s)])
+
+    async def mark_attempt(
+        self, task_id: str, attempt: int, ttl_s: float, *, failed: bool, stop: tuple[str, str] | None = None
+    ) -> None:
+        await self._local.mark_attempt(task_id, attempt, ttl_s, failed=failed, stop=stop)
+        why, rule = stop or ("", "")
+        await self._script(self._mark_attempt, task_id, [attempt, _ms(ttl_s), int(failed), why, rule])
+
+    async def _script(self, script: AsyncScript, task_id: str, args: list[str | int]) -> None:
+        async def remote() -> None:
+            await script([self._keys.attempt(task_id)], args)
+
+        async def local() -> None:
+            return None  # already mirrored
+
+        await self._guard.fail_open("sessions", remote, local)
+
     async def _read(
         self, key: str, fallback: Callable[[], Awaitable[tuple[str, float] | None]]
     ) -> tuple[str, float] | None:
@@ -94,12 +160,16 @@ class RedisSessions:
 
     async def _write(self, key: str, model: str, ttl_s: float) -> None:
         async def remote() -> None:
-            await self._client.set(key, model, px=max(1, int(ttl_s * 1000)))
+            await self._client.set(key, model, px=_ms(ttl_s))
 
         async def local() -> None:
             return None  # already mirrored
 
         await self._guard.fail_open("sessions", remote, local)
+
+
+def _ms(ttl_s: float) -> int:
+    return max(1, int(ttl_s * 1000))
 
 
 class RedisState:

@@ -25,6 +25,10 @@ class Keys:
     def warm(self, task_id: str) -> str:
         return f"{self.prefix}warm:{_part(task_id)}"
 
+    def attempt(self, task_id: str) -> str:
+        """The hash of the task's latest attempt (``router.shared.types.AttemptMark``)."""
+        return f"{self.prefix}attempt:{_part(task_id)}"
+
     def budget(self, scope: str) -> tuple[str, str, str]:
         """The scope's totals hash, reservation-expiry zset and reservation-amount hash.
 

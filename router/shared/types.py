@@ -40,6 +40,29 @@ class Warm(NamedTuple):
     until: float
 
 
+class AttemptMark(NamedTuple):
+    """What the replicas share of a task's latest attempt: its number, the main-loop calls served in
+    it (a cap counts them wherever they were served), whether it is known to have failed (an
+    outcome said so, or the router stopped it: the next restart of the conversation opens the next
+    attempt), and, if the router stopped it, (why, rule) as the agent was told."""
+
+    attempt: int
+    calls: int = 0
+    failed: bool = False
+    stop: tuple[str, str] | None = None
+
+    def counted(self, attempt: int) -> AttemptMark | None:
+        """After a call of ``attempt`` was served (None: the mark is of a later attempt, kept)."""
+        if attempt > self.attempt:
+            return AttemptMark(attempt, 1)
+        return self._replace(calls=self.calls + 1) if attempt == self.attempt else None
+
+    def marked(self, attempt: int, failed: bool, stop: tuple[str, str] | None) -> AttemptMark | None:
+        """After ``attempt`` was found failed (or not, by a later outcome), or stopped."""
+        base = AttemptMark(attempt) if attempt > self.attempt else self
+        return base._replace(failed=failed, stop=stop or base.stop) if attempt >= self.attempt else None
+
+
 class Spend(NamedTuple):
     """Dollars of one budget scope: settled spend, and the sum of live reservations."""
 

@@ -229,3 +229,81 @@ def test_postgres_restart_loses_no_acknowledged_record(pair, pg_schema: str) -> 
         time.sleep(0.3)
     assert set(acked) <= ids, f"lost {len(set(acked) - ids)} acknowledged records"
     proxy.stop()
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}
+]
+OPENING = [{"role": "user", "content": "The date parser crashes on leap years; fix it."}]
+
+
+def loop_turn(i: int) -> list[dict[str, Any]]:
+    """The assistant's i-th tool call and its result, as an agent sends them back."""
+    call = {"id": f"call_{i}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{i}", "content": f"file{i}.py"},
+    ]
+
+
+def agent_call(router: Any, task: str, messages: list[dict[str, Any]]) -> httpx.Response:
+    return httpx.post(router.url + CHAT, json={"model": "auto", "messages": messages, "tools": TOOLS},
+                      headers={"x-router-task-id": task}, timeout=20)  # fmt: skip
+
+
+def shared_attempt(router: Any, task: str) -> dict[str, str]:
+    prefix = router.server.config.app.state.services.settings.redis_prefix
+    with redis.Redis(port=REDIS_PORT, decode_responses=True) as r:
+        return dict(r.hgetall(Keys(prefix).attempt(task)))
+
+
+@pytest.mark.parametrize("told", ["the other replica", "the same replica"])
+def test_a_failed_attempt_is_restarted_on_the_next_model_whichever_replica_hears_the_outcome(
+    pair, told: str
+) -> None:  # type: ignore[no-untyped-def]
+    a, b, _ = pair()
+    task = f"fail-{uuid.uuid4().hex[:8]}"
+    first = agent_call(a, task, OPENING)
+    assert first.headers["x-router-model"] == "local-nano"
+    wait_for(lambda: shared_attempt(a, task).get("calls") == "1", what="the call counted in Redis")
+    # The outcome reaches B, which never served the task (or A itself); the restart reaches A.
+    hears = b if told == "the other replica" else a
+    assert (
+        httpx.post(
+            hears.url + "/v1/outcomes", json={"task_id": task, "success": False}, timeout=20
+        ).status_code
+        == 200
+    )
+    wait_for(lambda: shared_attempt(a, task).get("failed") == "1", what="the failure in Redis")
+    again = agent_call(a, task, OPENING)
+    # The next attempt: not the model that failed, though the shared pin still names it until it expires.
+    assert again.headers["x-router-model"] != "local-nano"
+
+
+def test_a_call_cap_counts_the_calls_both_replicas_served(pair, upstream) -> None:  # type: ignore[no-untyped-def]
+    policy = local_policy(upstream.url)
+    for m in policy["models"]:
+        if m["id"] == "local-nano":
+            m["max_calls_per_attempt"] = 2
+    a, b, _ = pair(policy)
+    task = f"cap-{uuid.uuid4().hex[:8]}"
+    conversation = list(OPENING)
+    for i, replica in enumerate((a, b)):
+        r = agent_call(replica, task, conversation)
+        assert r.status_code == 200 and r.headers["x-router-model"] == "local-nano", r.text
+        wait_for(lambda n=i + 1: shared_attempt(a, task).get("calls") == str(n), what="the call counted")
+        conversation += loop_turn(i)
+    # A served one call of the attempt and B the other: the third, on A, passes the cap of 2.
+    stopped = agent_call(a, task, conversation)
+    assert stopped.status_code == 400 and stopped.json()["error"]["code"] == "attempt_stopped", stopped.text
+    wait_for(lambda: shared_attempt(a, task).get("rule") == "max_calls_per_attempt", what="the stop in Redis")
+    # B refuses the attempt's calls too, and says so on the task.
+    assert agent_call(b, task, conversation).status_code == 400
+    assert (
+        httpx.get(b.url + f"/v1/tasks/{task}", timeout=20).json()["stopped"]["rule"]
+        == "max_calls_per_attempt"
+    )
+    # The restart, on B, is the next attempt, on the next model.
+    restarted = agent_call(b, task, OPENING)
+    assert restarted.status_code == 200, restarted.text
+    assert restarted.headers["x-router-model"] == "local-mini"

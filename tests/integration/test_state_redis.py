@@ -25,6 +25,7 @@ from router.shared import BreakerConfig, BreakerState, StateConfig, StateUnavail
 from router.shared.redis import RedisState
 from tests.unit.test_state_memory import (
     Env,
+    check_attempts,
     check_breaker,
     check_budgets,
     check_no_overspend,
@@ -95,6 +96,13 @@ async def test_sessions(make_state: MakeState) -> None:
     state = make_state()
     await check_sessions(state, REAL, ttl=0.4)
     assert not state.degraded and dict(state.fail_open_counts) == {}
+
+
+async def test_attempts_written_by_one_replica_are_read_by_another(make_state: MakeState) -> None:
+    # Two clients: what ``b`` reads comes from Redis, not from ``a``'s local mirror.
+    a, b = make_state(), make_state()
+    await check_attempts(a, b, REAL, ttl=0.4)
+    assert not a.degraded and dict(b.fail_open_counts) == {}
 
 
 async def test_budgets(make_state: MakeState) -> None:

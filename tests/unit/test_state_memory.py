@@ -19,6 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.errors import ConfigError, PermissionDenied, ServiceUnavailable
 from router.shared import (
+    AttemptMark,
     BreakerConfig,
     BreakerState,
     BudgetExceeded,
@@ -81,6 +82,29 @@ async def check_sessions(state: SharedState, env: Env, ttl: float) -> None:
     assert await s.pin("task-1") is None
     with pytest.raises(ValueError):
         await s.set_pin("task-3", "m", 0)
+
+
+async def check_attempts(a: SharedState, b: SharedState, env: Env, ttl: float) -> None:
+    """A task's latest attempt, written by replica ``a``, as ``b`` reads it (the same state twice in process)."""
+    assert await b.sessions.attempt("t") is None
+    await a.sessions.count_call("t", 1, ttl)
+    await a.sessions.count_call("t", 1, ttl)
+    assert await b.sessions.attempt("t") == AttemptMark(1, calls=2)
+    # A failure heard for the attempt, then the router's stop: the calls stay counted.
+    await a.sessions.mark_attempt("t", 1, ttl, failed=True)
+    assert await b.sessions.attempt("t") == AttemptMark(1, 2, failed=True)
+    await a.sessions.mark_attempt("t", 1, ttl, failed=True, stop=("its 2 calls reached the cap", "cap"))
+    assert await b.sessions.attempt("t") == AttemptMark(1, 2, True, ("its 2 calls reached the cap", "cap"))
+    # The next attempt's first call starts it afresh; a late write about attempt 1 changes nothing.
+    await a.sessions.count_call("t", 2, ttl)
+    await a.sessions.count_call("t", 1, ttl)
+    await a.sessions.mark_attempt("t", 1, ttl, failed=False)
+    assert await b.sessions.attempt("t") == AttemptMark(2, calls=1)
+    # An outcome about an attempt no replica served yet (the client's header ran ahead) opens it.
+    await a.sessions.mark_attempt("t", 3, ttl, failed=True)
+    assert await b.sessions.attempt("t") == AttemptMark(3, 0, failed=True)
+    await env.advance(ttl + env.slack + 0.01)
+    assert await b.sessions.attempt("t") is None
 
 
 async def check_budgets(state: SharedState, env: Env) -> None:
@@ -329,6 +353,11 @@ def memory(clock: FakeClock, **config: Any) -> MemoryState:
 
 async def test_sessions(clock: FakeClock, env: Env) -> None:
     await check_sessions(memory(clock), env, ttl=60.0)
+
+
+async def test_attempts(clock: FakeClock, env: Env) -> None:
+    state = memory(clock)
+    await check_attempts(state, state, env, ttl=60.0)
 
 
 async def test_budgets(clock: FakeClock, env: Env) -> None:

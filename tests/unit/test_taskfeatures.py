@@ -10,6 +10,7 @@ import tracemalloc
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -19,6 +20,9 @@ from router.features.task.tracker import TaskTracker
 from router.features.task.vector import NUMERIC, Packed, arrays, repo_hint, task_vector, to_json, with_attempt
 from router.learning.training.fit import fit
 from router.policy.learned import LearnedScorer, Objective
+from router.protocols import openai_chat
+from router.protocols.common import ClientRequest
+from router.shared import AttemptMark
 from tests.unit.test_plan import rows_for
 
 TASKS = Path(__file__).resolve().parents[2] / "evals" / "data" / "swebench-verified" / "tasks.jsonl"
@@ -149,3 +153,32 @@ def test_one_key_cannot_push_every_other_task_out() -> None:
     assert tracker.peek("shared-open-mode-task").attempt == 3  # type: ignore[union-attr]
     assert [t for t in ("key_bb/flood-48", "key_bb/flood-49", "key_bb/flood-47") if tracker.peek(t)] == [
         "key_bb/flood-48", "key_bb/flood-49"]  # fmt: skip
+
+
+def chat(*messages: dict[str, Any]) -> ClientRequest:
+    return openai_chat.parse(json.dumps({"model": "auto", "messages": list(messages)}).encode())
+
+
+OPEN = {"role": "user", "content": "fix the leap-year bug"}
+TURN = ({"role": "assistant", "content": "looking"}, {"role": "user", "content": "go on"})
+
+
+def test_what_another_replica_wrote_of_the_attempt_is_taken_in_before_the_request_advances_it() -> None:
+    tracker = TaskTracker()
+    # B served two calls of attempt 1: a cap here counts them.
+    assert tracker.begin("t", chat(OPEN, *TURN), None, AttemptMark(1, calls=2)).calls == 2
+    # B heard the attempt failed: the conversation's restart here opens attempt 2, calls afresh.
+    state = tracker.begin("t", chat(OPEN), None, AttemptMark(1, 2, failed=True))
+    assert (state.attempt, state.calls, state.failed_open) == (2, 0, False)
+    # A mark of an earlier attempt than ours says nothing new.
+    tracker.served(state, "local-mini", 100, 60, side_call=False)
+    assert tracker.begin("t", chat(OPEN, *TURN), None, AttemptMark(1, 9, failed=True)).calls == 1
+    # B went on to attempt 3 and stopped it: its calls are refused here too, and what ours was
+    # pinned to counts as failed.
+    stop = ("attempt stopped by the router on local-large: ...", "max_calls_per_attempt")
+    state = tracker.begin("t", chat(OPEN, *TURN), None, AttemptMark(3, 4, True, stop))
+    assert (state.attempt, state.calls, state.stopped, state.stop_said) == (3, 4, 3, stop)
+    assert state.failed_models == ["local-mini"] and state.pinned is None
+    # The preview takes it in as well, on a copy.
+    assert tracker.preview("t", chat(OPEN, *TURN), None, AttemptMark(4, 1)).attempt == 4
+    assert tracker.peek("t").attempt == 3  # type: ignore[union-attr]

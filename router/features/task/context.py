@@ -23,7 +23,7 @@ from router.features.task.rules import TaskRules
 from router.features.task.tracker import TaskState, TaskTracker, is_side_call
 from router.features.task.vector import Packed, Vector, repo_hint, task_vector
 from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest
-from router.shared import Budgets, Sessions, StateUnavailable
+from router.shared import AttemptMark, Budgets, Sessions, StateUnavailable
 from router.store.records import OutcomeRecord
 
 log = logging.getLogger("router.features.task.context")
@@ -101,11 +101,49 @@ class TaskContext:
         """``seen``: per-message slots kept with the conversation, where the signals' reading of each
         message is remembered (from ``router.features.memo``); ``task_budget``: a lower per-task
         budget than the policy's (the scope's that decides the request)."""
-        state = self.tracker.begin(task_id, req, attempt_header)
-        view = await self._view(rules, req, task_id, state, prompt_tokens, repo, seen, task_budget)
-        if not view.side_call and (said := stop(rules, state)) is not None:
-            return replace(view, stopped=said)
-        return view
+        mark = await self._mark(rules, req, task_id)
+        state = self.tracker.begin(task_id, req, attempt_header, mark)
+        view = await self._view(rules, req, task_id, state, prompt_tokens, repo, seen, task_budget, mark)
+        if view.side_call:
+            return view
+        was = state.stopped == state.attempt
+        if (said := stop(rules, state)) is None:
+            return view
+        if not was and self.shared is not None:  # the other replicas refuse the attempt's calls too
+            self.background.spawn(
+                self.shared.mark_attempt(task_id, state.attempt, rules.abandon_after_s, failed=True, stop=said),
+                name="share-stop",
+            )  # fmt: skip
+        return replace(view, stopped=said)
+
+    async def _mark(self, rules: TaskRules, req: ClientRequest, task_id: str) -> AttemptMark | None:
+        """The task's latest attempt as the replicas share it (a side call does not need it)."""
+        if self.shared is None or is_side_call(req, rules.side_call_max_tokens):
+            return None
+        return await self.shared.attempt(task_id)
+
+    def peek(self, task_id: str) -> TaskState | None:
+        """What this replica remembers of the task, if anything (nothing changes)."""
+        return self.tracker.peek(task_id)
+
+    async def outcome(self, task_id: str, attempt: int, success: bool, ttl_s: float) -> None:
+        """An outcome of ``attempt`` was reported: a failure opens the next attempt at the next
+        restart of the conversation, on whichever replica it lands."""
+        self.tracker.outcome(task_id, attempt, success)
+        if self.shared is not None:
+            await self.shared.mark_attempt(task_id, attempt, ttl_s, failed=not success)
+
+    async def stopped(self, task_id: str) -> dict[str, Any] | None:
+        """The task's latest attempt the router stopped: which, by which rule, and ``next``, what
+        the stop's error told the agent (and the outcome reply says; None where another replica
+        stopped it and this one has not been asked since)."""
+        state = self.tracker.peek(task_id)
+        if state is not None and state.stopped and state.stop_said is not None:
+            return {"attempt": state.stopped, "rule": state.stop_said[1], "next": state.stop_next}
+        mark = await self.shared.attempt(task_id) if self.shared is not None else None
+        if mark is None or mark.stop is None:
+            return None
+        return {"attempt": mark.attempt, "rule": mark.stop[1], "next": None}
 
     def label_reader(
         self, rules: TaskRules, req: ClientRequest, view: TaskView, resent: bool, seen: list[Any] | None
@@ -126,15 +164,16 @@ class TaskContext:
         prompt_tokens: int, repo: str | None, task_budget: float | None = None,
     ) -> TaskView:  # fmt: skip
         """What ``enter`` would return, leaving the tracker and the log as they are."""
-        state = self.tracker.preview(task_id, req, attempt_header)
-        return await self._view(rules, req, task_id, state, prompt_tokens, repo, None, task_budget)
+        mark = await self._mark(rules, req, task_id)
+        state = self.tracker.preview(task_id, req, attempt_header, mark)
+        return await self._view(rules, req, task_id, state, prompt_tokens, repo, None, task_budget, mark)
 
     async def _view(
         self, rules: TaskRules, req: ClientRequest, task_id: str, state: TaskState, prompt_tokens: int,
-        repo: str | None, seen: list[Any] | None, task_budget: float | None = None,
+        repo: str | None, seen: list[Any] | None, task_budget: float | None = None, mark: AttemptMark | None = None,
     ) -> TaskView:  # fmt: skip
         side = is_side_call(req, rules.side_call_max_tokens)
-        if not side and state.pinned is None and self.shared is not None:
+        if not side and state.pinned is None and self.shared is not None and _pin_is_current(state, mark):
             # Another replica may have started this task: its pin and warm prefix are shared.
             pin = await self.shared.pin(task_id)
             if pin is not None:
@@ -180,14 +219,18 @@ class TaskContext:
         self.tracker.served(view.state, model, prompt_tokens, cache_ttl_s, False)
         if self.shared is not None:  # alone, the tracker already holds it
             self.background.spawn(
-                self._share(view.task_id, model, cache_ttl_s, abandon_after_s), name="share-pin"
+                self._share(view.task_id, view.attempt, model, cache_ttl_s, abandon_after_s), name="share-pin"
             )
 
-    async def _share(self, task_id: str, model: str, cache_ttl_s: float, abandon_after_s: float) -> None:
-        """Tell the other replicas where this task is pinned and where its prefix is warm."""
+    async def _share(
+        self, task_id: str, attempt: int, model: str, cache_ttl_s: float, abandon_after_s: float
+    ) -> None:
+        """Tell the other replicas where this task is pinned, where its prefix is warm, and that
+        its attempt made one more call."""
         assert self.shared is not None
         await self.shared.set_pin(task_id, model, abandon_after_s)
         await self.shared.mark_warm(task_id, model, cache_ttl_s)
+        await self.shared.count_call(task_id, attempt, abandon_after_s)
 
     def _label(
         self, rules: TaskRules, req: ClientRequest, task_id: str, state: TaskState, attempt: int,
@@ -232,6 +275,13 @@ class TaskContext:
         # Queued for the log's batched writes, which retry a store that fails.
         self.labels.submit_label(out)
         state.last_label = key
+
+
+def _pin_is_current(state: TaskState, mark: AttemptMark | None) -> bool:
+    """Whether the shared pin is this attempt's: it outlives its attempt (the pin names the model
+    that served the attempt before, until it expires), so it is read only where a replica served
+    this attempt (or no mark says which attempt it belongs to: one written before marks were)."""
+    return mark is None or (mark.attempt == state.attempt and mark.calls > 0)
 
 
 def signed_history(req: ClientRequest) -> str | None:

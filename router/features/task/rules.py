@@ -23,3 +23,5 @@ class TaskRules:
     label_model: LabelModel
     #: Per model, the rules that end an attempt early (``router.features.task.attempt``).
     attempt_controls: Mapping[str, AttemptControl] = field(default_factory=dict)
+    #: How long a task is remembered without a request (``tasks.abandon_after_s``): shared marks expire then.
+    abandon_after_s: float = 1800.0

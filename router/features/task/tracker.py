@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from router.protocols.common import ClientRequest, text_of
+from router.shared import AttemptMark
 
 _SYSTEM_ROLES = ("system", "developer")
 _SIDE_CALL_TEXT = re.compile(
@@ -72,6 +73,28 @@ def is_restart(req: ClientRequest) -> bool:
     return not any(isinstance(m, dict) and m.get("role") == "assistant" for m in req.messages)
 
 
+def adopt(state: TaskState, mark: AttemptMark | None) -> TaskState:
+    """``state`` with what the replicas know of its latest attempt taken in: another replica may
+    have served calls of it (a cap counts them all), heard that it failed (the next restart opens
+    the next attempt), stopped it, or gone on to a later attempt. What this replica knows of a
+    later attempt than the mark's is its own, and kept."""
+    if mark is None or mark.attempt < state.attempt:
+        return state
+    if mark.attempt > state.attempt:
+        _new_attempt(state, mark.attempt)
+    state.calls = max(state.calls, mark.calls)
+    state.failed_open = state.failed_open or mark.failed
+    if mark.stop is not None and state.stopped != mark.attempt:
+        state.stopped, state.stop_said, state.stop_next = mark.attempt, mark.stop, None
+    return state
+
+
+def _new_attempt(state: TaskState, n: int) -> None:
+    if state.pinned and state.pinned not in state.failed_models:
+        state.failed_models.append(state.pinned)
+    state.attempt, state.pinned, state.failed_open, state.calls = n, None, False, 0
+
+
 def key_of(task_id: str) -> str | None:
     """The virtual key a task id is scoped to (``{key_id}/{task}``), else None."""
     head, sep, _ = task_id.partition("/")
@@ -120,31 +143,30 @@ class TaskTracker:
     def peek(self, task_id: str) -> TaskState | None:
         return self._tasks.get(task_id)
 
-    def begin(self, task_id: str, req: ClientRequest, attempt_header: str | None) -> TaskState:
-        """The task's state for this request, opening a new attempt when one has begun."""
-        return self._advance(self.get(task_id), req, attempt_header)
+    def begin(
+        self, task_id: str, req: ClientRequest, attempt_header: str | None, mark: AttemptMark | None = None
+    ) -> TaskState:
+        """The task's state for this request, opening a new attempt when one has begun. ``mark``:
+        the task's latest attempt as the replicas share it, taken in first (``adopt``)."""
+        return self._advance(adopt(self.get(task_id), mark), req, attempt_header)
 
-    def preview(self, task_id: str, req: ClientRequest, attempt_header: str | None) -> TaskState:
+    def preview(
+        self, task_id: str, req: ClientRequest, attempt_header: str | None, mark: AttemptMark | None = None
+    ) -> TaskState:
         """What ``begin`` would return, as a copy: the tracker is left as it is."""
         known = self._tasks.get(task_id)
         state = TaskState() if known is None else replace(known, failed_models=list(known.failed_models))
-        return self._advance(state, req, attempt_header)
+        return self._advance(adopt(state, mark), req, attempt_header)
 
-    @classmethod
-    def _advance(cls, state: TaskState, req: ClientRequest, attempt_header: str | None) -> TaskState:
+    @staticmethod
+    def _advance(state: TaskState, req: ClientRequest, attempt_header: str | None) -> TaskState:
         if attempt_header and attempt_header.isdigit():
             n = max(1, min(int(attempt_header), 1000))
             if n != state.attempt:
-                cls._new_attempt(state, n)
+                _new_attempt(state, n)
         elif state.failed_open and is_restart(req):
-            cls._new_attempt(state, state.attempt + 1)
+            _new_attempt(state, state.attempt + 1)
         return state
-
-    @staticmethod
-    def _new_attempt(state: TaskState, n: int) -> None:
-        if state.pinned and state.pinned not in state.failed_models:
-            state.failed_models.append(state.pinned)
-        state.attempt, state.pinned, state.failed_open, state.calls = n, None, False, 0
 
     def outcome(self, task_id: str, attempt: int | None, success: bool) -> None:
         state = self._tasks.get(task_id)
