@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
+
+import orjson
 
 #: The features a policy's rules may name (``headers.<name>`` reads a request header, lower-case).
 RULE_FIELDS = (
@@ -63,6 +66,8 @@ class Features:
     #: Characters of what the model is answering (the items after its last turn) and of that
     #: last turn (None: it has not spoken yet); None: not measured. The expected output reads them.
     turn_chars: tuple[int, int | None] | None = None
+    #: The program the model's last turn ran (``turn_verb``); None: none, or not measured.
+    turn_verb: str | None = None
 
     def for_rules(self) -> dict[str, Any]:
         """The mapping that rule conditions read (names as in the policy file)."""
@@ -78,13 +83,9 @@ def _is_model_item(item: Any) -> bool:
     return item.get("role") == "assistant" or item.get("type") in ("function_call", "reasoning")
 
 
-def turn_chars(messages: Sequence[Any]) -> tuple[int, int | None]:
-    """(characters of the items after the model's last turn, characters of that turn or None).
-
-    What an agent's next reply length follows: a short tool result (an edit went through) gets a
-    short reply, a long one (a file was read) a longer one, and a long last reply (a script was
-    written) is often followed by another. Only the tail is read: it costs the same on any history.
-    """
+def turn_shape(messages: Sequence[Any]) -> tuple[int, int | None, str | None]:
+    """``turn_chars`` and ``turn_verb`` of a request, in one walk of its tail (what the pipeline
+    reads)."""
     if not isinstance(messages, list):
         # As PromptSizer.measure takes it: one item (a string walked as a sequence is one call a character).
         messages = [messages]
@@ -93,12 +94,127 @@ def turn_chars(messages: Sequence[Any]) -> tuple[int, int | None]:
         new += _chars(messages[k])
         k -= 1
     if k < 0:
-        return new, None
-    reply = 0
+        return new, None, None
+    reply, verb = 0, None
     while k >= 0 and _is_model_item(messages[k]):
-        reply += _chars(messages[k])
+        item = messages[k]
+        content = item.get("content")
+        if isinstance(content, str) and not item.get("tool_calls"):
+            # A text turn, the text protocol's every turn: measured and read here, once.
+            reply += len(content)
+            if verb is None:
+                verb = _text_verb(content)
+        else:
+            reply += _chars(item)
+            if verb is None:
+                verb = _item_verb(item)
         k -= 1
+    return new, reply, verb
+
+
+def turn_chars(messages: Sequence[Any]) -> tuple[int, int | None]:
+    """(characters of the items after the model's last turn, characters of that turn or None).
+
+    What an agent's next reply length follows: a short tool result (an edit went through) gets a
+    short reply, a long one (a file was read) a longer one, and a long last reply (a script was
+    written) is often followed by another. Only the tail is read: it costs the same on any history.
+    """
+    new, reply, _ = turn_shape(messages)
     return new, reply
+
+
+def turn_verb(messages: Sequence[Any]) -> str | None:
+    """The program the model's last turn ran: the first word of its shell command (a text turn's
+    ``bash`` block, a tool call's ``command`` argument), else the name of the tool it called.
+
+    What it does next follows: after ``cat`` or ``sed -n`` (a file read) it often writes an edit, a
+    long reply; after ``grep`` or ``ls`` it reads on, a short one. None: it ran nothing, or has not
+    spoken. Only the last turn is read."""
+    return turn_shape(messages)[2]
+
+
+#: A command's program: after up to 4 environment assignments (``PYTHONPATH=. python x.py``), its
+#: first word, the directory dropped (``/usr/bin/python3`` is ``python3``). A verb keys a learned
+#: table and the log, so it is a short plain word or nothing: whatever else a client wrote stays out.
+_PROGRAM: Final = re.compile(r"\s*(?:[^\s=]*=\S*\s+){0,4}(?:\S*/)?([\w.+-]{1,32})(?:\s|$)", re.ASCII)
+#: The same, first line of a text turn's ``bash`` (or ``sh``) block.
+_FENCED: Final = re.compile(r"```(?:bash|sh)[^\n]*\n" + _PROGRAM.pattern, re.ASCII)
+#: How far into a command its program is looked for (a bound on the match's work on any input).
+_PROGRAM_CHARS: Final = 400
+_NAME: Final = re.compile(r"[\w.+-]{1,32}", re.ASCII)
+#: The start of a JSON key's value: a string's quote or a list's bracket.
+_JSON_VALUE: Final = re.compile(r'\s*:\s*(["[])')
+
+
+def _item_verb(item: dict[str, Any]) -> str | None:
+    calls = item.get("tool_calls")
+    if isinstance(calls, list) and calls and isinstance(calls[0], dict):  # Chat
+        fn = calls[0].get("function")
+        if isinstance(fn, dict):
+            return _call_verb(fn.get("name"), fn.get("arguments"))
+    if item.get("type") == "function_call":  # Responses
+        return _call_verb(item.get("name"), item.get("arguments"))
+    content = item.get("content")
+    if isinstance(content, str):
+        return _text_verb(content)
+    if isinstance(content, list):  # Messages: text and tool_use blocks
+        for block in content:
+            if isinstance(block, dict):
+                if block.get("type") == "tool_use":
+                    return _call_verb(block.get("name"), block.get("input"))
+                if block.get("type") == "text" and isinstance(block.get("text"), str):
+                    verb = _text_verb(block["text"])
+                    if verb is not None:
+                        return verb
+    return None
+
+
+def _call_verb(name: Any, arguments: Any) -> str | None:
+    if isinstance(arguments, str):  # Chat and Responses send the arguments as JSON text
+        arguments = _json_command(arguments)
+    command = arguments.get("command") if isinstance(arguments, dict) else None
+    if isinstance(command, list) and command:  # exec-style tools: ["bash", "-lc", "..."]
+        command = command[-1] if command[0] in ("bash", "sh") else command[0]
+    verb = _command_verb(command) if isinstance(command, str) else None
+    return verb if verb is not None else _clean(name)
+
+
+def _json_command(arguments: str) -> dict[str, Any] | None:
+    """``{"command": ...}`` of a call's JSON arguments. A string command is read in place: a tool
+    call can carry a whole file (a heredoc), and parsing all of it would cost more than the rest of
+    the request's features."""
+    at = arguments.find('"command"')
+    if at < 0:
+        return None
+    m = _JSON_VALUE.match(arguments, at + 9)
+    if m is None:
+        return None
+    if m[1] == '"':
+        return {"command": arguments[m.end() : m.end() + _PROGRAM_CHARS]}
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _text_verb(text: str) -> str | None:
+    """The program of a text turn's last ``bash`` (or ``sh``) block, searched from the end, where an
+    agent's command follows its thought."""
+    start = text.rfind("```bash")
+    if start < 0:
+        start = text.rfind("```sh")
+    m = _FENCED.match(text, start, start + _PROGRAM_CHARS) if start >= 0 else None
+    return m[1] if m else None
+
+
+def _command_verb(command: str) -> str | None:
+    m = _PROGRAM.match(command, 0, _PROGRAM_CHARS)
+    return m[1] if m else None
+
+
+def _clean(name: Any) -> str | None:
+    return name if isinstance(name, str) and _NAME.fullmatch(name) else None
 
 
 def _chars(item: Any) -> int:

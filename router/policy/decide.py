@@ -174,7 +174,7 @@ class Decider:
                     excluded[n] = f"scope: not a backend the policy allows for {features.requested_model!r}"
 
         estimates = []
-        cell = turn_cell(features.turn_chars)
+        cell = turn_cell(features.turn_chars, features.turn_verb)
         for n in names:
             backend = self.catalog[n]
             prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
@@ -298,7 +298,7 @@ class Decider:
     def output(self, backend: Backend, features: Features, cell: str | None = None) -> tuple[int, int | None]:
         """The expected output of a call on ``backend`` (its cost) and the high one a budget holds for.
 
-        Learned per backend (the mean of the call's ``turn_cell``, else of all its calls, and the
+        Learned per backend (the mean of the call's ``turn_cell``, else of its shape's, else of all its calls, and the
         90th percentile), else the scorer's fit (older artifacts), else the policy's default (and
         the hold is the expected cost)."""
         defaults = self.policy.defaults

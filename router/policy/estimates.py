@@ -10,9 +10,9 @@ Pure numbers, learned by ``router train`` from the log (the artifact's ``estimat
 * **Output.** The mean output of a call prices it (a median undercounts an agent's total output
   about 3x: most calls are short, a few are long); the 90th percentile is what a budget holds and
   what the context window must leave room for. Where the log has enough calls of the same *turn
-  shape* (how long the model's last turn and what it is answering are, ``turn_cell``) the mean of
-  that cell prices the call: still a mean, so sums stay unbiased, but a short tool result is not
-  priced like a file just read.
+  shape* (how long the model's last turn and what it is answering are, and the program that turn
+  ran: ``turn_cell``) the mean of that cell prices the call: still a mean, so sums stay unbiased,
+  but a short tool result is not priced like a file just read.
 * **Cache.** Providers cache a prefix in whole blocks (Gemini ~2k tokens, OpenAI 128), so what
   can be cached of a warm prefix is its whole blocks; ``cache_share`` is the share of those the
   provider reported cached (not all: an entry is evicted, a call goes to another machine).
@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["BOUNDS", "CACHE_BLOCKS", "FAMILY_RATIOS", "BackendEstimates", "Estimates", "turn_cell"]
+__all__ = [
+    "BOUNDS", "CACHE_BLOCKS", "FAMILY_RATIOS", "BackendEstimates", "Estimates", "cell_mean", "parent_cell", "turn_cell",
+]  # fmt: skip
 
 #: Provider tokens per o200k token, by the provider part of a litellm model name, before data.
 FAMILY_RATIOS: Final[Mapping[str, float]] = {
@@ -44,14 +46,34 @@ PRIOR_CACHE_SHARE: Final = 1.0
 CACHE_BLOCKS: Final[Mapping[str, int]] = {"gemini": 2048, "vertex_ai": 2048, "openai": 128, "azure": 128}
 
 
-def turn_cell(turn_chars: tuple[int, int | None] | None) -> str | None:
+def turn_cell(turn_chars: tuple[int, int | None] | None, verb: str | None = None) -> str | None:
     """The output table's cell of a call: powers of two of the characters the model is answering
-    and of its last turn ("12:9"; "12:-" before its first). Coarser cells lost accuracy on the
-    shipped trajectories, finer ones had too few calls each."""
+    and of its last turn ("12:9"; "12:-" before its first), then the program that turn ran
+    (``turn_verb``: "12:9:sed"; none when it ran nothing). Coarser shapes lost accuracy on the
+    shipped trajectories, finer ones had too few calls each; a verb's cell too rare to be learned
+    falls back to its shape's (``parent_cell``)."""
     if turn_chars is None:
         return None
     new, reply = turn_chars
-    return f"{max(new, 1).bit_length()}:{'-' if reply is None else max(reply, 1).bit_length()}"
+    shape = f"{max(new, 1).bit_length()}:{'-' if reply is None else max(reply, 1).bit_length()}"
+    return shape if verb is None else f"{shape}:{verb}"
+
+
+def parent_cell(cell: str) -> str | None:
+    """The shape a verb's cell falls back to ("12:9:sed" -> "12:9"; a shape has none)."""
+    head, sep, _ = cell.rpartition(":")
+    return head if sep and ":" in head else None
+
+
+def cell_mean(cells: Mapping[str, float] | None, cell: str | None) -> float | None:
+    """The learned mean of ``cell``, else of its shape; None: neither was learned."""
+    if cell is None or not cells:
+        return None
+    mean = cells.get(cell)
+    if mean is None:
+        parent = parent_cell(cell)
+        mean = cells.get(parent) if parent is not None else None
+    return mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +116,10 @@ class Estimates:
         return warm // block * block
 
     def output_mean(self, backend: str, cell: str | None) -> float | None:
-        """The mean output of a call in ``cell`` (the backend's overall mean where the cell has none)."""
+        """The mean output of a call in ``cell`` (else its shape's, else the backend's overall mean)."""
         learned = self.of(backend)
-        cells = learned.output_cells
-        if cell is not None and cells and cell in cells:
-            return cells[cell]
-        return learned.output_mean
+        mean = cell_mean(learned.output_cells, cell)
+        return mean if mean is not None else learned.output_mean
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Estimates) and other.learned == self.learned

@@ -15,7 +15,7 @@ from typing import Any
 from router.background import Background
 from router.errors import AttemptStopped
 from router.features.promptsize import INLINE_CHARS, PromptSize, PromptSizer
-from router.features.request import Features, turn_chars
+from router.features.request import Features, turn_shape
 from router.features.task.context import TaskContext, TaskView
 from router.policy import following
 from router.policy.active import ActivePolicy
@@ -183,6 +183,7 @@ def request_features(
         }  # fmt: skip
     if size is not None:
         extra["prompt_anchor"], extra["anchor_model"] = size.provider_tokens, size.anchor_model
+    new, reply, verb = turn_shape(req.messages)
     return Features(
         protocol=req.protocol,
         requested_model=req.model,
@@ -195,7 +196,8 @@ def request_features(
         stream=req.stream,
         n_messages=len(req.messages),
         headers=headers,
-        # The shape of the turn prices its output (the learned mean of its turn cell).
-        turn_chars=turn_chars(req.messages),
+        # The shape of the turn and the program it ran price its output (the learned mean of its turn cell).
+        turn_chars=(new, reply),
+        turn_verb=verb,
         **extra,
     )

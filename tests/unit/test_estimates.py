@@ -232,3 +232,68 @@ def test_the_pipeline_tells_the_decision_the_turns_shape() -> None:
     d = decider({"gpt": BackendEstimates(output_mean=300, output_cells={turn_cell(f.turn_chars): 900.0})})  # type: ignore[dict-item]
     e = d.decide(replace(f, prompt_anchor=0)).estimate("gpt")
     assert e is not None and e.output_tokens == 900 and e.output_cell == turn_cell((3_000, 12))
+    assert f.turn_verb is None  # the last turn ran nothing
+    body["messages"][1]["content"] = "I will look.\n```bash\nls -la\n```"
+    assert request_features(WIRES[OPENAI_CHAT].parse(orjson.dumps(body)), 1_000, {}).turn_verb == "ls"
+
+
+def test_turn_verb_reads_the_program_the_models_last_turn_ran_in_each_shape() -> None:
+    from router.features.request import turn_verb
+
+    text = [{"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": "THOUGHT: run it.\n\n```bash\nPYTHONPATH=. /usr/bin/python3 -m pytest\n```"},
+            {"role": "user", "content": "<returncode>0</returncode>"}]  # fmt: skip
+    assert turn_verb(text) == "python3"  # the assignment skipped, the path's program
+    chat = [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+                "name": "bash", "arguments": '{"command": "sed -n 1,20p a.py"}'}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "x"}]  # fmt: skip
+    assert turn_verb(chat) == "sed"
+    # A command that carries a whole file is read from its start (not parsed to its end).
+    heredoc = '{"command": "cat <<\'EOF\' > a.py\\n' + "x = 1\\n" * 10_000 + 'EOF"}'
+    chat[0]["tool_calls"][0]["function"]["arguments"] = heredoc  # type: ignore[index]
+    assert turn_verb(chat) == "cat"
+    messages = [{"role": "assistant", "content": [{"type": "text", "text": "Reading."},
+                 {"type": "tool_use", "id": "t", "name": "Read", "input": {"file_path": "a.py"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]  # fmt: skip
+    assert turn_verb(messages) == "Read"  # no command: the tool's name
+    items = [{"type": "function_call", "name": "shell", "arguments": '{"command": ["bash", "-lc", "grep -rn x ."]}',
+              "call_id": "c"}, {"type": "function_call_output", "call_id": "c", "output": "x"}]  # fmt: skip
+    assert turn_verb(items) == "grep"
+
+    # Nothing run, no turn yet, or a word that is no program's name (it would key the table and the log).
+    def answered(said: str) -> list[dict[str, str]]:
+        return [{"role": "assistant", "content": said}, {"role": "user", "content": "ok"}]
+
+    assert turn_verb(answered("Done.")) is None
+    assert turn_verb([{"role": "user", "content": "```bash\nls\n```"}]) is None
+    assert turn_verb(answered("```bash\nécho:x\n```")) is None
+
+
+def test_a_verbs_cell_falls_back_to_its_shapes_then_to_the_backends_mean() -> None:
+    from router.policy.estimates import parent_cell
+
+    shape = turn_cell((40, 200))
+    assert shape == "6:8" and turn_cell((40, 200), "sed") == "6:8:sed" and parent_cell("6:8:sed") == "6:8"
+    assert parent_cell("6:8") is None and parent_cell("6:-") is None
+    d = decider({"gpt": BackendEstimates(output_mean=300, output_cells={"6:8:sed": 900.0, "6:8": 50.0})})  # type: ignore[dict-item]
+
+    def estimate(new: int, verb: str | None) -> Estimate:
+        e = d.decide(feats(1_000, turn_chars=(new, 200), turn_verb=verb)).estimate("gpt")
+        assert e is not None
+        return e
+
+    assert [estimate(40, v).output_tokens for v in ("sed", "cat", None)] == [900, 50, 50]
+    assert estimate(40, "cat").output_cell == "6:8:cat"  # logged as it is: the log learns it
+    assert estimate(20_000, "sed").output_tokens == 300  # neither the verb's cell nor the shape's: the mean
+
+
+def test_a_shapes_cell_is_learned_from_its_verbs_cells_together() -> None:
+    def logged(i: int, cell: str, out: int) -> RequestRecord:
+        said = [Estimate("gem", 0, 0, 0, 0.0, output_cell=cell)]
+        return row(f"t{cell}{i}", 1.0, output_tokens=out, candidates=said)
+
+    rows = [logged(i, "6:8:sed", 900) for i in range(MIN_ROWS)]
+    rows += [logged(i, "6:8:cat", 100) for i in range(MIN_ROWS - 1)] + [logged(0, "6:8", 100)]
+    cells = fit_estimates(rows)["gem"]["output_cells"]
+    # sed has its calls' mean; cat, one call short, is priced at its shape's: all 2 * MIN_ROWS calls of 6:8.
+    assert cells == {"6:8:sed": 900.0, "6:8": 500.0}

@@ -95,6 +95,6 @@ def markdown(report: dict[str, Any]) -> str:
         for name, c in report["cost_candidates"].items():
             lines.append(f"| {name} | {_n(c['sum_ratio'])} | {_pct(c['median_ape'])} |")
         t = report["time"]
-        lines += ["", f"µs per estimate with the turn's shape (turn_chars): {_n(t['median_us_with_turn'], '{:.1f}')} "
+        lines += ["", f"µs per estimate with the turn's cell (turn_shape, turn_cell): {_n(t['median_us_with_turn'], '{:.1f}')} "
                       f"median, against {_n(t['median_us'], '{:.1f}')} without (the same calls)"]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -30,13 +30,13 @@ from typing import Any, Final
 from router.errors import ContextTooLarge
 from router.features.memo import ConversationMemo
 from router.features.promptsize import COUNT_NEW_CHARS, PromptSizer
-from router.features.request import Features, turn_chars
+from router.features.request import Features, turn_shape
 from router.features.tokens import TokenCounter, item_text
 from router.learning.labels.replay import Trajectory, requests
 from router.learning.training.estimates import MIN_ROWS, as_estimates, fit_estimates
 from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
-from router.policy.estimates import turn_cell
+from router.policy.estimates import cell_mean, parent_cell, turn_cell
 from router.policy.loading import parse_policy
 from router.policy.pipeline import request_features
 from router.protocols import WIRES
@@ -87,7 +87,7 @@ class Row:
     cacheable: int
     cell: str | None
     micros: float
-    turn_micros: float  # the turn's shape (``turn_chars`` and ``turn_cell``), not in ``micros``
+    turn_micros: float  # the turn's cell (``turn_shape`` and ``turn_cell``), not in ``micros``
     #: Per window: (router keeps it, the provider's count keeps it).
     fits: dict[int, tuple[bool, bool]]
     baselines: dict[str, int]
@@ -134,9 +134,10 @@ class Replayer:
             if self.sizer.wants_count(size):  # as Pipeline.decide does
                 self.sizer.settle(size)
             micros = (time.perf_counter() - started) * 1e6
-            # The turn's shape, timed on its own: the pipeline will measure it beside the size.
+            # The turn's shape and verb, timed on their own: the pipeline measures them beside the size.
             started = time.perf_counter()
-            cell = turn_cell(turn_chars(req.messages))
+            new, reply, verb = turn_shape(req.messages)
+            cell = turn_cell((new, reply), verb)
             turn_micros = (time.perf_counter() - started) * 1e6
             feats = replace(
                 request_features(req, size.tokens, {}, None, size), requested_model="replay",
@@ -254,13 +255,14 @@ def cross_validate(
 
 
 #: Other estimates of each held-out call's cost from the same fold's fit, beside the router's.
-#: ``mean_output``: the backend's mean output, not its ``turn_cell``'s; ``share``: a share of the
-#: whole prompt cached, not of the warm prefix's whole blocks, with the mean output (the router
-#: before cache blocks and turn cells), and ``share_turn_cells`` with the cell's. ``medians`` is not an estimate the router could use: the
-#: median output of the cell and a cache hit (all the warm blocks cached) price a typical call,
-#: which is what a median error rewards, and undercount the sum (the long replies and the misses
-#: are left out).
-CANDIDATES: Final = ("mean_output", "share", "share_turn_cells", "medians")
+#: ``mean_output``: the backend's mean output, not its ``turn_cell``'s; ``turn_shapes``: the mean of
+#: the cell's shape, not of the program the last turn ran (the router before ``turn_verb``);
+#: ``share``: a share of the whole prompt cached, not of the warm prefix's whole blocks, with the
+#: mean output (the router before cache blocks and turn cells), and ``share_turn_cells`` with the
+#: cell's. ``medians`` is not an estimate the router could use: the median output of the cell and
+#: a cache hit (all the warm blocks cached) price a typical call, which is what a median error
+#: rewards, and undercount the sum (the long replies and the misses are left out).
+CANDIDATES: Final = ("mean_output", "turn_shapes", "share", "share_turn_cells", "medians")
 
 
 def _candidates(
@@ -272,23 +274,33 @@ def _candidates(
     cells = learned.get("output_cells") or {}
     hits = [r for r in warm if r.cached and r.cacheable]
     hit_share = sum(r.cached for r in hits) / max(1, sum(r.cacheable for r in hits))
-    by_cell_outputs: dict[str | None, list[int]] = {}
+    by_cell_outputs: dict[str, list[int]] = {}
     for r in train:
-        by_cell_outputs.setdefault(r.cell, []).append(r.output)
+        for c in (r.cell, r.cell and parent_cell(r.cell)):
+            if c is not None:
+                by_cell_outputs.setdefault(c, []).append(r.output)
     median = statistics.median(r.output for r in train)
     medians = {c: statistics.median(v) for c, v in by_cell_outputs.items() if len(v) >= MIN_ROWS}
     out: dict[str, list[float]] = {name: [] for name in CANDIDATES}
     for r in held:
-        by_cell = round(cells.get(r.cell, mean)) if r.cell is not None else round(mean)
+        by_cell = round(_or(cell_mean(cells, r.cell), mean))
         of_prompt = min(r.warm, round(r.prompt_est * share))
         out["mean_output"].append(price.cost(r.prompt_est - r.cached_est, round(mean), r.cached_est))
+        shape = r.cell and (parent_cell(r.cell) or r.cell)
+        out["turn_shapes"].append(
+            price.cost(r.prompt_est - r.cached_est, round(_or(cell_mean(cells, shape), mean)), r.cached_est)
+        )
         out["share"].append(price.cost(r.prompt_est - of_prompt, round(mean), of_prompt))
         out["share_turn_cells"].append(price.cost(r.prompt_est - of_prompt, by_cell, of_prompt))
         all_cached = round(r.cacheable * hit_share)
         out["medians"].append(
-            price.cost(r.prompt_est - all_cached, round(medians.get(r.cell, median)), all_cached)
+            price.cost(r.prompt_est - all_cached, round(_or(cell_mean(medians, r.cell), median)), all_cached)
         )
     return out
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _ape(est: Sequence[float], true: Sequence[float]) -> list[float]:

@@ -7,8 +7,9 @@ What ``router.policy.estimates`` reads (the artifact's ``estimates``). Each numb
   calls that started a task (no earlier count of the conversation anchored them, so the estimate
   is in o200k tokens; a median, as a few odd prompts would pull a sum's ratio off the typical one);
 * ``output_mean`` and ``output_p90``: the reported output of the main loop's calls;
-  ``output_cells``: its mean per ``turn_cell`` the decision logged, for each cell of ``MIN_ROWS``
-  calls (a mean per cell, so the cells' sum stays the log's);
+  ``output_cells``: its mean per ``turn_cell`` the decision logged, and per shape (the cell
+  without its verb, ``parent_cell``), for each of ``MIN_ROWS`` calls (a mean per cell, so the
+  cells' sum stays the log's);
 * ``cache_share``: the reported cached tokens over the warm prefix's whole cache blocks the
   decision logged (``cacheable_tokens``), summed over the calls that had some. Rows from before
   it was logged count their ``cached_tokens`` instead (the whole warm prefix at the prior, a
@@ -23,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from router.policy.estimates import BackendEstimates, Estimates
+from router.policy.estimates import BackendEstimates, Estimates, parent_cell
 from router.store import RequestRecord
 
 MIN_ROWS: Final = 20
@@ -45,6 +46,10 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, Any]
             outputs[model].append(r.output_tokens)
             if chosen is not None and chosen.output_cell:
                 cells[model][chosen.output_cell].append(r.output_tokens)
+                # Its shape's cell too: what a verb too rare to have a cell of its own is priced at.
+                parent = parent_cell(chosen.output_cell)
+                if parent is not None:
+                    cells[model][parent].append(r.output_tokens)
         cacheable = chosen and (chosen.cacheable_tokens or chosen.cached_tokens)
         if cacheable:
             c = cache[model]
