@@ -154,9 +154,14 @@ def objective_for(policy: Policy, artifact: Artifact) -> Objective:
     margin = math.inf
     if frontier is not None and o.target is not None:
         point = priors.nearest(artifact.points.get(k, ()), target=o.target)
-        prior = priors.for_target(frontier, o.target).models
+        # Chosen above the target, among orders as long, as `router train` measured it needs to
+        # reach the target on tasks it was not chosen on (a target it did not measure: at itself).
+        among, level = priors.for_target_above(
+            artifact.frontiers, k, o.target, *((point.above, point.longest) if point is not None else ())
+        )
+        prior = priors.for_target(among, level).models
         # A target `router train` did not measure keeps to its prior plan (no margin was validated).
-        value = point.value if point is not None else priors.value_of_target(frontier, o.target)
+        value = point.value if point is not None else priors.value_of_target(among, level)
         margin = point.margin if point is not None else math.inf
     elif frontier is not None and value is not None:
         prior = priors.for_value(frontier, value).models
@@ -171,6 +176,7 @@ def objective_for(policy: Policy, artifact: Artifact) -> Objective:
             margin = point.margin if point is not None else math.inf
     return Objective(
         max_attempts=k, value=value, max_cost_per_task=o.max_cost_per_task, prior=prior, margin=margin,
+        target=o.target if frontier is not None else None,
         default=o.value_per_completed_usd is None and o.target is None and prior is not None,
     )  # fmt: skip
 

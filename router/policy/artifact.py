@@ -224,8 +224,12 @@ def sigmoid(z: float) -> float:
 
 def _write(a: Artifact) -> dict[str, Any]:
     def point(p: Point) -> dict[str, Any]:
-        return {"value": p.value, "target": p.target, "margin": None if math.isinf(p.margin) else p.margin,
-                "success": p.success, "cost": p.cost, "deviations": p.deviations, "gain": p.gain}  # fmt: skip
+        out = {"value": p.value, "target": p.target, "margin": None if math.isinf(p.margin) else p.margin,
+               "success": p.success, "cost": p.cost, "deviations": p.deviations, "gain": p.gain}  # fmt: skip
+        # Where a target's prior plan is chosen, when not at the target among orders of any length
+        # (what their absence reads as: a file written before them says the same written again).
+        chosen = p.target is not None and (p.above != 0.0 or p.longest is not None)
+        return out | ({"above": p.above, "longest": p.longest} if chosen else {})
 
     def params(m: ModelParams) -> dict[str, Any]:
         out: dict[str, Any] = {"weights": m.weights, "platt": m.platt, "cost_weights": m.cost_weights,
@@ -294,6 +298,7 @@ def _read(doc: Node, digest: str) -> Artifact:
 
     def point(p: Node) -> Point:
         target, margin, share, gain = (p.get(k) for k in ("target", "margin", "deviations", "gain"))
+        above, longest = p.get("above"), p.get("longest")
         return Point(
             p.need("value").number(0, math.inf, open_=True),
             None if target is None else target.number(0, 1),
@@ -302,6 +307,9 @@ def _read(doc: Node, digest: str) -> Artifact:
             p.need("cost").number(0),
             0.0 if share is None else share.number(0, 1),
             0.0 if gain is None else gain.number(),
+            # Written before the margin was learned: at the target itself, among orders of any length.
+            0.0 if above is None else above.number(0, 1),
+            None if longest is None else longest.whole(1),
         )
 
     def control(c: Node) -> AttemptControl:

@@ -18,7 +18,7 @@ no margin gained there, it is infinite and the policy is the prior plan. Pure fu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +60,11 @@ class Point:
     #: Share of attempts that left the prior plan, and the gain per task that bought (USD).
     deviations: float = 0.0
     gain: float = 0.0
+    #: For a target: how far above it, and among orders of how many models at most, the prior plan
+    #: is chosen (``router.learning.training.margin``: the cheapest order reaching the target on the
+    #: training log mostly ran lucky there). An artifact without them: at the target, any length.
+    above: float = 0.0
+    longest: int | None = None
 
 
 def pareto(plans: Sequence[FixedPlan]) -> list[FixedPlan]:
@@ -85,6 +90,20 @@ def for_target(frontier: Sequence[FixedPlan], target: float) -> FixedPlan:
     if not meeting:
         return max(frontier, key=lambda p: (p.success, -p.cost))
     return min(meeting, key=lambda p: (p.cost_per_completed, len(p.models)))
+
+
+def for_target_above(
+    frontiers: Mapping[int, Sequence[FixedPlan]], k: int, target: float, above: float = 0.0,
+    longest: int | None = None,
+) -> tuple[Sequence[FixedPlan], float]:  # fmt: skip
+    """The frontier and the share the prior plan for ``target`` with up to ``k`` attempts is chosen
+    among and at: orders of at most ``longest`` models, at ``target + above`` (``Point.above``)."""
+    n = k if longest is None else min(k, longest)
+    if n in frontiers:
+        return frontiers[n], target + above
+    # The artifact keeps the frontiers of some lengths only: the longest kept that fits.
+    fit = [j for j in frontiers if j <= n]
+    return (frontiers[max(fit)] if fit else ()), target + above
 
 
 def value_of_target(frontier: Sequence[FixedPlan], target: float) -> float:

@@ -182,7 +182,8 @@ def prior_line(scorer: LearnedScorer) -> str:
         return "prior plan: none (the artifact has no prior plans for this retry limit); each task is planned alone"
     art = scorer.artifact
     plan = " → ".join(o.prior) or "stop (no order is worth its cost)"
-    fixed = next((p for p in art.frontiers.get(o.max_attempts, ()) if p.models == o.prior), None)
+    # A target's plan may come from a shorter frontier (orders of at most ``Point.longest`` models).
+    fixed = next((p for f in art.frontiers.values() for p in f if p.models == o.prior), None)
     line = f"prior plan (the best fixed order on this log for the objective): {plan}"
     if o.default:
         line = (f"default single shot (no value or target): serves {plan}, the best single model on this log "
@@ -193,6 +194,10 @@ def prior_line(scorer: LearnedScorer) -> str:
     point = priors.nearest(
         art.points.get(o.max_attempts, ()), target=target, value=None if target else o.value
     )
+    if target is not None and point is not None:
+        longest = point.longest or o.max_attempts
+        line += (f" (chosen at the target + {100 * point.above:g} pt among orders of up to {longest}, as an "
+                 "inner cross-validation on the training tasks says it needs to reach the target on new ones)")  # fmt: skip
     tried = "/".join(f"{m:g}" for m in MARGINS if not math.isinf(m))
     if point is None or math.isinf(o.margin):
         return line + (f"; per-task deviations (margins {tried} × V tried on out-of-fold replays of the training "

@@ -328,6 +328,31 @@ def shortlist(
     return tuple(sorted(picked[:size] if len(picked) > size else picked))
 
 
+def inner_margin(
+    tbl: Table, groups: Sequence[str], weights: np.ndarray | None, target: float, max_len: int, *,
+    folds: int = margins.INNER_FOLDS, seed: int = 0, memo: dict[tuple[int, bytes], Orders] | None = None,
+) -> margins.Margin:  # fmt: skip
+    """The margin above ``target`` and the longest order (``router.learning.training.margin``) for
+    orders of up to ``max_len`` of ``tbl``'s models, each row of it a task of ``groups``: what the
+    evaluation (``learn``) and ``router train`` (``router.learning.training.prior.margins``) both
+    choose their order for a target at. ``memo`` keeps each inner fold's orders across calls on
+    the same table (the folds depend only on ``groups`` and ``seed``, not on the target)."""
+    w = np.ones(len(groups)) if weights is None else np.asarray(weights, dtype=float)
+    memo = {} if memo is None else memo
+
+    def choose(fit: np.ndarray, choices: Sequence[tuple[int, float]]) -> list[list[int]]:
+        key = (max_len, fit.tobytes())
+        if key not in memo:
+            memo[key] = orders(subset(tbl, fit), max_len, w[fit])
+        inner = memo[key]
+        return [[j for j in inner.seqs[inner.best(t, k)].tolist() if j >= 0] for k, t in choices]
+
+    return margins.learn(
+        groups, w, target, max_len, choose, lambda held, seq: scored(subset(tbl, held), seq, w[held]),
+        folds=folds, seed=seed,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Learned:
     controls: dict[str, AttemptControl]
@@ -423,17 +448,8 @@ def learn(
     chosen = margins.Margin(0.0, None, {})
     if target is not None and inner_folds:
         tbl = _stack(everyone, [col(m, controls[m]) for m in everyone])
-        w = np.ones(len(tasks)) if weights is None else np.asarray(weights, dtype=float)
-
-        def choose(fit: np.ndarray, choices: Sequence[tuple[int, float]]) -> list[list[int]]:
-            inner = orders(subset(tbl, fit), max_len, w[fit])
-            return [[j for j in inner.seqs[inner.best(t, k)].tolist() if j >= 0] for k, t in choices]
-
         groups = [task_of.get(t, t) if task_of is not None else t for t in tasks]
-        chosen = margins.learn(
-            groups, w, target, max_len, choose, lambda held, seq: scored(subset(tbl, held), seq, w[held]),
-            folds=inner_folds, seed=seed,
-        )  # fmt: skip
-        i = o.best(target + chosen.margin, chosen.longest)
+        chosen = inner_margin(tbl, groups, weights, target, max_len, folds=inner_folds, seed=seed)
+        i = o.best(chosen.at(target), chosen.longest)
     return Learned({m: c for m, c in controls.items() if c.active}, o.names(i), float(o.resolved[i]),
                    float(o.cost[i]), report, chosen.margin, chosen.longest, chosen.held_out)  # fmt: skip

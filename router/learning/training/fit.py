@@ -192,9 +192,12 @@ def _fit(
     )
     order = sorted(first)
     targets = {*value.TARGETS, *([target] if target is not None else [])}
+    # Each target's prior plan at the margin above it the training tasks' inner cross-validation keeps.
+    above = prior.margins(rows, groups, attempts, targets, noise)
     points = value.all_points(
-        fitted, [seen[g] for g in order], [first[g] for g in order], frontiers, noise=noise, targets=targets
-    )
+        fitted, [seen[g] for g in order], [first[g] for g in order], frontiers, noise=noise, targets=targets,
+        above=above,
+    )  # fmt: skip
     artifact = dataclasses.replace(
         fitted, frontiers=prior.rounded(frontiers), points=points, noise=(float(noise[0]), float(noise[1]))
     )

@@ -40,6 +40,10 @@ class Margin:
     #: Per choice tried, (longest, margin): its pooled held-out share resolved and cost per completed task.
     held_out: dict[tuple[int, float], tuple[float, float]]
 
+    def at(self, target: float) -> float:
+        """The share an order is chosen at for ``target``."""
+        return target + self.margin
+
 
 def inner_folds(groups: Sequence[str], k: int, seed: int) -> list[np.ndarray]:
     """Row indices per fold: the distinct tasks shuffled (seeded) and dealt round-robin, so a

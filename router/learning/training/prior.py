@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from router.learning.training import control
 from router.learning.training.dataset import AttemptRow
 from router.policy.prior import FixedPlan, pareto
 
@@ -105,3 +106,33 @@ def rounded(frontier: Mapping[int, Sequence[FixedPlan]]) -> dict[int, tuple[Fixe
         k: tuple(FixedPlan(p.models, round(p.success, 5), round(p.cost, 6)) for p in plans)
         for k, plans in frontier.items()
     }
+
+
+def margins(
+    rows: Sequence[AttemptRow], groups: np.ndarray, lengths: Iterable[int], targets: Iterable[float],
+    noise: tuple[float, float] = (0.0, 0.0), *, seed: int = 0,
+) -> dict[int, dict[float, tuple[float, int | None]]]:  # fmt: skip
+    """Per retry limit and target, how far above the target and among orders of how many models
+    the prior plan is chosen: the inner cross-validation ``router eval`` chooses its order with
+    (``control.inner_margin``, on the same rows of task × model), on the log's tasks alone. A
+    model the log has not seen on a task stands there at its rate and cost over its tasks."""
+    models, s, c = outcome_matrix(rows, groups)
+    seen = ~np.isnan(s)
+    n_seen = np.maximum(seen.sum(axis=0), 1)
+    s = np.where(seen, s, np.nan_to_num(s).sum(axis=0) / n_seen)
+    c = np.where(seen, c, np.nan_to_num(c).sum(axis=0) / n_seen)
+    fa, fr = noise
+    tbl = control.Table(tuple(models), s, c, np.full(s.shape, 1.0 - fr), np.full(s.shape, fa))
+    # A group's name is its first row's task: the folds deal tasks by name (seeded).
+    names: dict[int, str] = {}
+    for g, r in zip(groups.tolist(), rows, strict=True):
+        names.setdefault(g, r.task_id)
+    named = [names[g] for g in range(len(s))]
+    memo: dict[tuple[int, bytes], control.Orders] = {}
+    out: dict[int, dict[float, tuple[float, int | None]]] = {}
+    for k in sorted(set(lengths)):
+        out[k] = {}
+        for t in sorted(set(targets)):
+            m = control.inner_margin(tbl, named, None, t, min(k, MAX_LEN), seed=seed, memo=memo)
+            out[k][t] = (m.margin, m.longest)
+    return out

@@ -2,7 +2,9 @@
 a task must clear to leave it, and what the policy is expected to complete and spend.
 
 The prior plan at a value is the fixed order worth most on the training log; at a target, the one
-with the least cost per completed task among those reaching it (``router.policy.prior``). A target
+with the least cost per completed task among those reaching it (``router.policy.prior``), reaching
+it with the margin, and among orders as long, an inner cross-validation on the training tasks says
+it needs to reach it on new ones (``router.learning.training.prior.margins``). A target
 is a fleet-wide promise, met on average over tasks, not per task; the value a target stands for is
 the least one at which the frontier's best order reaches it.
 
@@ -60,15 +62,26 @@ class _Op:
     prior: tuple[str, ...]
 
 
+#: target → (how far above it, the longest order) the prior plan is chosen at (``Point.above``).
+Above = Mapping[float, tuple[float, int | None]]
+
+
 def points(
     artifact: Artifact, tasks: Sequence[Mapping[str, Logged]], vectors: Sequence[Mapping[int, float]],
-    frontier: Sequence[priors.FixedPlan], *, max_attempts: int, noise: tuple[float, float] = (0.0, 0.0),
-    targets: Iterable[float] = TARGETS,
+    frontiers: Mapping[int, Sequence[priors.FixedPlan]], *, max_attempts: int,
+    noise: tuple[float, float] = (0.0, 0.0), targets: Iterable[float] = TARGETS, above: Above | None = None,
 ) -> list[priors.Point]:  # fmt: skip
-    """One point per value in ``GRID`` and per target, each with the margin worth most on the replay."""
+    """One point per value in ``GRID`` and per target, each with the margin worth most on the replay.
+    ``frontiers``: per retry limit (``max_attempts``' and the shorter ones a target's plan may be
+    limited to); ``above``: where each target's prior plan is chosen (absent: at the target)."""
+    frontier = frontiers[max_attempts]
     ops = [_Op(float(v), None, priors.for_value(frontier, float(v)).models) for v in GRID]
+    chosen = {}
     for t in sorted(set(targets)):
-        ops.append(_Op(priors.value_of_target(frontier, t), t, priors.for_target(frontier, t).models))
+        a, longest = (above or {}).get(t, (0.0, None))
+        among, level = priors.for_target_above(frontiers, max_attempts, t, a, longest)
+        ops.append(_Op(priors.value_of_target(among, level), t, priors.for_target(among, level).models))
+        chosen[t] = (a, longest)
     scorer = LearnedScorer(artifact, Objective(max_attempts=max_attempts))
     models = list(artifact.models)
     per_task = []
@@ -96,6 +109,7 @@ def points(
             j for j in range(len(MARGINS) - 1) if mean[i, j] > SIGNIFICANCE * se[i, j] and mean[i, j] > 0
         ]
         j = max(clear, key=lambda m: (mean[i, m], m)) if clear else len(MARGINS) - 1
+        a, longest = chosen[op.target] if op.target is not None else (0.0, None)
         out.append(
             priors.Point(
                 op.value,
@@ -105,6 +119,8 @@ def points(
                 float(cost[i, j]),
                 float(deviations[i, j] / decisions[i, j]) if decisions[i, j] else 0.0,
                 float(mean[i, j]),
+                a,
+                longest,
             )
         )
     return out
@@ -182,22 +198,22 @@ def _replay(
 def all_points(
     artifact: Artifact, tasks: Sequence[Mapping[str, Logged]], vectors: Sequence[Mapping[int, float]],
     frontiers: Mapping[int, Sequence[priors.FixedPlan]], *, noise: tuple[float, float] = (0.0, 0.0),
-    targets: Iterable[float] = TARGETS,
+    targets: Iterable[float] = TARGETS, above: Mapping[int, Above] | None = None,
 ) -> dict[int, tuple[priors.Point, ...]]:  # fmt: skip
-    """The artifact's operating points per retry limit, rounded as it keeps them."""
-    targets = tuple(targets)
-    return {
-        k: tuple(
-            rounded(p)
-            for p in points(artifact, tasks, vectors, frontier, max_attempts=k, noise=noise, targets=targets)
-        )
-        for k, frontier in sorted(frontiers.items())
-    }
+    """The artifact's operating points per retry limit, rounded as it keeps them (``above``: per
+    retry limit, where each target's prior plan is chosen)."""
+    targets, above = tuple(targets), above or {}
+
+    def at(k: int) -> list[priors.Point]:
+        return points(artifact, tasks, vectors, frontiers, max_attempts=k, noise=noise, targets=targets,
+                      above=above.get(k))  # fmt: skip
+
+    return {k: tuple(rounded(p) for p in at(k)) for k in sorted(frontiers)}
 
 
 def rounded(p: priors.Point) -> priors.Point:
     """6 decimals for dollars, 5 for the success, 4 for shares (what a file needs, not float noise)."""
     return priors.Point(
         round(p.value, 6), p.target, p.margin, round(p.success, 5), round(p.cost, 6), round(p.deviations, 4),
-        round(p.gain, 6),
+        round(p.gain, 6), p.above, p.longest,
     )  # fmt: skip
