@@ -254,8 +254,11 @@ class Orders:
         return int(np.lexsort((length, key))[0])
 
 
-def orders(tbl: Table, max_len: int, weights: np.ndarray | None = None) -> Orders:
-    """``weights``: how much each row of the table counts (default: one each)."""
+def orders(
+    tbl: Table, max_len: int, weights: np.ndarray | None = None, *, only: Sequence[int] | None = None
+) -> Orders:
+    """``weights``: how much each row of the table counts (default: one each); ``only``: the one
+    order to score (and its beginnings), not every order."""
     n, m = tbl.right.shape
     width = max(max_len, 1)
     done = tbl.right * tbl.accept
@@ -267,7 +270,7 @@ def orders(tbl: Table, max_len: int, weights: np.ndarray | None = None) -> Order
 
     def extend(prefix: tuple[int, ...], alive: np.ndarray, res: float, spent_: float) -> None:
         # Every next model at once: the order ending with it, then (if longer ones fit) each one extended.
-        nxt = np.setdiff1d(every, prefix, assume_unique=True)
+        nxt = np.array([only[len(prefix)]]) if only else np.setdiff1d(every, prefix, assume_unique=True)
         step_cost = (alive @ tbl.cost / n)[nxt]
         block = np.full((len(nxt), width), -1, dtype=np.int16)
         block[:, : len(prefix)] = prefix
@@ -288,21 +291,12 @@ def orders(tbl: Table, max_len: int, weights: np.ndarray | None = None) -> Order
 
 
 def scored(tbl: Table, seq: Sequence[int], weights: np.ndarray | None = None) -> tuple[float, float]:
-    """(share resolved, cost per row) of one order on ``tbl``'s rows (weighted), as ``orders``
-    scores it."""
-    n = len(tbl.right)
-    if n == 0:
+    """(share resolved, cost per row) of one order on ``tbl``'s rows (weighted): ``orders``' own
+    arithmetic, on that order alone (its last line is the whole order)."""
+    if len(tbl.right) == 0 or not seq:
         return 0.0, 0.0
-    alive = np.ones(n) if weights is None else weights * n / weights.sum()
-    got = spent = 0.0
-    for step, k in enumerate(seq):
-        spent += float(alive @ tbl.cost[:, k]) / n
-        if step == len(seq) - 1:  # the last result stands whatever the verdict
-            return got + float(alive @ tbl.right[:, k]) / n, spent
-        got += float(alive @ (tbl.right[:, k] * tbl.accept[:, k])) / n
-        right, accept, false_accept = tbl.right[:, k], tbl.accept[:, k], tbl.false_accept[:, k]
-        alive = alive * (right * (1.0 - accept) + (1.0 - right) * (1.0 - false_accept))
-    return got, spent
+    one = orders(tbl, len(seq), weights, only=seq)
+    return float(one.resolved[-1]), float(one.cost[-1])
 
 
 def subset(tbl: Table, index: np.ndarray) -> Table:
