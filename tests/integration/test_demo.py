@@ -170,6 +170,9 @@ def test_the_readmes_five_minute_path_on_the_demo(tmp_path: Path) -> None:
                 tmp_path, env, "train", "--config", demo_policy, "--out", "policies/learned/v1.json"
             )
             assert "wrote policies/learned/v1.json" in trained.stdout
+            # The demo's attempts are a few calls each: no cap learned from them (one of 4 calls,
+            # promoted, would stop real agents' attempts), and the output says why.
+            assert "call caps: none; no cap for " in trained.stdout, trained.stdout
 
             # 7. Preview on a copy of the policy.
             shutil.copy(tmp_path / demo_policy, tmp_path / "policies/candidate.yaml")

@@ -20,7 +20,8 @@ from router.learning.evals import baselines as bl
 from router.learning.evals import loader
 from router.learning.evals.loader import Dataset
 from router.learning.evals.simulate import BUDGET, Execution, LabelVerifier, Verifier, replay
-from router.learning.training import control
+from router.learning.training import caps, control
+from router.learning.training.dataset import AttemptRow
 from tests.unit.test_evals import write_data
 
 
@@ -187,19 +188,39 @@ def test_a_random_stop_matches_the_stop_loss_share() -> None:
     assert stopped == pytest.approx(0.5, abs=0.07)
 
 
+def _attempt(task: str, model: str, ok: bool, calls: int, failed: tuple[str, ...] = ()) -> AttemptRow:
+    return AttemptRow(task, 1, model, {}, ok, "explicit", 0.1, calls, 1.0, [model], list(failed))
+
+
 def test_train_caps_each_model_at_twice_the_median_of_its_resolved_attempts() -> None:
-    from router.learning.training.dataset import AttemptRow
+    rows = [_attempt(f"t{i}", "a", True, n) for i, n in enumerate((40, 60, 80))]
+    rows += [_attempt("t9", "a", False, 100), _attempt("t9", "a", True, 90, ("a",))]
+    rows += [_attempt("t0", "b", True, 50)]
+    got = caps.from_log(rows, min_resolved=3)
+    # a: its first resolved attempts (40, 60, 80: median 60); a repeat and the failures do not
+    # count; b has too few resolved attempts for a cap, and the report says so.
+    assert got.controls == {"a": AttemptControl(max_calls=120)}
+    assert got.not_learned == {"b": "resolved attempts on 1 tasks (1 in all); a cap needs 3"}
+    assert caps.line(got).startswith(
+        "call caps per attempt (2 × the median calls of resolved attempts): a 120; "
+    )
+    assert "no cap for b: resolved attempts on 1 tasks" in caps.line(got)
 
-    def row(model: str, ok: bool, calls: int, failed: tuple[str, ...] = ()) -> AttemptRow:
-        return AttemptRow("t", 1, model, {}, ok, "explicit", 0.1, calls, 1.0, [model], list(failed))
 
-    rows = [row("a", True, n) for n in (4, 6, 8)] + [row("a", False, 100), row("a", True, 90, ("a",))]
-    rows += [row("b", True, 5)]
-    block = control.caps_from_log(rows, min_resolved=3)
-    # a: its first resolved attempts (4, 6, 8: median 6); a repeat and the failures do not count;
-    # b has too few resolved attempts for a cap.
-    assert block == {"a": AttemptControl(max_calls=12)}
-    assert "a 12" in control.caps_line(block) and "none" in control.caps_line({})
+def test_a_toy_log_of_short_attempts_learns_no_cap() -> None:
+    # The demo's or the fake provider's log: attempts of two calls. A cap of 4 learned from it
+    # would stop every real agent's attempt after four calls.
+    rows = [_attempt(f"t{i}", "local-nano", True, 2) for i in range(30)]
+    got = caps.from_log(rows)
+    assert got.controls == {}
+    assert got.not_learned["local-nano"].startswith(
+        "2 × the median of its resolved attempts' calls is 4, under 20"
+    )
+    # Resolved attempts repeated on a few tasks are a few tasks' evidence, whatever their count.
+    few = [_attempt(f"t{i % 3}", "m", True, 40) for i in range(30)]
+    assert caps.from_log(few).controls == {}
+    assert caps.from_log(few).not_learned["m"] == "resolved attempts on 3 tasks (30 in all); a cap needs 10"
+    assert caps.line(caps.from_log(few)).startswith("call caps: none; no cap for m: ")
 
 
 def test_the_proxy_stops_on_the_attempts_latest_label_and_keeps_saying_so(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ from rich.table import Table
 
 from router.errors import ConfigError
 from router.learning.labels import fromlog
-from router.learning.training import control, dataset, keyshare, offpolicy, stoploss
+from router.learning.training import caps as callcaps
+from router.learning.training import dataset, keyshare, offpolicy, stoploss
 from router.learning.training import scopes as scoped
 from router.learning.training.estimates import as_estimates, fit_estimates
 from router.learning.training.fit import fit
@@ -121,11 +122,13 @@ def train(
     # Per model: a cap on an attempt's calls, and a stop-loss where the log's attempts (or recorded
     # runs) show it pays.
     stops, source = _stop_losses(trajectories, list(counts), requests, rows)
-    said = {"stop_loss": {m: c.to_json() for m, c in stops.items()}, "stop_loss_from": source}
+    caps = callcaps.from_log(rows)
+    said = {"stop_loss": {m: c.to_json() for m, c in stops.items()}, "stop_loss_from": source,
+            "call_caps_not_learned": caps.not_learned}  # fmt: skip
     fitted = dataclasses.replace(
         fitted,
         output_tokens=fit_output_tokens(requests),
-        controls=stoploss.merge(control.caps_from_log(rows), stops),
+        controls=stoploss.merge(caps.controls, stops),
         # Per backend: provider tokens per o200k token, output mean and 90th percentile, cached share.
         estimates=as_estimates(fit_estimates(requests)),
         report={**fitted.report, "dominant_keys": dominant_keys, **said},
@@ -148,9 +151,7 @@ def train(
     sha = hashlib.sha256(raw).hexdigest()
     _print(console, artifact, path, sha)
     console.print(prior_line(scorer), highlight=False)
-    console.print(
-        control.caps_line({m: c for m, c in artifact.controls.items() if c.max_calls}), highlight=False
-    )
+    console.print(callcaps.line(caps), highlight=False)
     console.print(stoploss.line(stops, source), highlight=False)
     # The outcome label model: measured on the log's explicit outcomes, refitted when they suffice.
     labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))

@@ -23,7 +23,6 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -102,40 +101,6 @@ def cap_for(resolved_calls: Sequence[int], factor: float = CAP_FACTOR) -> int | 
     if not resolved_calls:
         return None
     return max(1, math.ceil(factor * float(np.median(resolved_calls))))
-
-
-#: Resolved attempts of a model ``router train`` needs before it gives the model a cap.
-MIN_RESOLVED_FOR_CAP = 10
-
-
-class _Row(Protocol):
-    model: str
-    success: bool
-    n_calls: int
-    failed_before: list[str]
-
-
-def caps_from_log(
-    rows: Sequence[_Row], min_resolved: int = MIN_RESOLVED_FOR_CAP
-) -> dict[str, AttemptControl]:
-    """The artifact's attempt controls from a log: per model with enough resolved
-    attempts, a cap of ``CAP_FACTOR`` × their median calls. The stop-loss, learned from each call's
-    reading of the conversation, is ``router.learning.training.stoploss``'s."""
-    calls: dict[str, list[int]] = {}
-    for r in rows:
-        if r.success and r.model not in r.failed_before:
-            calls.setdefault(r.model, []).append(r.n_calls)
-    return {
-        m: AttemptControl(max_calls=cap_for(c)) for m, c in sorted(calls.items()) if len(c) >= min_resolved
-    }
-
-
-def caps_line(block: Mapping[str, AttemptControl]) -> str:
-    if not block:
-        return (f"call caps: none (a model needs {MIN_RESOLVED_FOR_CAP} resolved attempts in the log; "
-                "models.X.max_calls_per_attempt sets one by hand)")  # fmt: skip
-    caps = ", ".join(f"{m} {c.max_calls}" for m, c in block.items())
-    return f"call caps per attempt ({CAP_FACTOR:g} × the median calls of resolved attempts): {caps}"
 
 
 @dataclass(frozen=True, slots=True)
