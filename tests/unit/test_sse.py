@@ -73,3 +73,20 @@ def test_usage_only_chunks_are_told_apart_without_parsing_every_chunk() -> None:
     # Text that mentions usage inside a string is escaped and cannot pass for the field.
     assert not is_usage_only(b'{"choices":[{"delta":{"content":"\\"usage\\":{}"}}],"usage":null}')
     assert not is_usage_only(b'{"choices":[{"delta":{"content":"x"}}],"usage":{"prompt_tokens":3}}')
+
+
+async def test_the_events_of_one_read_read_as_parse_block_reads_them() -> None:
+    # A read of several events is split once and its one-data-line events read inline: the same
+    # names, payloads and bytes as ``parse_block`` gives each block.
+    blocks = [
+        b'data: {"a": 1}',
+        b"data:   spaced",
+        b"data: ",
+        b"data:tight",
+        b": comment",
+        b"event: e\ndata: x",
+    ]
+    evs = await _collect(b"".join(b + b"\n\n" for b in blocks) + b"data: nex", b"t\n\n")
+    want = [sse.parse_block(b) for b in [*blocks, b"data: next"]]
+    assert [(e.name, e.data, e.raw) for e in evs] == [(w.name, w.data, w.raw) for w in want]
+    assert [e.more for e in evs] == [True] * 5 + [False, False]
