@@ -258,3 +258,38 @@ def test_a_key_budget_refuses_only_when_no_candidate_fits(
     tight = create_key(r, capsys, "--name", "tight", "--budget", str(hold["local-nano"] / 2))
     resp = httpx.post(r.url + CHAT, json=body, headers={"x-api-key": tight["key"]}, timeout=30)
     assert resp.status_code == 403 and resp.json()["error"]["code"] == "budget_exceeded", resp.text
+
+
+def test_requests_in_flight_that_fall_back_cannot_spend_past_a_key_budget(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Admission held the chosen backend's estimate alone. When it failed, its requests in flight
+    all fell back to a dearer backend: 40 at once on a key with $0.05 spent $0.1146 (found by
+    probing a router whose cheap backend was down). The hold is now the dearest of the backends
+    the request may be served by."""
+    policy = local_policy(upstream.url)
+    policy["models"][0]["litellm_model"] = "openai/nano-model@status=500"  # local-nano is down
+    policy["routes"][0]["candidates"] = ["local-nano", "local-claude"]
+    policy["rules"] = []
+    r = router_factory(policy, master_key=MASTER)
+    body = {"model": "auto", "messages": [{"role": "user", "content": "fix it " * 300}]}
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
+    assert seen["order"] == ["local-nano", "local-claude"]
+    hold = {c["model"]: c.get("hold_usd", c["cost_usd"]) for c in seen["candidates"]}
+    served = httpx.post(r.url + CHAT, json=body, headers={"x-api-key": MASTER}, timeout=30)
+    assert served.headers["x-router-model"] == "local-claude"
+    cost = float(served.headers["x-router-cost-usd"])
+    budget = 1.5 * hold["local-claude"]  # room for one request on the dear backend
+    assert 40 * cost > 2 * budget  # without the hold, the 40 would spend past it
+    key = create_key(r, capsys, "--name", "falls-back", "--budget", str(budget))
+
+    def post(i: int) -> int:
+        headers = {"x-api-key": key["key"], "x-router-task-id": f"fb{i}"}
+        return httpx.post(r.url + CHAT, json=body, headers=headers, timeout=30).status_code
+
+    with ThreadPoolExecutor(40) as pool:
+        statuses = list(pool.map(post, range(40)))
+    assert 200 in statuses
+    rows = [row for row in r.records(42, timeout=10) if row["key_id"] == key["key_id"]]
+    spent = sum(row["cost_usd"] or 0.0 for row in rows)
+    assert spent <= budget, (spent, budget, statuses)
