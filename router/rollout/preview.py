@@ -268,6 +268,10 @@ def preview(
         if isinstance(scorer, LearnedScorer)
         else None
     )
+    success = {
+        "learned_model": learned,
+        "offpolicy": _offpolicy_success(requests, outcomes, tally, policy.spec.tasks.abandon_after_s),
+    }
     return {
         "policy": {
             "name": policy.name,
@@ -286,10 +290,8 @@ def preview(
         "cost_usd_after": round(tally.cost_after, 6),
         # A difference of sums: "+ 0.0" turns a rounded float residue of -0.0 into 0.0 ("$-0.000000").
         "cache_switch_usd": round(tally.cache_switch, 6) + 0.0,
-        "success": {
-            "learned_model": learned,
-            "offpolicy": _offpolicy_success(requests, outcomes, tally, policy.spec.tasks.abandon_after_s),
-        },
+        "success": success,
+        "warnings": _warnings(success),
         "risks": {"counts": dict(tally.risks), "examples": tally.risk_examples},
         "not_replayed": [
             "headers that no rule of the logging policy read",
@@ -299,6 +301,22 @@ def preview(
             "budgets",
         ],
     }
+
+
+def _warnings(success: Mapping[str, Any]) -> list[str]:
+    """What a reader must not miss before promoting: success that falls for sure. On a demo log of
+    60 tasks, a policy learned with ``--force`` moved every request to the cheapest model, the
+    learned model expecting -0.096 [-0.147, -0.050] per attempt, and the preview said only
+    "risks: none" (its risks are about fit)."""
+    learned = success.get("learned_model")
+    diff = learned.get("difference") if learned else None
+    if not diff or not diff.get("ci95") or diff["ci95"][1] >= 0:
+        return []
+    lo, hi = diff["ci95"]
+    return [
+        f"success falls: the learned model expects {diff['mean']:+.3f} per attempt [{lo:+.3f}, {hi:+.3f}] "
+        "under the new policy, the whole 95% interval below 0"
+    ]
 
 
 # ---- the command
@@ -344,6 +362,8 @@ def render(p: Mapping[str, Any]) -> None:
             ci = v.get("ci95")
             ci_text = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
             console.print(f"  {side}: {'n/a' if point is None else f'{point:.3f}'}{ci_text}")
+    for warning in p.get("warnings", ()):
+        console.print(f"[yellow]warning[/]: {warning}")
     risks = p["risks"]
     if risks["counts"]:
         console.print(

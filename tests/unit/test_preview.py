@@ -175,3 +175,40 @@ async def test_a_served_preview_reads_the_same_without_the_prompt(tmp_path: Path
     rule = {"name": "premium", "when": {"headers.x-tier": "premium"}, "only": ["b"]}
     rt = runtime(tmp_path, ["a", "b"], rules=[rule])
     assert preview(read, outcomes, rt) == preview(everything, outcomes, rt)
+
+
+def test_a_preview_warns_when_success_falls_for_sure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a completes 7 tasks of 12 at a 50th of b's cost, b all 12: the learned policy moves
+    # every logged request from b to a, for less success. The preview said only "risks: none".
+    import hashlib
+
+    from router.features.task.vector import task_vector, to_json
+    from router.learning.training import dataset
+    from router.learning.training.fit import fit
+    from router.rollout.preview import render
+
+    vec = task_vector("fix the race condition")
+    cost = {"a": 0.001, "b": 0.05}
+    trained = [dataset.AttemptRow(f"t{i}", 1, m, vec, m == "b" or i < 7, "explicit", cost[m], 3, 1.0, [m])
+               for i in range(12) for m in ("a", "b")]  # fmt: skip
+    raw = fit(trained).to_json()
+    (tmp_path / "learned.json").write_bytes(raw)
+    learned = {"artifact": "learned.json", "sha256": hashlib.sha256(raw).hexdigest()}
+    rt = runtime(tmp_path, ["a", "b"], learned=learned)
+    rows = [row(i, "b", task=f"t{i}", task_features=to_json(vec)) for i in range(1, 6)]
+    p = preview(rows, [], rt)
+    assert p["moves"] == {"b -> a": 5}
+    assert p["success"]["learned_model"]["difference"]["ci95"][1] < 0
+    (warning,) = p["warnings"]
+    assert warning.startswith("success falls: the learned model expects -")
+    render(p)
+    assert "warning: success falls" in capsys.readouterr().out
+    # A move that does not lower success says nothing.
+    assert (
+        preview([row(i, "a", task=f"t{i}", task_features=to_json(vec)) for i in range(1, 6)], [], rt)[
+            "warnings"
+        ]
+        == []
+    )
