@@ -94,9 +94,10 @@ class Outcomes:
         # Read even when the task is in memory: the log says which route and scope decided it. The
         # latest requests hold the latest attempt and decision; a task may have any number.
         rows = await self.store.requests_for_task(out.task_id, OUTCOME_ROWS)
-        if state is None and not rows:
+        latest = await self.tasks.latest_attempt(out.task_id)
+        if latest is None and not rows:
             raise TaskNotFound(out.task_id)
-        attempt = out.attempt or (state.attempt if state else max(r.attempt or 1 for r in rows))
+        attempt = out.attempt or latest or max(r.attempt or 1 for r in rows)
         details = dict(out.details or {})
         if out.source:
             details["client_source"] = out.source

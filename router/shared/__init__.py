@@ -131,7 +131,8 @@ class Sessions(Protocol):
     async def mark_attempt(
         self, task_id: str, attempt: int, ttl_s: float, *, failed: bool, stop: tuple[str, str] | None = None
     ) -> None:
-        """``attempt`` failed (or, a later outcome says, did not), or the router stopped it: (why, rule)."""
+        """``attempt`` failed (or, a later outcome says, did not), or the router stopped it: (why, rule).
+        Only a stop opens an attempt later than the stored one (``AttemptMark.marked``)."""
         ...
 
 

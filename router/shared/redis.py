@@ -48,7 +48,7 @@ return 1
 MARK_ATTEMPT = """
 local have = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
 local n = tonumber(ARGV[1])
-if n < have then return 0 end
+if n < have or (n > have and ARGV[5] == '') then return 0 end
 if n > have then
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'attempt', n, 'calls', 0)

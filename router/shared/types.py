@@ -58,9 +58,13 @@ class AttemptMark(NamedTuple):
         return self._replace(calls=self.calls + 1) if attempt == self.attempt else None
 
     def marked(self, attempt: int, failed: bool, stop: tuple[str, str] | None) -> AttemptMark | None:
-        """After ``attempt`` was found failed (or not, by a later outcome), or stopped."""
+        """After ``attempt`` was found failed (or not, by a later outcome), or stopped (None: kept).
+        Only the router's stop opens an attempt no call was counted in: an outcome a client posts
+        about an attempt that never ran (``attempt: 50``) moves nothing forward."""
+        if attempt < self.attempt or (attempt > self.attempt and stop is None):
+            return None
         base = AttemptMark(attempt) if attempt > self.attempt else self
-        return base._replace(failed=failed, stop=stop or base.stop) if attempt >= self.attempt else None
+        return base._replace(failed=failed, stop=stop or base.stop)
 
 
 class Spend(NamedTuple):

@@ -100,9 +100,13 @@ async def check_attempts(a: SharedState, b: SharedState, env: Env, ttl: float) -
     await a.sessions.count_call("t", 1, ttl)
     await a.sessions.mark_attempt("t", 1, ttl, failed=False)
     assert await b.sessions.attempt("t") == AttemptMark(2, calls=1)
-    # An outcome about an attempt no replica served yet (the client's header ran ahead) opens it.
-    await a.sessions.mark_attempt("t", 3, ttl, failed=True)
-    assert await b.sessions.attempt("t") == AttemptMark(3, 0, failed=True)
+    # An outcome about an attempt no replica served moves nothing: a client cannot push its task on.
+    await a.sessions.mark_attempt("t", 50, ttl, failed=True)
+    await a.sessions.mark_attempt("u", 1, ttl, failed=True)
+    assert await b.sessions.attempt("t") == AttemptMark(2, calls=1) and await b.sessions.attempt("u") is None
+    # The router's own stop of one does (its calls were counted a moment ago, perhaps not yet here).
+    await a.sessions.mark_attempt("t", 3, ttl, failed=True, stop=("stopped", "stop_loss"))
+    assert await b.sessions.attempt("t") == AttemptMark(3, 0, True, ("stopped", "stop_loss"))
     await env.advance(ttl + env.slack + 0.01)
     assert await b.sessions.attempt("t") is None
 

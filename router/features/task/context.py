@@ -126,6 +126,14 @@ class TaskContext:
         """What this replica remembers of the task, if anything (nothing changes)."""
         return self.tracker.peek(task_id)
 
+    async def latest_attempt(self, task_id: str) -> int | None:
+        """The task's latest attempt as this replica or, failing that, the replicas know it (None:
+        neither knows the task; its log rows may still be on their way)."""
+        if (state := self.tracker.peek(task_id)) is not None:
+            return state.attempt
+        mark = await self.shared.attempt(task_id) if self.shared is not None else None
+        return mark.attempt if mark is not None else None
+
     async def outcome(self, task_id: str, attempt: int, success: bool, ttl_s: float) -> None:
         """An outcome of ``attempt`` was reported: a failure opens the next attempt at the next
         restart of the conversation, on whichever replica it lands."""
