@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -367,6 +368,26 @@ def test_train_measures_the_model_in_force_and_refits_from_explicit_outcomes(tmp
     # "pin it under tasks.label_model" left the shape of the entry to the docs.
     assert f"\n    sha256 {report['refit']['sha256']}\n" in text
     assert "pin it to use it: tasks: {label_model: {artifact: PATH, sha256: SHA256}}" in text
+
+
+def test_a_refit_that_reads_the_outcomes_no_better_than_their_base_rate_is_not_offered(
+    tmp_path: Path,
+) -> None:
+    from router.learning.labels import fromlog
+
+    # The same conversations as above, with outcomes that have nothing to do with them: of the
+    # eight tasks of each conversation length, every other one resolved.
+    rows = [replace(r, success=int(r.task_id[1:]) // 10 % 2 == 0) if r.explicit else r for r in _logged(80)]
+    report = fromlog.train(rows, default(), tmp_path / "noise.json")
+    assert report["refit"]["cv"]["auc"] < 0.6
+    text = "\n".join(fromlog.lines(report))
+    assert (
+        "not worth pinning: out of fold it tells resolved attempts from failed ones no better than chance"
+        in text
+    )
+    assert "pin it to use it" not in text
+    # A refit that reads them well is offered (above): the warning is not given for every refit.
+    assert fromlog.train(_logged(80), default(), None)["refit"]["not_worth_pinning"] is None
 
 
 def test_escalation_reads_the_attempts_stored_label_once() -> None:

@@ -8,6 +8,7 @@ one (cross-validated by task, so the figures it prints are out of sample).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -59,13 +60,35 @@ def train(outcomes: Iterable[OutcomeRecord], current: LabelModel, out: Path | No
         return report
     oof = fitting.cross_validate(data, current.features)
     model = fitting.fit(data, current.features, meta={"fitted_on": "log", "attempts": len(data)})
-    refit: dict[str, Any] = {"cv": fitting.quality(list(oof), y)}
+    cv = fitting.quality(list(oof), y)
+    refit: dict[str, Any] = {"cv": cv, "not_worth_pinning": not_worth(cv, report["current"])}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_bytes(model.to_json())
         refit |= {"path": str(out), "sha256": model.sha256}
     report["refit"] = refit
     return report
+
+
+def not_worth(cv: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+    """Why a refitted model should not be pinned (None: out of fold, it tells resolved attempts from
+    failed ones beyond chance and reads them better than the model in force). A small log's refit
+    can be noise: a model that cannot tell them apart would stop or escalate attempts at random."""
+    auc, n1 = cv.get("auc"), round(cv["n"] * cv["base_rate"])
+    if auc is None or auc - 2 * _auc_se(auc, n1, cv["n"] - n1) <= 0.5 or cv["brier"] >= cv["brier_constant"]:
+        shown = "n/a" if auc is None else f"{auc:.3f}"
+        return (f"out of fold it tells resolved attempts from failed ones no better than chance "
+                f"(AUC {shown} on {cv['n']} attempts; Brier {cv['brier']:.4f}, constant {cv['brier_constant']:.4f})")  # fmt: skip
+    if current.get("n") and current["brier"] <= cv["brier"]:
+        return f"the model in force reads these attempts as well (Brier {current['brier']:.4f} against {cv['brier']:.4f})"
+    return None
+
+
+def _auc_se(auc: float, pos: int, neg: int) -> float:
+    """The AUC's standard error (Hanley & McNeil, 1982)."""
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    var = auc * (1 - auc) + (pos - 1) * (q1 - auc * auc) + (neg - 1) * (q2 - auc * auc)
+    return math.sqrt(max(var, 0.0) / max(pos * neg, 1))
 
 
 def lines(report: Mapping[str, Any]) -> Sequence[str]:
@@ -92,5 +115,8 @@ def lines(report: Mapping[str, Any]) -> Sequence[str]:
             # what to write in the policy, not only under which key.
             out.append(f"  wrote {refit['path']}")
             out.append(f"    sha256 {refit['sha256']}")
-            out.append("    pin it to use it: tasks: {label_model: {artifact: PATH, sha256: SHA256}}")
+            if (why := refit.get("not_worth_pinning")) is not None:
+                out.append(f"    not worth pinning: {why}")
+            else:
+                out.append("    pin it to use it: tasks: {label_model: {artifact: PATH, sha256: SHA256}}")
     return out
