@@ -21,6 +21,26 @@ from router.store.sql import SQLStore
 T = TypeVar("T")
 
 
+#: How long opening waits for another process's write to the file before switching it to WAL.
+WAL_WAIT_S = 10.0
+
+
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL. Switching a file still in the rollback journal upgrades a read lock
+    to an exclusive one, and while another connection holds the write lock (another process
+    opening the same log, in its migration) SQLite answers "database is locked" at once instead of
+    waiting (a wait could deadlock): so the switch is tried again until that write is done."""
+    deadline = time.monotonic() + WAL_WAIT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 class SQLiteStore(SQLStore):
     """Every database call runs on a single dedicated thread, so the one connection is never shared."""
 
@@ -66,7 +86,7 @@ class SQLiteStore(SQLStore):
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"cannot open SQLite log store {self._path!r}: {exc}") from exc
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
+            _wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             self._migrate(conn)
             for table in schema.TABLES:

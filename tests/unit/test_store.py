@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -256,6 +257,39 @@ async def test_concurrent_opens_migrate_once(tmp_path: Path) -> None:
     await asyncio.gather(*(s.close() for s in stores))
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == schema.SCHEMA_VERSION
+
+
+async def test_opening_waits_for_another_process_writing_the_file_before_switching_it_to_wal(
+    tmp_path: Path,
+) -> None:
+    # Another opener's migration holds the write lock while this one switches the journal: SQLite
+    # answers "database is locked" at once there (the flake of test_concurrent_opens_migrate_once).
+    path = str(tmp_path / "log.db")
+    holding, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("CREATE TABLE other (x)")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO other VALUES (1)")
+        holding.set()
+        release.wait(10)
+        conn.execute("COMMIT")
+        conn.close()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert holding.wait(10)
+    threading.Timer(0.3, release.set).start()
+    store = SQLiteStore(path)
+    try:
+        await store.open()
+    finally:
+        release.set()
+        thread.join()
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 async def stored(store: Store, request_id: str) -> RequestRecord | None:
