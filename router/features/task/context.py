@@ -101,9 +101,12 @@ class TaskContext:
         """``seen``: per-message slots kept with the conversation, where the signals' reading of each
         message is remembered (from ``router.features.memo``); ``task_budget``: a lower per-task
         budget than the policy's (the scope's that decides the request)."""
-        mark = await self._mark(rules, req, task_id)
+        side = is_side_call(req, rules.side_call_max_tokens)
+        mark = await self._mark(task_id, side)
         state = self.tracker.begin(task_id, req, attempt_header, mark)
-        view = await self._view(rules, req, task_id, state, prompt_tokens, repo, seen, task_budget, mark)
+        view = await self._view(
+            rules, req, task_id, state, side, prompt_tokens, repo, seen, task_budget, mark
+        )
         if view.side_call:
             return view
         was = state.stopped == state.attempt
@@ -116,9 +119,9 @@ class TaskContext:
             )  # fmt: skip
         return replace(view, stopped=said)
 
-    async def _mark(self, rules: TaskRules, req: ClientRequest, task_id: str) -> AttemptMark | None:
+    async def _mark(self, task_id: str, side: bool) -> AttemptMark | None:
         """The task's latest attempt as the replicas share it (a side call does not need it)."""
-        if self.shared is None or is_side_call(req, rules.side_call_max_tokens):
+        if self.shared is None or side:
             return None
         return await self.shared.attempt(task_id)
 
@@ -172,15 +175,17 @@ class TaskContext:
         prompt_tokens: int, repo: str | None, task_budget: float | None = None,
     ) -> TaskView:  # fmt: skip
         """What ``enter`` would return, leaving the tracker and the log as they are."""
-        mark = await self._mark(rules, req, task_id)
+        side = is_side_call(req, rules.side_call_max_tokens)
+        mark = await self._mark(task_id, side)
         state = self.tracker.preview(task_id, req, attempt_header, mark)
-        return await self._view(rules, req, task_id, state, prompt_tokens, repo, None, task_budget, mark)
+        return await self._view(
+            rules, req, task_id, state, side, prompt_tokens, repo, None, task_budget, mark
+        )
 
     async def _view(
-        self, rules: TaskRules, req: ClientRequest, task_id: str, state: TaskState, prompt_tokens: int,
+        self, rules: TaskRules, req: ClientRequest, task_id: str, state: TaskState, side: bool, prompt_tokens: int,
         repo: str | None, seen: list[Any] | None, task_budget: float | None = None, mark: AttemptMark | None = None,
     ) -> TaskView:  # fmt: skip
-        side = is_side_call(req, rules.side_call_max_tokens)
         if not side and state.pinned is None and self.shared is not None and _pin_is_current(state, mark):
             # Another replica may have started this task: its pin and warm prefix are shared.
             pin = await self.shared.pin(task_id)
