@@ -118,8 +118,9 @@ def test_one_keys_labels_cannot_reshape_training_for_every_key(
     router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Nineteen keys find every model fine; a twentieth reports each of its tasks the large model
-    served as failed. Uncapped, that key alone takes the large model's P(success) below a half;
-    capped at its share, it moves it far less, and `router train` names it."""
+    served as failed, twice as many as the others resolved. Uncapped, that key alone takes the
+    large model's P(success) below a half; capped at its share, it moves it far less, and
+    `router train` names it."""
     upstream.clear()
     policy = learning_policy(upstream.url, epsilon=1.0)  # every model gets tasks
     r = router_factory(policy, master_key=MASTER)
@@ -141,18 +142,21 @@ def test_one_keys_labels_cannot_reshape_training_for_every_key(
                             headers={"x-api-key": key})  # fmt: skip
             assert posted.status_code == 200, posted.text
 
+        honest_large = 0
         for k in honest:
             for n in range(5):
-                task(k["key"], n)
+                honest_large += task(k["key"], n) == "large"
                 outcome(k["key"], n, True)
-        failed_large = 0
-        for n in range(1000):
-            if task(attacker["key"], n) == "large":
-                outcome(attacker["key"], n, False)
+        # Exploration is random, so the honest keys' share of large tasks varies from run to run:
+        # the attacker fails twice as many as they resolved, which puts an uncapped fit near a third.
+        # A fixed 40 sank it below a half only when the honest keys drew fewer than 40 (a CI flake).
+        failed_large = attacker_tasks = 0
+        while failed_large < 2 * honest_large:
+            attacker_tasks += 1
+            if task(attacker["key"], attacker_tasks) == "large":
+                outcome(attacker["key"], attacker_tasks, False)
                 failed_large += 1
-            if failed_large == 40:
-                break
-    r.records(95 + 40)
+    r.records(95 + attacker_tasks, timeout=15)
     store = f"sqlite:///{r.db_path}"
     capsys.readouterr()
 
