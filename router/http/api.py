@@ -153,6 +153,7 @@ class Api:
                 "pinned": feats.pinned,
                 "arm": decided.arm,
                 "candidates": [e.as_json() for e in decision.candidates],
+                "fallbacks": [e.as_json() for e in decision.fallbacks],
             }
         )
 

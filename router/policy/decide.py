@@ -8,7 +8,9 @@ The pipeline is fixed and the last step is pluggable:
    of the task's and the key's budgets excludes the candidates whose estimate exceeds it, while
    any candidate fits (when none does, the cheapest is tried and admission refuses it);
 4. a ``Scorer`` orders the survivors. ``CheapestScorer`` ranks by expected cost of the call;
-   the learned policy is another ``Scorer`` and needs nothing else changed.
+   the learned policy is another ``Scorer`` and needs nothing else changed;
+5. the route's fallbacks follow, estimated like candidates (a budget holds for the dearest
+   backend a request may reach) and left out when the budget left cannot hold them.
 
 Every candidate keeps its estimates and, when excluded, the reason, for ``/v1/route`` and the log.
 """
@@ -46,13 +48,16 @@ class Decision:
     explored: bool = False
     #: The per-task budget of the policy that decided (a scope's, when one did), for admission.
     task_budget: float | None = None
+    #: The estimates of the route's fallbacks in ``order``: not candidates (neither ranked nor
+    #: logged as actions), but a budget holds for them as for any backend the request may reach.
+    fallbacks: list[Estimate] = field(default_factory=list)
 
     @property
     def chosen(self) -> str:
         return self.order[0]
 
     def estimate(self, model: str) -> Estimate | None:
-        return next((e for e in self.candidates if e.model == model), None)
+        return next((e for e in (*self.candidates, *self.fallbacks) if e.model == model), None)
 
 
 #: How an explored decision's reason starts, in the log and on the console (whose cut at 60
@@ -177,12 +182,9 @@ class Decider:
         cell = turn_cell(features.turn_chars, features.turn_verb)
         for n in names:
             backend = self.catalog[n]
-            prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
-            mean, high = self.output(backend, features, cell)
-            e = estimate(backend, features, mean, self.estimates, prompt, high)
-            e.output_cell = cell
+            e = self._estimate(backend, features, cell)
             e.excluded = excluded.get(n) or self._hard_constraint(
-                backend, features, self.reserve(backend), prompt
+                backend, features, self.reserve(backend), e.prompt_tokens
             )
             estimates.append(e)
         self._switch_rules(features, estimates)
@@ -229,17 +231,18 @@ class Decider:
         if route.passthrough is not None:
             # One model named: nothing was ranked, explored, pinned or preferred, whatever the scorer says.
             reason, propensity = "passthrough route", 1.0
+        fallbacks = []
+        left = _budget_left(features)
         for fb in route.fallbacks:
-            backend = self.catalog[fb]
-            if allowed is not None and fb not in allowed:
+            if fb in order or fb in excluded or (allowed is not None and fb not in allowed):
                 continue
-            prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
-            if (
-                fb not in order
-                and fb not in excluded
-                and not self._hard_constraint(backend, features, 0, prompt)
+            e = self._estimate(self.catalog[fb], features, cell)
+            # A fallback the budget left cannot hold is dropped: held or not, it could spend past it.
+            if not self._hard_constraint(self.catalog[fb], features, 0, e.prompt_tokens) and (
+                left is None or _held(e) <= left
             ):
                 order.append(fb)
+                fallbacks.append(e)
         return Decision(
             decision_id=self._new_id(),
             policy=f"{self.policy.name}/{self.scorer.name}",
@@ -250,7 +253,15 @@ class Decider:
             rules_applied=applied,
             explored=explored is not None,
             task_budget=self.policy.objective.max_cost_per_task,
+            fallbacks=fallbacks,
         )
+
+    def _estimate(self, backend: Backend, features: Features, cell: str | None) -> Estimate:
+        prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
+        mean, high = self.output(backend, features, cell)
+        e = estimate(backend, features, mean, self.estimates, prompt, high)
+        e.output_cell = cell
+        return e
 
     def size_matters(self, features: Features, low: int, high: int) -> bool:
         """Whether a prompt of ``low`` and one of ``high`` tokens could be decided differently.

@@ -293,3 +293,48 @@ def test_requests_in_flight_that_fall_back_cannot_spend_past_a_key_budget(
     rows = [row for row in r.records(42, timeout=10) if row["key_id"] == key["key_id"]]
     spent = sum(row["cost_usd"] or 0.0 for row in rows)
     assert spent <= budget, (spent, budget, statuses)
+
+
+def test_a_route_fallback_is_held_and_left_out_when_the_budget_cannot_hold_it(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A route's fallbacks (not candidates) had no estimate, so no hold: with the one candidate
+    down, 40 requests at once on a key each held the cheap backend's estimate and were all served
+    by the dear fallback, past the key's budget. A fallback is now estimated and held like a
+    candidate, and left out where the budget left cannot hold it."""
+    policy = local_policy(upstream.url)
+    policy["models"][0]["litellm_model"] = "openai/nano-model@status=500"  # local-nano is down
+    policy["routes"][0]["candidates"] = ["local-nano"]
+    policy["routes"][0]["fallbacks"] = ["local-claude"]
+    policy["rules"] = []
+    r = router_factory(policy, master_key=MASTER)
+    body = {"model": "auto", "messages": [{"role": "user", "content": "fix it " * 300}]}
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
+    assert seen["order"] == ["local-nano", "local-claude"]
+    fallback = {e["model"]: e for e in seen["fallbacks"]}["local-claude"]
+    hold = fallback.get("hold_usd", fallback["cost_usd"])
+    served = httpx.post(r.url + CHAT, json=body, headers={"x-api-key": MASTER}, timeout=30)
+    assert served.headers["x-router-model"] == "local-claude"
+    cost = float(served.headers["x-router-cost-usd"])
+    budget = 1.5 * hold  # room for one request on the fallback
+    assert 40 * cost > 2 * budget  # without its hold, the 40 would spend past it
+    key = create_key(r, capsys, "--name", "falls-back", "--budget", str(budget))
+
+    def post(i: int) -> int:
+        headers = {"x-api-key": key["key"], "x-router-task-id": f"fb{i}"}
+        return httpx.post(r.url + CHAT, json=body, headers=headers, timeout=30).status_code
+
+    with ThreadPoolExecutor(40) as pool:
+        statuses = list(pool.map(post, range(40)))
+    assert 200 in statuses
+    rows = [row for row in r.records(42, timeout=10) if row["key_id"] == key["key_id"]]
+    spent = sum(row["cost_usd"] or 0.0 for row in rows)
+    assert spent <= budget, (spent, budget, statuses)
+    # A key with room for the candidate but not for the fallback is not served by the fallback.
+    nano = {e["model"]: e for e in seen["candidates"]}["local-nano"]
+    between = (nano.get("hold_usd", nano["cost_usd"]) + hold) / 2
+    small = create_key(r, capsys, "--name", "small", "--budget", str(between))
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": small["key"]}, timeout=30).json()
+    assert seen["order"] == ["local-nano"], seen
+    refused = httpx.post(r.url + CHAT, json=body, headers={"x-api-key": small["key"]}, timeout=30)
+    assert refused.status_code >= 500 and "x-router-cost-usd" not in refused.headers  # local-nano is down
