@@ -104,6 +104,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-routing", action="store_true", help="skip the routing microbenchmark")
     p.add_argument("--json", type=Path, help="also write every number here")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (service logs, router.db)")
+    p.add_argument("--redis", metavar="URL",
+                   help="the router keeps its shared state in this Redis, as replicas do (a key prefix of its own)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -335,7 +337,9 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def header(info: dict[str, str], pin: Pinning, plan: Plan, litellm_version: str | None) -> str:
+def header(
+    info: dict[str, str], pin: Pinning, plan: Plan, litellm_version: str | None, redis: str | None = None
+) -> str:
     lines = [
         f"Router benchmark — {time.strftime('%Y-%m-%d %H:%M')} — commit {_commit()}",
         f"Machine: nproc {info['nproc']}, {info['cpu']}; load average at start {info['loadavg']}",
@@ -345,7 +349,8 @@ def header(info: dict[str, str], pin: Pinning, plan: Plan, litellm_version: str 
         "Floor: benchmarks/passthrough.py, issue 8's 40-line FastAPI + uvicorn + aiohttp pass-through "
         "(no parsing, routing, log or metrics; not for translated rows)",
         "Router: `router serve` on policies/examples/local.yaml with a learned artifact (benchmarks/learned.py), "
-        "one process, SQLite request log (temp dir), metrics on, open mode",
+        "one process, SQLite request log (temp dir), metrics on, open mode, "
+        + (f"shared state in Redis at {redis}" if redis else "state in process"),
         "LiteLLM: "
         + (
             f"litellm {litellm_version} proxy, --num_workers 1, no DB, no callbacks, no master key"
@@ -381,7 +386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + ("" if args.no_litellm else " and LiteLLM's proxy")
                 + "..."
             )
-            services = start(svc, pin, workdir, not args.no_litellm, not args.no_floor)
+            shared = (
+                {"ROUTER_REDIS_URL": args.redis, "ROUTER_REDIS_PREFIX": f"{workdir.name}:"}
+                if args.redis
+                else {}
+            )
+            services = start(svc, pin, workdir, not args.no_litellm, not args.no_floor, router_env=shared)
             memory["rss_start"] = rss_bytes(services[ROUTER].pid)
             rows = _run(drive(plan, services, memory, played))
         info_end = machine()
@@ -392,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     out = [
-        header(info, pin, plan, litellm_version),
+        header(info, pin, plan, litellm_version, args.redis),
         "",
         table(rows),
         LEGEND,
