@@ -7,27 +7,43 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.features.bpe import default_encoding
-from router.policy.catalog import Backend, Price
-from router.protocols.common import Usage
+from router.forward.execute import Try
+from router.policy.catalog import Backend, Catalog, Price
+from router.policy.decide import Decision
+from router.protocols.common import ClientRequest, Usage
+from router.store.records import Estimate
 
 
-def fill_missing(usage: Usage, prompt_tokens_est: int, output_events: int) -> bool:
+def fill_missing(usage: Usage, prompt_tokens_est: int, output_events: int, unseen: int = 0) -> bool:
     """Estimate what the provider did not report; return whether anything was estimated.
 
     ``output_events``: the output's estimate. A streamed content event carries about one token at
     every provider we relay, so for a stream it is the count of content events (a stream cut
     short); for a whole reply, ``written_tokens``. A count of 0 is taken as unreported where it
     cannot be true — no prompt is empty, and there was output — since litellm writes zeros for
-    a usage the provider did not send.
+    a usage the provider did not send. ``unseen``: the output a call that reasons may have
+    produced without showing it (``hidden_output``); the estimate is at least that.
     """
     estimated = False
     if not usage.input_tokens:
         usage.input_tokens = prompt_tokens_est
         estimated = True
     if usage.output_tokens is None or (usage.output_tokens == 0 and output_events > 0):
-        usage.output_tokens = output_events
+        usage.output_tokens = max(output_events, unseen)
         estimated = True
     return estimated
+
+
+def hidden_output(req: ClientRequest, est: Estimate | None) -> int:
+    """What a call that reasons may have produced unseen, for when its provider reports no usage.
+
+    A reasoning model's thinking is billed as output but mostly not streamed (OpenAI's and the
+    Responses API's are hidden; Anthropic streams its own), and comes before the first visible
+    token: a stream cut after that token, or a call given up on before it, was billed for it.
+    Its size is unknown then; the call's expected output (learned from the output providers
+    report, reasoning included) is the estimate — a whole call's, so a stream cut early may be
+    charged for some text it never wrote."""
+    return est.output_tokens if req.thinking and est is not None else 0
 
 
 #: Fields of a reply that are not what the model wrote.
@@ -73,6 +89,12 @@ class CostSplit:
     def total(self) -> float:
         return round(self.input + self.output + self.cache_read + self.cache_write, 10)
 
+    def __add__(self, other: CostSplit) -> CostSplit:
+        return CostSplit(
+            round(self.input + other.input, 10), round(self.output + other.output, 10),
+            round(self.cache_read + other.cache_read, 10), round(self.cache_write + other.cache_write, 10),
+        )  # fmt: skip
+
 
 def cost_split(price: Price, usage: Usage) -> CostSplit:
     read = usage.cache_read_tokens or 0
@@ -97,7 +119,35 @@ class Charge:
     reported_input_tokens: int | None = None
 
 
-def charge(backend: Backend, usage: Usage, prompt_tokens_est: int, content_events: int) -> Charge:
+def charge(
+    backend: Backend, usage: Usage, prompt_tokens_est: int, content_events: int, unseen: int = 0
+) -> Charge:
     reported = usage.input_tokens
-    estimated = fill_missing(usage, prompt_tokens_est, content_events)
+    estimated = fill_missing(usage, prompt_tokens_est, content_events, unseen)
     return Charge(usage, estimated, cost_split(backend.price, usage), reported)
+
+
+def given_up(
+    served: Charge | None, tries: list[Try], req: ClientRequest, decision: Decision, catalog: Catalog
+) -> Charge | None:
+    """``served`` (None: no backend served) with what the tries the router gave up on were billed.
+
+    A try abandoned by a timeout while its backend worked (``Try.billed``) reports no usage; a call
+    that reasons was billed for its prompt and the thinking it had done (``hidden_output``), so it
+    is charged at the call's estimate, each such try's cost in its log entry. Other requests'
+    abandoned tries are not charged (a provider may not have begun their output)."""
+    billed = [(t, est) for t in tries if t.billed and req.thinking and (est := decision.estimate(t.model))]
+    if not billed:
+        return served
+    total = served.split if served is not None else CostSplit(0.0, 0.0, 0.0, 0.0)
+    for t, est in billed:
+        usage = Usage(input_tokens=est.prompt_tokens, output_tokens=est.output_tokens,
+                      cache_read_tokens=est.cached_tokens or None)  # fmt: skip
+        split = cost_split(catalog[t.model].price, usage)
+        t.cost_usd = split.total
+        total = total + split
+    if served is not None:
+        return Charge(served.usage, True, total, served.reported_input_tokens)
+    usage = Usage(input_tokens=sum(e.prompt_tokens for _, e in billed),
+                  output_tokens=sum(e.output_tokens for _, e in billed))  # fmt: skip
+    return Charge(usage, True, total)

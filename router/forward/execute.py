@@ -56,6 +56,10 @@ class Try:
     end: float
     status: int | None = None
     error_type: str | None = None
+    #: The router gave up on the call by a timeout while the backend worked on it: the provider
+    #: bills what it had done (``accounting.given_up`` charges it; ``cost_usd`` then says what).
+    billed: bool = False
+    cost_usd: float | None = None
 
     def record(self, arrival: float) -> TryRecord:
         """``arrival``: the request's arrival on the same clock; ``start_ms`` counts from it."""
@@ -65,6 +69,7 @@ class Try:
             ms=None if self.start is None else round((self.end - self.start) * 1000, 3),
             status=self.status,
             error_type=self.error_type,
+            cost_usd=self.cost_usd,
         )
 
 
@@ -232,7 +237,11 @@ class Executor:
                     return result
                 # The backend's own status when it answered; else the router's (502 unreachable, 504 ...).
                 status = getattr(last, "upstream_status", None) or last.status
-                ex.tries.append(_try(backend, phases, began, status, last.kind))
+                t = _try(backend, phases, began, status, last.kind)
+                t.billed = (
+                    t.start is not None and isinstance(last, UpstreamTimeout) and last.which != "connect"
+                )
+                ex.tries.append(t)
                 await self.breakers.record_failure(backend.id, last.retryable)
                 remaining = deadline - time.monotonic()
                 if retry or not last.retryable or i < len(order) or remaining <= 0:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from router.errors import AttemptStopped, PayloadTooLarge, RouterError, UpstreamError, redact_key
 from router.features.task.identity import client_key_hash, scoped, task_id_of
-from router.forward.accounting import charge, cost_split, written_tokens
+from router.forward.accounting import charge, cost_split, given_up, hidden_output, written_tokens
 from router.forward.execute import CommittedStream, Execution, Executor
 from router.http.admission import Admission
 from router.http.auth import Auth, Principal, presented_key
@@ -260,15 +260,23 @@ class Proxy:
         return _Stream(body(), abandoned, media_type="text/event-stream", headers=_route_headers(f))
 
     @staticmethod
-    def _charge(f: Flight, usage: Usage, content_events: int) -> None:
-        model = f.model
-        if model is None or f.decided is None:
+    def _charge(f: Flight, usage: Usage | None, content_events: int = 0) -> None:
+        """What the request was billed: the backend that served (``usage``; None: none did) and the
+        tries the router gave up on while their backend reasoned."""
+        model, decided, req = f.model, f.decided, f.req
+        if model is None or decided is None or req is None or f.execution is None:
             return
-        f.charge = charge(f.rt.catalog[model], usage, f.decided.features.prompt_tokens, content_events)
+        decision, catalog = decided.decision, f.rt.catalog
+        served = None
+        if usage is not None:
+            unseen = hidden_output(req, decision.estimate(model))
+            served = charge(catalog[model], usage, decided.features.prompt_tokens, content_events, unseen)
+        f.charge = given_up(served, f.execution.tries, req, decision, catalog)
 
-    @staticmethod
-    def _error(wire: Wire, err: RouterError, f: Flight) -> _Reply:
+    def _error(self, wire: Wire, err: RouterError, f: Flight) -> _Reply:
         f.ended(err.status, err.kind, err.message[:500])
+        if f.charge is None:
+            self._charge(f, None)
         if isinstance(err, AttemptStopped):
             f.stopped = err
         return error_reply(err, wire.name, _route_headers(f), _Reply)

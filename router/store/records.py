@@ -64,11 +64,17 @@ class TryRecord:
     #: The backend's HTTP status; for a try it never answered, the router's (502 unreachable, 504 timeout).
     status: int | None = None
     error_type: str | None = None
+    #: What a failed try was billed, estimated (only a try the router gave up on while its
+    #: backend reasoned: ``router.forward.accounting.given_up``); part of the request's ``cost_usd``.
+    cost_usd: float | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """Every field, None ones as null (the log's documented form)."""
-        return {"model": self.model, "start_ms": self.start_ms, "ms": self.ms, "status": self.status,
-                "error_type": self.error_type}  # fmt: skip
+        """Every field, None ones as null (the log's documented form), ``cost_usd`` only when set."""
+        out = {"model": self.model, "start_ms": self.start_ms, "ms": self.ms, "status": self.status,
+               "error_type": self.error_type}  # fmt: skip
+        if self.cost_usd is not None:
+            out["cost_usd"] = self.cost_usd
+        return out
 
 
 @dataclass(slots=True)

@@ -338,3 +338,68 @@ def test_a_route_fallback_is_held_and_left_out_when_the_budget_cannot_hold_it(
     assert seen["order"] == ["local-nano"], seen
     refused = httpx.post(r.url + CHAT, json=body, headers={"x-api-key": small["key"]}, timeout=30)
     assert refused.status_code >= 500 and "x-router-cost-usd" not in refused.headers  # local-nano is down
+
+
+REASONING = {"model": "solo", "messages": HI, "reasoning_effort": "high"}
+
+
+def test_a_reasoning_stream_cut_before_its_usage_is_charged_for_its_thinking(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reasoning model's thinking is billed but not streamed: a stream cut after its first
+    tokens (the backend dropped it; a client leaving is the same) was charged for the 2 tokens it
+    showed, not the 512 of thinking the provider reported for the same call in full, and the
+    key's budget counted only those."""
+    whole = router_factory(faulty(upstream, ""), master_key=MASTER)
+    assert (
+        httpx.post(whole.url + CHAT, json=REASONING, headers={"x-api-key": MASTER}, timeout=30).status_code
+        == 200
+    )
+    full = whole.records(1)[-1]
+    assert full["reasoning_tokens"] == 512 and full["usage_estimated"] == 0
+
+    r = router_factory(faulty(upstream, "break_after=2"), master_key=MASTER)
+    est = httpx.post(r.url + "/v1/route", json=REASONING, headers={"x-api-key": MASTER}, timeout=30).json()
+    hold = est["candidates"][0].get("hold_usd", est["candidates"][0]["cost_usd"])
+    key = create_key(r, capsys, "--name", "cut", "--budget", str(1.5 * hold))  # room for one call
+    headers = {"x-api-key": key["key"], "x-router-task-id": "cut-1"}
+    with httpx.stream(
+        "POST", r.url + CHAT, json={**REASONING, "stream": True}, headers=headers, timeout=30
+    ) as resp:
+        assert b"broke off the stream" in b"".join(resp.iter_bytes())
+    row = r.records(2)[-1]
+    assert row["error_type"] == "UpstreamError" and row["usage_estimated"] == 1
+    assert row["output_tokens"] >= full["output_tokens"], row  # its thinking, not the 2 tokens shown
+    assert row["cost_usd"] >= full["cost_usd"]
+    # The key's budget counted it: what is left cannot hold another call.
+    again = httpx.post(
+        r.url + CHAT, json=REASONING, headers={**headers, "x-router-task-id": "cut-2"}, timeout=30
+    )
+    assert again.status_code == 403, again.text
+
+
+def test_a_try_given_up_while_its_backend_reasons_is_charged(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    """A try the router gave up on at the first-token timeout while the backend reasoned was
+    charged nothing, though the provider bills the prompt and the thinking it had done: now its
+    estimate is charged, named in the try's log entry, whether another backend then served the
+    request or none did. A request that does not reason is charged for its backend's reply only."""
+    quick = Timeouts(connect=1.0, first_token=1.0, idle=10.0, overall=30.0)
+    r = router_factory(faulty(upstream, "ttft_ms=3000"), timeouts=quick)
+    body = {**REASONING, "model": "auto", "stream": True}
+    est = httpx.post(r.url + "/v1/route", json=body, timeout=30).json()
+    faulty_cost = next(c["cost_usd"] for c in est["candidates"] if c["model"] == "faulty")
+    assert httpx.post(r.url + CHAT, json=body, timeout=30).status_code == 200
+    assert httpx.post(r.url + CHAT, json={**body, "reasoning_effort": None}, timeout=30).status_code == 200
+    assert httpx.post(r.url + CHAT, json={**body, "model": "solo"}, timeout=30).status_code == 504
+    fell_back, plain, failed = r.records(3, timeout=10)[-3:]
+    gave_up, served = orjson.loads(fell_back["tries"])
+    assert gave_up["model"] == "faulty" and gave_up["cost_usd"] == pytest.approx(faulty_cost)
+    assert served["model"] == "good" and "cost_usd" not in served
+    assert fell_back["cost_usd"] > faulty_cost and fell_back["usage_estimated"] == 1
+    assert all("cost_usd" not in t for t in orjson.loads(plain["tries"]))
+    assert plain["cost_usd"] < faulty_cost
+    assert failed["status"] == 504 and failed["usage_estimated"] == 1
+    assert failed["cost_usd"] == pytest.approx(sum(t["cost_usd"] for t in orjson.loads(failed["tries"])))
+    assert failed["cost_usd"] >= faulty_cost
