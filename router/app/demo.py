@@ -205,12 +205,15 @@ def _serve_on(console: Console, live: Live, request_log: logging.Logger, what: s
     """Keep serving until Ctrl-C, saying where the dashboard is and how to point agents at it."""
     key = bool(live.auth)
     login = " — log in with $ROUTER_MASTER_KEY" if key else ""
-    a_key = " ANTHROPIC_API_KEY=$ROUTER_MASTER_KEY" if key else ""
-    o_key = " OPENAI_API_KEY=$ROUTER_MASTER_KEY" if key else ""
+    # Open mode lets any key in, but clients refuse to start without one (the OpenAI SDK raises,
+    # Claude Code asks to log in), so the lines say to send one.
+    k = "$ROUTER_MASTER_KEY" if key else "anything"
+    # soft_wrap: a command broken at 80 columns no longer pastes as one.
     console.print(f"\nDashboard: [bold]{live.base}/ui[/] ({what} are on it){login}\n"
-                  f"Serving until Ctrl-C. Point agents at it:\n"
-                  f"  ANTHROPIC_BASE_URL={live.base}{a_key} claude ...\n"
-                  f"  OPENAI_BASE_URL={live.base}/v1{o_key} ...", highlight=False)  # fmt: skip
+                  f"Serving until Ctrl-C. Point agents at it (the README has a recipe per agent):\n"
+                  f"  ANTHROPIC_BASE_URL={live.base} ANTHROPIC_API_KEY={k} claude\n"
+                  f"  OPENAI_BASE_URL={live.base}/v1 OPENAI_API_KEY={k}   # and model \"auto\"",
+                  highlight=False, soft_wrap=True)  # fmt: skip
     request_log.setLevel(logging.NOTSET)
     with contextlib.suppress(KeyboardInterrupt):
         live.thread.join()

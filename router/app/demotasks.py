@@ -212,6 +212,7 @@ def report(
         f"  router preview --config policies/candidate.yaml{where}\n"
         f"  router demo --serve{where}      # the dashboard: spend, success, $ per completed task",
         highlight=False,
+        soft_wrap=True,  # a command broken at 80 columns no longer pastes as one
     )
 
 

@@ -91,7 +91,8 @@ OPEN = Principal(key_id=None, name="open-mode")
 MASTER = Principal(key_id=None, name="master", master=True)
 
 _MISSING = "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key'"
-_INVALID = "invalid API key"
+# Clients are often still set up with a provider's key: say which key the router takes.
+_INVALID = "invalid API key: send the router's key (ROUTER_MASTER_KEY or a virtual key), not a provider's"
 
 
 def presented_key(headers: Mapping[str, str]) -> str:

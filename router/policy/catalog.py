@@ -108,7 +108,7 @@ def build_catalog(policy: Policy, lookup: PriceLookup | None = None) -> Catalog:
     lookup = lookup or litellm_price_lookup
     backends = {}
     for i, spec in enumerate(policy.spec.models):
-        backends[spec.id] = _backend(spec, lookup, f"{policy.source}: models[{i}]")
+        backends[spec.id] = _backend(spec, lookup, f"{policy.source}: models[{i}] (id {spec.id!r})")
     return Catalog(backends)
 
 
@@ -127,7 +127,7 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
                 return default
             raise ConfigError(
                 f"{where}.prices.{field}: not given, and litellm's price map has no price for "
-                f"{spec.litellm_model!r}"
+                f"{spec.litellm_model!r} (give it in $ per million tokens: prices: {{input: 0.25, output: 2}})"
             )
         return float(value)
 
@@ -141,7 +141,8 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
     window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")
     if not window:
         raise ConfigError(
-            f"{where}.context_window: not given, and litellm does not know {spec.litellm_model!r}"
+            f"{where}.context_window: not given, and litellm does not know {spec.litellm_model!r} "
+            "(give the model's window in tokens)"
         )
     max_out = spec.max_output_tokens or (known or {}).get("max_output_tokens") or 4096
     return Backend(

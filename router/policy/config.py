@@ -85,8 +85,13 @@ class Targets(_Strict):
 
     @model_validator(mode="after")
     def _one_target(self) -> Targets:
-        if bool(self.candidates) == bool(self.passthrough):
-            raise ValueError("give exactly one of candidates or passthrough")
+        if self.candidates and self.passthrough:
+            raise ValueError("give candidates or passthrough, not both")
+        if not self.candidates and not self.passthrough:
+            # An empty list read as absent: "give exactly one" did not say which was wrong.
+            raise ValueError(
+                "no backend: give candidates (a non-empty list of model ids) or passthrough (one id)"
+            )
         return self
 
 
@@ -270,8 +275,9 @@ class Scope(_Strict):
 class PolicyFile(_Strict):
     version: Literal[1] = 1
     name: str = "default"
-    models: list[ModelSpec]
-    routes: list[Route]
+    # Empty, the file checked "ok" and the router refused every request as an unknown model.
+    models: list[ModelSpec] = Field(min_length=1)
+    routes: list[Route] = Field(min_length=1)
     rules: list[Rule] = Field(default_factory=list)
     defaults: Defaults = Defaults()
     learned: LearnedRef | None = None

@@ -156,7 +156,10 @@ class Decider:
                     f"model {name!r} is a backend of this policy, but no route serves that name: ask for "
                     f"a route's name, or add `- {{match: {name}, passthrough: {name}}}` to the policy's routes"
                 )
-            raise UnknownModel(f"model {name!r} is not served here; see GET /v1/models for the names")
+            # The names themselves: an agent configured with a provider's model name (gpt-4o) learns
+            # what to ask for without a second request.
+            asked = ", ".join(r.match for r in self.policy.routes)
+            raise UnknownModel(f"model {name!r} is not served here; ask for one of: {asked} (GET /v1/models)")
         names = [route.passthrough] if route.passthrough else list(route.candidates)
         applied: list[str] = []
         excluded: dict[str, str] = {}

@@ -213,6 +213,10 @@ def _describe(exc: ValidationError, source: str, raw: Mapping[str, Any]) -> str:
         loc = [p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")]
         where = named_path(loc, raw)
         msg = err["msg"]
+        if err["type"] == "value_error":  # our validators' own sentence, without pydantic's "Value error, "
+            msg = str(err.get("ctx", {}).get("error", msg))
+        elif err["type"] == "too_short" and not err["input"]:
+            msg = "must not be empty"
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
             near = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1, cutoff=0.6)

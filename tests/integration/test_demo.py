@@ -86,6 +86,48 @@ def test_demo_tasks_label_each_task_with_the_shipped_outcome_of_the_model_that_s
         assert bool(verdicts[task]) == shipped[(instance, STANDS_FOR[counts.most_common(1)[0][0]])], task
 
 
+def test_the_next_steps_the_demo_prints_paste_whole_at_80_columns(tmp_path: Path) -> None:
+    """The commands after ``--tasks`` were wrapped at 80 columns ("--out" then the path on the next
+    line), so a pasted line ran ``router train`` without its artifact path."""
+    done = subprocess.run(
+        [sys.executable, "-m", "router.app.cli", "demo", "--tasks", "3", "--port", "0", "--upstream-port", "0"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+        env={**{k: v for k, v in os.environ.items() if k != "ROUTER_STORE"}, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Run from elsewhere than the checkout: the policy's path is a long absolute one.
+    assert re.search(
+        r"^  router train --config /\S+/local\.yaml --out policies/learned/demo\.json$", done.stdout, re.M
+    ), done.stdout
+    assert re.search(r"^  cp /\S+/local\.yaml policies/candidate\.yaml$", done.stdout, re.M), done.stdout
+
+
+def test_demo_serve_in_open_mode_says_to_send_a_key(tmp_path: Path) -> None:
+    """Open mode lets any key in, but the OpenAI SDK will not start without one and Claude Code asks
+    to log in: the lines ``demo --serve`` prints set one, each on one line at 80 columns."""
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if k not in ("ROUTER_MASTER_KEY", "ROUTER_STORE")}
+    shown = subprocess.Popen(
+        [sys.executable, "-m", "router.app.cli", "demo", "--serve", "--port", "0", "--upstream-port", "0",
+         "--store", f"sqlite:///{tmp_path / 'demo.db'}"],
+        cwd=tmp_path, env={**env, "COLUMNS": "80"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    said: list[str] = []
+    try:
+        assert shown.stdout is not None
+        for line in shown.stdout:
+            said.append(line)
+            if "OPENAI_BASE_URL=" in line:
+                break
+    finally:
+        shown.send_signal(signal.SIGINT)
+        shown.communicate(timeout=60)
+    claude = next(line for line in said if "ANTHROPIC_BASE_URL=" in line)
+    assert re.fullmatch(r"  ANTHROPIC_BASE_URL=http://\S+ ANTHROPIC_API_KEY=anything claude\n", claude), said
+    assert re.fullmatch(r"  OPENAI_BASE_URL=http://\S+/v1 OPENAI_API_KEY=anything .*auto.*\n", said[-1]), said
+
+
 def test_demo_tasks_without_the_data_say_where_they_looked(tmp_path: Path) -> None:
     done = run_demo(tmp_path, "--tasks", "3", "--data", str(tmp_path / "nowhere"))
     assert done.returncode == 2

@@ -228,7 +228,28 @@ def test_train_at_80_columns_cuts_nothing(
     out = capsys.readouterr().out
     assert "off-policy estimate" in out
     assert not [line for line in out.splitlines() if line.startswith("│") and "…" in line], out
-    assert max(len(line) for line in out.splitlines()) <= 80
+    # Only a command to paste runs past the edge: cut in two, it would paste as two.
+    assert max(len(line) for line in out.splitlines() if not line.startswith("  router ")) <= 80
+
+
+def test_train_refuses_a_log_of_none_of_the_policys_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After `router demo --tasks 300`, `router train --out X` (the default policy's real models) wrote
+    # an artifact knowing none of them, which `router promote` then refused.
+    monkeypatch.delenv("ROUTER_CONFIG", raising=False)
+    store = _log(tmp_path / "log.db", {f"t{i}": ["cheap" if i % 2 else "strong"] for i in range(6)})
+    for i in range(6):
+        assert main(["outcome", f"t{i}", "--success" if i % 3 else "--failure", "--store", store]) == 0
+    capsys.readouterr()
+    out = tmp_path / "p.json"
+    assert main(["train", "--store", store, "--out", str(out), "--min-attempts", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"router train: the log's labelled attempts are all of models {DEFAULT_CONFIG} does not have "
+        "(cheap, strong): train with --config the policy that served the log, or pass --force\n"
+    )
+    assert not out.exists()
 
 
 def _trained(tmp_path: Path) -> tuple[Path, Path]:
@@ -253,6 +274,17 @@ def test_train_says_the_artifacts_hash_on_one_line(
     sha = hashlib.sha256(artifact.read_bytes()).hexdigest()
     # It was "wrote PATH (sha256 HASH)", broken inside at 80 columns (test_train_at_80_columns_cuts_nothing).
     assert f"\n  sha256 {sha}\n" in out, out
+
+
+def test_train_says_the_promote_command_whole_with_the_policy_it_trained_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It said "--config <policy.yaml>", wrapped at 80 columns onto a line of its own.
+    monkeypatch.setenv("COLUMNS", "80")
+    capsys.readouterr()
+    config, artifact = _trained(tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    assert f"  router promote {artifact} --config {config}" in lines, lines
 
 
 def test_promote_says_only_the_routers_serving_the_file_reload(

@@ -60,15 +60,15 @@ def test_interpolation_default_and_override() -> None:
         (lambda t: t + "surprise: 1\n", "p.yaml: surprise: unknown field"),
         (lambda t: t.replace("${UP:-http://127.0.0.1:9100}", "${UP}"), "p.yaml: models[0] (id 'a').api_base"),
         (lambda t: t.replace("api_base: ${UP:-http://127.0.0.1:9100}/v1", "api_base: file:///etc/passwd"),
-         "p.yaml: models[0] (id 'a'): Value error, api_base must start with http"),
+         "p.yaml: models[0] (id 'a'): api_base must start with http"),
         (lambda t: t + "rules:\n  - name: r\n    when: {prompt_tokens: {$gt: 1}}\n",
-         "p.yaml: rules[0] (name 'r'): Value error, a rule needs"),
+         "p.yaml: rules[0] (name 'r'): a rule needs"),
         (lambda t: t + "rules:\n  - name: r\n    when: {colour: red}\n    exclude: [a]\n",
          "p.yaml: rules[0] (name 'r').when: unknown feature 'colour'"),
         (lambda t: t + "rules:\n  - name: r\n    when: {prompt_tokens: {$where: 1}}\n    exclude: [a]\n",
          "p.yaml: rules[0] (name 'r').when"),
         (lambda t: t.replace("candidates: [a]", "candidates: [a]\n    passthrough: a"),
-         "p.yaml: routes[0] (match 'auto'): Value error, give exactly one"),
+         "p.yaml: routes[0] (match 'auto'): give candidates or passthrough, not both"),
         (lambda t: "!!python/object/apply:os.system ['true']\n" + t, "p.yaml: line 3, column 1: not valid YAML"),
         (lambda t: t.replace("routes:", "routes: [\n"), "p.yaml: line "),  # never "<unicode string>"
         (lambda t: t.replace("context_window: 1000", "context_windw: 1000"),
@@ -84,6 +84,15 @@ def test_interpolation_default_and_override() -> None:
          "p.yaml: rules[0] (name 'r').when: unknown feature 'protocl' (did you mean 'protocol'?)"),
         (lambda t: t + "rules:\n  - name: r\n    when: {header.x-tier: gold}\n    exclude: [a]\n",
          "unknown feature 'header.x-tier' (did you mean 'headers.x-tier'?)"),
+        # An empty list was "Value error, give exactly one of candidates or passthrough".
+        (lambda t: t.replace("candidates: [a]", "candidates: []"),
+         "p.yaml: routes[0] (match 'auto'): no backend: give candidates (a non-empty list of model ids) "
+         "or passthrough (one id)"),
+        # No model or no route checked "ok", and the router refused every request.
+        (lambda t: t.replace("candidates: [a]", "candidates: []").split("routes:")[0] + "routes: []\n",
+         "p.yaml: routes: must not be empty"),
+        (lambda t: "version: 1\nmodels: []\nroutes: [{match: auto, passthrough: a}]\n",
+         "p.yaml: models: must not be empty"),
         # passthrough is one id, not a list: no "[0]" in its path.
         (lambda t: t.replace("candidates: [a]", "passthrough: b"),
          "p.yaml: routes[0] (match 'auto').passthrough: unknown model id 'b' (known: a)"),
@@ -157,9 +166,17 @@ def test_prices_from_litellm_map_when_omitted() -> None:
     assert catalog["a"].price.cache_read == pytest.approx(3e-6)
 
 
-def test_unknown_price_is_a_config_error() -> None:
+def test_unknown_price_is_a_config_error_naming_the_model_and_the_fix() -> None:
+    # It said "models[0].prices.input" where every other error says which model: "(id 'a')".
     text = BASE.replace("prices: {input: 1, output: 2}", "prices: {}")
-    with pytest.raises(ConfigError, match=r"p.yaml: models\[0\].prices.input: not given"):
+    with pytest.raises(ConfigError) as exc:
+        build_catalog(parse(text), lookup=no_prices)
+    assert str(exc.value) == (
+        "p.yaml: models[0] (id 'a').prices.input: not given, and litellm's price map has no price for "
+        "'openai/a' (give it in $ per million tokens: prices: {input: 0.25, output: 2})"
+    )
+    text = BASE.replace("context_window: 1000", "")
+    with pytest.raises(ConfigError, match=r"p.yaml: models\[0\] \(id 'a'\).context_window: not given"):
         build_catalog(parse(text), lookup=no_prices)
 
 

@@ -63,7 +63,7 @@ def test_a_control_policy_file_is_part_of_the_revision(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"control": {"share": 0.1}}, "control: Value error, give exactly one of policy or route"),
+        ({"control": {"share": 0.1}}, "control: give exactly one of policy or route"),
         ({"control": {"share": 1.5, "route": {"passthrough": "cheap"}}}, "control.share"),
         (
             {"control": {"share": 0.1, "route": {"passthrough": "gone"}}},

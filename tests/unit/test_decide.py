@@ -68,9 +68,15 @@ def test_nothing_fits_is_context_too_large(decider: Decider) -> None:
         decider.decide(feats(prompt=300_000))
 
 
-def test_unknown_model(decider: Decider) -> None:
-    with pytest.raises(UnknownModel, match="see GET /v1/models"):
+def test_unknown_model_says_what_to_ask_for(decider: Decider) -> None:
+    # It said only "see GET /v1/models": an agent set up with a provider's model name learned
+    # what to ask for with a second request.
+    with pytest.raises(UnknownModel) as exc:
         decider.decide(feats(model="gpt-99"))
+    assert (
+        str(exc.value)
+        == "model 'gpt-99' is not served here; ask for one of: auto, claude-*, pinned (GET /v1/models)"
+    )
 
 
 def test_a_backend_no_route_serves_says_so(decider: Decider) -> None:

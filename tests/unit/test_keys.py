@@ -207,6 +207,12 @@ async def test_master_key_mode(store: SQLiteStore) -> None:
         with pytest.raises(AuthenticationFailed) as err:
             await auth.check(request(bad))
         assert (bad or "\0") not in err.value.message
+    # A client still set up with its provider's key was told only "invalid API key".
+    with pytest.raises(AuthenticationFailed) as err:
+        await auth.check(request("sk-proj-0123456789abcdef"))
+    assert err.value.message == (
+        "invalid API key: send the router's key (ROUTER_MASTER_KEY or a virtual key), not a provider's"
+    )
 
 
 async def test_virtual_keys_carry_their_limits(store: SQLiteStore) -> None:

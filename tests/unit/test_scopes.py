@@ -102,7 +102,7 @@ def test_only_a_git_remote_in_the_system_prompt_names_the_repository(system: str
 @pytest.mark.parametrize(
     ("scopes", "message"),
     [
-        ([{"name": "x", "match": {}, "objective": {}}], "scopes[0].match: Value error, give at least one of repo, key, team"),
+        ([{"name": "x", "match": {}, "objective": {}}], "scopes[0].match: give at least one of repo, key, team"),
         ([{"name": "x", "match": {"repo": "a/*"}, "routes": [{"match": "auto", "passthrough": "gone"}]}],
          "scopes[0]: routes[0] (match 'auto').passthrough: unknown model id 'gone'"),
         ([SCOPES[0], SCOPES[0]], "scopes[1].name: duplicate scope name 'acme'"),

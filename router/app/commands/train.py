@@ -116,6 +116,12 @@ def train(
             f" need {min_attempts} per model): label tasks with `router outcome TASK_ID --success|--failure`"
             " or POST /v1/outcomes, let the policy explore, or pass --force"
         )
+    if not force and not any(counts.get(m.id) for m in policy.spec.models):
+        # The artifact would know none of the models it is for, and `router promote` refuses it.
+        raise TooFewLabels(
+            f"the log's labelled attempts are all of models {config} does not have ({', '.join(counts)}): "
+            "train with --config the policy that served the log, or pass --force"
+        )
     fitted = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
                  scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
@@ -149,7 +155,7 @@ def train(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(raw)
     sha = hashlib.sha256(raw).hexdigest()
-    _print(console, artifact, path, sha)
+    _print(console, artifact, path, sha, config)
     console.print(prior_line(scorer), highlight=False)
     console.print(callcaps.line(caps), highlight=False)
     console.print(stoploss.line(stops, source), highlight=False)
@@ -220,7 +226,7 @@ def _est(e: offpolicy.OffPolicyEstimate) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _print(console: Console, a: Artifact, path: Path, sha: str) -> None:
+def _print(console: Console, a: Artifact, path: Path, sha: str, config: str) -> None:
     d, m = a.report["data"], a.report["metrics"]
     console.print(f"[bold]data[/]: {d['attempts']} attempts of {d['tasks']} tasks, "
                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d['from_ts']))} → "
@@ -261,10 +267,9 @@ def _print(console: Console, a: Artifact, path: Path, sha: str) -> None:
                     _fmt(e.cache_share, "{:.1%}"))  # fmt: skip
     tables.show(console, est)
     # The hash on a line of its own: after the path, an 80-column terminal broke it in two.
-    console.print(
-        f"wrote {path}\n  sha256 {sha}\npromote it with: router promote {path} --config <policy.yaml>",
-        highlight=False,
-    )
+    console.print(f"wrote {path}\n  sha256 {sha}\npromote it with:", highlight=False)
+    # The command on a line of its own, never wrapped: broken in two it no longer pastes as one.
+    console.print(f"  router promote {path} --config {config}", highlight=False, soft_wrap=True)
 
 
 def _scope_line(r: dict[str, Any]) -> str:
