@@ -56,9 +56,11 @@ class Features:
     #: What is left of the task's budget, and of the calling key's, after the money held in flight.
     task_budget_left: float | None = None
     key_budget_left: float | None = None
-    #: The backend holding this task's warm prompt prefix, and how many tokens of it.
+    #: The backend holding this task's warm prompt prefix, and how many tokens of it; what that
+    #: backend reported cached of the call that left it warm (None: not reported, or not known here).
     warm_model: str | None = None
     warm_tokens: int = 0
+    warm_cached: int | None = None
     #: The part of ``prompt_tokens`` in ``anchor_model``'s provider tokens (the rest is o200k);
     #: None: the whole estimate is taken as any backend's count (nothing is converted).
     prompt_anchor: int | None = None

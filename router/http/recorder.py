@@ -42,7 +42,8 @@ class Recorder:
             c = f.charge
             input_tokens = c.usage.input_tokens if c is not None else None
             reported = c.reported_input_tokens if c is not None and served_by is not None else None
-            self.pipeline.finish(f.rt, f.decided, served_by, input_tokens, reported)
+            cached = c.usage.cache_read_tokens if c is not None and reported is not None else None
+            self.pipeline.finish(f.rt, f.decided, served_by, input_tokens, reported, cached)
         if f.held is not None:
             cost = f.charge.split.total if f.charge is not None else None
             self.background.spawn(self.admission.settle(f.held, cost), name="settle-budget")

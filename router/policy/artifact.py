@@ -241,7 +241,7 @@ def _write(a: Artifact) -> dict[str, Any]:
     def backend(e: BackendEstimates) -> dict[str, Any]:
         return {
             name: v
-            for name in (*(b[0] for b in BOUNDS), "n", "output_cells")
+            for name in (*(b[0] for b in BOUNDS), "n", "output_cells", "cache_cells")
             if (v := getattr(e, name)) is not None
         }
 
@@ -324,10 +324,11 @@ def _read(doc: Node, digest: str) -> Artifact:
         ratio, mean, p90, share = (
             None if (n := e.get(name)) is None else n.number(low, high) for name, low, high in BOUNDS
         )
-        n, cells = e.get("n"), e.get("output_cells")
+        n, cells, shares = e.get("n"), e.get("output_cells"), e.get("cache_cells")
         return BackendEstimates(
             ratio, mean, p90, share, n=None if n is None else n.whole(),
             output_cells=None if cells is None else {k: v.number(0.0, 10_000_000.0) for k, v in cells.mapping().items()},
+            cache_cells=None if shares is None else {k: v.number(0.0, 1.0) for k, v in shares.mapping().items()},
         )  # fmt: skip
 
     def scope(s: Node) -> ScopeEffects:

@@ -27,7 +27,7 @@ from router.features.request import Features
 from router.ids import IdMaker
 from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
-from router.policy.estimates import Estimates, turn_cell
+from router.policy.estimates import Estimates, cache_cell, turn_cell
 from router.store.records import Estimate
 
 _PRIORS: Final = Estimates()
@@ -110,11 +110,13 @@ def estimate(
     prompt = features.prompt_tokens if prompt is None else prompt
     warm = min(features.warm_tokens, prompt) if features.warm_model == backend.id else 0
     cacheable = est.cacheable(backend.provider, warm)
-    cached = round(cacheable * est.cache_share(backend.id))
+    cell = cache_cell(backend.provider, cacheable, features.warm_cached)
+    cached = round(cacheable * est.cache_share(backend.id, cell))
     fresh = prompt - cached
     writes = fresh if backend.protocol == "anthropic" else 0
     cost = backend.price.cost(fresh - writes, out, cached, writes)
     e = Estimate(backend.id, prompt, out, cached, cost, hold_usd=cost, cacheable_tokens=cacheable or None)
+    e.cache_cell = cell
     if hold_output is not None:
         held = min(features.max_output_tokens or hold_output, hold_output, backend.max_output_tokens)
         e.hold_usd = cost + max(0, held - out) * backend.price.output

@@ -15,7 +15,11 @@ Pure numbers, learned by ``router train`` from the log (the artifact's ``estimat
   but a short tool result is not priced like a file just read.
 * **Cache.** Providers cache a prefix in whole blocks (Gemini ~2k tokens, OpenAI 128), so what
   can be cached of a warm prefix is its whole blocks; ``cache_share`` is the share of those the
-  provider reported cached (not all: an entry is evicted, a call goes to another machine).
+  provider reported cached (not all: an entry is evicted, a call goes to another machine). Where
+  the log has enough calls of the same *cache cell* (``cache_cell``: how many whole blocks the
+  previous call's reported cached count is behind the warm prefix, and how many blocks the prefix
+  has) the cell's share is used: a call after a miss or a stale hit misses more often, a short
+  prefix too. Still a share of a sum, so the cells' cached tokens sum to the log's.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = [
-    "BOUNDS", "CACHE_BLOCKS", "FAMILY_RATIOS", "BackendEstimates", "Estimates", "cell_mean", "parent_cell", "turn_cell",
+    "BOUNDS", "CACHE_BLOCKS", "FAMILY_RATIOS", "BackendEstimates", "Estimates", "cache_cell", "cell_mean", "parent_cell",
+    "turn_cell",
 ]  # fmt: skip
 
 #: Provider tokens per o200k token, by the provider part of a litellm model name, before data.
@@ -44,6 +49,25 @@ PRIOR_CACHE_SHARE: Final = 1.0
 #: (2,028, 4,044, 6,060... on the shipped trajectories), OpenAI caches in 128-token steps;
 #: Anthropic caches up to the client's breakpoint, taken as the whole warm prefix (a block of 1).
 CACHE_BLOCKS: Final[Mapping[str, int]] = {"gemini": 2048, "vertex_ai": 2048, "openai": 128, "azure": 128}
+
+
+#: ``cache_cell``'s bounds: the gap (whole blocks the previous call's cached count is behind the
+#: warm prefix) is capped at ``CACHE_GAP_CAP``; the prefix's size is cut at these whole blocks.
+#: Chosen on training folds of the shipped trajectories (docs/routing.md, "Cache cells").
+CACHE_GAP_CAP: Final = 6
+CACHE_SIZE_CUTS: Final = (4, 8)  # two cuts, three sizes
+
+
+def cache_cell(provider: str, cacheable: int, warm_cached: int | None) -> str | None:
+    """The cache table's cell of a call with ``cacheable`` tokens of whole warm blocks, whose
+    previous call on the same backend reported ``warm_cached`` cached tokens ("2:1": two blocks
+    behind, a prefix of 4-7 blocks); None: no warm blocks, or the previous call's count is unknown."""
+    if not cacheable or warm_cached is None:
+        return None
+    block = CACHE_BLOCKS.get(provider, 1)
+    gap = min(max(-1, (cacheable - warm_cached) // block), CACHE_GAP_CAP)
+    blocks = cacheable // block
+    return f"{gap}:{(blocks >= CACHE_SIZE_CUTS[0]) + (blocks >= CACHE_SIZE_CUTS[1])}"
 
 
 def turn_cell(turn_chars: tuple[int, int | None] | None, verb: str | None = None) -> str | None:
@@ -88,6 +112,8 @@ class BackendEstimates:
     n: int | None = None
     #: The mean output per ``turn_cell`` with enough calls (None: none learned).
     output_cells: Mapping[str, float] | None = field(default=None, hash=False)
+    #: The cached share per ``cache_cell`` with enough calls (None: none learned).
+    cache_cells: Mapping[str, float] | None = field(default=None, hash=False)
 
 
 _NONE: Final = BackendEstimates()
@@ -106,8 +132,12 @@ class Estimates:
         learned = self.of(backend).tokens_ratio
         return learned if learned is not None else FAMILY_RATIOS.get(provider, 1.0)
 
-    def cache_share(self, backend: str) -> float:
-        share = self.of(backend).cache_share
+    def cache_share(self, backend: str, cell: str | None = None) -> float:
+        """The cached share of the warm blocks in ``cell`` (else the backend's, else the prior)."""
+        learned = self.of(backend)
+        share = (learned.cache_cells or {}).get(cell) if cell is not None else None
+        if share is None:
+            share = learned.cache_share
         return share if share is not None else PRIOR_CACHE_SHARE
 
     def cacheable(self, provider: str, warm: int) -> int:

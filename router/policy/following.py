@@ -46,7 +46,7 @@ def after_stop(decider: Decider, features: Features) -> dict[str, Any]:
     # No plan: the decider's own choice for the next attempt's first call, this request's shape.
     nxt = replace(
         features, attempt=features.attempt + 1, failed_models=tuple(failed), pinned=None,
-        switch_reason=None, signed_history=None, warm_model=None, warm_tokens=0,
+        switch_reason=None, signed_history=None, warm_model=None, warm_tokens=0, warm_cached=None,
     )  # fmt: skip
     try:
         model: str | None = decider.decide(nxt, explore=False).chosen

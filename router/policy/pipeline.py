@@ -109,12 +109,12 @@ class Pipeline:
 
     def finish(
         self, rt: ActivePolicy, decided: Decided, served_by: str | None, input_tokens: int | None,
-        reported_input_tokens: int | None = None,
+        reported_input_tokens: int | None = None, reported_cached_tokens: int | None = None,
     ) -> None:  # fmt: skip
         """Once the request has ended: size the prompt exactly for the conversation's next turn
         (the provider's reported count, ``reported_input_tokens``, or else a count of what
-        ``decide`` left pending), pin the task to the backend that served its main-loop request,
-        and read the weak label."""
+        ``decide`` left pending), pin the task to the backend that served its main-loop request
+        (its prefix warm, with what the provider said it cached of it), and read the weak label."""
         size = decided.size
         if size is not None:
             if reported_input_tokens and size.snapshot is not None and served_by:  # a 0 is no count
@@ -136,7 +136,7 @@ class Pipeline:
             backend = rt.catalog[served_by]
             self.tasks.served(
                 decided.task, backend.id, input_tokens or decided.features.prompt_tokens, backend.cache_ttl_s,
-                rt.policy.spec.tasks.abandon_after_s,
+                rt.policy.spec.tasks.abandon_after_s, reported_cached_tokens,
             )  # fmt: skip
         if decided.label is not None:
             decided.label()
@@ -179,7 +179,7 @@ def request_features(
             "side_call": task.side_call, "task_vector": task.vector, "attempt": task.attempt,
             "failed_models": task.failed_models, "pinned": task.pinned, "switch_reason": task.switch_reason,
             "signed_history": task.signed_history, "task_budget_left": task.budget_left,
-            "warm_model": task.warm_model, "warm_tokens": task.warm_tokens,
+            "warm_model": task.warm_model, "warm_tokens": task.warm_tokens, "warm_cached": task.warm_cached,
         }  # fmt: skip
     if size is not None:
         extra["prompt_anchor"], extra["anchor_model"] = size.provider_tokens, size.anchor_model

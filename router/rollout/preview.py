@@ -106,7 +106,8 @@ class _TaskReplay:
     repo: str | None = None
     #: attempt → the model the new policy started it on
     pinned: dict[int, str] = field(default_factory=dict)
-    warm: tuple[str, int, float] | None = None  # model, tokens, until
+    #: model, tokens, until, what the model reported cached (None: it was not the logged model's call)
+    warm: tuple[str, int, float, int | None] | None = None
 
 
 @dataclass
@@ -226,6 +227,7 @@ def preview(
                 failed_models=tuple(dict.fromkeys(m for a, m in sorted(t.pinned.items()) if a < f.attempt)),
                 warm_model=warm[0] if warm else None,
                 warm_tokens=warm[1] if warm else 0,
+                warm_cached=warm[3] if warm else None,
             )
         chosen_by = runtime.arm_for(task_id, logged_facts(r, t.repo))[1]
         try:
@@ -261,7 +263,12 @@ def preview(
             if f.attempt not in t.pinned:
                 t.pinned[f.attempt] = new
                 tally.attempts[(task_id, f.attempt)] = (logged, new)
-            t.warm = (new, held, r.ts + backend.cache_ttl_s)
+            t.warm = (
+                new,
+                held,
+                r.ts + backend.cache_ttl_s,
+                usage.cache_read_tokens if new == logged else None,
+            )
     scorer = runtime.decider.scorer
     learned = (
         _learned_success(scorer, tally, {k: v.vector for k, v in tasks.items()}, resamples)

@@ -36,10 +36,12 @@ class Estimate:
     cost_per_completed_usd: float | None = None
     #: What a budget holds for this call: the cost at a high quantile of its output.
     hold_usd: float | None = None
-    #: The output table's cell of the call (``turn_cell``) and the warm prefix's whole cache blocks
-    #: on this backend (``cached_tokens`` is the learned share of them): logged for ``router train``.
+    #: The output table's cell of the call (``turn_cell``), the warm prefix's whole cache blocks
+    #: on this backend (``cached_tokens`` is the learned share of them) and the cache table's cell
+    #: (``cache_cell``): logged for ``router train``.
     output_cell: str | None = None
     cacheable_tokens: int | None = None
+    cache_cell: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The fields that are set (None ones are left out of the log and of ``/v1/route``)."""

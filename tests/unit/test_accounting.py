@@ -199,3 +199,24 @@ async def test_bad_input_is_logged_and_answered_in_the_protocols_shape(
     assert answer.status_code == 400
     assert answer.json()["error"]["type"] == "invalid_request_error"
     assert row.status == 400 and row.cost_usd is None
+
+
+async def test_what_the_provider_cached_of_a_call_keys_the_next_calls_cache_cell(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    from router.policy.estimates import cache_cell
+
+    task = {"x-router-task-id": "cache-cell-task"}
+    opening = [{"role": "user", "content": "fix the parser " * 300}]
+    async with serving(tmp_path, [model("a", fake.url, "cached=300")]) as r:
+        assert (await r.post(headers=task, messages=opening)).status_code == 200
+        turn = [*opening, {"role": "assistant", "content": "looking"}, {"role": "user", "content": "ok"}]
+        assert (await r.post(headers=task, messages=turn)).status_code == 200
+        first, second = await r.records()
+    assert first.cache_read_tokens == 300
+    (est,) = second.candidates or []
+    # The first call left its reported prompt warm, 300 of it cached: how far that is behind the
+    # warm prefix's whole (128-token) blocks keys the second call's cached share.
+    assert est.cacheable_tokens == first.input_tokens // 128 * 128  # type: ignore[operator]
+    assert est.cacheable_tokens is not None and est.cache_cell is not None
+    assert est.cache_cell == cache_cell("openai", est.cacheable_tokens, 300)

@@ -297,3 +297,57 @@ def test_a_shapes_cell_is_learned_from_its_verbs_cells_together() -> None:
     cells = fit_estimates(rows)["gem"]["output_cells"]
     # sed has its calls' mean; cat, one call short, is priced at its shape's: all 2 * MIN_ROWS calls of 6:8.
     assert cells == {"6:8:sed": 900.0, "6:8": 500.0}
+
+
+def test_cache_cell_reads_how_far_the_last_reported_cache_is_behind_the_warm_blocks() -> None:
+    from router.policy.estimates import cache_cell
+
+    # Gemini's 2,048-token blocks: 5 warm blocks; the last call had all but one of them cached.
+    assert cache_cell("gemini", 5 * 2048, 4 * 2048 - 20) == "1:1"
+    assert cache_cell("gemini", 5 * 2048, 0) == "5:1"  # the last call missed
+    # Far behind is capped at 6 blocks; 8 blocks or more is the top size.
+    assert cache_cell("gemini", 20 * 2048, 0) == "6:2"
+    assert cache_cell("gemini", 2 * 2048, 3 * 2048) == "-1:0"  # more was cached than is warm now
+    # Nothing warm to cache, or no count from the provider: no cell (the backend's share applies).
+    assert cache_cell("gemini", 0, 0) is None and cache_cell("gemini", 4096, None) is None
+
+
+def test_the_cached_share_is_the_cache_cells_where_learned() -> None:
+    f = feats(10_000, warm_model="gem", warm_tokens=9_000)
+    d = decider({"gem": BackendEstimates(cache_share=0.9, cache_cells={"0:1": 1.0, "4:1": 0.5})})
+    # 4 whole blocks of 2,048 are warm; the last call had them all cached (gap 0), or none (gap 4).
+    after_hit = d.decide(replace(f, warm_cached=8_192)).estimate("gem")
+    after_miss = d.decide(replace(f, warm_cached=0)).estimate("gem")
+    assert after_hit is not None and after_hit.cache_cell == "0:1" and after_hit.cached_tokens == 8_192
+    assert after_miss is not None and after_miss.cache_cell == "4:1" and after_miss.cached_tokens == 4_096
+    assert after_miss.cost_usd > after_hit.cost_usd
+    # A cell too rare to be learned, or no count of the last call: the backend's share.
+    assert d.decide(replace(f, warm_cached=6_144)).estimate("gem").cached_tokens == round(8_192 * 0.9)  # type: ignore[union-attr]
+    unknown = d.decide(f).estimate("gem")
+    assert unknown is not None and unknown.cache_cell is None and unknown.cached_tokens == round(8_192 * 0.9)
+
+
+def test_cache_cells_are_learned_from_the_logged_cell_and_round_trip_the_artifact() -> None:
+    import orjson
+
+    from router.features.task.vector import schema
+    from router.policy.artifact import FORMAT, Artifact
+
+    def logged(i: int, cell: str, cached: int) -> RequestRecord:
+        said = [Estimate("gem", 10_000, 100, 0, 0.0, cacheable_tokens=8_192, cache_cell=cell)]
+        return row(f"t{cell}{i}", 1.0, input_tokens=10_000, cache_read_tokens=cached, candidates=said)
+
+    rows = [logged(i, "0:1", 8_192) for i in range(MIN_ROWS)]
+    rows += [logged(i, "4:1", 0) for i in range(MIN_ROWS - 1)]
+    fitted = fit_estimates(rows)["gem"]
+    # A cell of MIN_ROWS calls has its share; one call short, the backend's share (of all the calls) prices it.
+    assert fitted["cache_cells"] == {"0:1": 1.0}
+    assert fitted["cache_share"] == pytest.approx(MIN_ROWS / (2 * MIN_ROWS - 1), abs=1e-4)
+    assert as_estimates({"gem": fitted}).cache_share("gem", "0:1") == 1.0
+    raw = orjson.dumps({"format": FORMAT, "feature_schema": schema(),
+                        "estimates": {"gem": {"cache_share": 0.9, "cache_cells": {"4:1": 0.5}}}})  # fmt: skip
+    read = Artifact.from_json(raw, source="a.json").estimates
+    assert read.cache_share("gem", "4:1") == 0.5 and read.cache_share("gem", "0:1") == 0.9
+    with pytest.raises(ConfigError, match=r"estimates.gem.cache_cells.4:1"):
+        Artifact.from_json(orjson.dumps({"format": FORMAT, "feature_schema": schema(),
+                                         "estimates": {"gem": {"cache_cells": {"4:1": 1.5}}}}), source="a.json")  # fmt: skip

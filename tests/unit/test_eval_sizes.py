@@ -68,7 +68,9 @@ def test_the_report_has_the_issues_keys_and_the_baselines(runs: list[Trajectory]
 
 
 def test_output_and_cache_are_learned_on_the_other_folds(runs: list[Trajectory]) -> None:
-    report, _ = sizes.cross_validate(runs, folds=3)
+    report, rows = sizes.cross_validate(runs, folds=3)
+    # Each call after the first is told what the provider cached of the one before it.
+    assert all(r.cache_cell is not None for r in rows if r.cacheable) and any(r.cacheable for r in rows)
     # Learned: the held-out calls' output is the train folds' mean, the cache their share.
     assert report["output"]["median_ape"] == 0.0 and report["output"]["sum_ratio"] == 1.0
     assert report["cache"]["share_est"] == pytest.approx(report["cache"]["share"], rel=0.05)

@@ -182,3 +182,17 @@ def test_what_another_replica_wrote_of_the_attempt_is_taken_in_before_the_reques
     # The preview takes it in as well, on a copy.
     assert tracker.preview("t", chat(OPEN, *TURN), None, AttemptMark(4, 1)).attempt == 4
     assert tracker.peek("t").attempt == 3  # type: ignore[union-attr]
+
+
+def test_a_served_call_leaves_its_prompt_warm_with_what_the_provider_cached_of_it() -> None:
+    tracker = TaskTracker()
+    state = tracker.begin("t", chat(OPEN), None)
+    tracker.served(state, "local-mini", 9_000, 60, side_call=False, cached_tokens=4_096)
+    assert tracker.warm(state) == ("local-mini", 9_000, 4_096)
+    # A side call leaves the main loop's warm prefix as it was; a provider that says nothing: unknown.
+    tracker.served(state, "local-nano", 500, 60, side_call=True, cached_tokens=0)
+    assert tracker.warm(state) == ("local-mini", 9_000, 4_096)
+    tracker.served(state, "local-mini", 9_500, 60, side_call=False)
+    assert tracker.warm(state) == ("local-mini", 9_500, None)
+    tracker.served(state, "local-mini", 9_500, -1, side_call=False, cached_tokens=9_000)
+    assert tracker.warm(state) == (None, 0, None)  # past the cache's lifetime

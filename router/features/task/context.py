@@ -61,6 +61,8 @@ class TaskView:
     budget_left: float | None
     warm_model: str | None
     warm_tokens: int
+    #: What the warm backend reported cached of the call that left the prefix warm (None: unknown).
+    warm_cached: int | None
     #: The last messages as the switch signals read them; the label reads them again from here.
     recent: signals.Recent | None = None
     #: (why, rule) when the router has stopped the attempt (``stop``): the request is refused.
@@ -194,7 +196,7 @@ class TaskContext:
             warm = await self.shared.warm(task_id)
             if warm is not None and state.warm_model is None:
                 state.warm_model, state.warm_until = warm.model, warm.until
-                state.warm_tokens = prompt_tokens
+                state.warm_tokens, state.warm_cached = prompt_tokens, None
         new_vector = state.vector is None and not side
         if new_vector:
             repo = repo_hint(req.first_user_text, repo, req.system_text)
@@ -215,21 +217,23 @@ class TaskContext:
             with contextlib.suppress(StateUnavailable):
                 used = await self.budgets.spent(f"task:{task_id}")
                 budget_left = max(0.0, budget - used.spent - used.reserved)
-        warm_model, warm_tokens = self.tracker.warm(state)
+        warm_model, warm_tokens, warm_cached = self.tracker.warm(state)
         return TaskView(
             task_id=task_id, state=state, attempt=state.attempt, side_call=side, vector=state.vector,
             new_vector=new_vector, repo=repo if new_vector else None, failed_models=tuple(state.failed_models), pinned=state.pinned,
             switch_reason=switch, signed_history=signed_history(req), budget_left=budget_left,
-            warm_model=warm_model, warm_tokens=warm_tokens, recent=recent,
+            warm_model=warm_model, warm_tokens=warm_tokens, warm_cached=warm_cached, recent=recent,
             # Read after the last await: ``stop`` reads the same label (labels are kept on the loop).
             p_success=None if side else reading(state),
         )  # fmt: skip
 
     def served(
-        self, view: TaskView, model: str, prompt_tokens: int, cache_ttl_s: float, abandon_after_s: float
-    ) -> None:
-        """``model`` answered this main-loop request: pin the attempt to it, its prefix is warm."""
-        self.tracker.served(view.state, model, prompt_tokens, cache_ttl_s, False)
+        self, view: TaskView, model: str, prompt_tokens: int, cache_ttl_s: float, abandon_after_s: float,
+        cached_tokens: int | None = None,
+    ) -> None:  # fmt: skip
+        """``model`` answered this main-loop request: pin the attempt to it, its prefix is warm
+        (``cached_tokens``: what the provider reported cached of it, if it said)."""
+        self.tracker.served(view.state, model, prompt_tokens, cache_ttl_s, False, cached_tokens)
         if self.shared is not None:  # alone, the tracker already holds it
             self.background.spawn(
                 self._share(view.task_id, view.attempt, model, cache_ttl_s, abandon_after_s), name="share-pin"

@@ -35,6 +35,8 @@ class TaskState:
     vector: Mapping[int, float] | None = None
     warm_model: str | None = None
     warm_tokens: int = 0
+    #: What ``warm_model`` reported cached of the call that left the prefix warm (None: not reported).
+    warm_cached: int | None = None
     warm_until: float = 0.0
     #: The last weak label stored for the task (attempt, success, score, source): an unchanged
     #: label is not written again on every turn.
@@ -175,19 +177,21 @@ class TaskTracker:
         state.failed_open = not success
 
     def served(
-        self, state: TaskState, model: str, prompt_tokens: int, cache_ttl_s: float, side_call: bool
-    ) -> None:
+        self, state: TaskState, model: str, prompt_tokens: int, cache_ttl_s: float, side_call: bool,
+        cached_tokens: int | None = None,
+    ) -> None:  # fmt: skip
         if side_call:
             return
         # The first main-loop request pins the attempt; a later switch (a loop, a context that
         # outgrew the window) moves the pin with it.
         state.pinned = model
         state.calls += 1
-        state.warm_model, state.warm_tokens = model, prompt_tokens
+        state.warm_model, state.warm_tokens, state.warm_cached = model, prompt_tokens, cached_tokens
         state.warm_until = time.time() + cache_ttl_s
 
     @staticmethod
-    def warm(state: TaskState) -> tuple[str | None, int]:
+    def warm(state: TaskState) -> tuple[str | None, int, int | None]:
+        """The warm backend, the tokens of its prefix and what it reported cached (within the cache's lifetime)."""
         if state.warm_model and time.time() < state.warm_until:
-            return state.warm_model, state.warm_tokens
-        return None, 0
+            return state.warm_model, state.warm_tokens, state.warm_cached
+        return None, 0, None

@@ -81,11 +81,13 @@ class Row:
     cost_est: float
     cached: int
     cached_est: int
-    #: The warm prefix (the previous call's reported prompt), its whole cache blocks, and the
-    #: call's output cell (``turn_cell`` of the request, whether or not the decision was told it).
+    #: The warm prefix (the previous call's reported prompt), its whole cache blocks, the call's
+    #: output cell (``turn_cell`` of the request, whether or not the decision was told it) and its
+    #: cache cell (``cache_cell``).
     warm: int
     cacheable: int
     cell: str | None
+    cache_cell: str | None
     micros: float
     turn_micros: float  # the turn's cell (``turn_shape`` and ``turn_cell``), not in ``micros``
     #: Per window: (router keeps it, the provider's count keeps it).
@@ -125,7 +127,7 @@ class Replayer:
             m.get("usage") or {} for k, m in enumerate(t.messages) if k >= 2 and m.get("role") == "assistant"
         ]
         rows: list[Row] = []
-        warm = 0
+        warm, warm_cached = 0, None
         prev: tuple[int, int] | None = None  # (messages, reported prompt) of the previous call
         for turn, (raw, usage) in enumerate(zip(requests(t, "text"), usages, strict=True), 1):
             req = self.wire.parse(raw)
@@ -141,7 +143,7 @@ class Replayer:
             turn_micros = (time.perf_counter() - started) * 1e6
             feats = replace(
                 request_features(req, size.tokens, {}, None, size), requested_model="replay",
-                warm_model=BACKEND if warm else None, warm_tokens=warm,
+                warm_model=BACKEND if warm else None, warm_tokens=warm, warm_cached=warm_cached,
             )  # fmt: skip
             est = self.decider.decide(feats).estimate(BACKEND)
             assert est is not None
@@ -171,12 +173,12 @@ class Replayer:
                 int(usage.get("completion_tokens") or 0),
                 est.output_tokens, _cost(usage.get("cost")), est.cost_usd,
                 int(usage.get("cached_tokens") or 0), est.cached_tokens, warm, est.cacheable_tokens or 0,
-                cell, micros, turn_micros, fits, base, base_fits,
+                cell, est.cache_cell, micros, turn_micros, fits, base, base_fits,
             ))  # fmt: skip
             # Pipeline.finish, the call served with its usage (the sampled count runs on a thread there).
             if self.sizer.reported(size, true, BACKEND, self.ratio):
                 self.sizer.learn_tail(size, true, BACKEND)
-            warm, prev = true, (len(req.messages), true)
+            warm, warm_cached, prev = true, _int(usage.get("cached_tokens")), (len(req.messages), true)
         return rows
 
     def _exact(self, size: Any) -> int:
@@ -190,6 +192,10 @@ class Replayer:
         except ContextTooLarge:
             return False
         return True
+
+
+def _int(raw: Any) -> int | None:
+    return int(raw) if isinstance(raw, int | float) else None
 
 
 def _cost(raw: Any) -> float | None:
@@ -214,7 +220,7 @@ def log_row(r: Row) -> RequestRecord:
         f"{r.task}#{r.turn}", float(r.turn), task_id=r.task, status=200, chosen_model=BACKEND,
         input_tokens=r.prompt, output_tokens=r.output, cache_read_tokens=r.cached, prompt_tokens_est=r.logged,
         candidates=[Estimate(BACKEND, r.prompt_est, r.output_est, r.cached_est, r.cost_est, output_cell=r.cell,
-                             cacheable_tokens=r.cacheable or None)],
+                             cacheable_tokens=r.cacheable or None, cache_cell=r.cache_cell)],
     )  # fmt: skip
 
 
@@ -257,12 +263,13 @@ def cross_validate(
 #: Other estimates of each held-out call's cost from the same fold's fit, beside the router's.
 #: ``mean_output``: the backend's mean output, not its ``turn_cell``'s; ``turn_shapes``: the mean of
 #: the cell's shape, not of the program the last turn ran (the router before ``turn_verb``);
-#: ``share``: a share of the whole prompt cached, not of the warm prefix's whole blocks, with the
-#: mean output (the router before cache blocks and turn cells), and ``share_turn_cells`` with the
-#: cell's. ``medians`` is not an estimate the router could use: the median output of the cell and
+#: ``one_share``: the backend's one cached share of the warm blocks, not its ``cache_cell``'s (the
+#: router before cache cells); ``share``: a share of the whole prompt cached, not of the warm
+#: prefix's whole blocks, with the mean output (the router before cache blocks and turn cells),
+#: and ``share_turn_cells`` with the cell's. ``medians`` is not an estimate the router could use: the median output of the cell and
 #: a cache hit (all the warm blocks cached) price a typical call, which is what a median error
 #: rewards, and undercount the sum (the long replies and the misses are left out).
-CANDIDATES: Final = ("mean_output", "turn_shapes", "share", "share_turn_cells", "medians")
+CANDIDATES: Final = ("mean_output", "turn_shapes", "one_share", "share", "share_turn_cells", "medians")
 
 
 def _candidates(
@@ -281,6 +288,7 @@ def _candidates(
                 by_cell_outputs.setdefault(c, []).append(r.output)
     median = statistics.median(r.output for r in train)
     medians = {c: statistics.median(v) for c, v in by_cell_outputs.items() if len(v) >= MIN_ROWS}
+    one = learned.get("cache_share", 1.0)
     out: dict[str, list[float]] = {name: [] for name in CANDIDATES}
     for r in held:
         by_cell = round(_or(cell_mean(cells, r.cell), mean))
@@ -290,6 +298,8 @@ def _candidates(
         out["turn_shapes"].append(
             price.cost(r.prompt_est - r.cached_est, round(_or(cell_mean(cells, shape), mean)), r.cached_est)
         )
+        blocks = round(r.cacheable * one)
+        out["one_share"].append(price.cost(r.prompt_est - blocks, r.output_est, blocks))
         out["share"].append(price.cost(r.prompt_est - of_prompt, round(mean), of_prompt))
         out["share_turn_cells"].append(price.cost(r.prompt_est - of_prompt, by_cell, of_prompt))
         all_cached = round(r.cacheable * hit_share)

@@ -13,7 +13,8 @@ What ``router.policy.estimates`` reads (the artifact's ``estimates``). Each numb
 * ``cache_share``: the reported cached tokens over the warm prefix's whole cache blocks the
   decision logged (``cacheable_tokens``), summed over the calls that had some. Rows from before
   it was logged count their ``cached_tokens`` instead (the whole warm prefix at the prior, a
-  learned share of the prompt after: close, until newer rows come in).
+  learned share of the prompt after: close, until newer rows come in). ``cache_cells``: the same
+  share per ``cache_cell`` the decision logged, for each of ``MIN_ROWS`` calls.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ MIN_ROWS: Final = 20
 
 
 def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, Any]]:
-    """``{backend: {tokens_ratio, output_mean, output_p90, cache_share, output_cells, n}}`` (only what was learned)."""
+    """``{backend: {tokens_ratio, output_mean, output_p90, cache_share, output_cells, cache_cells, n}}``
+    (only what was learned)."""
     outputs: dict[str, list[int]] = defaultdict(list)
     cells: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     cache: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    cache_cells: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0]))
     first: dict[str, tuple[float, str, int, int]] = {}  # task → (ts, backend, reported, estimated)
     for r in requests:
         model = r.chosen_model
@@ -51,11 +54,12 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, Any]
                 if parent is not None:
                     cells[model][parent].append(r.output_tokens)
         cacheable = chosen and (chosen.cacheable_tokens or chosen.cached_tokens)
-        if cacheable:
-            c = cache[model]
-            c[0] += r.cache_read_tokens or 0
-            c[1] += cacheable
-            c[2] += 1
+        if chosen is not None and cacheable:
+            # Its cell's too: a cell the log has too few calls of is priced at the backend's share.
+            for c in (cache[model], *([cache_cells[model][chosen.cache_cell]] if chosen.cache_cell else ())):
+                c[0] += r.cache_read_tokens or 0
+                c[1] += cacheable
+                c[2] += 1
         task, est = r.task_id, r.prompt_tokens_est
         if task and est and (task not in first or r.ts < first[task][0]):
             first[task] = (r.ts, model, reported, est)
@@ -77,6 +81,13 @@ def fit_estimates(requests: Iterable[RequestRecord]) -> dict[str, dict[str, Any]
     for model, (read, blocks, n) in cache.items():
         if n >= MIN_ROWS and blocks > 0:
             fitted[model]["cache_share"] = round(min(1.0, read / blocks), 4)
+            shares = {
+                cell: round(min(1.0, r / b), 4)
+                for cell, (r, b, k) in cache_cells[model].items()
+                if k >= MIN_ROWS
+            }
+            if shares:
+                fitted[model]["cache_cells"] = shares
     for model, rs in ratios.items():
         if len(rs) >= MIN_ROWS:
             fitted[model]["tokens_ratio"] = round(statistics.median(rs), 4)
@@ -94,6 +105,7 @@ def as_estimates(fitted: Mapping[str, Mapping[str, Any]]) -> Estimates:
             get(e, "tokens_ratio"), get(e, "output_mean"), get(e, "output_p90"), get(e, "cache_share"),
             n=int(e["n"]) if "n" in e else None,
             output_cells={k: float(v) for k, v in e["output_cells"].items()} if "output_cells" in e else None,
+            cache_cells={k: float(v) for k, v in e["cache_cells"].items()} if "cache_cells" in e else None,
         )
         for backend, e in fitted.items()
     })  # fmt: skip
