@@ -387,6 +387,19 @@ async def test_outcome_upsert_is_idempotent_per_key(store: SQLiteStore) -> None:
     await check_outcome_upsert(store)
 
 
+async def test_a_batch_goes_in_whole_and_in_order_whatever_its_size(store: SQLiteStore) -> None:
+    # 64 + 8 + 1 + 1 rows: each of SQLite's multi-row statements, and the rest one by one.
+    n = 74
+    await store.write_requests(
+        [RequestRecord(request_id=f"r{i:03}", ts=float(i), task_id="t") for i in range(n)]
+    )
+    assert [r.request_id for r in await store.requests_for_task("t")] == [f"r{i:03}" for i in range(n)]
+    # One batch holding a key many times: the last row of it is what stays, as one by one.
+    rows = [schema.encode_outcome(outcome(1, i % 2 == 0, "label", score=i / 100)) for i in range(n)]
+    await store.write_outcome_rows(rows)
+    assert [(o.success, o.score) for o in await store.outcomes_for_task("t1")] == [(False, 0.73)]
+
+
 async def check_bad_record_rolls_back(store: Store) -> None:
     bad = RequestRecord(request_id="bad", ts=1.0, input_tokens=2**70)
     with pytest.raises(StoreDataError, match="input_tokens"):
