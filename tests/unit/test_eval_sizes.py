@@ -119,3 +119,29 @@ def test_the_command_on_a_file(
     table = capsys.readouterr().out
     assert "| router (learned, held out) |" in table and "| o200k |" in table
     assert main(["eval-sizes", "--trajectories", str(tmp_path / "none.jsonl"), "--json"]) != 0
+
+
+def test_the_command_on_a_directory(
+    tmp_path: Path, runs: list[Trajectory], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `router eval` takes the trajectories' directory: the replays took only a file ("no such trajectories file").
+    for name, part in (("a.jsonl.gz", runs[:20]), ("b.jsonl", runs[20:])):
+        with (gzip.open if name.endswith(".gz") else open)(tmp_path / name, "wb") as f:
+            for t in part:
+                f.write(
+                    orjson.dumps(
+                        {"instance_id": t.instance_id, "resolved": t.resolved, "messages": t.messages}
+                    )
+                    + b"\n"
+                )
+    (tmp_path / "README.md").write_text("not a trajectory")
+    assert main(["eval-sizes", "--trajectories", str(tmp_path), "--folds", "3", "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["requests"] == TASKS * 4  # both files, in order
+    assert (
+        main(["eval-sizes", "--trajectories", str(tmp_path), "--folds", "3", "--json", "--limit", "25"]) == 0
+    )
+    assert orjson.loads(capsys.readouterr().out)["tasks"] == 25
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["eval-sizes", "--trajectories", str(empty), "--json"]) != 0
+    assert "no *.jsonl or *.jsonl.gz trajectories file" in capsys.readouterr().err

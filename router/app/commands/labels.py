@@ -33,24 +33,36 @@ def add_replay_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_trajectories(args: argparse.Namespace) -> tuple[Path, list[Trajectory]]:
-    """The trajectories file a replay reads (checked with the folds before anything loads) and
-    its runs, or a ``ConfigError`` that names the file."""
+    """The trajectories a replay reads (a file, or a directory's ``*.jsonl(.gz)`` files, as
+    ``router eval --trajectories`` takes them; checked with the folds before anything loads) and
+    their runs, or a ``ConfigError`` that names the file."""
+    from router.learning.evals.turns import files
     from router.learning.labels.replay import load
 
     path: Path = args.trajectories or default_trajectories()
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such trajectories file (pass --trajectories FILE)")
+    if not path.exists():
+        raise ConfigError(f"{path}: no such trajectories file or directory (pass --trajectories PATH)")
+    found = files([path])
+    if not found:
+        raise ConfigError(f"{path}: no *.jsonl or *.jsonl.gz trajectories file in this directory")
     if args.folds < 2:
         raise ConfigError(f"--folds: expected at least 2, got {args.folds}")
-    try:
-        return path, load(path, args.limit)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: not a trajectories file: {exc}") from exc
+    runs: list[Trajectory] = []
+    for f in found:
+        if args.limit is not None and len(runs) >= args.limit:
+            break
+        try:
+            runs += load(f, None if args.limit is None else args.limit - len(runs))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{f}: not a trajectories file: {exc}") from exc
+    return path, runs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--trajectories", type=Path, help="JSONL(.gz) of agent runs (default: the shipped SWE-bench runs)"
+        "--trajectories",
+        type=Path,
+        help="JSONL(.gz) of agent runs, or a directory of them (default: the shipped SWE-bench runs)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument(

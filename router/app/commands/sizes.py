@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trajectories",
         type=Path,
-        help="JSONL(.gz) of agent runs with usage (default: the shipped SWE-bench runs)",
+        help="JSONL(.gz) of agent runs with usage, or a directory of them (default: the shipped SWE-bench runs)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     add_replay_arguments(p)

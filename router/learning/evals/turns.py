@@ -70,7 +70,7 @@ def load(paths: Iterable[str | Path], tasks: Iterable[str] | None = None) -> dic
     """Every run in the files (a directory: its ``*.jsonl`` and ``*.jsonl.gz``), keyed (task, model)."""
     wanted = set(tasks) if tasks is not None else None
     out: dict[tuple[str, str], Turns] = {}
-    for p in _files(paths):
+    for p in files(paths):
         opener = gzip.open if p.suffix == ".gz" else open
         with opener(p, "rb") as f:
             for line_no, line in enumerate(f, 1):
@@ -89,7 +89,8 @@ def load(paths: Iterable[str | Path], tasks: Iterable[str] | None = None) -> dic
     return out
 
 
-def _files(paths: Iterable[str | Path]) -> list[Path]:
+def files(paths: Iterable[str | Path]) -> list[Path]:
+    """The trajectory files named (a directory: its ``*.jsonl`` and ``*.jsonl.gz``), in order."""
     found: list[Path] = []
     for raw in paths:
         p = Path(raw)
