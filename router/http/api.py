@@ -161,12 +161,29 @@ class Api:
 async def http_error(request: Request, exc: Exception) -> Response:
     """FastAPI's own refusals (405, 404) in the protocol's shape, like every other error."""
     assert isinstance(exc, StarletteHTTPException)  # registered for it alone
-    err = BadRequest(str(exc.detail))
+    err = BadRequest(_refusal(request, exc))
     err.status = exc.status_code
     if exc.status_code == 404:
         err.anthropic_type = "not_found_error"
-    protocol = ANTHROPIC if request.url.path.startswith("/v1/messages") else OPENAI_CHAT
+    protocol = ANTHROPIC if "/messages" in request.url.path else OPENAI_CHAT  # /v1/v1/messages too
     return error_reply(err, protocol, exc.headers)
+
+
+def _refusal(request: Request, exc: StarletteHTTPException) -> str:
+    """What went wrong in the client's setup, where Starlette said only "Not Found": most often a
+    base URL without /v1 (OpenAI clients) or with it (Anthropic clients add their own)."""
+    method, path = request.method, request.url.path
+    if exc.status_code == 405 and exc.headers and "allow" in {k.lower() for k in exc.headers}:
+        allowed = next(v for k, v in exc.headers.items() if k.lower() == "allow")
+        return f"{method} is not allowed on {path} (allowed: {allowed})"
+    if exc.status_code != 404 or exc.detail != "Not Found":
+        return str(exc.detail)
+    if f"/v1{path}" in PROXIED:
+        return f"no endpoint {path}: the router serves /v1{path}, so an OpenAI client's base URL ends in /v1"
+    if path.startswith("/v1/v1/"):
+        return (f"no endpoint {path}: the base URL ends in /v1 and the client adds its own; an Anthropic "
+                "client's base URL is the router's address alone")  # fmt: skip
+    return f"no endpoint {method} {path}: the router serves POST {', '.join(PROXIED)} and GET /v1/models"
 
 
 def _proxied(proxy: Proxy, protocol: str) -> Callable[[Request], Awaitable[Response]]:

@@ -134,6 +134,18 @@ def test_overview_shows_the_logged_traffic(
     assert [row.split()[:2] for row in rows(browser, "by-revision")] == [[records[0]["policy_revision"], "5"]]
 
 
+def test_every_page_loads_without_a_console_error(
+    browser: Any, served: tuple[RunningRouter, list[dict[str, Any]]]
+) -> None:
+    # Each page asked for /favicon.ico, a 404 the browser's console showed as an error.
+    router, _ = served
+    browser.get_log("browser")  # what earlier tests left
+    for page in ("/ui", "/ui/tasks", "/ui/latency", "/ui/policy", "/ui/tasks/ui-task-alpha"):
+        browser.get(f"{router.url}{page}")
+        text(browser, "main")  # rendered
+        assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == [], page
+
+
 def test_pages_read_at_most_the_latest_requests_and_say_so(
     browser: Any, router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
 ) -> None:

@@ -94,3 +94,28 @@ async def test_models_are_created_when_the_catalog_was_loaded(fake: FakeUpstream
     assert {(m["created"], m["created_at"]) for m in [*listed, one]} == {
         (1_767_225_600, "2026-01-01T00:00:00Z")
     }
+
+
+async def test_a_wrong_path_says_what_the_base_url_should_be(fake: FakeUpstream, tmp_path: Path) -> None:
+    # Each was a bare "Not Found" (or "Method Not Allowed"): the usual first-hour slip is a base URL
+    # without /v1 for an OpenAI client, or with it for an Anthropic one.
+    auth = {"authorization": f"Bearer {MASTER}"}
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        no_v1 = await r.client.post("/chat/completions", headers=auth, json={"model": "auto"})
+        twice = await r.client.post("/v1/v1/messages", headers=auth, json={"model": "claude-x"})
+        other = await r.client.get("/v2/things", headers=auth)
+        method = await r.client.get("/v1/chat/completions", headers=auth)
+    assert error_of(no_v1, 404)["message"] == (
+        "no endpoint /chat/completions: the router serves /v1/chat/completions, so an OpenAI client's base URL "
+        "ends in /v1"
+    )
+    assert twice.status_code == 404 and twice.json()["error"] == {
+        "type": "not_found_error",
+        "message": "no endpoint /v1/v1/messages: the base URL ends in /v1 and the client adds its own; an "
+        "Anthropic client's base URL is the router's address alone",
+    }
+    assert error_of(other, 404)["message"] == (
+        "no endpoint GET /v2/things: the router serves POST /v1/chat/completions, /v1/messages, /v1/responses "
+        "and GET /v1/models"
+    )
+    assert error_of(method, 405)["message"] == "GET is not allowed on /v1/chat/completions (allowed: POST)"
