@@ -13,15 +13,16 @@ from router.protocols.common import (
     ClientRequest,
     Flag,
     MaxTokens,
+    PartKinds,
     Usage,
     allow,
     check_messages,
+    check_parts,
     error_message,
     event_json,
     has_image,
     load_body,
     scan_messages,
-    shown,
     text_of,
     validated,
 )
@@ -47,16 +48,18 @@ ROLES = frozenset({"user", "assistant", "system"})
 #: every ``ContentBlockParam``; ``tests/unit/test_protocols.py`` checks the installed SDK's).
 #: Another type is refused here, naming where it is: forwarded, it came back as some backend's
 #: unrelated complaint ("messages: expected a non-empty array" from a translated call).
-BLOCK_TYPES = frozenset(
-    {
-        "text", "image", "document", "search_result", "thinking", "redacted_thinking", "tool_use",
+BLOCK_TYPES: PartKinds = {
+    **dict.fromkeys((
+        "document", "search_result", "thinking", "redacted_thinking", "tool_use",
         "tool_result", "server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
         "advisor_tool_result", "code_execution_tool_result", "bash_code_execution_tool_result",
         "text_editor_code_execution_tool_result", "tool_search_tool_result", "mcp_tool_use",
         "mcp_tool_result", "mcp_tool_listing", "container_upload", "compaction", "mid_conv_system",
         "tool_addition", "tool_removal", "fallback",
-    }
-)  # fmt: skip
+    )),
+    "text": ("text", str),
+    "image": ("source", dict),
+}  # fmt: skip
 
 
 class _Tool(BaseModel):
@@ -91,7 +94,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
     if count_only and "max_tokens" not in body:
         body = {**body, "max_tokens": 1}
     req = validated(_Request, body)
-    scanned = scan_messages(body["messages"], ROLES, content_optional=False, blocks=BLOCK_TYPES)
+    scanned = scan_messages(body["messages"], ROLES, content_optional=False, kinds=BLOCK_TYPES)
     signed = None
     if scanned is None or body["messages"][0].get("role") == "system":
         check_messages(body["messages"], ROLES, content_optional=False)
@@ -132,23 +135,16 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
 def check_blocks(messages: list[dict[str, Any]]) -> None:
     """Every content block is of a type the Messages API knows; a system message is not first.
 
-    Only the block's type is checked: fields a known block does not declare pass through as
-    before (a provider's newer options)."""
+    Only the block's type is checked, and that a text block has its text and an image its source
+    (without, it failed at the backend in the provider's words, or in translation): fields a
+    known block does not declare pass through as before (a provider's newer options)."""
     if messages[0].get("role") == "system":
         raise BadRequest(
             "invalid request: messages.0.role: a system message cannot open the conversation; "
             "put it in the top-level system field",
             param="messages",
         )
-    for i, m in enumerate(messages):
-        content = m["content"]
-        if isinstance(content, str):
-            continue
-        for j, block in enumerate(content):
-            kind = block.get("type")
-            if kind not in BLOCK_TYPES:
-                what = "required" if kind is None else f"unknown content block type {shown(kind)}"
-                raise BadRequest(f"invalid request: messages.{i}.content.{j}.type: {what}", param="messages")
+    check_parts(messages, BLOCK_TYPES, "messages", "content block")
 
 
 def _effort(output_config: Any) -> str | None:

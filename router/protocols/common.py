@@ -8,6 +8,7 @@ key or headers), plus the few facts the router needs for routing, task identity 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
@@ -191,13 +192,54 @@ def has_image(content: Any) -> bool:
 _IMAGES = ("image", "image_url", "input_image")
 
 
+#: A protocol's content part types, each with what a part of that type must carry: a field and
+#: the type(s) its value must have (None: nothing checked beyond the type).
+PartKinds = Mapping[str, tuple[str, type | tuple[type, ...]] | None]
+
+
+def part_problem(part: dict[str, Any], kinds: PartKinds, noun: str = "content part") -> str | None:
+    """What is wrong with one content part, as ``.type: ...`` or ``.field: ...`` (None: nothing).
+
+    A part of a type the protocol does not have, or without the field its type is for, failed at
+    the backend (a 400 in the provider's words, or a 500 from translation) or was dropped there."""
+    kind = part.get("type")
+    if not isinstance(kind, str) or kind not in kinds:
+        return ".type: required" if kind is None else f".type: unknown {noun} type {shown(kind)}"
+    need = kinds[kind]
+    if need is not None and not isinstance(part.get(need[0]), need[1]):
+        return f".{need[0]}: required in a {noun} of type {kind}, as {_json_type(need[1])}"
+    return None
+
+
+def _json_type(t: type | tuple[type, ...]) -> str:
+    kinds = t if isinstance(t, tuple) else (t,)
+    return " or ".join("a string" if x is str else "an object" if x is dict else x.__name__ for x in kinds)
+
+
+def check_parts(
+    items: list[Any],
+    kinds: PartKinds,
+    field: str,
+    noun: str = "content part",
+    only: Callable[[Any], bool] | None = None,
+) -> None:
+    """Every content part of every item (``only``: of those it accepts) is one ``kinds`` knows,
+    shaped as its type needs; the first that is not is a 400 naming it."""
+    for i, item in enumerate(items):
+        content = item.get("content") if isinstance(item, dict) and (only is None or only(item)) else None
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, dict) and (problem := part_problem(part, kinds, noun)) is not None:
+                    raise BadRequest(f"invalid request: {field}.{i}.content.{j}{problem}", param=field)
+
+
 def scan_messages(
-    messages: Any, roles: frozenset[str], *, content_optional: bool, blocks: frozenset[str] | None = None
+    messages: Any, roles: frozenset[str], *, content_optional: bool, kinds: PartKinds | None = None
 ) -> tuple[bool, bool] | None:
     """Whether a message's content holds an image (``has_image``), and whether an assistant message
     holds a signed block (Anthropic's ``thinking`` with a signature, ``redacted_thinking``), read in
-    the pass that checks what ``check_messages`` checks (and with ``blocks``, each content block's
-    type): a conversation is walked once, not once per question. None when any check fails: the
+    the pass that checks what ``check_messages`` checks (and with ``kinds``, what ``check_parts``
+    checks): a conversation is walked once, not once per question. None when any check fails: the
     caller then runs the checks themselves, which say what is wrong (as they always did, first
     failure first)."""
     if not isinstance(messages, list) or not messages:
@@ -217,8 +259,12 @@ def scan_messages(
                     if not isinstance(part, dict):
                         return None
                     kind = part.get("type")
-                    if blocks is not None and kind not in blocks:
-                        return None
+                    if kinds is not None:
+                        if not isinstance(kind, str) or kind not in kinds:
+                            return None
+                        need = kinds[kind]
+                        if need is not None and not isinstance(part.get(need[0]), need[1]):
+                            return None
                     if kind in _IMAGES:
                         vision = True
                     elif role == "assistant" and (

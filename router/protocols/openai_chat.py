@@ -13,9 +13,11 @@ from router.protocols.common import (
     ClientRequest,
     Flag,
     MaxTokens,
+    PartKinds,
     Usage,
     allow,
     check_messages,
+    check_parts,
     error_message,
     event_json,
     has_image,
@@ -53,6 +55,17 @@ class _Tool(BaseModel):
     function: _Function | None = None
 
 
+#: Content part types of Chat Completions messages, and what each must carry. Another type, or
+#: a part without its field, reached the backend: a 200 that ignored it, or a 500 from translation.
+PART_TYPES: PartKinds = {
+    "text": ("text", str),
+    "image_url": ("image_url", (dict, str)),
+    "input_audio": ("input_audio", dict),
+    "file": ("file", dict),
+    "refusal": ("refusal", str),
+}
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: Annotated[str, Field(min_length=1, max_length=256)]
@@ -72,9 +85,10 @@ class _Request(BaseModel):
 def parse(raw: bytes) -> ClientRequest:
     body, encoded = load_body(raw)
     req = validated(_Request, body)
-    scanned = scan_messages(body["messages"], ROLES, content_optional=True)
+    scanned = scan_messages(body["messages"], ROLES, content_optional=True, kinds=PART_TYPES)
     if scanned is None:
         check_messages(body["messages"], ROLES, content_optional=True)
+        check_parts(body["messages"], PART_TYPES, "messages")
         vision = any(has_image(m.get("content")) for m in body["messages"])
     else:
         vision = scanned[0]

@@ -17,8 +17,10 @@ from router.protocols.common import (
     ClientRequest,
     Flag,
     MaxTokens,
+    PartKinds,
     Usage,
     allow,
+    check_parts,
     error_message,
     event_json,
     has_image,
@@ -52,6 +54,17 @@ ITEM_TYPES = frozenset(
         "custom_tool_call", "custom_tool_call_output", "item_reference", "program", "program_output",
     }
 )  # fmt: skip
+#: Content part types of a message item, and what each must carry (``PartKinds``).
+PART_TYPES: PartKinds = {
+    "input_text": ("text", str),
+    "output_text": ("text", str),
+    "input_image": None,  # an image_url or a file_id
+    "input_file": None,
+    "input_audio": ("input_audio", dict),
+    "refusal": ("refusal", str),
+    "summary_text": ("text", str),
+    "reasoning_text": ("text", str),
+}
 #: A message item's roles (an item with a role and no type is a message).
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 
@@ -113,8 +126,8 @@ def parse(raw: bytes) -> ClientRequest:
 def check_items(items: list[dict[str, Any]]) -> None:
     """Every input item is of a type the Responses API knows, and a message has a known role.
 
-    Only the item's type (and a message's role and content's shape) is checked: fields an item
-    does not declare, and the parts inside a message, pass through as before. Content of another
+    Only the item's type (and a message's role, content's shape and parts' types, and that a
+    text part has its text) is checked: fields an item does not declare pass through as before. Content of another
     shape failed in translation on every backend, as if each were down."""
     for i, item in enumerate(items):
         kind = item.get("type")
@@ -133,6 +146,7 @@ def check_items(items: list[dict[str, Any]]) -> None:
                 f"invalid request: input.{i}.content: must be a string or a list of content parts",
                 param="input",
             )
+    check_parts(items, PART_TYPES, "input", only=lambda item: item.get("type", "message") == "message")
 
 
 def _content_shaped(content: Any) -> bool:

@@ -59,6 +59,16 @@ CASES = [
                b'[{"type": "bogus", "text": "hi"}]}]}', 400, "invalid_request_error"),
     (MESSAGES, b'{"model": "claude-x", "max_tokens": 10, "messages": [{"role": "system", "content": "be brief"}, '
                b'{"role": "user", "content": "hi"}]}', 400, "invalid_request_error"),
+    # Content parts of no known type or shape: a chat request's was answered 200 as if it were not
+    # there, a malformed image failed in translation; now a 400 naming the part.
+    (CHAT, b'{"model": "auto", "messages": [{"role": "user", "content": [{"type": "bogus"}]}]}', 400,
+     "invalid_request_error"),
+    (CHAT, b'{"model": "auto", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": 5}]}]}',
+     400, "invalid_request_error"),
+    (RESPONSES, b'{"model": "auto", "input": [{"role": "user", "content": [{"type": "bogus"}]}]}', 400,
+     "invalid_request_error"),
+    (MESSAGES, b'{"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": '
+               b'[{"type": "image"}]}]}', 400, "invalid_request_error"),
 ]  # fmt: skip
 
 

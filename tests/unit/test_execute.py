@@ -473,7 +473,8 @@ async def test_a_request_litellm_cannot_convert_opens_no_breaker(fake: FakeUpstr
     # breaking off, each such request was retried and three opened the breaker for every client.
     from tests.unit.inprocess import serving
 
-    bogus = [{"role": "user", "content": [{"type": "bogus"}]}]
+    # A known part type litellm cannot put in a user turn (an unknown one is refused at ingress).
+    bogus = [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]
     async with serving(tmp_path, [model("c", fake.url, protocol="anthropic")]) as r:
         for _ in range(6):
             refused = await r.post(OPENAI_CHAT, messages=bogus)

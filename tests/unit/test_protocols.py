@@ -40,10 +40,80 @@ def test_every_type_the_sdks_know_is_accepted() -> None:
     blocks = literal_types(beta_content_block_param.BetaContentBlockParam)
     blocks |= literal_types(content_block_param.ContentBlockParam)
     assert {"text", "tool_use", "tool_result", "thinking"} <= blocks  # the introspection works
-    assert blocks <= anthropic.BLOCK_TYPES, sorted(blocks - anthropic.BLOCK_TYPES)
+    assert blocks <= set(anthropic.BLOCK_TYPES), sorted(blocks - set(anthropic.BLOCK_TYPES))
     items = literal_types(response_input_item_param.ResponseInputItemParam)
     assert {"message", "function_call", "function_call_output", "reasoning"} <= items
     assert items <= responses.ITEM_TYPES, sorted(items - responses.ITEM_TYPES)
+
+
+def test_every_content_part_type_the_openai_sdk_knows_is_accepted() -> None:
+    from openai.types.chat import chat_completion_assistant_message_param as assistant
+    from openai.types.chat import chat_completion_content_part_param as chat_part
+    from openai.types.responses import response_input_content_param as input_part
+    from openai.types.responses import response_output_refusal_param, response_output_text_param
+
+    chat = literal_types(chat_part.ChatCompletionContentPartParam)
+    chat |= literal_types(assistant.ContentArrayOfContentPart)
+    assert {"text", "image_url", "refusal"} <= chat  # the introspection works
+    assert chat <= set(openai_chat.PART_TYPES), sorted(chat - set(openai_chat.PART_TYPES))
+    parts = literal_types(input_part.ResponseInputContentParam)
+    for output in (response_output_text_param.ResponseOutputTextParam,
+                   response_output_refusal_param.ResponseOutputRefusalParam):  # fmt: skip
+        parts |= set(typing.get_args(typing.get_type_hints(output)["type"]))
+    assert {"input_text", "input_image", "output_text", "refusal"} <= parts
+    assert parts <= set(responses.PART_TYPES), sorted(parts - set(responses.PART_TYPES))
+
+
+@pytest.mark.parametrize(
+    ("part", "said"),
+    [
+        ({"type": "bogus"}, "messages.0.content.1.type: unknown content part type 'bogus'"),
+        ({"text": "no type"}, "messages.0.content.1.type: required"),
+        ({"type": ["text"]}, "messages.0.content.1.type: unknown content part type ['text']"),
+        ({"type": "image_url"}, "messages.0.content.1.image_url: required in a content part of type image_url"),
+        ({"type": "image_url", "image_url": 5}, "messages.0.content.1.image_url: required"),
+        ({"type": "text", "text": 5}, "messages.0.content.1.text: required in a content part of type text, as a string"),
+    ],
+)  # fmt: skip
+def test_a_chat_content_part_of_no_known_type_or_shape_is_refused_naming_it(
+    part: dict[str, Any], said: str
+) -> None:
+    # Forwarded, an unknown part was answered 200 as if it were not there (the fake provider;
+    # a real one answers 400 in its own words), and litellm failed on a malformed image (a 500).
+    body = {
+        "model": "auto",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}],
+    }
+    assert said in refused(openai_chat.parse, orjson.dumps(body))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert openai_chat.parse(
+        orjson.dumps({**body, "messages": [{"role": "user", "content": [image]}]})
+    ).vision
+
+
+def test_an_anthropic_text_or_image_block_without_its_content_is_refused() -> None:
+    assert "messages.0.content.0.source: required in a content block of type image" in refused(
+        anthropic.parse, messages({"role": "user", "content": [{"type": "image"}]})
+    )
+    assert "messages.0.content.0.text: required" in refused(
+        anthropic.parse, messages({"role": "user", "content": [{"type": "text"}]})
+    )
+
+
+def test_a_responses_message_part_of_no_known_type_is_refused_naming_it() -> None:
+    said = refused(responses.parse, items({"role": "user", "content": "hi"},
+                                          {"role": "user", "content": [{"type": "bogus"}]}))  # fmt: skip
+    assert said == "invalid request: input.1.content.0.type: unknown content part type 'bogus'"
+    assert "input.0.content.0.text: required" in refused(
+        responses.parse, items({"type": "message", "role": "user", "content": [{"type": "input_text"}]})
+    )
+    # Other items' content is not a message's: a reasoning item's is left to the backend.
+    responses.parse(
+        items(
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "x"}]},
+        )
+    )
 
 
 def messages(*msgs: dict[str, Any]) -> bytes:
