@@ -45,6 +45,13 @@ DEFAULT_CHARS_PER_TOKEN: Final = 3.6
 #: (~10 µs per 200 characters) costs less than handing it to a thread (~40 µs of the loop's time,
 #: and the GIL). Longer text is counted on a worker thread.
 INLINE_CHARS: Final = 512
+#: Pending text up to this size is counted on the event loop when the decision waits for the count
+#: (bounds that straddle a window, a conversation's first request): tiktoken takes ~40 µs a KB here,
+#: 0.66 ms for 16 KB. The request waits for the count either way, and on a worker thread it waited
+#: longer: handing it over and taking the GIL back (from the log's writer thread, too) cost more
+#: than the count (replayed turns: 0.41 ms mean for the counted turns' size check and count against
+#: 0.23 ms inline, p90 0.81 against 0.51 ms). Longer text still goes to a worker thread.
+DECIDING_INLINE_CHARS: Final = 16_384
 #: A prompt no provider count anchors (a conversation's first request) is counted exactly before
 #: deciding when what is unknown of it is this short (~8k tokens, under 2 ms on a worker thread; the system prompt
 #: and tools are usually known already from another conversation): its o200k count times the

@@ -14,7 +14,7 @@ from typing import Any
 
 from router.background import Background
 from router.errors import AttemptStopped
-from router.features.promptsize import INLINE_CHARS, PromptSize, PromptSizer
+from router.features.promptsize import DECIDING_INLINE_CHARS, INLINE_CHARS, PromptSize, PromptSizer
 from router.features.request import Features, turn_shape
 from router.features.task.context import TaskContext, TaskView
 from router.policy import following
@@ -100,10 +100,10 @@ class Pipeline:
 
     async def _settle(self, size: PromptSize) -> int:
         """``sizer.settle`` for a request that waits for it: on a worker thread unless the pending
-        text is short. Tokenizing reads ~10 MB/s, so a large new prompt counted on the event loop
-        stalled every other client for as long (seconds for the body cap's 32 MiB); tiktoken lets go
-        of the GIL while it encodes."""
-        if size.pending_chars <= INLINE_CHARS:
+        text is short (``DECIDING_INLINE_CHARS``). Tokenizing reads ~25 MB/s, so a large new prompt
+        counted on the event loop stalled every other client for as long (a second for the body
+        cap's 32 MiB); tiktoken lets go of the GIL while it encodes."""
+        if size.pending_chars <= DECIDING_INLINE_CHARS:
             return self.sizer.settle(size)
         return await self.background.in_thread(self.sizer.settle, size)
 
