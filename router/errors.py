@@ -131,6 +131,18 @@ class TaskNotFound(BadRequest):
         )
 
 
+class AttemptNotFound(TaskNotFound):
+    """The task is known, but not this attempt of it: none of its requests ran in it."""
+
+    def __init__(self, task_id: str, attempt: int, latest: int) -> None:
+        BadRequest.__init__(
+            self,
+            f"task {task_id!r} has no attempt {attempt}: its latest is attempt {latest}",
+            code="attempt_not_found",
+            param="attempt",
+        )
+
+
 class PayloadTooLarge(RouterError):
     status = 413
     close_connection = True

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from router.errors import BadRequest, TaskNotFound
+from router.errors import AttemptNotFound, BadRequest, TaskNotFound
 from router.features.task import vector as taskfeatures
 from router.features.task.context import TaskContext
 from router.features.task.identity import scoped
@@ -97,7 +97,12 @@ class Outcomes:
         latest = await self.tasks.latest_attempt(out.task_id)
         if latest is None and not rows:
             raise TaskNotFound(out.task_id)
-        attempt = out.attempt or latest or max(r.attempt or 1 for r in rows)
+        ran = max(latest or 1, max((r.attempt or 1 for r in rows), default=1))
+        if out.attempt is not None and out.attempt > ran:
+            # A verdict on an attempt no request ran in would label the task's next attempt
+            # before it ran (training joins outcomes to attempts by number).
+            raise AttemptNotFound(out.task_id, out.attempt, ran)
+        attempt = out.attempt or latest or ran
         details = dict(out.details or {})
         if out.source:
             details["client_source"] = out.source

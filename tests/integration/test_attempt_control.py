@@ -4,6 +4,7 @@ error in the caller's protocol naming the rule, and the task's next attempt esca
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,22 @@ def test_a_stopped_last_attempt_says_no_further_attempt_is_planned(
     assert error["next"] == {"retry": False, "model": None, "expected_success": 0.0, "expected_cost_usd": 0.0}
     assert "no further attempt is planned" in error["message"]
     assert report_failure(router, "one-shot")["next"] == error["next"]
+
+
+def test_an_outcome_of_an_attempt_that_never_ran_is_a_404_and_not_recorded(router: RunningRouter) -> None:
+    """A verdict on attempt 5 of a task whose only attempt is 1 was stored: training joins
+    outcomes to attempts by number, so it labelled the task's fifth attempt before any ran."""
+    assert send(router, START, task="one-attempt").status_code == 200
+    post = {"task_id": "one-attempt", "success": True}
+    refused = httpx.post(router.url + "/v1/outcomes", json={**post, "attempt": 5}, timeout=30)
+    assert refused.status_code == 404, refused.text
+    err = refused.json()["error"]
+    assert err["code"] == "attempt_not_found" and err["param"] == "attempt"
+    assert "no attempt 5: its latest is attempt 1" in err["message"]
+    # The attempt that ran takes its verdict, named or not, and only it is in the log.
+    for body in ({**post, "attempt": 1}, post):
+        took = httpx.post(router.url + "/v1/outcomes", json=body, timeout=30)
+        assert took.status_code == 200 and took.json()["attempt"] == 1, took.text
+    with sqlite3.connect(router.db_path) as con:
+        attempts = {a for (a,) in con.execute("SELECT attempt FROM outcomes WHERE task_id = 'one-attempt'")}
+    assert attempts == {1}
