@@ -17,9 +17,8 @@ from router.store.records import Estimate
 def fill_missing(usage: Usage, prompt_tokens_est: int, output_events: int, unseen: int = 0) -> bool:
     """Estimate what the provider did not report; return whether anything was estimated.
 
-    ``output_events``: the output's estimate. A streamed content event carries about one token at
-    every provider we relay, so for a stream it is the count of content events (a stream cut
-    short); for a whole reply, ``written_tokens``. A count of 0 is taken as unreported where it
+    ``output_events``: the output's estimate: for a stream cut short, ``streamed_tokens`` (at
+    least its count of content events); for a whole reply, ``written_tokens``. A count of 0 is taken as unreported where it
     cannot be true — no prompt is empty, and there was output — since litellm writes zeros for
     a usage the provider did not send. ``unseen``: the output a call that reasons may have
     produced without showing it (``hidden_output``); the estimate is at least that.
@@ -59,6 +58,16 @@ def written_tokens(obj: Mapping[str, Any]) -> int:
     texts: list[str] = []
     _collect(obj.get("choices") or obj.get("content") or obj.get("output"), texts, 0)
     return len(default_encoding().encode_ordinary("\n".join(texts))) if texts else 0
+
+
+def streamed_tokens(written: list[Any]) -> int:
+    """Tokens of what a stream's content events carried (``StreamObserver.written``): the output's
+    estimate for a stream cut before its usage. An event carries a token at OpenAI, several at
+    Anthropic, hundreds through some translations: counted per event, a stream of 6 large events
+    cut before its end was charged 6 tokens of the 4,800 it had sent."""
+    texts: list[str] = []
+    _collect(written, texts, 0)
+    return len(default_encoding().encode_ordinary("".join(texts))) if texts else 0
 
 
 def _collect(value: Any, texts: list[str], depth: int) -> None:

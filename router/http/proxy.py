@@ -19,7 +19,14 @@ from starlette.responses import Response
 
 from router.errors import AttemptStopped, PayloadTooLarge, RouterError, UpstreamError, redact_key
 from router.features.task.identity import client_key_hash, scoped, task_id_of
-from router.forward.accounting import charge, cost_split, given_up, hidden_output, written_tokens
+from router.forward.accounting import (
+    charge,
+    cost_split,
+    given_up,
+    hidden_output,
+    streamed_tokens,
+    written_tokens,
+)
 from router.forward.execute import CommittedStream, Execution, Executor
 from router.http.admission import Admission
 from router.http.auth import Auth, Principal, presented_key
@@ -185,7 +192,14 @@ class Proxy:
                 return
             finished = True
             c.release()
-            self._charge(f, c.observer.usage, content_events)
+            usage = c.observer.usage
+            # Tokenized only when the provider's count is missing (a stream cut short).
+            shown = (
+                content_events
+                if usage.output_tokens
+                else max(content_events, streamed_tokens(c.observer.written))
+            )
+            self._charge(f, usage, shown)
             self.recorder.close(f, phases)
 
         async def abandoned() -> None:

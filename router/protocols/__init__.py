@@ -16,6 +16,9 @@ class StreamObserver(Protocol):
     done: bool
     #: The message of an error event the backend sent in the stream (the client has it already).
     error: str | None
+    #: What the content events carried (their deltas, as parsed): a stream cut before its usage
+    #: is charged for it, tokenized (``accounting.streamed_tokens``), not per event.
+    written: list[Any]
 
     def observe(self, event: str | None, data: bytes) -> bool: ...
 

@@ -189,10 +189,12 @@ class StreamObserver:
         self.usage = Usage()
         self.done = False
         self.error: str | None = None
+        self.written: list[Any] = []
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event == "content_block_delta":
-            event_json(data)
+            said = event_json(data)
+            self.written.append(said.get("delta") if isinstance(said, dict) else None)
             return True
         if event == "message_stop":
             self.done = True

@@ -155,6 +155,7 @@ class StreamObserver:
         #: The stream's terminal event has been seen (a stream that ends without it was cut short).
         self.done = False
         self.error: str | None = None
+        self.written: list[Any] = []
 
     def observe(self, event: str | None, data: bytes) -> bool:
         """Return whether this frame carries content (a token of text, tool call or reasoning)."""
@@ -185,6 +186,7 @@ class StreamObserver:
             delta = choice.get("delta") or {}
             if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
                 content = True
+                self.written.append(delta)
         return content
 
 

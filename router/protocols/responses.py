@@ -194,10 +194,12 @@ class StreamObserver:
         self.usage = Usage()
         self.done = False
         self.error: str | None = None
+        self.written: list[Any] = []
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event in _CONTENT_EVENTS:
-            event_json(data)
+            said = event_json(data)
+            self.written.append(said.get("delta") if isinstance(said, dict) else None)
             return True
         if event == "error":
             self.error = error_message(event_json(data))

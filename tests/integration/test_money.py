@@ -403,3 +403,27 @@ def test_a_try_given_up_while_its_backend_reasons_is_charged(
     assert failed["status"] == 504 and failed["usage_estimated"] == 1
     assert failed["cost_usd"] == pytest.approx(sum(t["cost_usd"] for t in orjson.loads(failed["tries"])))
     assert failed["cost_usd"] >= faulty_cost
+
+
+@pytest.mark.parametrize("protocol", ["openai", "anthropic"])
+def test_a_stream_cut_before_its_usage_is_charged_for_the_text_it_sent(
+    router_factory: Factory, upstream: FakeUpstream, protocol: str
+) -> None:
+    """A stream cut before the provider's usage was charged a token per content event: 6 events
+    of about 800 tokens each (as some backends and translations send them) cost 6 tokens, so a
+    client leaving before the end had the text nearly free. Now what the events carried is
+    tokenized."""
+    path, body = (CHAT, {"model": "solo", "messages": HI}) if protocol == "openai" else (
+        "/v1/messages", {"model": "solo", "max_tokens": 20000, "messages": HI})  # fmt: skip
+    charged = []
+    for behaviour in ("big_kb=40,chunks=8", "big_kb=40,chunks=8,break_after=6"):
+        r = router_factory(faulty(upstream, behaviour, protocol))
+        with httpx.stream("POST", r.url + path, json={**body, "stream": True}, timeout=30) as resp:
+            b"".join(resp.iter_bytes())
+        charged.append(r.records(1)[-1])
+    whole, cut = charged
+    assert (
+        whole["usage_estimated"] == 0 and cut["usage_estimated"] == 1 and cut["error_type"] == "UpstreamError"
+    )
+    # 6 of its 8 equal events: about three quarters of the whole reply's output.
+    assert 0.6 * whole["output_tokens"] <= cut["output_tokens"] <= whole["output_tokens"], (whole, cut)
