@@ -33,7 +33,7 @@ from benchmarks import scenarios
 from benchmarks.loadgen import run_count
 from benchmarks.procs import Pinning, Service, Services
 from benchmarks.report import PASSTHROUGH, ROUTER
-from benchmarks.run import _run, entry, handle_interrupts, start
+from benchmarks.run import _run, entry, handle_interrupts, shared_state, start
 
 _TOTALS = re.compile(rb"^totals:\s*(\d+)", re.M)
 #: Valgrind runs the servers ~50× slower: starting takes a minute, not a second.
@@ -83,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=40, help="turns sent first, not counted")
     p.add_argument("--no-floor", action="store_true", help="count the router only")
     p.add_argument("--keep", action="store_true", help="keep the callgrind files (for callgrind_annotate)")
+    p.add_argument(
+        "--redis", metavar="URL", help="the router keeps its shared state in this Redis, as replicas do"
+    )
     args = p.parse_args(argv)
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
@@ -99,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Services(workdir) as svc:
             # Not pinned: counts do not depend on the core, and valgrind serialises threads anyway.
             started = start(svc, Pinning(None, None), workdir, with_litellm=False,
-                            with_floor=not args.no_floor, wrap=wrap, ready_timeout_s=_READY_TIMEOUT_S)  # fmt: skip
+                            with_floor=not args.no_floor, wrap=wrap, ready_timeout_s=_READY_TIMEOUT_S,
+                            router_env=shared_state(args.redis, workdir))  # fmt: skip
             targets = [t for t in (PASSTHROUGH, ROUTER) if t in started]
             for sc in args.scenarios.split(","):
                 per_turn = {}

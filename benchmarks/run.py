@@ -195,6 +195,12 @@ def start(
     return started
 
 
+def shared_state(redis: str | None, workdir: Path) -> dict[str, str]:
+    """The router's settings for keeping its shared state in ``redis`` (None: in process), under
+    a key prefix of this run's own."""
+    return {"ROUTER_REDIS_URL": redis, "ROUTER_REDIS_PREFIX": f"{workdir.name}:"} if redis else {}
+
+
 def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -386,12 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + ("" if args.no_litellm else " and LiteLLM's proxy")
                 + "..."
             )
-            shared = (
-                {"ROUTER_REDIS_URL": args.redis, "ROUTER_REDIS_PREFIX": f"{workdir.name}:"}
-                if args.redis
-                else {}
-            )
-            services = start(svc, pin, workdir, not args.no_litellm, not args.no_floor, router_env=shared)
+            services = start(svc, pin, workdir, not args.no_litellm, not args.no_floor,
+                             router_env=shared_state(args.redis, workdir))  # fmt: skip
             memory["rss_start"] = rss_bytes(services[ROUTER].pid)
             rows = _run(drive(plan, services, memory, played))
         info_end = machine()
