@@ -162,6 +162,22 @@ def shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
+#: OpenAI's service tiers billed at most at the standard prices the catalog holds ("auto": the
+#: project's own setting). "priority" costs about twice as much, and budgets count catalog prices.
+CATALOG_TIERS = ("auto", "default", "flex")
+
+
+def check_service_tier(tier: Any) -> None:
+    """A client may not pick a tier billed above the catalog's prices: a key would spend about
+    twice what its budget counted."""
+    if tier is not None and tier not in CATALOG_TIERS:
+        raise BadRequest(
+            f"invalid request: service_tier: {shown(tier)} is not accepted here: this router prices "
+            f"calls at standard rates, which its budgets count; use one of {', '.join(CATALOG_TIERS)}",
+            param="service_tier",
+        )
+
+
 def allow(body: dict[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k in allowed}
 

@@ -18,6 +18,7 @@ from router.protocols.common import (
     allow,
     check_messages,
     check_parts,
+    check_service_tier,
     error_message,
     event_json,
     has_image,
@@ -85,6 +86,7 @@ class _Request(BaseModel):
 def parse(raw: bytes) -> ClientRequest:
     body, encoded = load_body(raw)
     req = validated(_Request, body)
+    check_service_tier(body.get("service_tier"))
     scanned = scan_messages(body["messages"], ROLES, content_optional=True, kinds=PART_TYPES)
     if scanned is None:
         check_messages(body["messages"], ROLES, content_optional=True)

@@ -21,6 +21,7 @@ from router.protocols.common import (
     Usage,
     allow,
     check_parts,
+    check_service_tier,
     error_message,
     event_json,
     has_image,
@@ -97,6 +98,7 @@ def parse(raw: bytes) -> ClientRequest:
             "previous_response_id is not supported: this router keeps no responses (stateless mode); "
             "send the whole conversation in input with store: false",
         )
+    check_service_tier(body.get("service_tier"))
     check_responses_tools(req.tools)
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else body["input"]
     check_items(items)

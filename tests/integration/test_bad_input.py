@@ -69,6 +69,11 @@ CASES = [
      "invalid_request_error"),
     (MESSAGES, b'{"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": '
                b'[{"type": "image"}]}]}', 400, "invalid_request_error"),
+    # OpenAI's priority tier costs about twice the catalog's prices, which budgets count: it was
+    # forwarded, so a key could spend about twice its budget.
+    (CHAT, b'{"model": "auto", "messages": [{"role": "user", "content": "hi"}], "service_tier": "priority"}', 400,
+     "invalid_request_error"),
+    (RESPONSES, b'{"model": "auto", "input": "hi", "service_tier": "priority"}', 400, "invalid_request_error"),
 ]  # fmt: skip
 
 

@@ -302,3 +302,21 @@ def test_a_chat_request_with_two_output_limits_is_sized_by_the_larger() -> None:
     assert limit(max_tokens=1, max_completion_tokens=8000) == 8000
     assert limit(max_tokens=300) == limit(max_completion_tokens=300) == 300
     assert limit() is None
+
+
+@pytest.mark.parametrize("parse", [openai_chat.parse, responses.parse])
+def test_a_service_tier_billed_above_the_catalog_is_refused(parse) -> None:  # type: ignore[no-untyped-def]
+    def body(tier: Any) -> bytes:
+        conversation = (
+            {"messages": [{"role": "user", "content": "hi"}]}
+            if parse is openai_chat.parse
+            else {"input": "hi"}
+        )
+        return orjson.dumps({"model": "auto", **conversation, "service_tier": tier})
+
+    for tier in ("priority", "scale", 5):
+        with pytest.raises(BadRequest) as exc:
+            parse(body(tier))
+        assert exc.value.param == "service_tier" and "standard rates" in exc.value.message
+    for tier in ("auto", "default", "flex", None):
+        assert parse(body(tier)).body.get("service_tier") == tier
