@@ -219,7 +219,8 @@ def build_active_policy(
     catalog = build_catalog(policy, lookup)
     ref_path = control_path(policy)
     ref = _read(ref_path, "control policy") if ref_path is not None else None
-    control = build_control(policy, catalog, ref_path, ref, scorer_for)
+    estimates = learned.estimates if learned is not None and learned.estimates.learned else None
+    control = build_control(policy, catalog, ref_path, ref, scorer_for, estimates)
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)
     scorer = scorer_for(policy, learned)
     if isinstance(scorer, LearnedScorer):

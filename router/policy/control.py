@@ -20,6 +20,7 @@ from router.errors import ConfigError
 from router.policy.catalog import Catalog
 from router.policy.config import Policy, Route
 from router.policy.decide import Decider, Scorer
+from router.policy.estimates import Estimates
 from router.policy.loading import parse_policy
 
 CONTROL = "control"
@@ -52,10 +53,14 @@ def control_path(policy: Policy) -> Path | None:
 
 def build_control(
     policy: Policy, catalog: Catalog, path: Path | None, text: bytes | None,
-    scorer_for: Callable[[Policy], Scorer | None],
+    scorer_for: Callable[[Policy], Scorer | None], estimates: Estimates | None = None,
 ) -> ControlArm | None:  # fmt: skip
     """The control arm of ``policy``; ``path``, ``text``: the reference policy file and its bytes
-    (if it names one); ``scorer_for(policy)``: how the reference's learned model is loaded."""
+    (if it names one); ``scorer_for(policy)``: how the reference's learned model is loaded;
+    ``estimates``: the running policy's learned sizes of a call (None: the reference's own, else
+    priors). They are facts about the backends, not a routing choice: an arm priced on priors held
+    ~3.6x a call's money (the flat output default) and ran into budgets first, which the arms'
+    comparison would have counted against the reference."""
     spec = policy.spec.control
     if spec is None:
         if policy.spec.guard is not None:
@@ -68,12 +73,14 @@ def build_control(
         ref = policy.spec.model_copy(update={"name": f"{policy.name}/control", "routes": routes, "rules": [],
                                              "learned": None, "control": None, "guard": None})  # fmt: skip
         decider = Decider(
-            Policy(ref, f"{policy.source}: control.route", policy.base, confined=policy.confined), catalog
+            Policy(ref, f"{policy.source}: control.route", policy.base, confined=policy.confined),
+            catalog,
+            estimates=estimates,
         )
         reference = "route"
     else:
         assert path is not None
-        decider = _reference_policy(policy, catalog, path, text, scorer_for)
+        decider = _reference_policy(policy, catalog, path, text, scorer_for, estimates)
         reference = str(path)
     decider.epsilon = 0.0
     return ControlArm(spec.share, decider, reference)
@@ -81,7 +88,7 @@ def build_control(
 
 def _reference_policy(
     policy: Policy, catalog: Catalog, path: Path, text: bytes | None,
-    scorer_for: Callable[[Policy], Scorer | None],
+    scorer_for: Callable[[Policy], Scorer | None], estimates: Estimates | None,
 ) -> Decider:  # fmt: skip
     where = f"{policy.source}: control.policy"
     if text is None:
@@ -97,4 +104,4 @@ def _reference_policy(
     missing = sorted(set(ref.models) - set(catalog.backends))
     if missing:
         raise ConfigError(f"{where}: models of {path} not in this file's catalog: {', '.join(missing)}")
-    return Decider(ref, catalog, scorer_for(ref))
+    return Decider(ref, catalog, scorer_for(ref), estimates=estimates)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -351,3 +352,38 @@ def test_cache_cells_are_learned_from_the_logged_cell_and_round_trip_the_artifac
     with pytest.raises(ConfigError, match=r"estimates.gem.cache_cells.4:1"):
         Artifact.from_json(orjson.dumps({"format": FORMAT, "feature_schema": schema(),
                                          "estimates": {"gem": {"cache_cells": {"4:1": 1.5}}}}), source="a.json")  # fmt: skip
+
+
+def test_the_control_arm_prices_a_call_with_the_running_policys_learned_estimates(tmp_path: Path) -> None:
+    """The arms differ in what they choose, not in what a call costs: a control arm priced on the
+    priors held the flat output default (~3.6x a real call), met budgets first, and ranked its
+    route's candidates by it."""
+    import hashlib
+
+    import orjson
+    import yaml
+
+    from router.features.task.vector import schema
+    from router.policy.active import load_active_policy
+    from router.policy.artifact import FORMAT
+    from router.rollout.preview import preview
+
+    # gem writes short replies, gpt long ones: learned, gem is the cheaper call; on priors, gpt.
+    learned = {"gem": {"output_mean": 10.0}, "gpt": {"output_mean": 2_000.0, "output_p90": 4_000.0}}
+    art = orjson.dumps({"format": FORMAT, "feature_schema": schema(), "estimates": learned})
+    (tmp_path / "a.json").write_bytes(art)
+    doc = yaml.safe_load(POLICY) | {
+        "learned": {"artifact": "a.json", "sha256": hashlib.sha256(art).hexdigest()},
+        "control": {"share": 0.999, "route": {"candidates": ["gem", "gpt"]}},
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    rt = load_active_policy(tmp_path / "p.yaml")
+    arm, control = rt.arm_for("t1", None)
+    assert arm == "control"
+    f = feats(1_000)
+    treated, held = rt.decider.decide(f).estimate("gpt"), control.decide(f)
+    assert treated is not None and held.estimate("gpt") == treated
+    assert held.chosen == "gem"
+    # The preview decides the arm again with the same numbers: the logged choice stands.
+    logged = row("t1", 1.0, decision_id="d1", requested_model="auto", protocol="openai_chat")
+    assert preview([logged], [], rt)["moves"] == {}
