@@ -78,28 +78,32 @@ class Features:
         return facts
 
 
-def _is_model_item(item: Any) -> bool:
-    """A turn the model wrote: an assistant message (Chat, Messages) or a Responses output item."""
-    if not isinstance(item, dict):
-        return False
-    return item.get("role") == "assistant" or item.get("type") in ("function_call", "reasoning")
+#: The Responses items the model wrote (Chat's and Messages' are the assistant's messages).
+_MODEL_TYPES: Final = frozenset(("function_call", "reasoning"))
 
 
 def turn_shape(messages: Sequence[Any]) -> tuple[int, int | None, str | None]:
     """``turn_chars`` and ``turn_verb`` of a request, in one walk of its tail (what the pipeline
-    reads)."""
+    reads). The model-item test is inlined: on every request, its calls were a fifth of the walk."""
     if not isinstance(messages, list):
         # As PromptSizer.measure takes it: one item (a string walked as a sequence is one call a character).
         messages = [messages]
     new, k = 0, len(messages) - 1
-    while k >= 0 and not _is_model_item(messages[k]):
-        new += _chars(messages[k])
+    while k >= 0:
+        item = messages[k]
+        if isinstance(item, dict) and (item.get("role") == "assistant" or item.get("type") in _MODEL_TYPES):
+            break
+        new += _chars(item)
         k -= 1
     if k < 0:
         return new, None, None
     reply, verb = 0, None
-    while k >= 0 and _is_model_item(messages[k]):
+    while k >= 0:
         item = messages[k]
+        if not isinstance(item, dict) or (
+            item.get("role") != "assistant" and item.get("type") not in _MODEL_TYPES
+        ):
+            break
         content = item.get("content")
         if isinstance(content, str) and not item.get("tool_calls"):
             # A text turn, the text protocol's every turn: measured and read here, once.
@@ -139,8 +143,6 @@ def turn_verb(messages: Sequence[Any]) -> str | None:
 #: first word, the directory dropped (``/usr/bin/python3`` is ``python3``). A verb keys a learned
 #: table and the log, so it is a short plain word or nothing: whatever else a client wrote stays out.
 _PROGRAM: Final = re.compile(r"\s*(?:[^\s=]*=\S*\s+){0,4}(?:\S*/)?([\w.+-]{1,32})(?:\s|$)", re.ASCII)
-#: The same, first line of a text turn's ``bash`` (or ``sh``) block.
-_FENCED: Final = re.compile(r"```(?:bash|sh)[^\n]*\n" + _PROGRAM.pattern, re.ASCII)
 #: How far into a command its program is looked for (a bound on the match's work on any input).
 _PROGRAM_CHARS: Final = 400
 _NAME: Final = re.compile(r"[\w.+-]{1,32}", re.ASCII)
@@ -206,12 +208,25 @@ def _text_verb(text: str) -> str | None:
     start = text.rfind("```bash")
     if start < 0:
         start = text.rfind("```sh")
-    m = _FENCED.match(text, start, start + _PROGRAM_CHARS) if start >= 0 else None
-    return m[1] if m else None
+        if start < 0:
+            return None
+    end = start + _PROGRAM_CHARS
+    line = text.find("\n", start, end)  # the fence's line ends within the bound, as _FENCED's does
+    return None if line < 0 else _program(text, line + 1, min(end, len(text)))
 
 
 def _command_verb(command: str) -> str | None:
-    m = _PROGRAM.match(command, 0, _PROGRAM_CHARS)
+    return _program(command, 0, min(_PROGRAM_CHARS, len(command)))
+
+
+def _program(text: str, at: int, end: int) -> str | None:
+    """``_PROGRAM``'s program of the command at ``text[at:end]``. Most commands start with a plain
+    word and a space (``cat a.py``, ``sed -n 1,9p``): that word is the program, taken without the
+    regular expression, whose match cost more than the rest of the turn's features together."""
+    head, space, _ = text[at : min(at + 33, end)].partition(" ")
+    if (space or at + len(head) == end) and len(head) <= 32 and head.isascii() and head.isalnum():
+        return head
+    m = _PROGRAM.match(text, at, end)
     return m[1] if m else None
 
 

@@ -79,8 +79,13 @@ def turn_cell(turn_chars: tuple[int, int | None] | None, verb: str | None = None
     if turn_chars is None:
         return None
     new, reply = turn_chars
-    shape = f"{max(new, 1).bit_length()}:{'-' if reply is None else max(reply, 1).bit_length()}"
+    shape = _SHAPES[max(new, 1).bit_length()][0 if reply is None else max(reply, 1).bit_length()]
     return shape if verb is None else f"{shape}:{verb}"
+
+
+#: Every shape's name, by the bit lengths of its two sizes (0: the model has not spoken): looked up,
+#: not formatted, on every decision.
+_SHAPES: Final = tuple(tuple(f"{n}:{r or '-'}" for r in range(65)) for n in range(65))
 
 
 def parent_cell(cell: str) -> str | None:
