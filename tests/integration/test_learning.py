@@ -165,6 +165,13 @@ def test_learning_lowers_cost_per_completed_task(
     assert by_model["large"]["p_success"] > by_model["nano"]["p_success"]
     assert {"p_success", "attempt_cost_usd", "cost_per_completed_usd"} <= set(by_model["nano"])
     assert route["chosen"] == "large", route
+    # Each candidate is priced by what the log taught (issue 33), not the policy's flat default.
+    learned = trained.artifact.estimates
+    for model, c in by_model.items():
+        mean, p90 = learned.output_mean(model, c.get("output_cell")), learned.of(model).output_p90
+        assert mean is not None and p90 is not None, (model, learned.of(model))
+        assert c["output_tokens"] == max(1, round(mean)) != 1024, (model, c)
+        assert c.get("hold_usd", c["cost_usd"]) > c["cost_usd"] or p90 <= mean, (model, c)
 
     # A harness asks after a failure whether another attempt is worth it, and on which model.
     task = "next-after-failure"
