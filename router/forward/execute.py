@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from router.errors import RouterError, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from router.errors import MissingCredentials, RouterError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.forward.timeouts import Timeouts
 from router.forward.upstream import Reply, Upstream, relay_base
 from router.policy.catalog import Backend, Catalog
@@ -264,7 +264,21 @@ class Executor:
             raise ServiceUnavailable(
                 f"every candidate backend is failing and paused by its breaker: {', '.join(skipped)}"
             )
+        if isinstance(last, MissingCredentials) and len(ex.tries) > 1:
+            raise _all_keys_missing(ex.tries, catalog) or last
         raise last
+
+
+def _all_keys_missing(tries: list[Try], catalog: Catalog) -> MissingCredentials | None:
+    """One error naming every key variable, where each backend tried lacked its own: said one at
+    a time, an operator who sets the variable named meets the next."""
+    if any(t.error_type != MissingCredentials.__name__ for t in tries):
+        return None
+    missing: dict[str, list[str]] = {}
+    for t in tries:
+        missing.setdefault(str(catalog[t.model].api_key_env), []).append(t.model)
+    named = ", ".join(f"{var} ({', '.join(ids)})" for var, ids in missing.items())
+    return MissingCredentials(f"no backend could be called, their key variables are not set: {named}")
 
 
 def _pause(err: RouterError, base: float) -> float | None:

@@ -384,6 +384,30 @@ async def test_missing_key_moves_on(fake: FakeUpstream, monkeypatch: pytest.Monk
     assert MissingCredentials.next_candidate
 
 
+async def test_every_key_missing_names_every_variable(
+    fake: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A router started without any provider key said only the last backend's variable, so its
+    operator set that one and met the next: the error names every backend and variable tried."""
+    for var in ("ROUTER_TEST_UNSET_A", "ROUTER_TEST_UNSET_B"):
+        monkeypatch.delenv(var, raising=False)
+    cat = catalog(
+        model("first", fake.url, api_key_env="ROUTER_TEST_UNSET_A"),
+        model("second", fake.url, api_key_env="ROUTER_TEST_UNSET_B"),
+        model("third", fake.url, api_key_env="ROUTER_TEST_UNSET_B"),
+    )
+    async with upstream() as up:
+        with pytest.raises(MissingCredentials) as info:
+            await executor(up, cat).complete(
+                request(), decision("first", "second", "third"), cat, {}, *fresh()
+            )
+    assert str(info.value) == (
+        "no backend could be called, their key variables are not set: "
+        "ROUTER_TEST_UNSET_A (first), ROUTER_TEST_UNSET_B (second, third)"
+    )
+    assert called(fake, cat) == []
+
+
 async def test_each_failing_backend_is_tried_once_in_order(fake: FakeUpstream) -> None:
     cat = catalog(
         model("a", fake.url, "status=500"), model("b", fake.url, "status=502"), model("c", fake.url)
