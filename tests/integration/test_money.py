@@ -260,6 +260,19 @@ def test_a_key_budget_refuses_only_when_no_candidate_fits(
     assert resp.status_code == 403 and resp.json()["error"]["code"] == "budget_exceeded", resp.text
 
 
+def forty_at_once(r: RunningRouter, key: dict[str, Any], body: dict[str, Any]) -> tuple[list[int], float]:
+    """40 requests at once on ``key``, a task each: their statuses, and what the log charged the key."""
+
+    def post(i: int) -> int:
+        headers = {"x-api-key": key["key"], "x-router-task-id": f"fb{i}"}
+        return httpx.post(r.url + CHAT, json=body, headers=headers, timeout=30).status_code
+
+    with ThreadPoolExecutor(40) as pool:
+        statuses = list(pool.map(post, range(40)))
+    rows = [row for row in r.records(42, timeout=10) if row["key_id"] == key["key_id"]]
+    return statuses, sum(row["cost_usd"] or 0.0 for row in rows)
+
+
 def test_requests_in_flight_that_fall_back_cannot_spend_past_a_key_budget(
     router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -283,15 +296,8 @@ def test_requests_in_flight_that_fall_back_cannot_spend_past_a_key_budget(
     assert 40 * cost > 2 * budget  # without the hold, the 40 would spend past it
     key = create_key(r, capsys, "--name", "falls-back", "--budget", str(budget))
 
-    def post(i: int) -> int:
-        headers = {"x-api-key": key["key"], "x-router-task-id": f"fb{i}"}
-        return httpx.post(r.url + CHAT, json=body, headers=headers, timeout=30).status_code
-
-    with ThreadPoolExecutor(40) as pool:
-        statuses = list(pool.map(post, range(40)))
+    statuses, spent = forty_at_once(r, key, body)
     assert 200 in statuses
-    rows = [row for row in r.records(42, timeout=10) if row["key_id"] == key["key_id"]]
-    spent = sum(row["cost_usd"] or 0.0 for row in rows)
     assert spent <= budget, (spent, budget, statuses)
 
 
@@ -320,15 +326,8 @@ def test_a_route_fallback_is_held_and_left_out_when_the_budget_cannot_hold_it(
     assert 40 * cost > 2 * budget  # without its hold, the 40 would spend past it
     key = create_key(r, capsys, "--name", "falls-back", "--budget", str(budget))
 
-    def post(i: int) -> int:
-        headers = {"x-api-key": key["key"], "x-router-task-id": f"fb{i}"}
-        return httpx.post(r.url + CHAT, json=body, headers=headers, timeout=30).status_code
-
-    with ThreadPoolExecutor(40) as pool:
-        statuses = list(pool.map(post, range(40)))
+    statuses, spent = forty_at_once(r, key, body)
     assert 200 in statuses
-    rows = [row for row in r.records(42, timeout=10) if row["key_id"] == key["key_id"]]
-    spent = sum(row["cost_usd"] or 0.0 for row in rows)
     assert spent <= budget, (spent, budget, statuses)
     # A key with room for the candidate but not for the fallback is not served by the fallback.
     nano = {e["model"]: e for e in seen["candidates"]}["local-nano"]
