@@ -30,7 +30,7 @@ from typing import Final
 
 __all__ = [
     "BOUNDS", "CACHE_BLOCKS", "FAMILY_RATIOS", "BackendEstimates", "Estimates", "cache_cell", "cell_mean", "parent_cell",
-    "turn_cell",
+    "turn_cell", "turn_of_cell",
 ]  # fmt: skip
 
 #: Provider tokens per o200k token, by the provider part of a litellm model name, before data.
@@ -86,6 +86,16 @@ def turn_cell(turn_chars: tuple[int, int | None] | None, verb: str | None = None
 #: Every shape's name, by the bit lengths of its two sizes (0: the model has not spoken): looked up,
 #: not formatted, on every decision.
 _SHAPES: Final = tuple(tuple(f"{n}:{r or '-'}" for r in range(65)) for n in range(65))
+
+
+def turn_of_cell(cell: str | None) -> tuple[tuple[int, int | None] | None, str | None]:
+    """``turn_chars`` and ``turn_verb`` that ``turn_cell`` maps to ``cell`` (sizes at the cell's
+    lower bound): how a logged decision's cell is decided again (``router.rollout.preview``)."""
+    if cell is None:
+        return None, None
+    new, reply, *verb = cell.split(":", 2)
+    chars = (1 << (int(new) - 1), None if reply == "-" else 1 << (int(reply) - 1))
+    return chars, verb[0] if verb else None
 
 
 def parent_cell(cell: str) -> str | None:

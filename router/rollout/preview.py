@@ -36,6 +36,7 @@ from router.learning.training import dataset, offpolicy
 from router.policy.active import ActivePolicy, build_active_policy
 from router.policy.catalog import Backend
 from router.policy.decide import Decider, estimate
+from router.policy.estimates import turn_of_cell
 from router.policy.learned import LearnedScorer
 from router.policy.scopes import logged_facts
 from router.protocols.common import Usage
@@ -48,7 +49,8 @@ UNREAD = frozenset({"prompt"})
 
 
 def features_of(r: RequestRecord, vector: Mapping[int, float] | None) -> Features:
-    """The decision's inputs as the log kept them."""
+    """The decision's inputs as the log kept them (the turn's sizes as its logged output cell)."""
+    turn_chars, turn_verb = turn_of_cell(next((e.output_cell for e in r.candidates or ()), None))
     return Features(
         protocol=r.protocol or "",
         requested_model=r.requested_model or "",
@@ -67,6 +69,8 @@ def features_of(r: RequestRecord, vector: Mapping[int, float] | None) -> Feature
         # Mostly an anchored estimate, in the tokens of the backend that served it.
         prompt_anchor=prompt,
         anchor_model=r.chosen_model,
+        turn_chars=turn_chars,
+        turn_verb=turn_verb,
     )
 
 

@@ -13,7 +13,7 @@ from router.features.request import Features
 from router.learning.training.estimates import MIN_ROWS, as_estimates, fit_estimates
 from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
-from router.policy.estimates import BackendEstimates, Estimates, turn_cell
+from router.policy.estimates import BackendEstimates, Estimates, turn_cell, turn_of_cell
 from router.policy.loading import parse_policy
 from router.store import RequestRecord
 from router.store.records import Estimate
@@ -386,4 +386,39 @@ def test_the_control_arm_prices_a_call_with_the_running_policys_learned_estimate
     assert held.chosen == "gem"
     # The preview decides the arm again with the same numbers: the logged choice stands.
     logged = row("t1", 1.0, decision_id="d1", requested_model="auto", protocol="openai_chat")
+    assert preview([logged], [], rt)["moves"] == {}
+
+
+def test_the_preview_prices_a_logged_call_in_its_turn_cell(tmp_path: Path) -> None:
+    """The preview rebuilt a logged request without its turn's shape and program, so it priced
+    each backend at its overall mean where serving had used the turn's cell: here it moved a
+    decision serving would make again (gpt after a ``sed``, whose replies gem writes long)."""
+    import hashlib
+
+    import orjson
+    import yaml
+
+    from router.features.task.vector import schema
+    from router.policy.active import load_active_policy
+    from router.policy.artifact import FORMAT
+    from router.rollout.preview import features_of, preview
+
+    cell = "12:9:sed"
+    assert turn_cell(*turn_of_cell(cell)) == cell
+    assert turn_cell(*turn_of_cell("3:-")) == "3:-" and turn_of_cell(None) == (None, None)
+    learned = {"gem": {"output_mean": 10.0, "output_cells": {cell: 3_000.0}},
+               "gpt": {"output_mean": 2_000.0, "output_cells": {cell: 50.0}}}  # fmt: skip
+    art = orjson.dumps({"format": FORMAT, "feature_schema": schema(), "estimates": learned})
+    (tmp_path / "a.json").write_bytes(art)
+    doc = yaml.safe_load(POLICY) | {
+        "learned": {"artifact": "a.json", "sha256": hashlib.sha256(art).hexdigest()}
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    rt = load_active_policy(tmp_path / "p.yaml")
+    served = rt.decider.decide(feats(1_000, turn_chars=(2_048, 256), turn_verb="sed"))
+    assert served.chosen == "gpt" and served.estimate("gpt").output_cell == cell  # type: ignore[union-attr]
+    logged = row("t1", 1.0, decision_id="d1", requested_model="auto", protocol="openai_chat",
+                  chosen_model="gpt", candidates=served.candidates)  # fmt: skip
+    f = features_of(logged, None)
+    assert turn_cell(f.turn_chars, f.turn_verb) == cell
     assert preview([logged], [], rt)["moves"] == {}
