@@ -97,9 +97,11 @@ class Api:
     # The SDKs' models.retrieve: it was a bare 404 "Not Found" for a name the list gives.
     @keyed(lambda request: ANTHROPIC if request.headers.get("anthropic-version") else OPENAI_CHAT)
     async def model(self, request: Request, principal: Principal, model_id: str) -> Response:
-        found = next((m for m in self.model_list(principal) if m["id"] == model_id), None)
+        listed = self.model_list(principal)
+        found = next((m for m in listed if m["id"] == model_id), None)
         if found is None:
-            raise UnknownModel(f"model {model_id!r} is not served here; see GET /v1/models for the names")
+            names = ", ".join(m["id"] for m in listed)
+            raise UnknownModel(f"model {model_id!r} is not served here; ask for one of: {names}")
         return json_reply(found)
 
     def model_list(self, principal: Principal) -> list[dict[str, Any]]:

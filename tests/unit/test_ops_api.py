@@ -73,7 +73,12 @@ async def test_a_model_the_list_gives_can_be_retrieved(fake: FakeUpstream, tmp_p
             await oai.models.retrieve("nope")
             raise AssertionError("retrieved a model that is not served")
         except openai.NotFoundError as err:
-            assert err.code == "model_not_found" and "'nope' is not served here" in err.message
+            # The names the key may ask for, as the chat 404 gives them: not a pointer to another request.
+            names = ", ".join(e["id"] for e in listed)
+            assert (
+                err.code == "model_not_found"
+                and f"'nope' is not served here; ask for one of: {names}" in err.message
+            )
         # Anthropic's SDK sends anthropic-version: the error comes in its shape.
         missing = await r.client.get(
             "/v1/models/claude-nope", headers={**auth, "anthropic-version": "2023-06-01"}
