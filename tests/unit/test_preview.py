@@ -129,20 +129,27 @@ def test_offpolicy_success_uses_the_outcomes(tmp_path: Path) -> None:
     assert p["success"]["learned_model"] is None  # no learned artifact in this policy
 
 
-def test_success_by_the_learned_model_when_the_policy_pins_one(tmp_path: Path) -> None:
+def learned_runtime(tmp_path: Path, trained: list[Any]):  # type: ignore[no-untyped-def]
+    """A policy of models a and b that pins the artifact fitted on ``trained`` attempt rows."""
     import hashlib
 
+    from router.learning.training.fit import fit
+
+    raw = fit(trained).to_json()
+    (tmp_path / "learned.json").write_bytes(raw)
+    return runtime(
+        tmp_path, ["a", "b"], learned={"artifact": "learned.json", "sha256": hashlib.sha256(raw).hexdigest()}
+    )
+
+
+def test_success_by_the_learned_model_when_the_policy_pins_one(tmp_path: Path) -> None:
     from router.features.task.vector import task_vector, to_json
     from router.learning.training import dataset
-    from router.learning.training.fit import fit
 
     vec = task_vector("fix the race condition")
     trained = [dataset.AttemptRow(f"t{i}", 1, m, vec, m == "b", "explicit", 0.01, 3, 1.0, [m])
                for i in range(12) for m in ("a", "b")]  # fmt: skip
-    raw = fit(trained).to_json()
-    (tmp_path / "learned.json").write_bytes(raw)
-    learned = {"artifact": "learned.json", "sha256": hashlib.sha256(raw).hexdigest()}
-    rt = runtime(tmp_path, ["a", "b"], learned=learned)
+    rt = learned_runtime(tmp_path, trained)
     rows = [row(i, "a", task=f"t{i}", task_features=to_json(vec)) for i in range(1, 6)]
     p = preview(rows, [], rt)
     assert p["moves"] == {"a -> b": 5}  # the learned model expects b to complete the task, a not
@@ -182,21 +189,15 @@ def test_a_preview_warns_when_success_falls_for_sure(
 ) -> None:
     # a completes 7 tasks of 12 at a 50th of b's cost, b all 12: the learned policy moves
     # every logged request from b to a, for less success. The preview said only "risks: none".
-    import hashlib
-
     from router.features.task.vector import task_vector, to_json
     from router.learning.training import dataset
-    from router.learning.training.fit import fit
     from router.rollout.preview import render
 
     vec = task_vector("fix the race condition")
     cost = {"a": 0.001, "b": 0.05}
     trained = [dataset.AttemptRow(f"t{i}", 1, m, vec, m == "b" or i < 7, "explicit", cost[m], 3, 1.0, [m])
                for i in range(12) for m in ("a", "b")]  # fmt: skip
-    raw = fit(trained).to_json()
-    (tmp_path / "learned.json").write_bytes(raw)
-    learned = {"artifact": "learned.json", "sha256": hashlib.sha256(raw).hexdigest()}
-    rt = runtime(tmp_path, ["a", "b"], learned=learned)
+    rt = learned_runtime(tmp_path, trained)
     rows = [row(i, "b", task=f"t{i}", task_features=to_json(vec)) for i in range(1, 6)]
     p = preview(rows, [], rt)
     assert p["moves"] == {"b -> a": 5}
