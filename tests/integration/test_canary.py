@@ -369,3 +369,36 @@ def test_a_provider_key_the_backend_echoes_is_redacted_everywhere(
     assert_absent("the log output", caplog.text, secret)
     assert_absent("the SQLite store", store_bytes(r.db_path), secret)
     assert start.encode() not in store_bytes(r.db_path)
+
+
+#: litellm providers that speak OpenAI's wire format and, finding no key of their own, fell back
+#: to the process's OPENAI_API_KEY (four of the twenty-five that did).
+KEYLESS_PROVIDERS = ("perplexity", "deepinfra", "nvidia_nim", "litellm_proxy")
+
+
+def test_a_backend_without_a_key_is_never_sent_another_providers_key(
+    router_factory: Callable[..., RunningRouter],
+    upstream: FakeUpstream,
+    canaries: Canaries,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A backend that names no ``api_key_env`` is called without a key on the translated path too.
+    litellm's OpenAI-compatible providers sent the OpenAI key of the router's environment to
+    whichever address the backend had (or to the provider itself, without an ``api_base``)."""
+    monkeypatch.setenv("OPENAI_API_KEY", canaries.provider)
+    models = [
+        {**backend(p, f"{p}/some-model", "openai", upstream.url + "/v1"), "api_key_env": None}
+        for p in KEYLESS_PROVIDERS
+    ]
+    routes = [{"match": p, "passthrough": p} for p in KEYLESS_PROVIDERS]
+    upstream.clear()
+    r = router_factory({"version": 1, "name": "keyless", "models": models, "routes": routes})
+    with httpx.Client(base_url=r.url, timeout=30) as http:
+        for p in KEYLESS_PROVIDERS:
+            for path in (MESSAGES, RESPONSES):  # translated to Chat Completions by litellm
+                resp = http.post(path, json=body(path, p, canaries.marker, False))
+                assert resp.status_code == 200, (p, path, resp.text)
+    sent = upstream.requests()
+    assert len(sent) == 2 * len(KEYLESS_PROVIDERS)
+    for i, req in enumerate(sent):
+        assert_absent(f"provider request #{i}", str(req), {"OpenAI key": canaries.provider})

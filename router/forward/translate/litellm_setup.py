@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 #: Used when a backend needs ``max_tokens`` (Anthropic requires it) and litellm knows no limit.
 FALLBACK_MAX_TOKENS = 4096
+#: The key litellm is given for a backend that has none (never one from the environment).
+_NO_KEY = "no-key"
 
 
 @functools.cache
@@ -56,6 +58,11 @@ def get_litellm() -> ModuleType:
     # drop Anthropic `thinking` when the tool-use turn has no thinking block to continue from,
     # pair orphaned tool calls with results, and put a user message first.
     litellm.modify_params = True
+    # Keys come only from the variables the policy names. litellm's OpenAI-compatible providers
+    # (perplexity, deepinfra, nvidia_nim, litellm_proxy and some twenty more) fall back to
+    # ``litellm.openai_key``, then to the process's OPENAI_API_KEY, when they find no key of their
+    # own: a backend on one of them without ``api_key_env`` was sent the OpenAI key.
+    litellm.openai_key = _NO_KEY
     # litellm warns per request (e.g. for every dropped parameter); the router logs its own errors.
     for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -81,7 +88,6 @@ def get_litellm() -> ModuleType:
 #: Providers whose key is a plain header value. Without a key litellm would fall back to the
 #: process's OPENAI_API_KEY / ANTHROPIC_API_KEY and send it to whatever base URL the backend has.
 _HEADER_KEY_PROVIDERS = frozenset({"openai", "anthropic", "hosted_vllm", "openai_like", "custom_openai"})
-_NO_KEY = "no-key"
 
 
 def call_kwargs(target: Target) -> dict[str, Any]:
