@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,12 +52,32 @@ def parse_policy(
         raise ConfigError(f"{source}: the file is empty (a policy needs at least version, models and routes)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping (version: 1, models: ..., routes: ...)")
+    _key_names_are_literal(raw, source)
     raw = interpolate(raw, env, source=source)
     try:
         spec = PolicyFile.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source, raw)) from None
     return Policy(spec, source, base, confined=confined)
+
+
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _key_names_are_literal(raw: dict[str, Any], source: str) -> None:
+    """``api_key_env`` names the variable; written ``${OPENAI_API_KEY}`` it was replaced by the key
+    itself, which then passed as a variable's name and was quoted by every "environment variable
+    ... is not set" message: in each client's 500, the log's rows and the console."""
+    models = raw.get("models")
+    for i, model in enumerate(models if isinstance(models, list) else []):
+        value = model.get("api_key_env") if isinstance(model, dict) else None
+        if isinstance(value, str) and "$" in value:
+            name = _REFERENCE.search(value)
+            raise ConfigError(
+                f"{source}: {named_path(['models', i, 'api_key_env'], raw)}: write the variable's name, "
+                f"not a reference to it (api_key_env: {name.group(1) if name else 'OPENAI_API_KEY'}): "
+                "${...} puts the key itself here"
+            )
 
 
 def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:

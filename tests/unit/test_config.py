@@ -227,3 +227,14 @@ def test_objective_takes_a_value_or_a_target_and_reads_old_floors_as_targets() -
     assert "p.yaml: objective.min_success is deprecated" in warning
     assert "Write `target_success: 0.7`" in warning and "value_per_completed_usd" in warning
     assert parse(BASE).warnings == []
+
+
+def test_a_key_variable_written_as_a_reference_is_refused_without_its_value() -> None:
+    """``api_key_env: ${MY_KEY}`` became the key, which every "is not set" message then quoted
+    (a client's 500, the log, ``router check`` and the console at startup)."""
+    text = BASE.replace("context_window: 1000", "context_window: 1000\n    api_key_env: ${MY_KEY}")
+    with pytest.raises(ConfigError) as caught:
+        parse(text, {"MY_KEY": "abcSECRET0123456789"})
+    message = str(caught.value)
+    assert "abcSECRET" not in message
+    assert "models[0] (id 'a').api_key_env" in message and "(api_key_env: MY_KEY)" in message
