@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -19,6 +19,7 @@ from router.fakeupstream.reply import (
     split_text,
     sse,
 )
+from router.protocols.hosted import declared
 
 _MARKER = b'"cache_control"'
 _SIGNATURE = b'"signature"'
@@ -147,12 +148,22 @@ class AnthropicMessages:
             tool_result=last_tool_result(messages),
             thinking=isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"),
             cache_marker=cache_marker(head, items),
+            hosted=declared(tools or ()),
         )
 
     def content(self, reply: FakeReply, ids: Ids) -> tuple[list[dict[str, Any]], str]:
         blocks: list[dict[str, Any]] = []
         if reply.thinking is not None:
             blocks.append({"type": "thinking", "thinking": reply.thinking, "signature": reply.signature})
+        for kind in reply.hosted:
+            if kind in _SERVER_TOOLS:
+                use = {
+                    "type": "server_tool_use",
+                    "id": ids.new("srvtoolu_"),
+                    "name": kind,
+                    "input": {"query": "fake"},
+                }
+                blocks += [use, {"type": f"{kind}_tool_result", "tool_use_id": use["id"], "content": []}]
         call = reply.tool_call
         if call is None:
             blocks.append({"type": "text", "text": reply.text})
@@ -172,7 +183,7 @@ class AnthropicMessages:
             "content": blocks,
             "stop_reason": stop,
             "stop_sequence": None,
-            "usage": usage_body(reply.usage),
+            "usage": {**usage_body(reply.usage), **_server_tool_use(reply.hosted)},
         }
 
     def frames(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> list[Frame]:
@@ -182,7 +193,8 @@ class AnthropicMessages:
         def emit(kind: str, content: bool = False, **fields: Any) -> None:
             frames.append((sse(kind, {"type": kind, **fields}), content))
 
-        usage = {**message["usage"], "output_tokens": 1}
+        # The searches made are counted at the end (message_delta), as Anthropic does.
+        usage = {**usage_body(reply.usage), "output_tokens": 1}
         emit("message_start", message={**message, "content": [], "stop_reason": None, "usage": usage})
         for index, block in enumerate(message["content"]):
             empty: dict[str, Any]
@@ -195,6 +207,8 @@ class AnthropicMessages:
                 empty = {**block, "input": {}}
                 pieces = reply.tool_call.pieces if reply.tool_call else []
                 deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces]
+            elif block["type"] != "text":  # a hosted call and its result come whole
+                empty, deltas = block, []
             else:
                 empty = {"type": "text", "text": ""}
                 deltas = [{"type": "text_delta", "text": p} for p in reply.pieces]
@@ -207,13 +221,23 @@ class AnthropicMessages:
         emit(
             "message_delta",
             delta={"stop_reason": message["stop_reason"], "stop_sequence": None},
-            usage={"output_tokens": reply.usage.output_tokens},
+            usage={"output_tokens": reply.usage.output_tokens, **_server_tool_use(reply.hosted)},
         )
         frames.append((_STOP, False))
         return frames
 
     def error_body(self, error: RouterError) -> dict[str, Any]:
         return error.anthropic_body()
+
+
+#: The server tools this server plays (what Anthropic runs itself and bills per call).
+_SERVER_TOOLS = ("web_search", "web_fetch", "code_execution")
+
+
+def _server_tool_use(hosted: Sequence[str]) -> dict[str, Any]:
+    """The usage's count of the searches and fetches made, as Anthropic reports them."""
+    counts = {f"{k}_requests": n for k in ("web_search", "web_fetch") if (n := hosted.count(k))}
+    return {"server_tool_use": counts} if counts else {}
 
 
 def cache_marker(head: bytes, items: list[bytes]) -> int | None:

@@ -19,7 +19,8 @@ context-length error, 400, when the prompt has more tokens than this), ``error_a
 sends the provider's error event after K content deltas, then ends without its final event),
 ``echo_key`` (error messages, answered or streamed, end with the API key the request carried, as
 some providers echo the key they refused), ``no_usage`` (a whole reply comes without its usage, as
-from some OpenAI-compatible servers).
+from some OpenAI-compatible servers), ``hosted_calls`` (the reply calls each hosted tool the request
+declares, a web search and the like, that many times, as the provider would before answering).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Behaviour:
     error_after: int | None = None
     echo_key: bool = False
     no_usage: bool = False
+    hosted_calls: int = 0
 
     def overrides(self) -> Overrides:
         """The fields that differ from the defaults: what this behaviour adds on top of another."""
@@ -155,6 +157,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "error_after": _non_negative_int,
     "echo_key": _flag,
     "no_usage": _flag,
+    "hosted_calls": _non_negative_int,
 }
 KEYS = tuple(_CONVERTERS)
 

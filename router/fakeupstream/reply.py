@@ -56,6 +56,8 @@ class Prompt:
     thinking: bool = False
     #: Prefix length (in items) up to the last ``cache_control`` marker; None if there is none.
     cache_marker: int | None = None
+    #: The kinds of the hosted tools the request declares (``router.protocols.hosted``).
+    hosted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,8 @@ class FakeReply:
     thinking: str | None
     signature: str | None
     usage: FakeUsage
+    #: The hosted tool calls the reply makes before it answers, by kind, one entry a call.
+    hosted: Sequence[str] = ()
 
 
 def example_value(schema: Any, text: str = "ls") -> Any:
@@ -249,6 +253,7 @@ class Planner:
             thinking=thinking,
             signature=self._signature if thinking else None,
             usage=self._usage(prompt, behaviour, words + extra),
+            hosted=[kind for kind in prompt.hosted for _ in range(behaviour.hosted_calls)],
         )
 
 

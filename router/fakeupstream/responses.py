@@ -11,6 +11,7 @@ import orjson
 
 from router.errors import BadRequest, RouterError
 from router.fakeupstream.reply import FakeReply, FakeUsage, Frame, Ids, Prompt, Tool, sign_thinking, sse
+from router.protocols.hosted import declared
 
 #: Items that carry a tool's output back to the model (Codex sends both kinds).
 _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
@@ -105,6 +106,7 @@ class Responses:
             tools=chosen_tools(tools, body.get("tool_choice")) if tools else [],
             tool_result=output_text(last.get("output")) if last.get("type") in _TOOL_OUTPUTS else None,
             reasoning_effort=effort if isinstance(effort, str) and effort != "none" else None,
+            hosted=declared(tools or ()),
         )
 
     def _output(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> list[dict[str, Any]]:
@@ -115,6 +117,7 @@ class Responses:
             if isinstance(include, list) and "reasoning.encrypted_content" in include:
                 reasoning["encrypted_content"] = sign_thinking(reply.model)
             output.append(reasoning)
+        output.extend(item for kind in reply.hosted if (item := _hosted_item(kind, ids)) is not None)
         call = reply.tool_call
         if call is None:
             part = {"type": "output_text", "text": reply.text, "annotations": [], "logprobs": []}
@@ -223,3 +226,29 @@ class Responses:
 
     def error_body(self, error: RouterError) -> dict[str, Any]:
         return error.openai_body()
+
+
+def _hosted_item(kind: str, ids: Ids) -> dict[str, Any] | None:
+    """The output item a call of a hosted tool leaves (None: a kind this server does not play)."""
+    done = {"status": "completed"}
+    if kind.startswith("web_search"):
+        return {
+            "id": ids.new("ws_"),
+            "type": "web_search_call",
+            **done,
+            "action": {"type": "search", "query": "fake"},
+        }
+    if kind == "file_search":
+        return {
+            "id": ids.new("fs_"),
+            "type": "file_search_call",
+            **done,
+            "queries": ["fake"],
+            "results": None,
+        }
+    if kind == "code_interpreter":
+        return {"id": ids.new("ci_"), "type": "code_interpreter_call", **done, "code": "print(1)",
+                "container_id": ids.new("cntr_"), "outputs": []}  # fmt: skip
+    if kind == "image_generation":
+        return {"id": ids.new("ig_"), "type": "image_generation_call", **done, "result": ""}
+    return None

@@ -70,6 +70,9 @@ class Features:
     turn_chars: tuple[int, int | None] | None = None
     #: The program the model's last turn ran (``turn_verb``); None: none, or not measured.
     turn_verb: str | None = None
+    #: The kinds of the hosted tools the request declares (``router.protocols.hosted``), which
+    #: the provider bills per call.
+    hosted_tools: tuple[str, ...] = ()
 
     def for_rules(self) -> dict[str, Any]:
         """The mapping that rule conditions read (names as in the policy file)."""

@@ -86,22 +86,24 @@ def _collect(value: Any, texts: list[str], depth: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class CostSplit:
-    """USD by what was paid for; ``input`` is the uncached part of the prompt. The parts add up
-    to ``cost_usd`` up to rounding in the tenth decimal."""
+    """USD by what was paid for; ``input`` is the uncached part of the prompt, ``tools`` the
+    hosted tools' calls. The parts add up to ``cost_usd`` up to rounding in the tenth decimal."""
 
     input: float
     output: float
     cache_read: float
     cache_write: float
+    tools: float = 0.0
 
     @property
     def total(self) -> float:
-        return round(self.input + self.output + self.cache_read + self.cache_write, 10)
+        return round(self.input + self.output + self.cache_read + self.cache_write + self.tools, 10)
 
     def __add__(self, other: CostSplit) -> CostSplit:
         return CostSplit(
             round(self.input + other.input, 10), round(self.output + other.output, 10),
             round(self.cache_read + other.cache_read, 10), round(self.cache_write + other.cache_write, 10),
+            round(self.tools + other.tools, 10),
         )  # fmt: skip
 
 
@@ -114,6 +116,7 @@ def cost_split(price: Price, usage: Usage) -> CostSplit:
         output=round((usage.output_tokens or 0) * price.output, 10),
         cache_read=round(read * price.cache_read, 10),
         cache_write=round(write * price.cache_write, 10),
+        tools=round(price.tools(usage.tool_calls), 10),
     )
 
 

@@ -126,4 +126,5 @@ def record(f: Flight, phases: Phases) -> RequestRecord:
         rec.reasoning_tokens = u.reasoning_tokens
         rec.cost_usd, rec.cost_input_usd, rec.cost_output_usd = split.total, split.input, split.output
         rec.cost_cache_read_usd, rec.cost_cache_write_usd = split.cache_read, split.cache_write
+        rec.cost_tools_usd = split.tools
     return rec

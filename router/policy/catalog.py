@@ -12,8 +12,9 @@ import functools
 import importlib.util
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -24,14 +25,32 @@ from router.policy.config import ModelSpec, Policy
 PriceLookup = Callable[[str], Mapping[str, Any] | None]
 
 
+#: USD per call of the hosted tools the providers bill on top of tokens (their list prices at
+#: the end of 2025; a model's ``prices.per_call`` overrides them): OpenAI's web search $10 per
+#: 1,000 calls ($25 for the preview tool), file search $2.50 per 1,000, a code interpreter
+#: container $0.03, an image at most $0.25 (gpt-image-1, high quality, 1536x1024); Anthropic's
+#: web search $10 per 1,000, web fetch nothing but its tokens, code execution $0.05 a container
+#: hour, billed at least 5 minutes. A kind not named costs nothing.
+HOSTED_TOOL_FEES: Mapping[str, float] = MappingProxyType({
+    "web_search": 0.01, "web_search_preview": 0.025, "file_search": 0.0025, "code_interpreter": 0.03,
+    "image_generation": 0.25, "web_fetch": 0.0, "code_execution": 0.05 / 12,
+})  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class Price:
-    """USD per token (not per million) so cost is a plain dot product."""
+    """USD per token (not per million) so cost is a plain dot product; ``per_call``: USD per call
+    of each hosted tool kind (``router.protocols.hosted``)."""
 
     input: float
     output: float
     cache_read: float
     cache_write: float
+    per_call: Mapping[str, float] = field(default_factory=lambda: HOSTED_TOOL_FEES)
+
+    def tools(self, calls: Mapping[str, int]) -> float:
+        """What ``calls`` (per hosted tool kind) cost."""
+        return sum(n * self.per_call.get(kind, 0.0) for kind, n in calls.items())
 
     def cost(self, input_tokens: int, output_tokens: int, cache_read: int = 0, cache_write: int = 0) -> float:
         """``input_tokens`` excludes cached reads and writes, which are priced on their own."""
@@ -137,6 +156,7 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
         output=per_token(p.output, "output_cost_per_token", "output"),
         cache_read=per_token(p.cache_read, "cache_read_input_token_cost", "cache_read", input_price),
         cache_write=per_token(p.cache_write, "cache_creation_input_token_cost", "cache_write", input_price),
+        per_call=MappingProxyType({**HOSTED_TOOL_FEES, **p.per_call}) if p.per_call else HOSTED_TOOL_FEES,
     )
     window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")
     if not window:

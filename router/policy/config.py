@@ -39,6 +39,11 @@ class Prices(_Strict):
     output: float | None = Field(default=None, ge=0)
     cache_read: float | None = Field(default=None, ge=0)
     cache_write: float | None = Field(default=None, ge=0)
+    #: USD per call of each hosted tool kind (``web_search``, ``file_search``, ...), over the
+    #: defaults (``router.policy.catalog.HOSTED_TOOL_FEES``); 0 makes a kind free.
+    per_call: dict[
+        Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], Annotated[float, Field(ge=0)]
+    ] = Field(default_factory=dict)
 
 
 class Capabilities(_Strict):
@@ -129,6 +134,9 @@ class Defaults(_Strict):
     #: Output tokens reserved when checking that a prompt fits, when the client sets no limit,
     #: until the learned artifact has the backend's 90th percentile.
     reserve_output_tokens: int = Field(default=4096, gt=0)
+    #: Calls of each hosted tool a request declares (a web search, ...) that a budget holds for,
+    #: at the backend's per-call price: what one reply may call is not known before it.
+    held_tool_calls: int = Field(default=1, ge=0)
 
 
 class LearnedRef(_Strict):

@@ -266,6 +266,10 @@ class Decider:
         mean, high = self.output(backend, features, cell)
         e = estimate(backend, features, mean, self.estimates, prompt, high)
         e.output_cell = cell
+        if features.hosted_tools:
+            # Billed per call, whatever the tokens: a budget holds for the calls the policy says.
+            calls = dict.fromkeys(features.hosted_tools, self.policy.defaults.held_tool_calls)
+            e.hold_usd = (e.hold_usd if e.hold_usd is not None else e.cost_usd) + backend.price.tools(calls)
         return e
 
     def size_matters(self, features: Features, low: int, high: int) -> bool:

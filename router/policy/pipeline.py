@@ -22,6 +22,7 @@ from router.policy.active import ActivePolicy
 from router.policy.decide import Decider, Decision
 from router.policy.scopes import scope_facts
 from router.protocols.common import ClientRequest
+from router.protocols.hosted import declared
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,5 +200,6 @@ def request_features(
         # The shape of the turn and the program it ran price its output (the learned mean of its turn cell).
         turn_chars=(new, reply),
         turn_verb=verb,
+        hosted_tools=declared(req.tools) if req.tools else (),
         **extra,
     )

@@ -26,6 +26,7 @@ from router.protocols.common import (
     text_of,
     validated,
 )
+from router.protocols.hosted import anthropic_calls, block_call, block_kind, counted, most, reported_calls
 from router.protocols.toolschema import check_schema
 
 #: Fields a provider may receive. ``context_management`` and ``output_config`` are what Claude
@@ -179,6 +180,7 @@ def usage_from(obj: dict[str, Any]) -> Usage:
         provider_model=obj.get("model"),
         response_id=obj.get("id"),
         finish_reasons=[obj["stop_reason"]] if obj.get("stop_reason") else [],
+        tool_calls=anthropic_calls(obj.get("content"), u),
     )
 
 
@@ -190,12 +192,22 @@ class StreamObserver:
         self.done = False
         self.error: str | None = None
         self.written: list[Any] = []
+        #: The hosted calls begun (``server_tool_use`` blocks): charged if the usage never says.
+        self._calls: set[tuple[str, str]] = set()
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event == "content_block_delta":
             said = event_json(data)
             self.written.append(said.get("delta") if isinstance(said, dict) else None)
             return True
+        if event == "content_block_start":
+            said = event_json(data)
+            block = said.get("content_block") if isinstance(said, dict) else None
+            if (kind := block_kind(block)) is not None:
+                assert isinstance(block, dict)
+                self._calls.add(block_call(kind, block, len(self._calls)))
+                self.usage.tool_calls = most(self.usage.tool_calls, counted(self._calls))
+            return False
         if event == "message_stop":
             self.done = True
             return False
@@ -224,6 +236,7 @@ class StreamObserver:
                 return False
             if stop:
                 self.usage.finish_reasons.append(stop)
+            self.usage.tool_calls = most(self.usage.tool_calls, reported_calls(u))
             if u.get("output_tokens") is not None:
                 self.usage.output_tokens = u["output_tokens"]
             # Some backends only know input counts at the end of the stream.

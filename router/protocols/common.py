@@ -100,6 +100,8 @@ class Usage:
     response_id: str | None = None
     #: Why the reply ended, in the protocol's words (``stop``, ``length``, ``end_turn``, ``completed``, ...).
     finish_reasons: list[str] = field(default_factory=list)
+    #: Calls of hosted tools the reply shows, by kind (``router.protocols.hosted``): billed per call.
+    tool_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def known(self) -> bool:

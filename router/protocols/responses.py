@@ -30,6 +30,7 @@ from router.protocols.common import (
     text_of,
     validated,
 )
+from router.protocols.hosted import counted, item_kind, most, responses_calls
 from router.protocols.toolschema import check_responses_tools
 
 ALLOWED = frozenset(
@@ -171,6 +172,7 @@ def usage_from(response: dict[str, Any]) -> Usage:
         response_id=response.get("id"),
         # The Responses API has a status, not a finish reason; an incomplete one says why.
         finish_reasons=[str(ended)] if (ended := _ended_because(response)) else [],
+        tool_calls=responses_calls(response.get("output"), response.get("tools")),
     )
 
 
@@ -197,6 +199,10 @@ class StreamObserver:
         self.done = False
         self.error: str | None = None
         self.written: list[Any] = []
+        #: The request's tools (as ``response.created`` echoes them) and the hosted calls begun:
+        #: a stream cut before its final event is charged for those.
+        self._tools: Any = None
+        self._calls: set[tuple[str, str]] = set()
 
     def observe(self, event: str | None, data: bytes) -> bool:
         if event in _CONTENT_EVENTS:
@@ -208,15 +214,23 @@ class StreamObserver:
             return False
         if event in ("response.completed", "response.incomplete", "response.failed"):
             self.done = True
-        if event in ("response.completed", "response.incomplete", "response.created"):
+        if event == "response.output_item.added":
+            said = event_json(data)
+            if isinstance(said, dict) and (call := item_kind(said.get("item"), self._tools)) is not None:
+                self._calls.add(call)
+                self.usage.tool_calls = counted(self._calls)
+        elif event in ("response.completed", "response.incomplete", "response.created"):
             try:
                 resp = event_json(data).get("response") or {}
             except AttributeError:
                 return False
             if event == "response.created":
                 self.usage.provider_model, self.usage.response_id = resp.get("model"), resp.get("id")
+                self._tools = resp.get("tools")
             else:
+                begun = self.usage.tool_calls
                 self.usage = usage_from(resp)
+                self.usage.tool_calls = most(self.usage.tool_calls, begun)
         return False
 
 

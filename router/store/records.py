@@ -168,6 +168,8 @@ class RequestRecord:
     #: without one (a side call, an attempt's first calls, a conversation without tools). ``router
     #: train`` learns each model's stop-loss from these readings and the attempts' outcomes.
     p_success: float | None = field(default=None, metadata={"since": 9})
+    #: Part of ``cost_usd``: the hosted tools' calls (web searches, ...), billed per call on top of tokens.
+    cost_tools_usd: float | None = field(default=None, metadata={"since": 10})
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

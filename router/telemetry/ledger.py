@@ -1,8 +1,8 @@
 """The task ledger: what each agent task cost, in requests, tokens and dollars, and how it ended.
 
 A task is many requests (``task_id``), possibly over several attempts. Its cost is split into
-input (uncached), output, cache read and cache write at the prices in force when each request
-ran (the split is stored per request; rows logged before it existed count as ``unsplit``). The
+input (uncached), output, cache read, cache write and hosted tools' calls at the prices in force
+when each request ran (the split is stored per request; rows logged before it existed count as ``unsplit``). The
 verdict on a task is an explicit outcome if there is one, else the latest inferred signal of an
 attempt that a backend answered (``credible``).
 
@@ -37,6 +37,7 @@ COSTS: dict[str, Callable[[RequestRecord], float | None]] = {
     "output": lambda r: r.cost_output_usd,
     "cache_read": lambda r: r.cost_cache_read_usd,
     "cache_write": lambda r: r.cost_cache_write_usd,
+    "tools": lambda r: r.cost_tools_usd,
 }
 
 

@@ -35,12 +35,13 @@ def faulty(
     upstream: FakeUpstream, behaviour: str, protocol: str = "openai", base: str | None = None
 ) -> dict[str, Any]:
     url = base or upstream.url
-    api = f"{url}/v1" if protocol == "openai" else url
-    name = "openai/faulty-model" if protocol == "openai" else "anthropic/faulty-claude"
-    good = "openai/good-model" if protocol == "openai" else "anthropic/good-claude"
+    openai_ = protocol != "anthropic"  # Chat Completions or Responses
+    api = f"{url}/v1" if openai_ else url
+    name = "openai/faulty-model" if openai_ else "anthropic/faulty-claude"
+    good = "openai/good-model" if openai_ else "anthropic/good-claude"
     spec = {"protocol": protocol, "context_window": 100000, "max_output_tokens": 4096,
             "prices": {"input": 1.0, "output": 2.0}}  # fmt: skip
-    good_base = f"{upstream.url}/v1" if protocol == "openai" else upstream.url
+    good_base = f"{upstream.url}/v1" if openai_ else upstream.url
     return {
         "models": [
             {

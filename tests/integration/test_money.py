@@ -260,12 +260,14 @@ def test_a_key_budget_refuses_only_when_no_candidate_fits(
     assert resp.status_code == 403 and resp.json()["error"]["code"] == "budget_exceeded", resp.text
 
 
-def forty_at_once(r: RunningRouter, key: dict[str, Any], body: dict[str, Any]) -> tuple[list[int], float]:
+def forty_at_once(
+    r: RunningRouter, key: dict[str, Any], body: dict[str, Any], path: str = CHAT
+) -> tuple[list[int], float]:
     """40 requests at once on ``key``, a task each: their statuses, and what the log charged the key."""
 
     def post(i: int) -> int:
         headers = {"x-api-key": key["key"], "x-router-task-id": f"fb{i}"}
-        return httpx.post(r.url + CHAT, json=body, headers=headers, timeout=30).status_code
+        return httpx.post(r.url + path, json=body, headers=headers, timeout=30).status_code
 
     with ThreadPoolExecutor(40) as pool:
         statuses = list(pool.map(post, range(40)))
@@ -426,3 +428,41 @@ def test_a_stream_cut_before_its_usage_is_charged_for_the_text_it_sent(
     )
     # 6 of its 8 equal events: about three quarters of the whole reply's output.
     assert 0.6 * whole["output_tokens"] <= cut["output_tokens"] <= whole["output_tokens"], (whole, cut)
+
+
+HOSTED = {
+    "openai_responses": ("/v1/responses", {"model": "solo", "input": "hi", "tools": [{"type": "web_search"}]}),
+    "anthropic": ("/v1/messages", {"model": "solo", "max_tokens": 1000, "messages": HI,
+                                   "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("protocol", list(HOSTED))
+def test_hosted_tool_calls_are_charged_and_held(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str], protocol: str
+) -> None:
+    """A web search the provider runs while it answers is billed $0.01 a call on top of tokens
+    (OpenAI and Anthropic alike): the router charged nothing for it and held nothing, so a reply
+    that searched 3 times was logged at its tokens alone (~$0.00002 of ~$0.03), and 40 requests
+    at once on a key with $0.05 all ran. Now each call is charged, streamed or not, and a request
+    that declares the tool holds one call."""
+    path, body = HOSTED[protocol]
+    policy = faulty(upstream, "hosted_calls=3", protocol)
+    policy["defaults"] = {"held_tool_calls": 3}  # what this backend's replies do
+    r = router_factory(policy, master_key=MASTER)
+    for stream in (False, True):
+        with httpx.stream("POST", r.url + path, json={**body, "stream": stream}, timeout=30,
+                          headers={"x-api-key": MASTER}) as resp:  # fmt: skip
+            assert resp.status_code == 200
+            b"".join(resp.iter_bytes())
+    for row in r.records(2)[-2:]:
+        assert row["cost_tools_usd"] == pytest.approx(0.03), row
+        parts = ("input", "output", "cache_read", "cache_write", "tools")
+        assert row["cost_usd"] == pytest.approx(sum(row[f"cost_{p}_usd"] for p in parts))
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
+    assert seen["candidates"][0]["hold_usd"] >= 0.03
+    budget = 0.05  # room for one such reply, not for 40
+    key = create_key(r, capsys, "--name", "searches", "--budget", str(budget))
+    statuses, spent = forty_at_once(r, key, {**body, "stream": False}, path)
+    assert 200 in statuses
+    assert spent <= budget, (spent, statuses)

@@ -189,7 +189,15 @@ def test_task_ledger(store_url: str, capsys: pytest.CaptureFixture[str]) -> None
     }
     assert t1["tokens"] == {"input": 2000, "output": 300, "cache_read": 500, "cache_write": 0, "reasoning": 0}
     assert t1["cost_usd"] == pytest.approx(
-        {"total": 0.03, "input": 0.015, "output": 0.012, "cache_read": 0.003, "cache_write": 0, "unsplit": 0}
+        {
+            "total": 0.03,
+            "input": 0.015,
+            "output": 0.012,
+            "cache_read": 0.003,
+            "cache_write": 0,
+            "tools": 0,
+            "unsplit": 0,
+        }
     )
     assert t1["outcome"]["success"] is True and t1["outcome"]["source"] == "explicit" and t1["completed"]
     assert tasks["T2"]["completed"] is False and tasks["T2"]["outcome"]["source"] == "tests_failed"

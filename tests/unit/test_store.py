@@ -174,6 +174,7 @@ def test_columns_follow_the_records() -> None:
             "rule_headers",
             "repo",
             "p_success",
+            "cost_tools_usd",
         ]
     )
 

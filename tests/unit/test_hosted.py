@@ -1,0 +1,106 @@
+"""Hosted tools (web search and the like): what a reply shows of their calls, counted per kind,
+and what the catalog charges for them (``router.protocols.hosted``)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from router.errors import ConfigError
+from router.forward.accounting import cost_split
+from router.policy.catalog import HOSTED_TOOL_FEES, build_catalog
+from router.protocols import anthropic, responses
+from router.protocols.common import Usage
+from router.protocols.hosted import declared
+from tests.unit.test_config import BASE, parse
+
+
+def test_the_declared_hosted_tools_are_named_by_kind() -> None:
+    tools = [{"type": "function", "name": "f"}, {"type": "web_search_preview_2025_03_11"}, {"type": "file_search"},
+             {"type": "web_search_20250305", "name": "web_search"}, {"name": "bash", "input_schema": {}},
+             {"type": "bash_20250124", "name": "bash"}, {"type": "custom", "name": "apply"}]  # fmt: skip
+    assert declared(tools) == ("web_search_preview", "file_search", "web_search")
+
+
+def test_a_responses_reply_counts_its_hosted_calls() -> None:
+    output = [
+        {"type": "web_search_call", "id": "ws_1"}, {"type": "web_search_call", "id": "ws_2"},
+        {"type": "code_interpreter_call", "id": "ci_1", "container_id": "c1"},
+        {"type": "code_interpreter_call", "id": "ci_2", "container_id": "c1"},  # the same container
+        {"type": "image_generation_call", "id": "ig_1"}, {"type": "function_call", "id": "fc_1"},
+    ]  # fmt: skip
+    reply = {
+        "output": output,
+        "tools": [{"type": "web_search"}],
+        "usage": {"input_tokens": 5, "output_tokens": 1},
+    }
+    assert responses.usage_from(reply).tool_calls == {
+        "web_search": 2,
+        "code_interpreter": 1,
+        "image_generation": 1,
+    }
+    # The preview tool is priced apart: its calls are its own.
+    preview = {**reply, "tools": [{"type": "web_search_preview"}]}
+    assert responses.usage_from(preview).tool_calls["web_search_preview"] == 2
+
+
+def test_an_anthropic_reply_counts_the_most_its_blocks_or_usage_say() -> None:
+    content = [{"type": "server_tool_use", "id": "s1", "name": "web_search"},
+               {"type": "server_tool_use", "id": "s2", "name": "bash_code_execution"},
+               {"type": "server_tool_use", "id": "s3", "name": "text_editor_code_execution"}]  # fmt: skip
+    usage = {"input_tokens": 5, "output_tokens": 1, "server_tool_use": {"web_search_requests": 3}}
+    assert anthropic.usage_from({"content": content, "usage": usage}).tool_calls == {
+        "web_search": 3, "code_execution": 1,
+    }  # fmt: skip
+
+
+def event(name: str, **data: object) -> tuple[str, bytes]:
+    return name, orjson.dumps({"type": name, **data})
+
+
+def test_a_stream_cut_before_its_end_is_charged_the_calls_it_began() -> None:
+    obs = responses.StreamObserver()
+    for name, data in (
+        event("response.created", response={"id": "r", "tools": [{"type": "web_search"}]}),
+        event("response.output_item.added", item={"type": "web_search_call", "id": "ws_1"}),
+        event("response.output_item.done", item={"type": "web_search_call", "id": "ws_1"}),
+        event("response.output_item.added", item={"type": "web_search_call", "id": "ws_2"}),
+    ):
+        obs.observe(name, data)
+    assert obs.usage.tool_calls == {"web_search": 2}
+    claude = anthropic.StreamObserver()
+    for name, data in (
+        event("message_start", message={"id": "m", "usage": {"input_tokens": 5, "output_tokens": 1}}),
+        event("content_block_start", index=0, content_block={"type": "server_tool_use", "id": "s1", "name": "web_search"}),
+    ):  # fmt: skip
+        claude.observe(name, data)
+    assert claude.usage.tool_calls == {"web_search": 1}
+    # The usage at the end says how many were made.
+    claude.observe(
+        *event(
+            "message_delta",
+            delta={},
+            usage={"output_tokens": 9, "server_tool_use": {"web_search_requests": 4}},
+        )
+    )
+    assert claude.usage.tool_calls == {"web_search": 4}
+
+
+def test_the_catalog_prices_hosted_calls_by_default_and_as_a_policy_says() -> None:
+    price = build_catalog(parse(BASE))["a"].price
+    assert price.per_call == HOSTED_TOOL_FEES and price.per_call["web_search"] == 0.01
+    split = cost_split(
+        price, Usage(input_tokens=1000, output_tokens=0, tool_calls={"web_search": 3, "unknown": 9})
+    )
+    assert split.tools == pytest.approx(0.03) and split.total == pytest.approx(0.03 + 1000e-6)
+    text = BASE.replace(
+        "prices: {input: 1, output: 2}", "prices: {input: 1, output: 2, per_call: {web_search: 0.035}}"
+    )
+    cheap = build_catalog(parse(text))["a"].price
+    assert (
+        cheap.per_call["web_search"] == 0.035
+        and cheap.per_call["file_search"] == HOSTED_TOOL_FEES["file_search"]
+    )
+    for bad in ("per_call: {web_search: -1}", "per_call: {Web-Search: 1}", "per_calls: {web_search: 1}"):
+        with pytest.raises(ConfigError, match="per_call"):
+            parse(BASE.replace("prices: {input: 1, output: 2}", f"prices: {{input: 1, output: 2, {bad}}}"))
