@@ -16,11 +16,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from router.store.records import RequestRecord
 from router.telemetry import tries as tries_
+from router.telemetry.loopmetrics import LoopCounter, LoopHistogram
 from router.telemetry.phases import Phases
 
 __all__ = ["CONTENT_TYPE_LATEST", "RequestMetrics"]
@@ -87,8 +88,8 @@ class RequestMetrics:
         if process:
             ProcessCollector(registry=r)  # CPU, memory, open files of this router process
 
-        def hist(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, labels, registry=r, buckets=buckets)
+        def hist(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> LoopHistogram:
+            return LoopHistogram(name, doc, labels, buckets, r)
 
         self.ttft = hist("router_ttft_seconds", "Upstream call to first content token (streamed requests).",
                          ("backend",), LATENCY_BUCKETS)  # fmt: skip
@@ -119,21 +120,21 @@ class RequestMetrics:
         self.prefill_rate = hist("router_prefill_tokens_per_second",
                                  "Prompt tokens over time to first token (streamed requests).",
                                  ("backend",), PREFILL_RATE_BUCKETS)  # fmt: skip
-        self.requests = Counter("router_requests", "Requests by the backend that served (or failed last) "
-                                "and the status the client got.", ("backend", "status"), registry=r)  # fmt: skip
-        self.tokens = Counter("router_tokens", "Tokens by kind; input includes cached tokens.",
-                              ("backend", "kind"), registry=r)  # fmt: skip
-        self.cost = Counter("router_cost_usd", "Cost at catalog prices, by backend and route.",
-                            ("backend", "route"), registry=r)  # fmt: skip
-        self.fallbacks = Counter("router_fallbacks", "Requests served (or failed) after another backend "
-                                 "was tried first; backend is the last one tried.", ("backend",), registry=r)  # fmt: skip
-        self.retries = Counter("router_retries", "Failed upstream tries retried on the same backend, by "
-                               "the backend and why the try failed.", ("backend", "reason"), registry=r)  # fmt: skip
-        self.memo = Counter("router_prompt_memo", "Requests by whether the conversation memo knew their "
-                            "leading messages (hit) or not (miss).", ("result",), registry=r)  # fmt: skip
-        self.counted = Counter("router_prompt_counted_before_decision", "Requests whose prompt had to be "
+        self.requests = LoopCounter("router_requests", "Requests by the backend that served (or failed last) "
+                                "and the status the client got.", ("backend", "status"), r)  # fmt: skip
+        self.tokens = LoopCounter("router_tokens", "Tokens by kind; input includes cached tokens.",
+                              ("backend", "kind"), r)  # fmt: skip
+        self.cost = LoopCounter("router_cost_usd", "Cost at catalog prices, by backend and route.",
+                            ("backend", "route"), r)  # fmt: skip
+        self.fallbacks = LoopCounter("router_fallbacks", "Requests served (or failed) after another backend "
+                                 "was tried first; backend is the last one tried.", ("backend",), r)  # fmt: skip
+        self.retries = LoopCounter("router_retries", "Failed upstream tries retried on the same backend, by "
+                               "the backend and why the try failed.", ("backend", "reason"), r)  # fmt: skip
+        self.memo = LoopCounter("router_prompt_memo", "Requests by whether the conversation memo knew their "
+                            "leading messages (hit) or not (miss).", ("result",), r)  # fmt: skip
+        self.counted = LoopCounter("router_prompt_counted_before_decision", "Requests whose prompt had to be "
                                "counted exactly before deciding (the estimate's bounds mattered).",
-                               registry=r)  # fmt: skip
+                               (), r)  # fmt: skip
         self.cache_hit = Gauge("router_prompt_cache_hit_ratio", "Cached share of input tokens since start "
                                "(for a window use rate of router_tokens_total cache_read over input).",
                                ("backend",), registry=r)  # fmt: skip
@@ -148,14 +149,13 @@ class RequestMetrics:
             lambda: sum(1 for rec in list(inflight.values()) if rec.stream)
         )
         self._cache_tally: dict[str, tuple[int, int]] = {}  # backend → (input tokens, cached tokens)
-        # ``labels()`` validates and locks on every call; the label sets are few and bounded, so
-        # each child is looked up once.
-        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        # A gauge's ``labels()`` validates and locks on every call: each backend's child is looked up once.
+        self._ratios: dict[str, Any] = {}
 
-    def _child(self, metric: Counter | Gauge | Histogram, *values: str) -> Any:
-        child = self._children.get((metric, values))
+    def _ratio(self, backend: str) -> Any:
+        child = self._ratios.get(backend)
         if child is None:
-            child = self._children[(metric, values)] = metric.labels(*values)
+            child = self._ratios[backend] = self.cache_hit.labels(backend)
         return child
 
     def started(self, request: StartedRequest) -> None:
@@ -164,7 +164,7 @@ class RequestMetrics:
     def finished(self, rec: RequestRecord, phases: Phases) -> None:
         self._inflight.pop(rec.request_id, None)
         backend = rec.chosen_model or "none"
-        self._child(self.requests, backend, str(rec.status or "none")).inc()
+        self.requests.labels(backend, str(rec.status or "none")).inc()
         if phases.decided is not None:
             self.routing.observe(phases.decided - phases.arrival)
         self._observe_ms(self.queue, backend, rec.queue_ms)
@@ -175,21 +175,21 @@ class RequestMetrics:
         self._observe_ms(self.gap_max, backend, rec.gap_max_ms)
         self._observe_ms(self.delivery, backend, rec.delivery_ms)
         if rec.total_ms is not None:
-            self._child(self.e2e, backend, str(rec.status or "none")).observe(rec.total_ms / 1000)
+            self.e2e.labels(backend, str(rec.status or "none")).observe(rec.total_ms / 1000)
         if rec.decode_ms and rec.output_tokens:
-            self._child(self.decode_rate, backend).observe(rec.output_tokens / (rec.decode_ms / 1000))
+            self.decode_rate.labels(backend).observe(rec.output_tokens / (rec.decode_ms / 1000))
         if rec.ttft_ms and rec.input_tokens:
-            self._child(self.prefill_rate, backend).observe(rec.input_tokens / (rec.ttft_ms / 1000))
+            self.prefill_rate.labels(backend).observe(rec.input_tokens / (rec.ttft_ms / 1000))
         self._count_tokens(rec, backend)
         if rec.cost_usd:
-            self._child(self.cost, backend, self.route_of(rec.requested_model)).inc(rec.cost_usd)
+            self.cost.labels(backend, self.route_of(rec.requested_model)).inc(rec.cost_usd)
         if tries_.fallen_back_from(rec.tries):
-            self._child(self.fallbacks, backend).inc()
+            self.fallbacks.labels(backend).inc()
         for t in tries_.retried(rec.tries):
-            self._child(self.retries, t.model or "none", tries_.reason(t)).inc()
+            self.retries.labels(t.model or "none", tries_.reason(t)).inc()
 
     def prompt_sized(self, remembered: bool, counted: bool) -> None:
-        self._child(self.memo, "hit" if remembered else "miss").inc()
+        self.memo.labels("hit" if remembered else "miss").inc()
         if counted:
             self.counted.inc()
 
@@ -198,16 +198,16 @@ class RequestMetrics:
                   rec.reasoning_tokens)  # fmt: skip
         for kind, n in zip(TOKEN_KINDS, values, strict=True):
             if n:
-                self._child(self.tokens, backend, kind).inc(n)
+                self.tokens.labels(backend, kind).inc(n)
         if rec.input_tokens:
             inputs, cached = self._cache_tally.get(backend, (0, 0))
             inputs, cached = inputs + rec.input_tokens, cached + (rec.cache_read_tokens or 0)
             self._cache_tally[backend] = (inputs, cached)
-            self._child(self.cache_hit, backend).set(cached / inputs)
+            self._ratio(backend).set(cached / inputs)
 
-    def _observe_ms(self, h: Histogram, backend: str, ms: float | None) -> None:
+    def _observe_ms(self, h: LoopHistogram, backend: str, ms: float | None) -> None:
         if ms is not None:
-            self._child(h, backend).observe(ms / 1000)
+            h.labels(backend).observe(ms / 1000)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
