@@ -324,8 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr = command("train", "fit the learned policy from the log and evaluate it off-policy",
                  "router train --config policies/examples/local.yaml --out policies/learned/p1.json",
                  "Fit the learned policy from the labelled tasks in the log, evaluate it off-policy against "
-                 "the policy that produced the log, and write a versioned artifact. Refuses when some model "
-                 "has too few labelled attempts (--force trains anyway).")  # fmt: skip
+                 "the policy that produced the log, and write a versioned artifact. While some model has too "
+                 "few labelled attempts (--force trains anyway), the artifact holds only each backend's sizes of "
+                 "a call, learned from the log's reported usage: promoted, the policy routes as with none, "
+                 "priced and held by them.")  # fmt: skip
     tr.add_argument("--store", default=store, help=STORE_HELP)
     tr.add_argument("--config", help="the policy the artifact is for: its objective and models (env "
                     "ROUTER_CONFIG; default policies/default.yaml)")  # fmt: skip
@@ -335,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.add_argument("--min-attempts", type=int, default=10, metavar="N",
                     help="labelled attempts needed per model (default 10)")  # fmt: skip
-    tr.add_argument("--force", action="store_true", help="train even below --min-attempts")
+    tr.add_argument("--force", action="store_true", help="learn routing even below --min-attempts")
     tr.add_argument("--min-scope-attempts", type=int, default=100, metavar="N",
                     help="labelled attempts a scope needs for its own learned effects (default 100)")  # fmt: skip
     tr.add_argument("--max-key-share", type=float, default=0.1, metavar="S",

@@ -25,7 +25,7 @@ from router.policy.artifact import Artifact
 from router.policy.catalog import Catalog, PriceLookup, build_catalog
 from router.policy.config import Policy
 from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_control, control_path
-from router.policy.decide import Decider, Scorer
+from router.policy.decide import CheapestScorer, Decider, Scorer
 from router.policy.learned import LearnedScorer, Objective
 from router.policy.loading import parse_policy
 from router.policy.revisions import PREVIOUS_SHOWN, Archive, PolicyFiles, Rejected
@@ -111,12 +111,16 @@ def load_artifact(policy: Policy, raw: bytes | None = None) -> Artifact | None:
 
 def scorer_for(policy: Policy, artifact: Artifact | None = None) -> Scorer | None:
     """The learned scorer the policy pins (``artifact``: the one ``load_artifact`` read for it, so
-    a policy and its scopes, which pin the same file, parse it once)."""
+    a policy and its scopes, which pin the same file, parse it once); for an artifact of no
+    models, the cheapest priced by its estimates."""
     if policy.spec.learned is None:
         return None
     artifact = artifact if artifact is not None else load_artifact(policy)
     if artifact is None:
         return None
+    if not artifact.models:
+        # Trained on a log without enough labels: no routing learned, only the sizes of a call.
+        return CheapestScorer(artifact.estimates, f"cheapest:{artifact.sha256[:12]}")
     unknown = sorted(set(artifact.models) - set(policy.models))
     if unknown:
         log.warning("learned artifact knows models not in the catalog (ignored): %s", ", ".join(unknown))

@@ -79,7 +79,13 @@ class Scorer(Protocol):
 
 
 class CheapestScorer:
-    name = "cheapest"
+    """The cheapest expected cost first: the policy's order with no learned routing. ``estimates``:
+    the sizes of a call an artifact learned without routing (``router train`` on a log with too
+    few labelled attempts), which price the candidates; ``name`` then says which artifact."""
+
+    def __init__(self, estimates: Estimates | None = None, name: str = "cheapest") -> None:
+        self.estimates = estimates
+        self.name = name
 
     def rank(self, features: Features, estimates: list[Estimate]) -> tuple[list[Estimate], float, str]:
         ranked = sorted(estimates, key=lambda e: e.cost_usd)

@@ -13,6 +13,7 @@ from pathlib import Path
 from router.errors import ConfigError
 from router.policy.active import ActivePolicy, load_active_policy
 from router.policy.artifact import Artifact
+from router.policy.learned import LearnedScorer
 from router.policy.loading import load_policy
 from router.policy.revisions import Archive
 from router.shared import StateConfig, open_state
@@ -26,7 +27,8 @@ def promote(
 ) -> str:  # fmt: skip
     """Pin ``artifact`` in the policy file (path and sha256); running routers pick it up.
     Refused when the artifact was trained for other models than the policy's (``force``: pinned
-    anyway: the router then warns, and scores the models it lacks as an even chance)."""
+    anyway: the router then warns, and scores the models it lacks as an even chance), or when it
+    learned no routing and the policy's artifact did (``force``: pinned, the cheapest routes)."""
     art = Path(artifact).resolve()
     try:
         raw = art.read_bytes()
@@ -55,7 +57,15 @@ def promote(
     except ConfigError:
         before = None  # a file no router would load: nothing worth going back to
     if before is not None and not force:
-        _same_models(artifact, config, list(learned.models), list(before.policy.models))
+        if learned.models:
+            _same_models(artifact, config, list(learned.models), list(before.policy.models))
+        elif isinstance(before.decider.scorer, LearnedScorer):
+            # Training on a log with too few labels writes sizes only: pinned over a learned
+            # routing it would silently put the policy back to the cheapest.
+            raise ConfigError(
+                f"{artifact} has no learned routing (trained on too few labelled attempts), and {config} routes by "
+                f"the artifact it pins now: promoting it would route by the cheapest again; pass --force to pin it anyway"
+            )
     # Validate before writing: a promotion never leaves a policy file the router would refuse.
     tmp = cfg.with_suffix(cfg.suffix + ".promote")
     tmp.write_text(new, encoding="utf-8")

@@ -21,6 +21,7 @@ import pytest
 
 from router.app.commands.train import train
 from router.fakeupstream import FakeUpstream
+from router.learning.training.estimates import MIN_ROWS
 from router.rollout.promote import promote
 from tests.integration.conftest import RunningRouter
 
@@ -202,3 +203,48 @@ def test_learning_lowers_cost_per_completed_task(
     print(f"\nbefore: {before}\nafter: {after}\noff-policy: {ope}")
     assert after.success >= before.success
     assert after.cost_per_completed < before.cost_per_completed * 0.9, (before, after)
+
+
+def test_a_log_without_outcomes_still_teaches_the_sizes_of_a_call(
+    router_factory, upstream: FakeUpstream, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Nobody reports outcomes: `router train` learns each backend's sizes anyway (it refused, and
+    every call stayed priced at the flat 1,024 output), `router promote` pins them, and /v1/route
+    prices at the learned mean and holds at the 90th percentile while routing as before."""
+    ids = ("nano", "mini", "large")
+    served = router_factory(policy(upstream.url, epsilon=0.0) | {"routes": [
+        {"match": "auto", "candidates": list(ids)}, *({"match": m, "passthrough": m} for m in ids)]})  # fmt: skip
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="agent-key", max_retries=0, timeout=20)
+    rng = random.Random(3)
+    for i in range(MIN_ROWS):
+        for m in ids:
+            task: Any = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": make_task(rng, False, i)},
+            ]
+            client.chat.completions.create(
+                model=m, messages=task, extra_headers={"x-router-task-id": f"{m}-{i}"}
+            )
+    served.records(wait_for=MIN_ROWS * len(ids))
+    store = f"sqlite:///{served.db_path}"
+    out = tmp_path / "sizes.json"
+    trained = train(store, str(served.db_path.parent / "policy.yaml"), str(out))
+    assert not trained.artifact.models and set(trained.artifact.estimates.learned) == set(ids)
+
+    learned_router = router_factory(policy(upstream.url, epsilon=0.0))
+    config = learned_router.db_path.parent / "policy.yaml"
+    promote(str(out), str(config))
+    body = {"model": "auto", "messages": [{"role": "user", "content": make_task(rng, True, 99)}]}
+    deadline = time.monotonic() + 5
+    while True:
+        route = httpx.post(learned_router.url + "/v1/route", json=body).json()
+        if route["policy"] == f"learning-test/cheapest:{trained.sha256[:12]}" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert route["policy"] == f"learning-test/cheapest:{trained.sha256[:12]}", route
+    learned = trained.artifact.estimates
+    for c in route["candidates"]:
+        mean, p90 = learned.output_mean(c["model"], c.get("output_cell")), learned.of(c["model"]).output_p90
+        assert mean is not None and p90 is not None and c["output_tokens"] == max(1, round(mean)) != 1024, c
+        assert c.get("hold_usd", c["cost_usd"]) > c["cost_usd"] or p90 <= mean, c
+    assert route["chosen"] == "nano", route  # the cheapest, as with no artifact

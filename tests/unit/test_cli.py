@@ -247,7 +247,8 @@ def test_train_refuses_a_log_of_none_of_the_policys_models(
     err = capsys.readouterr().err
     assert err == (
         f"router train: the log's labelled attempts are all of models {DEFAULT_CONFIG} does not have "
-        "(cheap, strong): train with --config the policy that served the log, or pass --force\n"
+        "(cheap, strong): train with --config the policy that served the log, or pass --force; nor has any "
+        f"backend of {DEFAULT_CONFIG} the 20 calls with reported usage a call's size is learned from\n"
     )
     assert not out.exists()
 

@@ -18,7 +18,7 @@ from router.learning.labels import fromlog
 from router.learning.training import caps as callcaps
 from router.learning.training import dataset, keyshare, offpolicy, stoploss
 from router.learning.training import scopes as scoped
-from router.learning.training.estimates import as_estimates, fit_estimates
+from router.learning.training.estimates import MIN_ROWS, as_estimates, fit_estimates
 from router.learning.training.fit import fit
 from router.learning.training.outputs import fit_output_tokens
 from router.learning.training.value import MARGINS
@@ -69,6 +69,60 @@ class TooFewLabels(ConfigError):
     """Not enough labelled attempts to train on (a usage error, reported in one line)."""
 
 
+def _no_routing(
+    rows: list[dataset.AttemptRow], counts: dict[str, int], min_attempts: int, force: bool, catalog: list[str],
+    config: str,
+) -> tuple[str, str] | None:  # fmt: skip
+    """Why the log's labels cannot teach routing, and what to do (None: they can)."""
+    label = "label tasks with `router outcome TASK_ID --success|--failure` or POST /v1/outcomes"
+    if not rows:  # --force cannot fit on nothing
+        return "no labelled attempts in the log to train on", label
+    short = {m: n for m, n in counts.items() if n < min_attempts}
+    if short and not force:
+        return (f"too few labelled attempts to train on ({', '.join(f'{m} {n}' for m, n in short.items())};"
+                f" need {min_attempts} per model)", f"{label}, let the policy explore, or pass --force")  # fmt: skip
+    if not force and not any(counts.get(m) for m in catalog):
+        # The artifact would know none of the models it is for, and `router promote` refuses it.
+        return (f"the log's labelled attempts are all of models {config} does not have ({', '.join(counts)})",
+                "train with --config the policy that served the log, or pass --force")  # fmt: skip
+    return None
+
+
+def _sizes_only(
+    requests: list[RequestRecord], catalog: list[str], config: str, out: str, console: Console,
+    why: tuple[str, str],
+) -> Trained:  # fmt: skip
+    """An artifact of what needs no labels: each backend's sizes of a call (output mean and 90th
+    percentile, turn and cache cells, provider/o200k ratio), which would otherwise stay at the
+    priors (the flat output default) for as long as no one reports outcomes. It has no models: a
+    router that pins it routes as without one, and prices and holds by these."""
+    reason, hint = why
+    estimates = as_estimates(fit_estimates(requests))
+    if not set(estimates.learned) & set(catalog):
+        raise TooFewLabels(f"{reason}: {hint}; nor has any backend of {config} the {MIN_ROWS} calls with "
+                           "reported usage a call's size is learned from")  # fmt: skip
+    stamps = [r.ts for r in requests]
+    artifact = Artifact(models={}, estimates=estimates, report={
+        "trained_at": time.time(), "routing": f"not learned: {reason}",
+        "data": {"requests": len(requests), "from_ts": min(stamps), "to_ts": max(stamps)},
+    })  # fmt: skip
+    path, sha = _write(artifact, out)
+    console.print(f"routing is not learned ({reason}): {hint}", highlight=False, soft_wrap=True)
+    console.print("the artifact holds each backend's sizes of a call only: promoted, the policy routes as with no "
+                  "artifact (its rules, then the cheapest expected cost), priced and held by them", highlight=False)  # fmt: skip
+    _print_estimates(console, artifact)
+    _print_written(console, path, sha, config)
+    return Trained(path, sha, artifact, {})
+
+
+def _write(artifact: Artifact, out: str) -> tuple[Path, str]:
+    raw = artifact.to_json()
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(raw)
+    return path, hashlib.sha256(raw).hexdigest()
+
+
 def scorer_for_evaluation(artifact: Artifact, policy: Policy) -> LearnedScorer:
     """The new artifact as the router would run it, without exploration."""
     return LearnedScorer(artifact, objective_for(policy, artifact))
@@ -102,26 +156,12 @@ def train(
     console.print(
         "labelled attempts per model: " + (", ".join(f"{m} {n}" for m, n in counts.items()) or "none")
     )
-    for line in catalog_mismatch(counts, [m.id for m in policy.spec.models], config):
+    catalog = [m.id for m in policy.spec.models]
+    for line in catalog_mismatch(counts, catalog, config):
         console.print(line, highlight=False)
-    if not rows:  # --force cannot fit on nothing
-        raise TooFewLabels(
-            "no labelled attempts in the log to train on: label tasks with"
-            " `router outcome TASK_ID --success|--failure` or POST /v1/outcomes"
-        )
-    short = {m: n for m, n in counts.items() if n < min_attempts}
-    if short and not force:
-        raise TooFewLabels(
-            f"too few labelled attempts to train on ({', '.join(f'{m} {n}' for m, n in short.items()) or 'none'};"
-            f" need {min_attempts} per model): label tasks with `router outcome TASK_ID --success|--failure`"
-            " or POST /v1/outcomes, let the policy explore, or pass --force"
-        )
-    if not force and not any(counts.get(m.id) for m in policy.spec.models):
-        # The artifact would know none of the models it is for, and `router promote` refuses it.
-        raise TooFewLabels(
-            f"the log's labelled attempts are all of models {config} does not have ({', '.join(counts)}): "
-            "train with --config the policy that served the log, or pass --force"
-        )
+    why = _no_routing(rows, counts, min_attempts, force, catalog, config)
+    if why is not None:
+        return _sizes_only(requests, catalog, config, out, console, why)
     fitted = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
                  scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
@@ -150,11 +190,7 @@ def train(
     ips = offpolicy.evaluate(rows, choose, snips=False)
     ope = {"logged": _est(old), "new_snips": _est(new), "new_ips": _est(ips)}
     artifact = dataclasses.replace(fitted, report={**fitted.report, "offpolicy": ope})
-    raw = artifact.to_json()
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(raw)
-    sha = hashlib.sha256(raw).hexdigest()
+    path, sha = _write(artifact, out)
     _print(console, artifact, path, sha, config)
     console.print(prior_line(scorer), highlight=False)
     console.print(callcaps.line(caps), highlight=False)
@@ -259,6 +295,11 @@ def _print(console: Console, a: Artifact, path: Path, sha: str, config: str) -> 
     tables.show(console, t)
     for r in a.report.get("scope_report") or []:
         console.print(_scope_line(r), highlight=False, soft_wrap=True)  # one line each, for grep
+    _print_estimates(console, a)
+    _print_written(console, path, sha, config)
+
+
+def _print_estimates(console: Console, a: Artifact) -> None:
     est = Table("backend", "calls", "provider/o200k", "mean output", "turn cells", "p90 output", "cached share",
                 title="estimates (n/a: too few calls, the prior stays)")  # fmt: skip
     for mid, e in a.estimates.learned.items():
@@ -266,6 +307,9 @@ def _print(console: Console, a: Artifact, path: Path, sha: str, config: str) -> 
                     str(len(e.output_cells or ())), _fmt(e.output_p90, "{:.0f}"),
                     _fmt(e.cache_share, "{:.1%}"))  # fmt: skip
     tables.show(console, est)
+
+
+def _print_written(console: Console, path: Path, sha: str, config: str) -> None:
     # The hash on a line of its own: after the path, an 80-column terminal broke it in two.
     console.print(f"wrote {path}\n  sha256 {sha}\npromote it with:", highlight=False)
     # The command on a line of its own, never wrapped: broken in two it no longer pastes as one.
