@@ -131,8 +131,8 @@ class Defaults(_Strict):
     #: Output tokens assumed when the client sets no limit, until the learned artifact has the
     #: backend's mean (``router.policy.estimates``).
     expected_output_tokens: int = Field(default=1024, gt=0)
-    #: Output tokens reserved when checking that a prompt fits, when the client sets no limit,
-    #: until the learned artifact has the backend's 90th percentile.
+    #: The least output reserved when checking that a prompt fits, when the client sets no limit;
+    #: the backend's learned 90th percentile raises it, never lowers it (``Decider.reserve``).
     reserve_output_tokens: int = Field(default=4096, gt=0)
     #: Calls of each hosted tool a request declares (a web search, ...) that a budget holds for,
     #: at the backend's per-call price: what one reply may call is not known before it.

@@ -339,9 +339,12 @@ class Decider:
 
     def reserve(self, backend: Backend) -> int:
         """The output a context window must leave room for when the client set no limit: the
-        backend's learned 90th percentile, else the policy's ``reserve_output_tokens``."""
-        p90 = self.estimates.of(backend.id).output_p90
-        return max(1, round(p90)) if p90 else self.policy.defaults.reserve_output_tokens
+        policy's ``reserve_output_tokens``, or the backend's learned 90th percentile where larger.
+        Never less: a server that gives a call with no limit one of its own (DeepSeek's 4,096)
+        refuses a prompt that leaves less room, however short the replies the log saw (8 tokens
+        a call on the demo's)."""
+        p90 = self.estimates.of(backend.id).output_p90 or 0
+        return max(self.policy.defaults.reserve_output_tokens, round(p90))
 
     def _explore(self, order: list[str]) -> tuple[list[str], float, str | None]:
         """Epsilon-greedy over the eligible candidates, at the start of an attempt only: the

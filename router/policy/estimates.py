@@ -8,11 +8,12 @@ Pure numbers, learned by ``router train`` from the log (the artifact's ``estimat
   the calls the router estimated without an anchor; before that, per provider family (Gemini's
   tokenizer counts 1.157 o200k tokens per token on agent conversations, OpenAI's is o200k).
 * **Output.** The mean output of a call prices it (a median undercounts an agent's total output
-  about 3x: most calls are short, a few are long); the 90th percentile is what a budget holds and
-  what the context window must leave room for. Where the log has enough calls of the same *turn
-  shape* (how long the model's last turn and what it is answering are, and the program that turn
-  ran: ``turn_cell``) the mean of that cell prices the call: still a mean, so sums stay unbiased,
-  but a short tool result is not priced like a file just read.
+  about 3x: most calls are short, a few are long); the 90th percentile is what a budget holds and,
+  where above the policy's reserve, what the context window must leave room for. Where the log
+  has enough calls of the same *turn shape* (how long the model's last turn and what it is
+  answering are, and the program that turn ran: ``turn_cell``) the mean of that cell prices the
+  call: still a mean, so sums stay unbiased, but a short tool result is not priced like a file
+  just read.
 * **Cache.** Providers cache a prefix in whole blocks (Gemini ~2k tokens, OpenAI 128), so what
   can be cached of a warm prefix is its whole blocks; ``cache_share`` is the share of those the
   provider reported cached (not all: an entry is evicted, a call goes to another machine). Where

@@ -76,13 +76,28 @@ def test_learned_output_mean_prices_a_call_and_its_90th_percentile_is_held_and_r
     assert e is not None and e.output_tokens == 300
     assert e.cost_usd == pytest.approx((1_000 * 1 + 300 * 4) / 1e6)
     assert e.hold_usd == pytest.approx((1_000 * 1 + 2_000 * 4) / 1e6)
-    # The window leaves room for the 90th percentile, not the policy's 4,096.
-    assert d.decide(feats(17_500)).estimate("gpt").excluded is None  # type: ignore[union-attr]
-    with pytest.raises(ContextTooLarge, match=r"gpt: context: ~17500 prompt \+ 4096 output"):
-        decider().decide(feats(17_500))
+    # The window leaves room for the 90th percentile where it is above the policy's 4,096.
+    wide = decider({"gpt": BackendEstimates(output_p90=6_000)})
+    with pytest.raises(ContextTooLarge, match=r"gpt: context: ~15000 prompt \+ 6000 output"):
+        wide.decide(feats(15_000))
+    assert decider().decide(feats(15_000)).estimate("gpt").excluded is None  # type: ignore[union-attr]
     # Nothing learned: the policy's default output, and the hold is the expected cost.
     plain = decider().decide(feats(1_000)).estimate("gpt")
     assert plain is not None and plain.output_tokens == 1024 and plain.hold_usd == plain.cost_usd
+
+
+def test_a_short_learned_90th_percentile_never_shrinks_the_windows_reserve() -> None:
+    """After the demo's log the learned 90th percentile was 8 tokens, and the window left room
+    for those 8 only: a 19,900-token prompt was kept for a 20k window, which a server that gives
+    a call with no limit its own (DeepSeek's 4,096: 'maximum context length is 131072 tokens.
+    However, you requested 131329 tokens (123137 in the messages, 8192 in the completion)')
+    refuses. The policy's reserve_output_tokens is the least room left."""
+    short = decider({"gpt": BackendEstimates(output_mean=5, output_p90=8)})
+    with pytest.raises(ContextTooLarge, match=r"gpt: context: ~19900 prompt \+ 4096 output"):
+        short.decide(feats(19_900))
+    assert short.decide(feats(15_000)).chosen == "gpt"
+    # A client's own limit is what the call carries: that room, not the reserve, is left.
+    assert short.decide(feats(19_900, max_output_tokens=50)).chosen == "gpt"
 
 
 def test_a_warm_prompt_is_cached_in_whole_blocks_at_the_learned_share() -> None:
