@@ -49,6 +49,16 @@ def _log(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
+def _trained(tmp_path: Path) -> tuple[str, Path, Path]:
+    """The log, a copy of local.yaml and the artifact `router train` wrote from them."""
+    store = _log(tmp_path / "log.db")
+    config = tmp_path / "policy.yaml"
+    config.write_bytes(LOCAL.read_bytes())
+    out = tmp_path / "sizes.json"
+    assert main(["train", "--store", store, "--config", str(config), "--out", str(out)]) == 0
+    return store, config, out
+
+
 def _feats() -> Features:
     return Features(protocol="openai_chat", requested_model="auto", prompt_tokens=1_000, max_output_tokens=None,
                     tools=False, n_tools=0, thinking=False, vision=False, stream=False, n_messages=2)  # fmt: skip
@@ -59,11 +69,7 @@ def test_train_without_labels_learns_the_sizes_the_router_then_prices_and_holds_
 ) -> None:
     # It refused: "no labelled attempts in the log to train on", and every call stayed priced at
     # the flat 1,024 output for as long as nobody reported an outcome.
-    store = _log(tmp_path / "log.db")
-    config = tmp_path / "policy.yaml"
-    config.write_bytes(LOCAL.read_bytes())
-    out = tmp_path / "sizes.json"
-    assert main(["train", "--store", store, "--config", str(config), "--out", str(out)]) == 0
+    store, config, out = _trained(tmp_path)
     captured = capsys.readouterr()
     said = [line for line in captured.out.splitlines() if line.startswith(("routing", "the artifact"))]
     assert said[0].startswith(
@@ -113,17 +119,13 @@ def test_promote_keeps_a_learned_routing_from_being_replaced_by_sizes_only_unles
     from router.features.task.vector import HASH_DIM, NUMERIC, schema
     from router.policy.artifact import FORMAT
 
-    store = _log(tmp_path / "log.db")
-    config = tmp_path / "policy.yaml"
-    config.write_bytes(LOCAL.read_bytes())
+    _, config, sizes = _trained(tmp_path)
     routed = tmp_path / "routed.json"
     width = len(NUMERIC) + HASH_DIM
     model = {"weights": [0.0] * width, "platt": [1.0, 0.0], "cost_weights": [0.0]}
     routed.write_bytes(orjson.dumps({"format": FORMAT, "feature_schema": schema(), "models": dict.fromkeys(
         ("local-nano", "local-mini", "local-large", "local-claude"), model)}))  # fmt: skip
     assert main(["promote", str(routed), "--config", str(config)]) == 0
-    sizes = tmp_path / "sizes.json"
-    assert main(["train", "--store", store, "--config", str(config), "--out", str(sizes)]) == 0
     capsys.readouterr()
     assert main(["promote", str(sizes), "--config", str(config)]) == 2
     err = capsys.readouterr().err
