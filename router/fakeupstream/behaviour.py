@@ -20,7 +20,9 @@ sends the provider's error event after K content deltas, then ends without its f
 ``echo_key`` (error messages, answered or streamed, end with the API key the request carried, as
 some providers echo the key they refused), ``no_usage`` (a whole reply comes without its usage, as
 from some OpenAI-compatible servers), ``hosted_calls`` (the reply calls each hosted tool the request
-declares, a web search and the like, that many times, as the provider would before answering).
+declares, a web search and the like, that many times, as the provider would before answering),
+``failed_event`` (a Responses stream's ``error_after`` event is ``response.failed`` carrying the
+reply's usage, as OpenAI ends a response that failed after it began).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Behaviour:
     echo_key: bool = False
     no_usage: bool = False
     hosted_calls: int = 0
+    failed_event: bool = False
 
     def overrides(self) -> Overrides:
         """The fields that differ from the defaults: what this behaviour adds on top of another."""
@@ -158,6 +161,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "echo_key": _flag,
     "no_usage": _flag,
     "hosted_calls": _non_negative_int,
+    "failed_event": _flag,
 }
 KEYS = tuple(_CONVERTERS)
 

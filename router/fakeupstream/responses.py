@@ -224,6 +224,12 @@ class Responses:
         emit("response.completed", response=done)
         return frames
 
+    def failed_frame(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> bytes:
+        """The ``response.failed`` event of a reply that failed once begun: what it used is billed."""
+        failed = {**self._response(reply, body, ids), "status": "failed", "output": [],
+                  "error": {"code": "server_error", "message": "fake upstream: the response failed"}}  # fmt: skip
+        return sse("response.failed", {"type": "response.failed", "sequence_number": 0, "response": failed})
+
     def error_body(self, error: RouterError) -> dict[str, Any]:
         return error.openai_body()
 

@@ -237,6 +237,8 @@ class FakeServer:
                 error_frame = dialect.error_frame
                 if behaviour.echo_key:
                     error_frame = _echoing(error_frame, request)
+                if behaviour.failed_event and isinstance(dialect, Responses):
+                    error_frame = dialect.failed_frame(reply, body, self.ids)
                 frames = dialect.frames(reply, body, self.ids)
                 return await _stream(request, dialect, frames, behaviour, error_frame)
             finally:

@@ -142,24 +142,34 @@ def charge(
 def given_up(
     served: Charge | None, tries: list[Try], req: ClientRequest, decision: Decision, catalog: Catalog
 ) -> Charge | None:
-    """``served`` (None: no backend served) with what the tries the router gave up on were billed.
+    """``served`` (None: no backend served) with what the tries that did not serve were billed.
 
-    A try abandoned by a timeout while its backend worked (``Try.billed``) reports no usage; a call
+    A try whose provider reported what it billed as it failed (``Try.usage``) is charged that. A
+    try abandoned by a timeout while its backend worked (``Try.billed``) reports no usage; a call
     that reasons was billed for its prompt and the thinking it had done (``hidden_output``), so it
-    is charged at the call's estimate, each such try's cost in its log entry. Other requests'
+    is charged at the call's estimate. Each such try's cost is in its log entry. Other requests'
     abandoned tries are not charged (a provider may not have begun their output)."""
-    billed = [(t, est) for t in tries if t.billed and req.thinking and (est := decision.estimate(t.model))]
+    billed: list[tuple[Try, Usage, bool]] = []
+    for t in tries:
+        if t.usage is not None:
+            billed.append((t, t.usage, False))
+        elif t.billed and req.thinking and (est := decision.estimate(t.model)):
+            billed.append((t, _estimated(est), True))
     if not billed:
         return served
     total = served.split if served is not None else CostSplit(0.0, 0.0, 0.0, 0.0)
-    for t, est in billed:
-        usage = Usage(input_tokens=est.prompt_tokens, output_tokens=est.output_tokens,
-                      cache_read_tokens=est.cached_tokens or None)  # fmt: skip
+    for t, usage, _ in billed:
         split = cost_split(catalog[t.model].price, usage)
         t.cost_usd = split.total
         total = total + split
+    estimated = any(e for _, _, e in billed)
     if served is not None:
-        return Charge(served.usage, True, total, served.reported_input_tokens)
-    usage = Usage(input_tokens=sum(e.prompt_tokens for _, e in billed),
-                  output_tokens=sum(e.output_tokens for _, e in billed))  # fmt: skip
-    return Charge(usage, True, total)
+        return Charge(served.usage, served.estimated or estimated, total, served.reported_input_tokens)
+    usage = Usage(input_tokens=sum(u.input_tokens or 0 for _, u, _ in billed),
+                  output_tokens=sum(u.output_tokens or 0 for _, u, _ in billed))  # fmt: skip
+    return Charge(usage, estimated, total)
+
+
+def _estimated(est: Estimate) -> Usage:
+    return Usage(input_tokens=est.prompt_tokens, output_tokens=est.output_tokens,
+                 cache_read_tokens=est.cached_tokens or None)  # fmt: skip

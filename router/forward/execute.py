@@ -35,7 +35,7 @@ from router.forward.timeouts import Timeouts
 from router.forward.upstream import Reply, Upstream, relay_base
 from router.policy.catalog import Backend, Catalog
 from router.policy.decide import Decision
-from router.protocols import WIRES, ClientRequest, StreamObserver, sse
+from router.protocols import WIRES, ClientRequest, StreamObserver, Usage, sse
 from router.shared import Breakers
 from router.store.records import TryRecord
 from router.telemetry.phases import Phases
@@ -59,6 +59,9 @@ class Try:
     #: The router gave up on the call by a timeout while the backend worked on it: the provider
     #: bills what it had done (``accounting.given_up`` charges it; ``cost_usd`` then says what).
     billed: bool = False
+    #: What the provider reported billing for the call that failed (a Responses ``response.failed``
+    #: carries its usage): charged as reported.
+    usage: Usage | None = None
     cost_usd: float | None = None
 
     def record(self, arrival: float) -> TryRecord:
@@ -90,6 +93,8 @@ class Execution:
     tries: list[Try] = field(default_factory=list)
     backend: Backend | None = None
     retries: int = 0
+    #: The usage the provider reported for the call that just failed; its try takes it.
+    reported: Usage | None = None
 
 
 class RetryBudget:
@@ -174,13 +179,16 @@ class Executor:
                     raise
             phases.start_upstream()
             first_token_by = min(deadline, time.monotonic() + self.timeouts.first_token)
+            observer = wire.observer()
             try:
                 async with asyncio.timeout_at(_loop_deadline(first_token_by)):
                     events = await self.upstream.open_stream(req, backend, headers)
-                    committed = await _until_content(events, wire.observer(), phases, backend)
+                    committed = await _until_content(events, observer, phases, backend)
             except BaseException as exc:
                 if slot is not None:
                     slot.release()
+                if observer.usage.output_tokens is not None:  # a final report, not message_start's
+                    ex.reported = observer.usage
                 if isinstance(exc, TimeoutError) and first_token_by < deadline:
                     raise UpstreamTimeout("first_token", self.timeouts.first_token) from None
                 raise
@@ -238,6 +246,7 @@ class Executor:
                 # The backend's own status when it answered; else the router's (502 unreachable, 504 ...).
                 status = getattr(last, "upstream_status", None) or last.status
                 t = _try(backend, phases, began, status, last.kind)
+                t.usage, ex.reported = ex.reported, None
                 t.billed = (
                     t.start is not None and isinstance(last, UpstreamTimeout) and last.which != "connect"
                 )
@@ -297,6 +306,7 @@ async def _until_content(
         async for ev in events:
             phases.byte()
             if ev.name in _FAILURE_EVENTS or ev.data.startswith(b'{"error"'):
+                observer.observe(ev.name, ev.data)  # a response.failed says what it billed
                 raise UpstreamError(f"backend {backend.id!r} failed before its first token")
             held.append(ev)
             if observer.observe(ev.name, ev.data):

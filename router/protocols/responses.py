@@ -212,18 +212,21 @@ class StreamObserver:
         if event == "error":
             self.error = error_message(event_json(data))
             return False
-        if event in ("response.completed", "response.incomplete", "response.failed"):
+        if event in ("response.completed", "response.incomplete"):
             self.done = True
         if event == "response.output_item.added":
             said = event_json(data)
             if isinstance(said, dict) and (call := item_kind(said.get("item"), self._tools)) is not None:
                 self._calls.add(call)
                 self.usage.tool_calls = counted(self._calls)
-        elif event in ("response.completed", "response.incomplete", "response.created"):
+        elif event in ("response.completed", "response.incomplete", "response.failed", "response.created"):
             try:
                 resp = event_json(data).get("response") or {}
             except AttributeError:
                 return False
+            if event == "response.failed":
+                # A failure, not an end: the client has the event, and the usage in it is billed.
+                self.error = error_message(resp.get("error") or {"message": "the response failed"})
             if event == "response.created":
                 self.usage.provider_model, self.usage.response_id = resp.get("model"), resp.get("id")
                 self._tools = resp.get("tools")

@@ -466,3 +466,28 @@ def test_hosted_tool_calls_are_charged_and_held(
     statuses, spent = forty_at_once(r, key, {**body, "stream": False}, path)
     assert 200 in statuses
     assert spent <= budget, (spent, statuses)
+
+
+def test_a_responses_failure_is_charged_the_usage_it_reports(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    """OpenAI ends a response that failed once begun with ``response.failed``, carrying the usage
+    it bills (here 520 output tokens, 512 of them reasoning). Before the first token the router
+    moved on to another backend and charged the failed try nothing; after it, the stream was
+    logged as a success and charged an estimate. Now the reported usage is charged in both
+    cases, and the stream that failed is logged as failed."""
+    body = {"input": "hi", "reasoning": {"effort": "high"}, "stream": True}
+    early = router_factory(faulty(upstream, "error_after=0,failed_event=1", "openai_responses"))
+    late = router_factory(faulty(upstream, "error_after=2,failed_event=1", "openai_responses"))
+    for r, model in ((early, "auto"), (late, "solo")):
+        with httpx.stream("POST", r.url + "/v1/responses", json={**body, "model": model}, timeout=30) as resp:
+            assert resp.status_code == 200
+            b"".join(resp.iter_bytes())
+    fell_back = early.records(1)[-1]
+    failed, served = orjson.loads(fell_back["tries"])
+    assert failed["model"] == "faulty" and served["model"] == "good"
+    assert failed["cost_usd"] >= 520 * 2e-6  # its output at faulty's $2 per million
+    assert fell_back["cost_usd"] > failed["cost_usd"] + 520 * 4e-6  # and good's reply, at $4
+    cut = late.records(1)[-1]
+    assert cut["error_type"] == "UpstreamError" and cut["usage_estimated"] == 0, cut
+    assert cut["output_tokens"] == 520 and cut["reasoning_tokens"] == 512
