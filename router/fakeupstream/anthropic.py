@@ -22,6 +22,7 @@ from router.fakeupstream.reply import (
 from router.protocols.hosted import declared
 
 _MARKER = b'"cache_control"'
+_ONE_HOUR = b'"ttl":"1h"'
 _SIGNATURE = b'"signature"'
 _PING = sse("ping", {"type": "ping"})
 _STOP = sse("message_stop", {"type": "message_stop"})
@@ -91,8 +92,8 @@ def usage_body(usage: FakeUsage) -> dict[str, Any]:
         "cache_creation_input_tokens": usage.cache_creation_tokens,
         "cache_read_input_tokens": usage.cached_tokens,
         "cache_creation": {
-            "ephemeral_5m_input_tokens": usage.cache_creation_tokens,
-            "ephemeral_1h_input_tokens": 0,
+            "ephemeral_5m_input_tokens": usage.cache_creation_tokens - usage.cache_creation_1h_tokens,
+            "ephemeral_1h_input_tokens": usage.cache_creation_1h_tokens,
         },
         "output_tokens": usage.output_tokens,
         "service_tier": "standard",
@@ -147,7 +148,8 @@ class AnthropicMessages:
             tools=chosen_tools(tools, body.get("tool_choice")) if tools else [],
             tool_result=last_tool_result(messages),
             thinking=isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"),
-            cache_marker=cache_marker(head, items),
+            cache_marker=(marker := cache_marker(head, items)),
+            cache_1h=marker is not None and _ONE_HOUR in (items[marker - 1] if marker else head),
             hosted=declared(tools or ()),
         )
 

@@ -58,6 +58,8 @@ class Prompt:
     cache_marker: int | None = None
     #: The kinds of the hosted tools the request declares (``router.protocols.hosted``).
     hosted: tuple[str, ...] = ()
+    #: The last marker asks for an hour (Anthropic's ``ttl: "1h"``) rather than five minutes.
+    cache_1h: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ class FakeUsage:
     cache_creation_tokens: int
     output_tokens: int
     reasoning_tokens: int
+    #: Of ``cache_creation_tokens``, those written for an hour.
+    cache_creation_1h_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +237,9 @@ class Planner:
         reasoning = 0
         if prompt.reasoning_effort is not None:
             reasoning = REASONING_TOKENS.get(prompt.reasoning_effort, REASONING_TOKENS["medium"])
-        return FakeUsage(total, cached, creation, output_tokens + reasoning, reasoning)
+        return FakeUsage(
+            total, cached, creation, output_tokens + reasoning, reasoning, creation if prompt.cache_1h else 0
+        )
 
     def plan(self, prompt: Prompt, behaviour: Behaviour) -> FakeReply:
         thinking = THINKING_TEXT if prompt.thinking else None

@@ -115,7 +115,7 @@ def cost_split(price: Price, usage: Usage) -> CostSplit:
         input=round(uncached * price.input, 10),
         output=round((usage.output_tokens or 0) * price.output, 10),
         cache_read=round(read * price.cache_read, 10),
-        cache_write=round(write * price.cache_write, 10),
+        cache_write=round(price.write_cost(write, usage.cache_write_1h_tokens or 0), 10),
         tools=round(price.tools(usage.tool_calls), 10),
     )
 

@@ -46,7 +46,16 @@ class Price:
     output: float
     cache_read: float
     cache_write: float
+    #: A prompt token cached for an hour (Anthropic's ``ttl: "1h"``: twice the input price, against
+    #: 1.25 times for five minutes); None: priced as ``cache_write``.
+    cache_write_1h: float | None = None
     per_call: Mapping[str, float] = field(default_factory=lambda: HOSTED_TOOL_FEES)
+
+    def write_cost(self, tokens: int, one_hour: int = 0) -> float:
+        """The cost of ``tokens`` written to the cache, ``one_hour`` of them for an hour."""
+        one_hour = min(one_hour, tokens)
+        longer = self.cache_write if self.cache_write_1h is None else self.cache_write_1h
+        return (tokens - one_hour) * self.cache_write + one_hour * longer
 
     def tools(self, calls: Mapping[str, int]) -> float:
         """What ``calls`` (per hosted tool kind) cost."""
@@ -156,6 +165,10 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
         output=per_token(p.output, "output_cost_per_token", "output"),
         cache_read=per_token(p.cache_read, "cache_read_input_token_cost", "cache_read", input_price),
         cache_write=per_token(p.cache_write, "cache_creation_input_token_cost", "cache_write", input_price),
+        # Only Anthropic reports one-hour writes; its price for them is twice the input's.
+        cache_write_1h=per_token(
+            p.cache_write_1h, "cache_creation_input_token_cost_above_1hr", "cache_write_1h", 2 * input_price
+        ),
         per_call=MappingProxyType({**HOSTED_TOOL_FEES, **p.per_call}) if p.per_call else HOSTED_TOOL_FEES,
     )
     window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")

@@ -39,6 +39,9 @@ class Prices(_Strict):
     output: float | None = Field(default=None, ge=0)
     cache_read: float | None = Field(default=None, ge=0)
     cache_write: float | None = Field(default=None, ge=0)
+    #: A prompt token cached for an hour (Anthropic's ``cache_control`` ``ttl: "1h"``); omitted:
+    #: litellm's price, else twice the input price (Anthropic's rule).
+    cache_write_1h: float | None = Field(default=None, ge=0)
     #: USD per call of each hosted tool kind (``web_search``, ``file_search``, ...), over the
     #: defaults (``router.policy.catalog.HOSTED_TOOL_FEES``); 0 makes a kind free.
     per_call: dict[

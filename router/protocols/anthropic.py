@@ -22,6 +22,7 @@ from router.protocols.common import (
     event_json,
     has_image,
     load_body,
+    one_hour_writes,
     scan_messages,
     text_of,
     validated,
@@ -177,6 +178,7 @@ def usage_from(obj: dict[str, Any]) -> Usage:
         output_tokens=u.get("output_tokens"),
         cache_read_tokens=read,
         cache_write_tokens=write,
+        cache_write_1h_tokens=one_hour_writes(u.get("cache_creation")),
         provider_model=obj.get("model"),
         response_id=obj.get("id"),
         finish_reasons=[obj["stop_reason"]] if obj.get("stop_reason") else [],
@@ -244,6 +246,9 @@ class StreamObserver:
                 read = u.get("cache_read_input_tokens") or self.usage.cache_read_tokens or 0
                 write = u.get("cache_creation_input_tokens") or self.usage.cache_write_tokens or 0
                 self.usage.input_tokens = u["input_tokens"] + read + write
+                self.usage.cache_write_1h_tokens = (
+                    one_hour_writes(u.get("cache_creation")) or self.usage.cache_write_1h_tokens
+                )
         return False
 
 

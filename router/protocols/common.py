@@ -94,6 +94,9 @@ class Usage:
     output_tokens: int | None = None
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
+    #: Of ``cache_write_tokens``, those cached for an hour (Anthropic's ``ttl: "1h"``), which cost
+    #: more to write than the five-minute ones.
+    cache_write_1h_tokens: int | None = None
     reasoning_tokens: int | None = None
     provider_model: str | None = None
     #: The provider's id of its reply.
@@ -106,6 +109,13 @@ class Usage:
     @property
     def known(self) -> bool:
         return self.input_tokens is not None or self.output_tokens is not None
+
+
+def one_hour_writes(breakdown: Any) -> int | None:
+    """The prompt tokens written to the cache for an hour, from Anthropic's ``cache_creation``
+    breakdown (litellm's translation calls it ``cache_creation_token_details``)."""
+    value = breakdown.get("ephemeral_1h_input_tokens") if isinstance(breakdown, dict) else None
+    return value if isinstance(value, int) else None
 
 
 def sha256_json(value: Any) -> str:

@@ -23,6 +23,7 @@ from router.protocols.common import (
     event_json,
     has_image,
     load_body,
+    one_hour_writes,
     scan_messages,
     text_of,
     validated,
@@ -142,6 +143,8 @@ def usage_from(obj: dict[str, Any]) -> Usage:
         cache_read_tokens=details.get("cached_tokens"),
         # OpenAI-compatible providers that report writes (DeepSeek, litellm-translated Anthropic)
         cache_write_tokens=u.get("cache_creation_input_tokens") or details.get("cache_creation_tokens"),
+        # litellm's translation of Anthropic's usage keeps its one-hour writes here.
+        cache_write_1h_tokens=one_hour_writes(details.get("cache_creation_token_details")),
         reasoning_tokens=out_details.get("reasoning_tokens"),
         provider_model=obj.get("model"),
         response_id=obj.get("id"),

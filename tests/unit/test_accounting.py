@@ -222,3 +222,38 @@ async def test_what_the_provider_cached_of_a_call_keys_the_next_calls_cache_cell
     assert est.cacheable_tokens == first.input_tokens // 128 * 128  # type: ignore[operator]
     assert est.cacheable_tokens is not None and est.cache_cell is not None
     assert est.cache_cell == cache_cell("openai", est.cacheable_tokens, 300)
+
+
+#: A system prompt of about 1,300 tokens, cached for an hour.
+ONE_HOUR = {
+    "type": "text",
+    "text": "You are a careful agent. " * 200,
+    "cache_control": {"type": "ephemeral", "ttl": "1h"},
+}
+
+
+@pytest.mark.parametrize(
+    ("protocol", "stream"), [(ANTHROPIC, False), (ANTHROPIC, True), (OPENAI_CHAT, False), (OPENAI_CHAT, True)]
+)
+async def test_a_prompt_cached_for_an_hour_is_charged_its_price(
+    tmp_path: Path, fake: FakeUpstream, protocol: str, stream: bool
+) -> None:
+    """Anthropic bills a prompt token written to the cache for an hour at twice the input price,
+    against 1.25 times for five minutes; every write was charged at the five-minute price, so a key
+    whose agent cached for an hour spent up to 1.6 times what its budget counted (relayed, and
+    translated from Chat Completions by litellm)."""
+    prices = {"input": 1.0, "output": 2.0, "cache_write": 1.25}  # 1h: twice the input, by default
+    async with serving(tmp_path, [model("c", fake.url, protocol="anthropic", prices=prices)]) as r:
+        if protocol == ANTHROPIC:
+            resp = await r.post(ANTHROPIC, system=[ONE_HOUR], stream=stream)
+        else:
+            messages = [{"role": "system", "content": [ONE_HOUR]}, {"role": "user", "content": "hi"}]
+            resp = await r.post(OPENAI_CHAT, messages=messages, stream=stream)
+        assert resp.status_code == 200, resp.text
+        [row] = await r.records()
+    assert row.cache_write_tokens is not None and row.cache_write_tokens > 1000
+    assert row.cost_cache_write_usd == pytest.approx(row.cache_write_tokens * 2e-6)
+    fresh = row.input_tokens - row.cache_write_tokens - (row.cache_read_tokens or 0)
+    assert row.cost_usd == pytest.approx(
+        fresh * 1e-6 + row.output_tokens * 2e-6 + row.cache_write_tokens * 2e-6
+    )
