@@ -108,6 +108,7 @@ class CostSplit:
 
 
 def cost_split(price: Price, usage: Usage) -> CostSplit:
+    price = price.at(usage.input_tokens or 0)  # a long prompt's call is billed at the long prices
     read = usage.cache_read_tokens or 0
     write = usage.cache_write_tokens or 0
     uncached = max(0, (usage.input_tokens or 0) - read - write)

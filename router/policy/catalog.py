@@ -8,9 +8,11 @@ names the variable rather than a failure at startup for a backend that may never
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +52,16 @@ class Price:
     #: 1.25 times for five minutes); None: priced as ``cache_write``.
     cache_write_1h: float | None = None
     per_call: Mapping[str, float] = field(default_factory=lambda: HOSTED_TOOL_FEES)
+    #: A call whose prompt has more than ``long_above`` tokens is billed at ``long``'s prices, the
+    #: whole of it (OpenAI's gpt-5.4 and 5.5 above 272k tokens, Gemini above 200k): None, one price.
+    long_above: int | None = None
+    long: Price | None = None
+
+    def at(self, prompt_tokens: int) -> Price:
+        """The prices a call with a prompt of ``prompt_tokens`` tokens is billed at."""
+        if self.long is not None and self.long_above is not None and prompt_tokens > self.long_above:
+            return self.long
+        return self
 
     def write_cost(self, tokens: int, one_hour: int = 0) -> float:
         """The cost of ``tokens`` written to the cache, ``one_hour`` of them for an hour."""
@@ -140,6 +152,31 @@ def build_catalog(policy: Policy, lookup: PriceLookup | None = None) -> Catalog:
     return Catalog(backends)
 
 
+_ABOVE = re.compile(r"input_cost_per_token_above_(\d+)k_tokens")
+
+
+def _long_context(price: Price, known: Mapping[str, Any]) -> Price:
+    """``price`` with the dearer prices litellm's map gives for long prompts, where it gives them
+    (only when the base prices come from the map too: an operator's own prices stand alone)."""
+    tiers = sorted(int(m.group(1)) for key in known if (m := _ABOVE.fullmatch(key)))
+    if not tiers:
+        return price
+    k = tiers[0]  # the maps give one tier per model; the first is where the price changes
+
+    def above(key: str, base: float) -> float:
+        value = known.get(f"{key}_above_{k}k_tokens")
+        return float(value) if isinstance(value, int | float) else base
+
+    long = dataclasses.replace(
+        price,
+        input=above("input_cost_per_token", price.input),
+        output=above("output_cost_per_token", price.output),
+        cache_read=above("cache_read_input_token_cost", price.cache_read),
+        cache_write=above("cache_creation_input_token_cost", price.cache_write),
+    )
+    return dataclasses.replace(price, long_above=k * 1000, long=long)
+
+
 def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
     p = spec.prices
     known = None
@@ -171,6 +208,8 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
         ),
         per_call=MappingProxyType({**HOSTED_TOOL_FEES, **p.per_call}) if p.per_call else HOSTED_TOOL_FEES,
     )
+    if p.input is None and known:
+        price = _long_context(price, known)
     window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")
     if not window:
         raise ConfigError(

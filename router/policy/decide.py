@@ -120,12 +120,13 @@ def estimate(
     cached = round(cacheable * est.cache_share(backend.id, cell))
     fresh = prompt - cached
     writes = fresh if backend.protocol == "anthropic" else 0
-    cost = backend.price.cost(fresh - writes, out, cached, writes)
+    price = backend.price.at(prompt)
+    cost = price.cost(fresh - writes, out, cached, writes)
     e = Estimate(backend.id, prompt, out, cached, cost, hold_usd=cost, cacheable_tokens=cacheable or None)
     e.cache_cell = cell
     if hold_output is not None:
         held = min(features.max_output_tokens or hold_output, hold_output, backend.max_output_tokens)
-        e.hold_usd = cost + max(0, held - out) * backend.price.output
+        e.hold_usd = cost + max(0, held - out) * price.output
     return e
 
 

@@ -257,3 +257,38 @@ async def test_a_prompt_cached_for_an_hour_is_charged_its_price(
     assert row.cost_usd == pytest.approx(
         fresh * 1e-6 + row.output_tokens * 2e-6 + row.cache_write_tokens * 2e-6
     )
+
+
+def test_a_long_prompt_is_charged_the_long_context_price() -> None:
+    """OpenAI bills a gpt-5.5 call whose prompt passes 272k tokens at twice the input price (and
+    1.5 times the output's, twice the cached read's), the whole call; it was charged at the base
+    prices, so a key sending long prompts to the default policy's gpt-5.5 (a 1.05M-token window)
+    spent about twice what its budget and the log counted. The estimate a budget holds prices the
+    long prompt the same way."""
+    from router.policy.catalog import build_catalog, bundled_cost_map
+    from router.policy.decide import estimate
+    from router.policy.loading import load_policy
+    from tests.unit.test_decide import feats
+
+    backend = build_catalog(load_policy(Path(__file__).parents[2] / "policies/default.yaml", env={}))[
+        "gpt-5.5"
+    ]
+    known = bundled_cost_map()["gpt-5.5"]
+    base = (
+        known["input_cost_per_token"],
+        known["output_cost_per_token"],
+        known["cache_read_input_token_cost"],
+    )
+    long = tuple(known[f"{k}_above_272k_tokens"] for k in ("input_cost_per_token", "output_cost_per_token",
+                                                           "cache_read_input_token_cost"))  # fmt: skip
+    assert long[0] == 2 * base[0]
+
+    def billed(prompt: int, cached: int, out: int, p: tuple[float, float, float]) -> float:
+        return (prompt - cached) * p[0] + out * p[1] + cached * p[2]
+
+    at_limit = Usage(input_tokens=272_000, output_tokens=2_000, cache_read_tokens=100_000)
+    assert cost_split(backend.price, at_limit).total == pytest.approx(billed(272_000, 100_000, 2_000, base))
+    past = Usage(input_tokens=300_000, output_tokens=2_000, cache_read_tokens=100_000)
+    assert cost_split(backend.price, past).total == pytest.approx(billed(300_000, 100_000, 2_000, long))
+    est = estimate(backend, feats(prompt=300_000), 2_000)
+    assert est.cost_usd == pytest.approx(billed(300_000, 0, 2_000, long))
