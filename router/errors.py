@@ -229,13 +229,23 @@ class UpstreamOverloaded(UpstreamError):
 def from_upstream_status(status: int, message: str, retry_after: float | None = None) -> RouterError:
     """Map a backend's HTTP failure onto the tree, keeping the client-facing status honest.
 
-    4xx other than 408/409/429 are the request's fault and pass through with their status so
-    the agent sees what the provider said; the rest become retryable upstream errors.
+    4xx other than 408/409/429 and a refused key are the request's fault and pass through with
+    their status so the agent sees what the provider said; the rest become upstream errors.
     """
     if status == 429:
         return RateLimited(message, retry_after=retry_after)
     if status == 529:
         return UpstreamOverloaded(message, upstream_status=status, retry_after=retry_after)
+    if status in _REFUSED_KEY:
+        # The provider refused the router's key for it (or its account): the operator's to fix,
+        # never the client's, whose key the router accepted. Passed on, a 401 read to agents as
+        # "your API key is invalid" (Claude Code asks to log in again) and no other backend was
+        # tried; now another is, and a client that gets it sees a 502 saying whose key it was.
+        err = UpstreamError(f"{message} (the provider refused this backend's key: see its api_key_env)",
+                            upstream_status=status)  # fmt: skip
+        err.retryable = False
+        err.next_candidate = True
+        return err
     if 400 <= status < 500 and status not in (408, 409):
         err = UpstreamError(message, upstream_status=status)
         err.status = status
@@ -245,9 +255,10 @@ def from_upstream_status(status: int, message: str, retry_after: float | None = 
     return UpstreamError(message, upstream_status=status, retry_after=retry_after)
 
 
+#: A provider's refusal of the key the router sent it (402: an account out of credit, OpenRouter's).
+_REFUSED_KEY = frozenset({401, 402, 403})
+
 _ANTHROPIC_4XX = {
-    401: "authentication_error",
-    403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
 }

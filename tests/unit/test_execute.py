@@ -83,6 +83,26 @@ async def test_rate_limited_backend_moves_on(fake: FakeUpstream) -> None:
     assert ex.tries[0].error_type == "RateLimited"
 
 
+@pytest.mark.parametrize("status", [401, 403])
+@pytest.mark.parametrize("protocol", [OPENAI_CHAT, ANTHROPIC])  # relayed; translated by litellm
+async def test_a_backend_that_refuses_the_routers_key_moves_on(
+    fake: FakeUpstream, status: int, protocol: str
+) -> None:
+    """A provider's 401 or 403 refuses the router's key for it, not the client's: it was passed on
+    as the client's own authentication_error (Claude Code asks to log in again) and no other
+    backend was tried, so one expired provider key failed every request routed to it."""
+    cat = catalog(model("a", fake.url, f"status={status}"), model("b", fake.url))
+    async with upstream() as up:
+        phases, ex = fresh()
+        await executor(up, cat).complete(request(protocol), decision("a", "b"), cat, {}, phases, ex)
+        assert statuses(ex.tries) == [("a", status), ("b", 200)]
+        with pytest.raises(UpstreamError) as alone:
+            await executor(up, cat).complete(request(protocol), decision("a"), cat, {}, *fresh())
+    assert alone.value.status == 502 and alone.value.upstream_status == status
+    assert alone.value.anthropic_body()["error"]["type"] == "api_error"
+    assert "refused this backend's key" in alone.value.message
+
+
 async def test_last_backend_is_retried_once(fake: FakeUpstream) -> None:
     cat = catalog(model("a", fake.url, "status=503"), model("b", fake.url, "fail_times=1,status=503"))
     async with upstream() as up:

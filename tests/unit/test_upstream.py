@@ -159,7 +159,9 @@ async def test_error_status_maps_onto_the_error_tree(fake: FakeUpstream) -> None
             await up.complete(request(), cat["down"], {})
     assert limited.value.retry_after == 7.0
     assert "backend 'limited' answered 429: fake upstream: injected 429" in limited.value.message
-    assert rejected.value.status == 401 and not rejected.value.retryable
+    # The provider refused the router's key: the operator's problem, another backend may serve.
+    assert rejected.value.status == 502 and rejected.value.upstream_status == 401
+    assert rejected.value.next_candidate and not rejected.value.retryable
     assert down.value.status == 502 and down.value.retryable and down.value.upstream_status == 500
 
 
