@@ -33,8 +33,20 @@ def fill_missing(usage: Usage, prompt_tokens_est: int, output_events: int, unsee
     return estimated
 
 
-def hidden_output(req: ClientRequest, est: Estimate | None) -> int:
-    """What a call that reasons may have produced unseen, for when its provider reports no usage.
+def reasons(req: ClientRequest, backend: Backend) -> bool:
+    """Whether the call thinks unseen: the request asks it to, or the model reasons by default and
+    the request did not turn it off. A catalog model that can think is taken to, unless it is
+    Anthropic's, whose models think only when asked (OpenAI's reasoning models think at medium
+    effort when the request says nothing)."""
+    if req.thinking:
+        return True
+    default = backend.thinking and backend.protocol != "anthropic" and backend.provider != "anthropic"
+    return default and req.reasoning_effort not in ("none", "minimal")
+
+
+def hidden_output(req: ClientRequest, backend: Backend, est: Estimate | None) -> int:
+    """What a call that reasons (``reasons``) may have produced unseen, for when its provider
+    reports no usage.
 
     A reasoning model's thinking is billed as output but mostly not streamed (OpenAI's and the
     Responses API's are hidden; Anthropic streams its own), and comes before the first visible
@@ -42,7 +54,7 @@ def hidden_output(req: ClientRequest, est: Estimate | None) -> int:
     Its size is unknown then; the call's expected output (learned from the output providers
     report, reasoning included) is the estimate — a whole call's, so a stream cut early may be
     charged for some text it never wrote."""
-    return est.output_tokens if req.thinking and est is not None else 0
+    return est.output_tokens if est is not None and reasons(req, backend) else 0
 
 
 #: Fields of a reply that are not what the model wrote.
@@ -146,16 +158,18 @@ def given_up(
     """``served`` (None: no backend served) with what the tries that did not serve were billed.
 
     A try whose provider reported what it billed as it failed (``Try.usage``) is charged that. A
-    try abandoned by a timeout while its backend worked (``Try.billed``) reports no usage; a call
-    that reasons was billed for its prompt and the thinking it had done (``hidden_output``), so it
-    is charged at the call's estimate. Each such try's cost is in its log entry. Other requests'
-    abandoned tries are not charged (a provider may not have begun their output)."""
+    try abandoned by a timeout while its backend worked (``Try.billed``) reports no usage and is
+    charged the router's estimate: a whole reply's or a call that reasons (``reasons``) at the
+    call's estimate, prompt and output, since its backend was writing it unseen; a stream given up
+    before its first token on a model that does not reason, its prompt. Each such try's cost is in
+    its log entry."""
     billed: list[tuple[Try, Usage, bool]] = []
     for t in tries:
         if t.usage is not None:
             billed.append((t, t.usage, False))
-        elif t.billed and req.thinking and (est := decision.estimate(t.model)):
-            billed.append((t, _estimated(est), True))
+        elif t.billed and (est := decision.estimate(t.model)):
+            writing = not req.stream or reasons(req, catalog[t.model])
+            billed.append((t, _estimated(est, est.output_tokens if writing else 0), True))
     if not billed:
         return served
     total = served.split if served is not None else CostSplit(0.0, 0.0, 0.0, 0.0)
@@ -171,6 +185,6 @@ def given_up(
     return Charge(usage, estimated, total)
 
 
-def _estimated(est: Estimate) -> Usage:
-    return Usage(input_tokens=est.prompt_tokens, output_tokens=est.output_tokens,
+def _estimated(est: Estimate, output_tokens: int) -> Usage:
+    return Usage(input_tokens=est.prompt_tokens, output_tokens=output_tokens,
                  cache_read_tokens=est.cached_tokens or None)  # fmt: skip

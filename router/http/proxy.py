@@ -283,7 +283,7 @@ class Proxy:
         decision, catalog = decided.decision, f.rt.catalog
         served = None
         if usage is not None:
-            unseen = hidden_output(req, decision.estimate(model))
+            unseen = hidden_output(req, catalog[model], decision.estimate(model))
             served = charge(catalog[model], usage, decided.features.prompt_tokens, content_events, unseen)
         f.charge = given_up(served, f.execution.tries, req, decision, catalog)
 

@@ -66,8 +66,9 @@ class TryRecord:
     #: The backend's HTTP status; for a try it never answered, the router's (502 unreachable, 504 timeout).
     status: int | None = None
     error_type: str | None = None
-    #: What a failed try was billed, estimated (only a try the router gave up on while its
-    #: backend reasoned: ``router.forward.accounting.given_up``); part of the request's ``cost_usd``.
+    #: What a failed try was billed: as its provider reported it, or estimated for a try the
+    #: router gave up on by a timeout (``router.forward.accounting.given_up``); part of the
+    #: request's ``cost_usd``.
     cost_usd: float | None = None
 
     def as_json(self) -> dict[str, Any]:
