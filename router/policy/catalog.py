@@ -52,15 +52,16 @@ class Price:
     #: 1.25 times for five minutes); None: priced as ``cache_write``.
     cache_write_1h: float | None = None
     per_call: Mapping[str, float] = field(default_factory=lambda: HOSTED_TOOL_FEES)
-    #: A call whose prompt has more than ``long_above`` tokens is billed at ``long``'s prices, the
-    #: whole of it (OpenAI's gpt-5.4 and 5.5 above 272k tokens, Gemini above 200k): None, one price.
-    long_above: int | None = None
-    long: Price | None = None
+    #: Dearer prices for long prompts, by threshold: a call whose prompt has more than a tier's
+    #: tokens is billed at its prices (the last such tier's), the whole call (OpenAI's gpt-5.4 and
+    #: 5.5 above 272k tokens, Gemini above 200k). Empty: one price.
+    tiers: tuple[tuple[int, Price], ...] = ()
 
     def at(self, prompt_tokens: int) -> Price:
         """The prices a call with a prompt of ``prompt_tokens`` tokens is billed at."""
-        if self.long is not None and self.long_above is not None and prompt_tokens > self.long_above:
-            return self.long
+        for above, price in reversed(self.tiers):
+            if prompt_tokens > above:
+                return price
         return self
 
     def write_cost(self, tokens: int, one_hour: int = 0) -> float:
@@ -158,23 +159,24 @@ _ABOVE = re.compile(r"input_cost_per_token_above_(\d+)k_tokens")
 def _long_context(price: Price, known: Mapping[str, Any]) -> Price:
     """``price`` with the dearer prices litellm's map gives for long prompts, where it gives them
     (only when the base prices come from the map too: an operator's own prices stand alone)."""
-    tiers = sorted(int(m.group(1)) for key in known if (m := _ABOVE.fullmatch(key)))
-    if not tiers:
-        return price
-    k = tiers[0]  # the maps give one tier per model; the first is where the price changes
+    tiers: list[tuple[int, Price]] = []
+    below = price
+    for k in sorted(int(m.group(1)) for key in known if (m := _ABOVE.fullmatch(key))):
+        below = dataclasses.replace(
+            below,
+            input=_above(known, "input_cost_per_token", k, below.input),
+            output=_above(known, "output_cost_per_token", k, below.output),
+            cache_read=_above(known, "cache_read_input_token_cost", k, below.cache_read),
+            cache_write=_above(known, "cache_creation_input_token_cost", k, below.cache_write),
+        )
+        tiers.append((k * 1000, below))
+    return dataclasses.replace(price, tiers=tuple(tiers)) if tiers else price
 
-    def above(key: str, base: float) -> float:
-        value = known.get(f"{key}_above_{k}k_tokens")
-        return float(value) if isinstance(value, int | float) else base
 
-    long = dataclasses.replace(
-        price,
-        input=above("input_cost_per_token", price.input),
-        output=above("output_cost_per_token", price.output),
-        cache_read=above("cache_read_input_token_cost", price.cache_read),
-        cache_write=above("cache_creation_input_token_cost", price.cache_write),
-    )
-    return dataclasses.replace(price, long_above=k * 1000, long=long)
+def _above(known: Mapping[str, Any], key: str, k: int, below: float) -> float:
+    """A tier's price (above ``k`` thousand tokens); one the map does not give is the tier's below."""
+    value = known.get(f"{key}_above_{k}k_tokens")
+    return float(value) if isinstance(value, int | float) else below
 
 
 def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:

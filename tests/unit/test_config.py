@@ -238,3 +238,18 @@ def test_a_key_variable_written_as_a_reference_is_refused_without_its_value() ->
     message = str(caught.value)
     assert "abcSECRET" not in message
     assert "models[0] (id 'a').api_key_env" in message and "(api_key_env: MY_KEY)" in message
+
+
+def test_a_model_priced_in_tiers_by_prompt_length_takes_each_tier_from_the_map() -> None:
+    """Some of litellm's models change price twice (above 32k and 256k tokens): a prompt past the
+    second was priced at the first's."""
+    known = {
+        "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6,
+        "input_cost_per_token_above_32k_tokens": 2e-6,
+        "input_cost_per_token_above_256k_tokens": 4e-6, "output_cost_per_token_above_256k_tokens": 8e-6,
+    }  # fmt: skip
+    text = BASE.replace("    prices: {input: 1, output: 2}\n", "")
+    price = build_catalog(parse(text), lookup=lambda m: known)["a"].price
+    assert (price.at(32_000).input, price.at(32_000).output) == (1e-6, 2e-6)
+    assert (price.at(40_000).input, price.at(40_000).output) == (2e-6, 2e-6)  # output as below it
+    assert (price.at(300_000).input, price.at(300_000).output) == (4e-6, 8e-6)
