@@ -43,6 +43,9 @@ DEFAULT_TTL_S = 30.0
 #: Longest a key lookup may wait for the store (a slow store answers 503, never a hung request).
 STORE_TIMEOUT_S = 2.0
 DEFAULT_CACHE_SIZE = 10_000
+#: A master key shorter than this is said to be guessable at startup: nothing limits how many keys
+#: a client may try (each refusal costs it a connection, no more).
+MIN_MASTER_KEY_CHARS = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,7 @@ class Auth:
         secret = master_key.get_secret_value() if master_key is not None else ""
         # Only the master key's hash is kept: equal-length digests make the comparison constant-time.
         self._master = hashlib.sha256(secret.encode()).digest() if secret else None
+        self._master_chars = len(secret)
         self._store = store
         self._ttl = ttl
         self._cache_size = cache_size
@@ -166,6 +170,12 @@ class Auth:
             )
         elif self._master is not None:
             log.info("auth: master key mode - callers need ROUTER_MASTER_KEY or a virtual key")
+            if self._master_chars < MIN_MASTER_KEY_CHARS:
+                log.warning(
+                    "auth: ROUTER_MASTER_KEY is only %d characters: a short key can be guessed, and "
+                    "nothing limits how many a client may try; use a random one (openssl rand -hex 24)",
+                    self._master_chars,
+                )
         else:
             log.info("auth: virtual keys mode - callers need a virtual key (no master key is set)")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -213,6 +214,18 @@ async def test_master_key_mode(store: SQLiteStore) -> None:
     assert err.value.message == (
         "invalid API key: send the router's key (ROUTER_MASTER_KEY or a virtual key), not a provider's"
     )
+
+
+async def test_a_short_master_key_is_warned_of_without_showing_it(
+    store: SQLiteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing limits how many keys a client may try: a master key such as ``sk-1234`` (litellm's
+    proxy's example) was accepted without a word."""
+    caplog.set_level(logging.INFO, logger="router.http.auth")
+    await Auth(SecretStr("sk-1234"), store).start()
+    await Auth(SecretStr("0123456789abcdef" * 3), store).start()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "only 7 characters" in warned[0] and "sk-1234" not in caplog.text
 
 
 async def test_virtual_keys_carry_their_limits(store: SQLiteStore) -> None:
