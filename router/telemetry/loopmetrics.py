@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -75,8 +75,17 @@ class _Family(Collector, Generic[Child]):
     def _family(self) -> Metric:
         raise NotImplementedError
 
+    def _add(self, family: Any, values: list[str], child: Child) -> None:
+        raise NotImplementedError
+
     def describe(self) -> list[Metric]:
         return [self._family()]
+
+    def collect(self) -> list[Metric]:
+        family = self._family()
+        for values, child in list(self.children.items()):
+            self._add(family, list(values), child)
+        return [family]
 
 
 class LoopHistogram(_Family[Observed]):
@@ -102,13 +111,8 @@ class LoopHistogram(_Family[Observed]):
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
 
-    def collect(self) -> list[Metric]:
-        family = self._family()
-        for values, child in list(self.children.items()):
-            family.add_metric(
-                list(values), list(zip(self._les, accumulate(child.counts), strict=True)), child.sum
-            )
-        return [family]
+    def _add(self, family: HistogramMetricFamily, values: list[str], child: Observed) -> None:
+        family.add_metric(values, list(zip(self._les, accumulate(child.counts), strict=True)), child.sum)
 
 
 class LoopCounter(_Family[Counted]):
@@ -122,8 +126,5 @@ class LoopCounter(_Family[Counted]):
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
 
-    def collect(self) -> list[Metric]:
-        family = self._family()
-        for values, child in list(self.children.items()):
-            family.add_metric(list(values), child.value)
-        return [family]
+    def _add(self, family: CounterMetricFamily, values: list[str], child: Counted) -> None:
+        family.add_metric(values, child.value)

@@ -121,20 +121,20 @@ class RequestMetrics:
                                  "Prompt tokens over time to first token (streamed requests).",
                                  ("backend",), PREFILL_RATE_BUCKETS)  # fmt: skip
         self.requests = LoopCounter("router_requests", "Requests by the backend that served (or failed last) "
-                                "and the status the client got.", ("backend", "status"), r)  # fmt: skip
+                                    "and the status the client got.", ("backend", "status"), r)  # fmt: skip
         self.tokens = LoopCounter("router_tokens", "Tokens by kind; input includes cached tokens.",
-                              ("backend", "kind"), r)  # fmt: skip
+                                  ("backend", "kind"), r)  # fmt: skip
         self.cost = LoopCounter("router_cost_usd", "Cost at catalog prices, by backend and route.",
-                            ("backend", "route"), r)  # fmt: skip
+                                ("backend", "route"), r)  # fmt: skip
         self.fallbacks = LoopCounter("router_fallbacks", "Requests served (or failed) after another backend "
-                                 "was tried first; backend is the last one tried.", ("backend",), r)  # fmt: skip
+                                     "was tried first; backend is the last one tried.", ("backend",), r)  # fmt: skip
         self.retries = LoopCounter("router_retries", "Failed upstream tries retried on the same backend, by "
-                               "the backend and why the try failed.", ("backend", "reason"), r)  # fmt: skip
+                                   "the backend and why the try failed.", ("backend", "reason"), r)  # fmt: skip
         self.memo = LoopCounter("router_prompt_memo", "Requests by whether the conversation memo knew their "
-                            "leading messages (hit) or not (miss).", ("result",), r)  # fmt: skip
+                                "leading messages (hit) or not (miss).", ("result",), r)  # fmt: skip
         self.counted = LoopCounter("router_prompt_counted_before_decision", "Requests whose prompt had to be "
-                               "counted exactly before deciding (the estimate's bounds mattered).",
-                               (), r)  # fmt: skip
+                                   "counted exactly before deciding (the estimate's bounds mattered).",
+                                   (), r)  # fmt: skip
         self.cache_hit = Gauge("router_prompt_cache_hit_ratio", "Cached share of input tokens since start "
                                "(for a window use rate of router_tokens_total cache_read over input).",
                                ("backend",), registry=r)  # fmt: skip
