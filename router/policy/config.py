@@ -78,6 +78,13 @@ class ModelSpec(_Strict):
     def _api_base_is_http(self) -> ModelSpec:
         if self.api_base is not None and not self.api_base.startswith(("http://", "https://")):
             raise ValueError("api_base must start with http:// or https://")
+        if self.api_base is not None and "@" in self.api_base.split("://", 1)[-1].split("/", 1)[0]:
+            # Sent beside the key's own header, a URL's credentials made every OpenAI-protocol call
+            # a 500 (aiohttp refuses both), and the file is shown on the dashboard and archived.
+            raise ValueError(
+                "api_base must not carry credentials (user:password@): name the variable that holds "
+                "the backend's key in api_key_env"
+            )
         return self
 
 

@@ -253,3 +253,13 @@ def test_a_model_priced_in_tiers_by_prompt_length_takes_each_tier_from_the_map()
     assert (price.at(32_000).input, price.at(32_000).output) == (1e-6, 2e-6)
     assert (price.at(40_000).input, price.at(40_000).output) == (2e-6, 2e-6)  # output as below it
     assert (price.at(300_000).input, price.at(300_000).output) == (4e-6, 8e-6)
+
+
+def test_credentials_in_an_api_base_are_refused_without_showing_them() -> None:
+    """With a key beside them, every OpenAI-protocol call was a 500 ("internal error in the router"),
+    and the policy file is shown on the dashboard and kept with its revisions."""
+    text = BASE.replace("${UP:-http://127.0.0.1:9100}/v1", "https://user:pw-SECRET@example.com/v1")
+    with pytest.raises(ConfigError) as caught:
+        parse(text)
+    assert "api_base must not carry credentials" in str(caught.value) and "pw-SECRET" not in str(caught.value)
+    assert parse(BASE.replace("${UP:-http://127.0.0.1:9100}/v1", "https://example.com/v1/a@b"))  # a path's @
