@@ -95,6 +95,10 @@ class Execution:
     retries: int = 0
     #: The usage the provider reported for the call that just failed; its try takes it.
     reported: Usage | None = None
+    #: Called before a try that follows tries the provider bills without their serving (given up
+    #: by a timeout, or failed with their usage reported), with the tries so far: the budgets
+    #: hold what those cost before another try spends more. It raises (a budget's refusal) to stop.
+    hold_billed: Callable[[list[Try]], Awaitable[None]] | None = None
 
 
 class RetryBudget:
@@ -232,6 +236,8 @@ class Executor:
                 ex.tries.append(Try(backend.id, None, time.perf_counter(), None, "BreakerOpen"))
                 continue
             for retry in (False, True):
+                if ex.hold_billed is not None and any(t.billed or t.usage is not None for t in ex.tries):
+                    await ex.hold_billed(ex.tries)
                 began = time.perf_counter()
                 try:
                     result = await call(backend, deadline)

@@ -80,7 +80,6 @@ class Admission:
         """Check the key's rate limits and hold the decision's estimated cost in every budget that
         applies (``task_budget``: the policy's per-task limit, from the request's runtime; a scope
         that decided the request may set a lower one, ``Decision.task_budget``)."""
-        task_budget = least(task_budget, decision.task_budget)
         est = decision.estimate(decision.chosen)
         if principal.key_id and (principal.rpm or principal.tpm):
             tokens = (est.prompt_tokens + est.output_tokens) if est else 0
@@ -102,11 +101,7 @@ class Admission:
                     f"this key's {verdict.reason} limit is reached",
                     retry_after=min(verdict.retry_after_s, 3600.0),
                 )
-        limits: dict[str, float] = {}
-        if principal.key_id and principal.budget_usd is not None:
-            limits[f"key:{principal.key_id}"] = principal.budget_usd
-        if task_budget is not None and task_id:
-            limits[f"task:{task_id}"] = task_budget
+        limits = _limits(principal, task_id, decision, task_budget)
         if not limits:
             return None
         amount = hold_of(decision)
@@ -114,6 +109,20 @@ class Admission:
             await self.land_unsettled()  # StateUnavailable (a 503) while they cannot land
         if self.log is not None and isinstance(self.budgets, MemoryBudgets):
             await recall_spend(self.budgets, self.log, limits)
+        try:
+            return await self.budgets.reserve(list(limits), amount, limits)
+        except BudgetExceeded as exc:
+            raise refusal(exc) from None
+
+    async def hold_more(
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
+        amount: float,
+    ) -> Reservation | None:  # fmt: skip
+        """Hold ``amount`` more in the budgets ``admit`` held in: what a request's tries were billed
+        without serving, before its next try (``Execution.hold_billed``). Refused as ``admit`` is."""
+        limits = _limits(principal, task_id, decision, task_budget)
+        if not limits or amount <= 0:
+            return None
         try:
             return await self.budgets.reserve(list(limits), amount, limits)
         except BudgetExceeded as exc:
@@ -157,6 +166,20 @@ class Admission:
             raise
         finally:
             self._retrying = False
+
+
+def _limits(
+    principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
+) -> dict[str, float]:
+    """The budgets a request is held in, by scope: its key's, and its task's (``task_budget``,
+    the policy's, or a lower one of the scope that decided)."""
+    limits: dict[str, float] = {}
+    if principal.key_id and principal.budget_usd is not None:
+        limits[f"key:{principal.key_id}"] = principal.budget_usd
+    task_budget = least(task_budget, decision.task_budget)
+    if task_budget is not None and task_id:
+        limits[f"task:{task_id}"] = task_budget
+    return limits
 
 
 def hold_of(decision: Decision) -> float:

@@ -7,7 +7,7 @@ ended, ``record`` assembles the one log row from them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import orjson
@@ -40,6 +40,8 @@ class Flight:
     task_id: str | None = None
     decided: Decided | None = None
     held: Reservation | None = None
+    #: Held on top of ``held`` for tries billed without serving (``Proxy._hold_billed``); settled at 0.
+    held_more: list[Reservation] = field(default_factory=list)
     execution: Execution | None = None
     charge: Charge | None = None
     status: int | None = None

@@ -27,7 +27,7 @@ from router.forward.accounting import (
     streamed_tokens,
     written_tokens,
 )
-from router.forward.execute import CommittedStream, Execution, Executor
+from router.forward.execute import CommittedStream, Execution, Executor, Try
 from router.http.admission import Admission
 from router.http.auth import Auth, Principal, presented_key
 from router.http.flight import Flight, prompt_text
@@ -149,6 +149,8 @@ class Proxy:
             f.held = await self.admission.admit(principal, f.task_id, decision, task_budget)
             phases.decide()
             f.execution = ex = Execution()
+            if f.held is not None:
+                ex.hold_billed = partial(self._hold_billed, f, principal, task_budget)
             if req.stream:
                 committed = await self.executor.open_stream(req, decision, f.rt.catalog, headers, phases, ex)
                 return self._stream(wire, req, committed, phases, f)
@@ -286,6 +288,21 @@ class Proxy:
             unseen = hidden_output(req, catalog[model], decision.estimate(model))
             served = charge(catalog[model], usage, decided.features.prompt_tokens, content_events, unseen)
         f.charge = given_up(served, f.execution.tries, req, decision, catalog)
+
+    async def _hold_billed(
+        self, f: Flight, principal: Principal, task_budget: float | None, tries: list[Try]
+    ) -> None:
+        """Hold what the tries that did not serve were billed, on top of the request's hold (which
+        is one try's), before the next try: a try given up at a timeout and another that serves
+        were two calls paid on one hold, 40 requests at once on a key spending 9% past it."""
+        req, decided = f.req, f.decided
+        assert req is not None and decided is not None
+        billed = given_up(None, tries, req, decided.decision, f.rt.catalog)
+        owed = (billed.split.total if billed is not None else 0.0) - sum(r.amount_usd for r in f.held_more)
+        if owed > 0:
+            more = await self.admission.hold_more(principal, f.task_id, decided.decision, task_budget, owed)
+            if more is not None:
+                f.held_more.append(more)
 
     def _error(self, wire: Wire, err: RouterError, f: Flight) -> _Reply:
         f.ended(err.status, err.kind, err.message[:500])

@@ -47,6 +47,8 @@ class Recorder:
         if f.held is not None:
             cost = f.charge.split.total if f.charge is not None else None
             self.background.spawn(self.admission.settle(f.held, cost), name="settle-budget")
+        for more in f.held_more:  # the spend is all in ``held``'s settle
+            self.background.spawn(self.admission.settle(more, 0.0), name="settle-budget")
         rec = record(f, phases)
         self.writer.submit(rec)
         self.telemetry.finished(rec, phases)

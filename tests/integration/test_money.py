@@ -535,3 +535,23 @@ def test_a_cut_stream_of_a_model_that_reasons_unasked_is_charged_for_its_thinkin
     row = r.records(1)[-1]
     assert row["error_type"] == "UpstreamError" and row["usage_estimated"] == 1
     assert row["output_tokens"] >= est["output_tokens"], (row, est)
+
+
+def test_requests_whose_tries_time_out_cannot_spend_past_a_key_budget(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A try given up at the first-token timeout while its backend reasons is charged its
+    estimate, and the next backend then serves: two calls paid, one held. With the client's
+    max_tokens capping the output, the hold is the dearest backend's cost at that cap, so 40
+    requests at once on a key with room for about two and a half holds spent past it."""
+    quick = Timeouts(connect=1.0, first_token=1.0, idle=10.0, overall=30.0)
+    r = router_factory(faulty(upstream, "ttft_ms=3000"), timeouts=quick, master_key=MASTER)
+    body = {"model": "auto", "messages": HI, "reasoning_effort": "high", "max_tokens": 600, "stream": True}
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
+    assert seen["order"] == ["faulty", "good"]
+    hold = max(c.get("hold_usd", c["cost_usd"]) for c in seen["candidates"])
+    budget = 2.5 * hold
+    key = create_key(r, capsys, "--name", "times-out", "--budget", str(budget))
+    statuses, spent = forty_at_once(r, key, body)
+    assert 200 in statuses
+    assert spent <= budget, (spent, budget, statuses)
