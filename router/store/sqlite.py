@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -91,6 +92,10 @@ class SQLiteStore(SQLStore):
         try:
             if self._path != ":memory:":
                 Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+                # Readable by its owner alone (SQLite gives the WAL and shared-memory files the
+                # database's mode): with the default umask the log, opted-in prompts included,
+                # was readable by every user of the machine.
+                os.close(os.open(self._path, os.O_CREAT | os.O_WRONLY, 0o600))
             # Autocommit mode: transactions are explicit below, DDL included.
             conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False, timeout=5.0)
         except (OSError, sqlite3.Error) as exc:

@@ -208,6 +208,22 @@ async def test_open_creates_file_and_records_version(tmp_path: Path) -> None:
     assert "requests_chosen_model_ts_idx" not in indexes  # dropped by version 4
 
 
+def file_modes(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+
+
+async def test_a_new_log_is_readable_by_its_owner_alone(tmp_path: Path) -> None:
+    """With the usual umask (022) the log and its WAL were readable by every user of the machine:
+    tasks, keys' ids and spend, and the prompts of an operator who opted in to keeping them."""
+    path = tmp_path / "log.db"
+    s = SQLiteStore(str(path))
+    await s.open()
+    await s.write_requests([RequestRecord("r1", 1.0, prompt="a prompt")])
+    modes = file_modes(tmp_path)
+    await s.close()
+    assert "log.db-wal" in modes and set(modes.values()) == {0o600}, modes
+
+
 async def test_version_4_drops_the_unused_backend_index(tmp_path: Path) -> None:
     path = tmp_path / "v3.db"
     with contextlib.closing(database_at(path, 3)) as conn, conn:
