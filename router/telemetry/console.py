@@ -43,7 +43,20 @@ def _cut(text: str) -> str:
     return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1].rstrip() + "…"
 
 
+def _printable(line: str) -> str:
+    """``line`` with its control characters escaped (``\\n``, ``\\x1b``): a client names the model
+    and its text reaches the line, so a newline in it forged log lines, and an escape sequence
+    was written to the operator's terminal."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in line)
+
+
 def request_line(rec: RequestRecord) -> str:
+    return _printable(_request_line(rec))
+
+
+def _request_line(rec: RequestRecord) -> str:
     if rec.chosen_model is None and (rec.status or 0) >= 400:
         return refused_line(rec)
     reason = _cut(rec.decision_reason or rec.error_type or "-")

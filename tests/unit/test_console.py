@@ -41,6 +41,18 @@ def test_a_refused_request_says_what_was_refused_and_why() -> None:
     assert bare == "request refused 400 BadRequest"
 
 
+def test_a_client_cannot_forge_a_line_or_reach_the_terminal() -> None:
+    """The model name is the client's: ``"x\\n2026-12-04 00:14:59 WARNING ..."`` wrote a second,
+    forged line to the console, and an escape sequence went to the operator's terminal as it was."""
+    forged = "nope\n2026-12-04 00:14:59,389 WARNING router.policy: FORGED\x1b[2J"
+    for rec in (_rec(requested_model=forged), _rec(requested_model=forged, chosen_model=None, status=404,
+                                                   error_type="UnknownModel", error_message="not served")):  # fmt: skip
+        line = console.request_line(rec)
+        assert "\n" not in line and "\x1b" not in line
+        assert "nope\\n2026-12-04" in line and "\\x1b[2J" in line
+    assert console.request_line(_rec(requested_model="модель")).startswith("messages task t-9: модель →")
+
+
 def test_a_request_that_reached_a_backend_and_failed_keeps_its_routing() -> None:
     line = console.request_line(
         _rec(status=502, error_type="UpstreamError", input_tokens=None, cost_usd=None)
