@@ -11,12 +11,12 @@ import pytest
 
 from router.fakeupstream import FakeUpstream
 from router.features.bpe import default_encoding
-from router.forward.accounting import cost_split, fill_missing
+from router.forward.accounting import cost_split, fill_missing, reasons
 from router.policy.catalog import Price
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Usage
 from router.store import RequestRecord
 from tests.unit.inprocess import serving
-from tests.unit.requestpath import model
+from tests.unit.requestpath import catalog, model, request
 
 PRICE = Price(input=1e-6, output=2e-6, cache_read=1e-7, cache_write=1.25e-6)
 
@@ -29,6 +29,16 @@ def test_cost_split_by_hand() -> None:
         (3e-4, 1e-4, 6e-5, 1.25e-4), abs=1e-15
     )
     assert split.total == pytest.approx(5.85e-4, abs=1e-15)
+
+
+def test_a_model_that_can_think_reasons_unasked_unless_it_is_anthropics_or_told_not_to() -> None:
+    """OpenAI's reasoning models think at medium effort when the request names none, billed and
+    unseen; Anthropic's think only when asked."""
+    cat = catalog(model("o", "http://x", capabilities={"thinking": True}), model("plain", "http://x"),
+                  model("claude", "http://x", protocol="anthropic", capabilities={"thinking": True}))  # fmt: skip
+    unasked, off, asked = request(), request(reasoning_effort="none"), request(reasoning_effort="high")
+    assert [reasons(unasked, cat[m]) for m in ("o", "plain", "claude")] == [True, False, False]
+    assert not reasons(off, cat["o"]) and reasons(asked, cat["plain"]) and reasons(asked, cat["claude"])
 
 
 def test_cost_split_never_charges_negative_input() -> None:

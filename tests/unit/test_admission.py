@@ -22,7 +22,7 @@ from router.http.admission import Admission
 from router.http.auth import Principal
 from router.policy.decide import Decision, Estimate
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
-from router.shared import BudgetExceeded, MemoryState, Reservation, StateConfig, open_state
+from router.shared import BudgetExceeded, MemoryState, Reservation, Spend, StateConfig, open_state
 from router.store import RequestRecord, open_store
 from tests.polling import eventually
 from tests.unit.inprocess import MASTER, Router, serving
@@ -335,3 +335,23 @@ async def test_a_budget_holds_the_90th_percentile_of_the_cost_not_its_mean() -> 
         await adm.admit(principal, None, decision, None)
     assert held.value.code == "budget_held"
     assert (await state.budgets.spent("key:k")).reserved == pytest.approx(0.008)
+
+
+async def test_tries_billed_without_serving_are_held_on_top_in_every_scope() -> None:
+    """A try given up at a timeout is billed, and the next one spends again: what the first cost
+    is held on top of the request's hold, in the key's and the task's budgets, and refused as a
+    request is when it does not fit; settled at 0, it gives the money back."""
+    state = MemoryState()
+    adm = Admission(state.limits, state.budgets)
+    decision = Decision("d", "p", ["a"], [Estimate("a", 100, 50, 0, 0.001, hold_usd=0.004)], "why")
+    principal = Principal(key_id="k", name="k", budget_usd=0.01)
+    assert await adm.admit(principal, "t", decision, 0.02) is not None
+    more = await adm.hold_more(principal, "t", decision, 0.02, 0.003)
+    assert more is not None and more.amount_usd == 0.003
+    for scope in ("key:k", "task:t"):
+        assert (await state.budgets.spent(scope)).reserved == pytest.approx(0.007)
+    with pytest.raises(RateLimited):  # 0.007 held, 0.004 more does not fit the key's 0.01
+        await adm.hold_more(principal, "t", decision, 0.02, 0.004)
+    await adm.settle(more, 0.0)
+    assert await state.budgets.spent("key:k") == Spend(0.0, pytest.approx(0.004))
+    assert await adm.hold_more(Principal(key_id=None, name="open"), None, decision, None, 0.003) is None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from router.errors import MissingCredentials, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from router.errors import MissingCredentials, RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.fakeupstream import FakeUpstream
 from router.forward.execute import RetryBudget, Try, _pause
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
@@ -350,6 +350,38 @@ async def test_first_token_timeout_moves_on_and_names_itself(fake: FakeUpstream)
         await committed.rest.aclose()  # type: ignore[attr-defined]
     assert committed.backend.id == "fine"
     assert [(t.model, t.error_type) for t in ex.tries] == [("slow", "UpstreamTimeout"), ("fine", None)]
+
+
+async def test_a_try_billed_without_serving_is_held_for_before_the_next(fake: FakeUpstream) -> None:
+    """The provider bills a try given up at a timeout; before the next try spends again, the
+    budgets are asked to hold it (``Execution.hold_billed``), and a refusal stops the request
+    there. Tries that failed unbilled (a 503) ask nothing."""
+    cat = catalog(model("slow", fake.url, "ttft_ms=1500"), model("down", fake.url, "status=503"),
+                  model("fine", fake.url))  # fmt: skip
+    seen: list[list[tuple[str, bool]]] = []
+
+    async def hold(tries: list[Try]) -> None:
+        seen.append([(t.model, t.billed) for t in tries])
+
+    async with upstream(first_token=0.2, overall=10.0) as up:
+        phases, ex = fresh()
+        ex.hold_billed = hold
+        committed = await executor(up, cat).open_stream(
+            request(stream=True), decision("down", "slow", "fine"), cat, {}, phases, ex
+        )
+        await committed.rest.aclose()  # type: ignore[attr-defined]
+        assert seen == [[("down", False), ("slow", True)]]
+
+        async def refuse(tries: list[Try]) -> None:
+            raise RateLimited("budget held")
+
+        phases, ex = fresh()
+        ex.hold_billed = refuse
+        with pytest.raises(RateLimited):
+            await executor(up, cat).open_stream(
+                request(stream=True), decision("slow", "fine"), cat, {}, phases, ex
+            )
+    assert [t.model for t in ex.tries] == ["slow"]
 
 
 async def test_first_token_timeout_is_reported_as_such(fake: FakeUpstream) -> None:
