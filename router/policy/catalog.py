@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from router.errors import ConfigError, MissingCredentials
-from router.policy.config import ModelSpec, Policy
+from router.policy.config import LongContext, ModelSpec, Policy
 
 PriceLookup = Callable[[str], Mapping[str, Any] | None]
 
@@ -173,6 +173,22 @@ def _long_context(price: Price, known: Mapping[str, Any]) -> Price:
     return dataclasses.replace(price, tiers=tuple(tiers)) if tiers else price
 
 
+def _given_tiers(price: Price, given: list[LongContext]) -> Price:
+    """``price`` with the policy's own long-context tiers."""
+    tiers: list[tuple[int, Price]] = []
+    below = price
+    for tier in sorted(given, key=lambda t: t.above):
+        below = dataclasses.replace(
+            below,
+            input=below.input if tier.input is None else tier.input / 1e6,
+            output=below.output if tier.output is None else tier.output / 1e6,
+            cache_read=below.cache_read if tier.cache_read is None else tier.cache_read / 1e6,
+            cache_write=below.cache_write if tier.cache_write is None else tier.cache_write / 1e6,
+        )
+        tiers.append((tier.above, below))
+    return dataclasses.replace(price, tiers=tuple(tiers))
+
+
 def _above(known: Mapping[str, Any], key: str, k: int, below: float) -> float:
     """A tier's price (above ``k`` thousand tokens); one the map does not give is the tier's below."""
     value = known.get(f"{key}_above_{k}k_tokens")
@@ -210,7 +226,9 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
         ),
         per_call=MappingProxyType({**HOSTED_TOOL_FEES, **p.per_call}) if p.per_call else HOSTED_TOOL_FEES,
     )
-    if p.input is None and known:
+    if p.long_context is not None:
+        price = _given_tiers(price, p.long_context)
+    elif p.input is None and known:
         price = _long_context(price, known)
     window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")
     if not window:

@@ -32,6 +32,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class LongContext(_Strict):
+    """Dearer prices (USD per 1M tokens) for a call whose prompt has more than ``above`` tokens,
+    the whole call; an omitted one is the tier's below."""
+
+    above: int = Field(gt=0)
+    input: float | None = Field(default=None, ge=0)
+    output: float | None = Field(default=None, ge=0)
+    cache_read: float | None = Field(default=None, ge=0)
+    cache_write: float | None = Field(default=None, ge=0)
+
+
 class Prices(_Strict):
     """USD per 1M tokens. Omitted values come from litellm's price map for the model."""
 
@@ -47,6 +58,10 @@ class Prices(_Strict):
     per_call: dict[
         Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], Annotated[float, Field(ge=0)]
     ] = Field(default_factory=dict)
+    #: Prices by prompt length (Anthropic's Sonnet above 200k tokens, ...); given, they replace
+    #: the tiers litellm's map has for the model; omitted, the map's apply when the base prices
+    #: come from it.
+    long_context: list[LongContext] | None = None
 
 
 class Capabilities(_Strict):

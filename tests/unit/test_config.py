@@ -263,3 +263,23 @@ def test_credentials_in_an_api_base_are_refused_without_showing_them() -> None:
         parse(text)
     assert "api_base must not carry credentials" in str(caught.value) and "pw-SECRET" not in str(caught.value)
     assert parse(BASE.replace("${UP:-http://127.0.0.1:9100}/v1", "https://example.com/v1/a@b"))  # a path's @
+
+
+def test_a_policy_gives_its_own_long_context_prices() -> None:
+    """A model litellm's map prices flat (Sonnet 4.6 has a 1M-token window there and no tier) could
+    not be given the dearer prices its provider bills long prompts at; an empty list turns off the
+    map's tiers."""
+    tiered = "prices: {input: 3, output: 15, long_context: [{above: 200000, input: 6, output: 22.5}]}"
+    price = build_catalog(parse(BASE.replace("prices: {input: 1, output: 2}", tiered)), lookup=no_prices)[
+        "a"
+    ].price
+    assert (price.at(200_000).input, price.at(200_000).output) == (3e-6, 15e-6)
+    assert (price.at(200_001).input, price.at(200_001).output) == (6e-6, 22.5e-6)
+    assert price.at(200_001).cache_read == price.cache_read  # not given: the price below
+    known = {
+        "input_cost_per_token": 1e-6,
+        "output_cost_per_token": 2e-6,
+        "input_cost_per_token_above_32k_tokens": 2e-6,
+    }
+    flat = BASE.replace("prices: {input: 1, output: 2}", "prices: {long_context: []}")
+    assert build_catalog(parse(flat), lookup=lambda m: known)["a"].price.at(40_000).input == 1e-6
