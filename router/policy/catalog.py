@@ -154,44 +154,44 @@ def build_catalog(policy: Policy, lookup: PriceLookup | None = None) -> Catalog:
 
 
 _ABOVE = re.compile(r"input_cost_per_token_above_(\d+)k_tokens")
+#: A tier's prices in litellm's map: ``{key}_above_{k}k_tokens``.
+_MAP_KEYS = {"input": "input_cost_per_token", "output": "output_cost_per_token",
+             "cache_read": "cache_read_input_token_cost", "cache_write": "cache_creation_input_token_cost"}  # fmt: skip
+Tier = tuple[int, Mapping[str, Any]]
 
 
-def _long_context(price: Price, known: Mapping[str, Any]) -> Price:
-    """``price`` with the dearer prices litellm's map gives for long prompts, where it gives them
-    (only when the base prices come from the map too: an operator's own prices stand alone)."""
+def _map_tiers(known: Mapping[str, Any]) -> list[Tier]:
+    """The long-context tiers litellm's map gives a model: (threshold, USD per token by field)."""
+    ks = sorted(int(m.group(1)) for key in known if (m := _ABOVE.fullmatch(key)))
+    return [
+        (k * 1000, {f: known.get(f"{key}_above_{k}k_tokens") for f, key in _MAP_KEYS.items()}) for k in ks
+    ]
+
+
+def _policy_tiers(given: list[LongContext]) -> list[Tier]:
+    """The policy's own tiers (USD per million tokens) as ``_map_tiers`` gives them."""
+    return [
+        (t.above, {f: None if (v := getattr(t, f)) is None else v / 1e6 for f in _MAP_KEYS}) for t in given
+    ]
+
+
+def _tiered(price: Price, given: list[Tier]) -> Price:
+    """``price`` with dearer prices above each threshold; a price a tier does not give is the one
+    below it."""
     tiers: list[tuple[int, Price]] = []
     below = price
-    for k in sorted(int(m.group(1)) for key in known if (m := _ABOVE.fullmatch(key))):
+    for above, prices in sorted(given, key=lambda t: t[0]):
         below = dataclasses.replace(
-            below,
-            input=_above(known, "input_cost_per_token", k, below.input),
-            output=_above(known, "output_cost_per_token", k, below.output),
-            cache_read=_above(known, "cache_read_input_token_cost", k, below.cache_read),
-            cache_write=_above(known, "cache_creation_input_token_cost", k, below.cache_write),
-        )
-        tiers.append((k * 1000, below))
-    return dataclasses.replace(price, tiers=tuple(tiers)) if tiers else price
-
-
-def _given_tiers(price: Price, given: list[LongContext]) -> Price:
-    """``price`` with the policy's own long-context tiers."""
-    tiers: list[tuple[int, Price]] = []
-    below = price
-    for tier in sorted(given, key=lambda t: t.above):
-        below = dataclasses.replace(
-            below,
-            input=below.input if tier.input is None else tier.input / 1e6,
-            output=below.output if tier.output is None else tier.output / 1e6,
-            cache_read=below.cache_read if tier.cache_read is None else tier.cache_read / 1e6,
-            cache_write=below.cache_write if tier.cache_write is None else tier.cache_write / 1e6,
-        )
-        tiers.append((tier.above, below))
+            below, input=_pick(prices, "input", below.input), output=_pick(prices, "output", below.output),
+            cache_read=_pick(prices, "cache_read", below.cache_read),
+            cache_write=_pick(prices, "cache_write", below.cache_write),
+        )  # fmt: skip
+        tiers.append((above, below))
     return dataclasses.replace(price, tiers=tuple(tiers))
 
 
-def _above(known: Mapping[str, Any], key: str, k: int, below: float) -> float:
-    """A tier's price (above ``k`` thousand tokens); one the map does not give is the tier's below."""
-    value = known.get(f"{key}_above_{k}k_tokens")
+def _pick(prices: Mapping[str, Any], name: str, below: float) -> float:
+    value = prices.get(name)
     return float(value) if isinstance(value, int | float) else below
 
 
@@ -226,10 +226,11 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
         ),
         per_call=MappingProxyType({**HOSTED_TOOL_FEES, **p.per_call}) if p.per_call else HOSTED_TOOL_FEES,
     )
+    # The map's tiers only with the map's prices: an operator's own prices stand alone.
     if p.long_context is not None:
-        price = _given_tiers(price, p.long_context)
+        price = _tiered(price, _policy_tiers(p.long_context))
     elif p.input is None and known:
-        price = _long_context(price, known)
+        price = _tiered(price, _map_tiers(known))
     window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")
     if not window:
         raise ConfigError(
