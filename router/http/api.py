@@ -135,6 +135,9 @@ class Api:
         if protocol not in WIRES:
             raise BadRequest(f"unknown protocol {protocol!r}; use one of {', '.join(WIRES)}")
         req = WIRES[protocol].parse(raw)
+        # As the proxy would refuse it: the decision names the backends and prices of a model the
+        # key was restricted from, which GET /v1/models keeps from it.
+        principal.authorize_model(req.model)
         decided = await self.proxy.preview(req, principal, header_dict(request), len(raw))
         decision, feats = decided.decision, decided.features
         return json_reply(

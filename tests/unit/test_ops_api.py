@@ -124,3 +124,23 @@ async def test_a_wrong_path_says_what_the_base_url_should_be(fake: FakeUpstream,
         "and GET /v1/models"
     )
     assert error_of(method, 405)["message"] == "GET is not allowed on /v1/chat/completions (allowed: POST)"
+
+
+async def test_a_restricted_key_gets_no_decision_for_a_model_it_may_not_use(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """POST /v1/route decided for any model, so a key limited to ``auto`` read the backends, their
+    prices and the route of a model the proxy refuses it (403), which GET /v1/models hides."""
+    policy = {"routes": [{"match": "auto", "candidates": ["a"]}, {"match": "big", "passthrough": "b"}]}
+    async with serving(
+        tmp_path, [model("a", fake.url), model("b", fake.url)], policy=policy, master_key=MASTER
+    ) as r:
+        key, _ = await r.key(models=["auto"])
+        body = {"model": "big", "messages": [{"role": "user", "content": "hi"}]}
+        as_key = {"authorization": f"Bearer {key}"}
+        refused = await r.client.post("/v1/route", json=body, headers=as_key)
+        allowed = await r.client.post("/v1/route", json={**body, "model": "auto"}, headers=as_key)
+        proxied = await r.client.post("/v1/chat/completions", json=body, headers=as_key)
+    assert refused.status_code == proxied.status_code == 403
+    assert refused.json()["error"]["type"] == "permission_error" and "chosen" not in refused.json()
+    assert allowed.status_code == 200 and allowed.json()["chosen"] == "a"
