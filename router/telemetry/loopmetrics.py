@@ -10,6 +10,7 @@ as prometheus_client's ``Histogram`` and ``Counter`` of the same name, labels an
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate
@@ -61,8 +62,9 @@ class _Family(Collector, Generic[Child]):
             self.children[()] = self._new()
         registry.register(self)
 
+    @abstractmethod
     def _new(self) -> Child:
-        raise NotImplementedError
+        """Overridden by each kind of metric."""
 
     def labels(self, *values: str) -> Child:
         child = self.children.get(values)
@@ -72,11 +74,13 @@ class _Family(Collector, Generic[Child]):
             child = self.children[values] = self._new()
         return child
 
+    @abstractmethod
     def _family(self) -> Metric:
-        raise NotImplementedError
+        """Overridden by each kind of metric."""
 
+    @abstractmethod
     def _add(self, family: Any, values: list[str], child: Child) -> None:
-        raise NotImplementedError
+        """Overridden by each kind of metric."""
 
     def describe(self) -> list[Metric]:
         return [self._family()]
