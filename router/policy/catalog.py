@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 
 from router.errors import ConfigError, MissingCredentials
-from router.policy.config import LongContext, ModelSpec, Policy
+from router.policy.config import Policy
+from router.policy.modelspec import LongContext, ModelSpec
 
 PriceLookup = Callable[[str], Mapping[str, Any] | None]
 

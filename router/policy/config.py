@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from router.errors import ConfigError
 from router.features.labels.model import LabelModel
@@ -23,87 +23,11 @@ from router.features.labels.model import default as default_labels
 from router.features.request import RULE_FIELDS
 from router.features.task.attempt import AttemptControl
 from router.features.task.rules import TaskRules
+from router.policy.modelspec import ModelSpec, Strict
 from router.policy.rules import Condition, compile_condition
 
-Protocol = Literal["openai", "anthropic", "openai_responses"]
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LongContext(_Strict):
-    """Dearer prices (USD per 1M tokens) for a call whose prompt has more than ``above`` tokens,
-    the whole call; an omitted one is the tier's below."""
-
-    above: int = Field(gt=0)
-    input: float | None = Field(default=None, ge=0)
-    output: float | None = Field(default=None, ge=0)
-    cache_read: float | None = Field(default=None, ge=0)
-    cache_write: float | None = Field(default=None, ge=0)
-
-
-class Prices(_Strict):
-    """USD per 1M tokens. Omitted values come from litellm's price map for the model."""
-
-    input: float | None = Field(default=None, ge=0)
-    output: float | None = Field(default=None, ge=0)
-    cache_read: float | None = Field(default=None, ge=0)
-    cache_write: float | None = Field(default=None, ge=0)
-    #: A prompt token cached for an hour (Anthropic's ``cache_control`` ``ttl: "1h"``); omitted:
-    #: litellm's price, else twice the input price (Anthropic's rule).
-    cache_write_1h: float | None = Field(default=None, ge=0)
-    #: USD per call of each hosted tool kind (``web_search``, ``file_search``, ...), over the
-    #: defaults (``router.policy.catalog.HOSTED_TOOL_FEES``); 0 makes a kind free.
-    per_call: dict[
-        Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], Annotated[float, Field(ge=0)]
-    ] = Field(default_factory=dict)
-    #: Prices by prompt length (Anthropic's Sonnet above 200k tokens, ...); given, they replace
-    #: the tiers litellm's map has for the model; omitted, the map's apply when the base prices
-    #: come from it.
-    long_context: list[LongContext] | None = None
-
-
-class Capabilities(_Strict):
-    tools: bool = True
-    vision: bool = False
-    thinking: bool = False
-
-
-class ModelSpec(_Strict):
-    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")]
-    litellm_model: Annotated[str, Field(min_length=1, max_length=256)]
-    protocol: Protocol
-    api_base: str | None = None
-    #: The *name* of the environment variable holding the key; never the key itself.
-    api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
-    prices: Prices = Prices()
-    context_window: int | None = Field(default=None, gt=0)
-    max_output_tokens: int | None = Field(default=None, gt=0)
-    capabilities: Capabilities = Capabilities()
-    #: Prompt-cache lifetime at the provider, used for cache-affinity estimates.
-    cache_ttl_s: float = Field(default=300, ge=0)
-    #: Calls in flight to this backend from one replica; more wait (and the wait is queue time).
-    max_concurrency: int | None = Field(default=None, gt=0)
-    #: LLM calls one attempt may make on this model; the next is refused and the task escalates
-    #: (``router.features.task.attempt``). Unset: the learned cap, if the artifact has one.
-    max_calls_per_attempt: int | None = Field(default=None, gt=0)
-
-    @model_validator(mode="after")
-    def _api_base_is_http(self) -> ModelSpec:
-        if self.api_base is not None and not self.api_base.startswith(("http://", "https://")):
-            raise ValueError("api_base must start with http:// or https://")
-        if self.api_base is not None and "@" in self.api_base.split("://", 1)[-1].split("/", 1)[0]:
-            # Sent beside the key's own header, a URL's credentials made every OpenAI-protocol call
-            # a 500 (aiohttp refuses both), and the file is shown on the dashboard and archived.
-            raise ValueError(
-                "api_base must not carry credentials (user:password@): name the variable that holds "
-                "the backend's key in api_key_env"
-            )
-        return self
-
-
-class Targets(_Strict):
+class Targets(Strict):
     """Backends of a route: candidates to choose among, or one model, and fallbacks."""
 
     #: Candidate model ids the policy chooses among.
@@ -134,7 +58,7 @@ class Route(Targets):
         return fnmatch.fnmatchcase(requested, self.match)
 
 
-class Rule(_Strict):
+class Rule(Strict):
     """When ``when`` holds, filter the candidates (only/exclude) or move some to the front (prefer)."""
 
     name: Annotated[str, Field(min_length=1)]
@@ -150,7 +74,7 @@ class Rule(_Strict):
         return self
 
 
-class Defaults(_Strict):
+class Defaults(Strict):
     """Estimates used before the log can teach better ones."""
 
     #: Output tokens assumed when the client sets no limit, until the learned artifact has the
@@ -164,7 +88,7 @@ class Defaults(_Strict):
     held_tool_calls: int = Field(default=1, ge=0)
 
 
-class LearnedRef(_Strict):
+class LearnedRef(Strict):
     """A trained artifact, pinned by hash so that what runs is what was evaluated."""
 
     #: Path to the JSON artifact, relative to this policy file.
@@ -172,14 +96,14 @@ class LearnedRef(_Strict):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
 
-class Exploration(_Strict):
+class Exploration(Strict):
     #: Share of decisions made uniformly at random among eligible candidates (logged with its propensity).
     epsilon: float = Field(default=0.0, ge=0, le=1)
     #: Fixes the random choices, for reproducible experiments (unset: a fresh seed per process).
     seed: int | None = None
 
 
-class ObjectiveSpec(_Strict):
+class ObjectiveSpec(Strict):
     """What the learned policy optimises: ``value · P(success) − E[cost]`` per task, stopping
     when another attempt is worth less than it costs.
 
@@ -225,7 +149,7 @@ MIN_SUCCESS_DEPRECATED = (
 )
 
 
-class TasksSpec(_Strict):
+class TasksSpec(Strict):
     #: A task with no request for this long and no outcome counts as abandoned (a failure) in training.
     abandon_after_s: float = Field(default=1800, gt=0)
     #: Tool-less calls with at most this many output tokens and a short history are side calls.
@@ -241,7 +165,7 @@ class TasksSpec(_Strict):
     escalate_below: float | None = Field(default=None, gt=0, lt=1)
 
 
-class ControlSpec(_Strict):
+class ControlSpec(Strict):
     """A permanent control arm: a stable share of tasks decided by a reference policy."""
 
     #: Share of tasks (by a hash of the task id) the reference policy decides.
@@ -259,7 +183,7 @@ class ControlSpec(_Strict):
         return self
 
 
-class GuardSpec(_Strict):
+class GuardSpec(Strict):
     """Roll back by itself when the treated arm does significantly worse than control."""
 
     #: Tolerated drop in success rate (absolute: 0.03 = 3 points) before rolling back.
@@ -277,7 +201,7 @@ class GuardSpec(_Strict):
     key_share: float = Field(default=0.1, ge=0, lt=1)
 
 
-class ScopeMatch(_Strict):
+class ScopeMatch(Strict):
     """Globs that must all hold: the repository (``owner/name``: the ``X-Router-Repo`` header, else
     a github.com URL in the system prompt or first user message), the virtual key's id, the team
     (the virtual key's, ``router keys create --team``; the ``X-Router-Team`` header only for the
@@ -294,7 +218,7 @@ class ScopeMatch(_Strict):
         return self
 
 
-class Scope(_Strict):
+class Scope(Strict):
     """Tasks matching ``match`` are decided with these routes, rules or objective instead. A scope
     with none of them names tasks for the learned model's per-scope effects (``router train``)."""
 
@@ -305,7 +229,7 @@ class Scope(_Strict):
     objective: ObjectiveSpec | None = None
 
 
-class PolicyFile(_Strict):
+class PolicyFile(Strict):
     version: Literal[1] = 1
     name: str = "default"
     # Empty, the file checked "ok" and the router refused every request as an unknown model.
