@@ -12,7 +12,7 @@ inputs, the loop and tool-failure signals that leave a pinned model, budgets.
 Cost after is each request's logged tokens at the new route's prices: the same cache reads
 where the model does not change, and where a move leaves the warm model, the whole prompt
 fresh (written to the cache where the provider charges for that); ``cache_switch_usd`` is that
-difference. Success after is projected two ways when the data allow: by the learned model's
+difference. Hosted tools' fees (web searches, ...) are carried as logged. Success after is projected two ways when the data allow: by the learned model's
 P(success) of the new and the logged model per attempt (a bootstrap interval over attempts:
 the sampling error of the traffic, not the model's own error), and off-policy (SNIPS over
 logged attempts with outcomes, by their propensities; ``router.learning.training.offpolicy``).
@@ -262,7 +262,8 @@ def preview(
             held = decider.prompt_tokens(backend, reported, sized)
             cost = estimate(backend, sized, usage.output_tokens or 0, decider.estimates, held).cost_usd
             tally.cache_switch += cost - same_cost
-        tally.cost_after += cost
+        # The log keeps what hosted tools cost, not which ran, so their fees are carried as billed.
+        tally.cost_after += cost + (r.cost_tools_usd or 0.0)
         if not side:
             if f.attempt not in t.pinned:
                 t.pinned[f.attempt] = new

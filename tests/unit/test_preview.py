@@ -48,6 +48,18 @@ def test_the_logging_policy_moves_nothing_and_costs_the_same(tmp_path: Path) -> 
     assert p["cost_usd_before"] == p["cost_usd_after"] == pytest.approx(2 * cost)
 
 
+def test_hosted_tool_fees_are_carried_not_projected_as_a_saving(tmp_path: Path) -> None:
+    # Two web searches ($0.01 each) were billed on top of the tokens: the same policy must project
+    # the same cost, and a move keeps them (the log keeps what they cost, not which tools ran).
+    tokens = (1000 * 1.0 + 100 * 4.0) * M
+    rows = [row(1, "a", cost=tokens + 0.02, cost_tools_usd=0.02)]
+    same = preview(rows, [], runtime(tmp_path, ["a", "b"]))
+    assert same["cost_usd_after"] == pytest.approx(same["cost_usd_before"]) == pytest.approx(tokens + 0.02)
+    moved = preview(rows, [], runtime(tmp_path, ["b"], name="q"))
+    assert moved["moves"] == {"a -> b": 1}
+    assert moved["cost_usd_after"] == pytest.approx(0.02 + (1200 * 3.75 + 100 * 15.0) * M, abs=1e-9)
+
+
 def test_a_move_pays_the_new_prices_and_the_lost_cache(tmp_path: Path) -> None:
     # Logged: two calls of one attempt on a (openai), the second with 800 tokens read from cache.
     rows = [row(1, "a", inp=1000, cost=1.4e-3), row(2, "a", inp=1200, read=800, cost=1.0e-3)]
