@@ -219,8 +219,9 @@ _COLUMN = {"key": "key_id", "task": "task_id"}
 
 
 async def recall_spend(budgets: MemoryBudgets, store: Store, scopes: Iterable[str]) -> None:
-    """In-process budgets keep the most recent scopes (``StateConfig.local_max_entries``); one
-    dropped for room, or seen for the first time since, starts again from the log."""
+    """In-process budgets keep the most recent task scopes (``StateConfig.local_max_entries``);
+    one dropped for room, or seen for the first time since, starts again from the log. Keys'
+    scopes are never dropped (the start restored them all), so never looked up."""
     for scope in scopes:
         if budgets.forgotten(scope):
             kind, _, value = scope.partition(":")
@@ -234,11 +235,15 @@ async def restore_spend(state: SharedState, store: Store, task_budgets: bool) ->
     restart of the router (in-process budgets: restored here, now) nor of Redis without its data
     (restored by the state layer when it finds the counts gone) resets them.
 
+    Keys' budgets last (``router.shared.memory.lasting``): their whole spend in the log is read
+    back; tasks', of those used in the last ``budget_idle_ttl_s``, as the budgets forget others.
     Returns the number of scopes restored now (0 with Redis, which restores when it must).
     """
 
     async def logged(since: float) -> Mapping[str, float]:
-        spent = {f"key:{k}": usd for k, usd in (await store.spend_by("key_id", since)).items()}
+        # A key's whole spend, however long ago its last request (one query, summed per key, as
+        # the tasks' below): a key quiet for 40 days got its budget back at a restart.
+        spent = {f"key:{k}": usd for k, usd in (await store.spend_by("key_id", 0.0)).items()}
         if task_budgets:
             spent.update({f"task:{t}": usd for t, usd in (await store.spend_by("task_id", since)).items()})
         return spent

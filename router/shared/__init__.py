@@ -24,9 +24,9 @@ Redis key layout (prefix ``StateConfig.prefix``, default ``router:``; times on t
 ``pin:{task}``                     str    pinned model; PX = pin TTL
 ``warm:{task}``                    str    backend holding the warm prefix; PX = TTL
 ``attempt:{task}``                 hash   latest ``attempt``, its ``calls``, ``failed``, stop ``why`` / ``rule``; PX = pin TTL
-``budget:spent:{scope}``           hash   ``spent``, ``reserved`` (integer nano-USD); PX idle
-``budget:exp:{scope}``             zset   reservation id -> expiry (ms); PX idle
-``budget:amt:{scope}``             hash   reservation id -> amount (nano-USD); PX idle
+``budget:spent:{scope}``           hash   ``spent``, ``reserved`` (integer nano-USD); PX idle (a task's; a key's: none)
+``budget:exp:{scope}``             zset   reservation id -> expiry (ms); PX idle (a task's; a key's: none)
+``budget:amt:{scope}``             hash   reservation id -> amount (nano-USD); PX idle (a task's; a key's: none)
 ``budget:done:{reservation}``      str    the reservation was settled (retries count once); PX 1 hour
 ``budget:restored``                str    the budget counts are whole (absent: restore from the log)
 ``rl:log:{key}``                   zset   ``"{id}:{requests}:{tokens}"`` -> time (ms); PX window

@@ -1,7 +1,8 @@
 """In-process shared state: the embedded default, and the local fallback of the Redis state.
 
 Every method body runs without awaiting until its state change is done, so each operation is
-atomic with respect to other tasks on the event loop. Maps are bounded LRUs with expiry.
+atomic with respect to other tasks on the event loop. Maps are bounded LRUs with expiry, but for
+the budgets of keys (``lasting``), which are kept.
 """
 
 from __future__ import annotations
@@ -143,20 +144,37 @@ def unique_scopes(scope_keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(scope_keys))
 
 
+def lasting(scope: str) -> bool:
+    """Whether a budget scope is kept however long it is idle: all but tasks'. A key's budget is
+    money its operator capped, and one quiet for 40 days, or pushed out by the tasks of others,
+    got all of it again; a task's ends with its task, and there are as many as clients make up."""
+    return not scope.startswith("task:")
+
+
 class MemoryBudgets:
+    """Task scopes live in a bounded LRU with idle expiry; the others (keys', a few per operator's
+    key) in a plain map, never dropped."""
+
     def __init__(self, config: StateConfig, clock: Clock) -> None:
         self._scopes: TTLCache[_Scope] = TTLCache(config.local_max_entries, clock)
+        self._lasting: dict[str, _Scope] = {}
         self._idle_ttl = max(config.budget_idle_ttl_s, config.reservation_ttl_s)
         self._default_ttl = config.reservation_ttl_s
         self._clock = clock
 
     def _scope(self, name: str) -> _Scope:
-        scope = self._scopes.get(name)
-        if scope is None:
-            scope = _Scope()
+        if lasting(name):
+            scope = self._lasting.setdefault(name, _Scope())
+            scope.purge(self._clock())
+            return scope
+        found = self._scopes.get(name)
+        scope = _Scope() if found is None else found
         scope.purge(self._clock())
         self._scopes.set(name, scope, self._idle_ttl)
         return scope
+
+    def _peek(self, name: str) -> _Scope | None:
+        return self._lasting.get(name) if lasting(name) else self._scopes.get(name)
 
     async def reserve(
         self,
@@ -202,13 +220,15 @@ class MemoryBudgets:
         from the log (``router.http.admission.restore_spend``, ``recall_spend``)."""
 
     def active_since(self) -> float:
-        """A scope last used before this time has been forgotten (``budget_idle_ttl_s``): spend
-        restored from the log must come from scopes used since, as Redis forgets them too."""
+        """A task scope last used before this time has been forgotten (``budget_idle_ttl_s``):
+        the spend of tasks restored from the log must come from those used since, as Redis
+        forgets them too. Lasting scopes (``lasting``) restore their whole spend."""
         return self._clock() - self._idle_ttl
 
     def forgotten(self, scope: str) -> bool:
-        """Whether ``scope`` may have been dropped for room (so its spend must be looked up)."""
-        return self._scopes.evicted > 0 and self._scopes.get(scope) is None
+        """Whether ``scope`` may have been dropped for room (so its spend must be looked up). A
+        lasting scope never is: the start restored every one with spend in the log."""
+        return not lasting(scope) and self._scopes.evicted > 0 and self._scopes.get(scope) is None
 
     def restore(self, spent_usd: Mapping[str, float]) -> None:
         """Start scopes from spend recorded elsewhere (the log, after a restart)."""
@@ -216,7 +236,7 @@ class MemoryBudgets:
             self._scope(name).spent += to_nano(max(0.0, usd))
 
     async def spent(self, scope: str) -> Spend:
-        entry = self._scopes.get(scope)
+        entry = self._peek(scope)
         if entry is None:
             return Spend(0.0, 0.0)
         entry.purge(self._clock())

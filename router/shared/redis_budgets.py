@@ -6,7 +6,8 @@ in ms on the Redis clock) and ``budget:amt:{scope}`` (hash: reservation id -> na
 script first purges expired reservations of the scopes it touches (subtracting them from
 ``reserved``), so a crashed replica's holds stop counting once their TTL passes without anyone
 having to clean up. Scripts run atomically, so the check-then-add of ``reserve`` cannot interleave
-with another replica's.
+with another replica's. A task's keys expire once it has been idle for ``budget_idle_ttl_s``; a
+key's never do (``router.shared.memory.lasting``): Redis must not evict them (``noeviction``).
 
 Settles are idempotent: ``budget:done:{reservation}`` marks one that has landed, so a settle
 retried after a lost reply (the script ran, the answer did not come back) is not counted twice.
@@ -27,7 +28,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from router.shared.memory import unique_scopes
+from router.shared.memory import lasting, unique_scopes
 from router.shared.redis_guard import RedisGuard
 from router.shared.redis_keys import Keys
 from router.shared.types import (
@@ -58,14 +59,15 @@ local function purge(h, z, a)
   redis.call('HINCRBY', h, 'reserved', string.format('%d', -freed))
 end
 local function touch(h, z, a, idle)
-  redis.call('PEXPIRE', h, idle)
-  redis.call('PEXPIRE', z, idle)
-  redis.call('PEXPIRE', a, idle)
+  for _, k in ipairs({h, z, a}) do
+    if idle == '0' then redis.call('PERSIST', k) else redis.call('PEXPIRE', k, idle) end
+  end
 end
 """
 
 # KEYS: the restored marker, then (spent hash, exp zset, amt hash) per scope.
-# ARGV: amount, reservation id, ttl ms, idle ms, then one limit per scope (-1 = no limit).
+# ARGV: amount, reservation id, ttl ms, then one limit per scope (-1 = no limit), then one idle
+# lifetime in ms per scope ('0': kept, the scope lasts).
 # Returns {1} when reserved, {2} when the counts must first be restored from the log, else
 # {0, scope index (1-based), spent, reserved}.
 RESERVE = (
@@ -77,7 +79,7 @@ local n = (#KEYS - 1) / 3
 for i = 1, n do
   local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
   purge(h, z, a)
-  local limit = tonumber(ARGV[4 + i])
+  local limit = tonumber(ARGV[3 + i])
   if limit >= 0 then
     local spent = tonumber(redis.call('HGET', h, 'spent') or '0')
     local reserved = tonumber(redis.call('HGET', h, 'reserved') or '0')
@@ -91,21 +93,22 @@ for i = 1, n do
   redis.call('HINCRBY', h, 'reserved', ARGV[1])
   redis.call('ZADD', z, now + tonumber(ARGV[3]), ARGV[2])
   redis.call('HSET', a, ARGV[2], ARGV[1])
-  touch(h, z, a, ARGV[4])
+  touch(h, z, a, ARGV[3 + n + i])
 end
 return {1}
 """
 )
 
 # KEYS: the reservation's done marker, then the scopes' triples as RESERVE.
-# ARGV: reservation id, actual spend (0 for a release), idle ms, done marker's lifetime ms.
+# ARGV: reservation id, actual spend (0 for a release), done marker's lifetime ms, then one idle
+# lifetime per scope as RESERVE.
 # Drops the hold where it is still live and adds the actual spend to every scope. Returns how many
 # scopes still held the reservation (0: it had expired; the spend is recorded anyway), or -1 when
 # it had already been closed (a retry whose first try landed but whose reply was lost).
 CLOSE = (
     _PRELUDE
     + """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[4]) then return -1 end
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[3]) then return -1 end
 local live = 0
 for i = 1, (#KEYS - 1) / 3 do
   local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
@@ -118,7 +121,7 @@ for i = 1, (#KEYS - 1) / 3 do
     redis.call('HINCRBY', h, 'reserved', string.format('%d', -tonumber(amount)))
   end
   if ARGV[2] ~= '0' then redis.call('HINCRBY', h, 'spent', ARGV[2]) end
-  touch(h, z, a, ARGV[3])
+  touch(h, z, a, ARGV[3 + i])
 end
 return live
 """
@@ -136,20 +139,21 @@ return {v[1] or '0', v[2] or '0'}
 """
 )
 
-# KEYS: the restored marker, then one spent hash per scope. ARGV: idle ms, whether to set the
-# marker ('1' on the last slice), then each scope's spend in the log (nano-USD). A scope's spend
+# KEYS: the restored marker, then one spent hash per scope. ARGV: whether to set the marker ('1'
+# on the last slice), then per scope its spend in the log (nano-USD) and its idle lifetime as
+# RESERVE. A scope's spend
 # becomes the larger of the two: a settle that landed since Redis came back is in both or only in
 # Redis, never counted twice, and replicas restoring at once write the same values. The marker,
 # set last, says the counts are whole again.
 RESTORE = """
 for i = 2, #KEYS do
-  local logged = tonumber(ARGV[i + 1])
-  if logged > tonumber(redis.call('HGET', KEYS[i], 'spent') or '0') then
-    redis.call('HSET', KEYS[i], 'spent', ARGV[i + 1])
+  local logged, idle = ARGV[2 * i - 2], ARGV[2 * i - 1]
+  if tonumber(logged) > tonumber(redis.call('HGET', KEYS[i], 'spent') or '0') then
+    redis.call('HSET', KEYS[i], 'spent', logged)
   end
-  redis.call('PEXPIRE', KEYS[i], ARGV[1])
+  if idle == '0' then redis.call('PERSIST', KEYS[i]) else redis.call('PEXPIRE', KEYS[i], idle) end
 end
-if ARGV[2] == '1' then redis.call('SET', KEYS[1], redis.call('TIME')[1]) end
+if ARGV[1] == '1' then redis.call('SET', KEYS[1], redis.call('TIME')[1]) end
 return #KEYS - 1
 """
 
@@ -182,6 +186,10 @@ class RedisBudgets:
         """Where spend comes from when Redis is found without its counts (restarted empty)."""
         self._source = source
 
+    def _idles(self, scopes: Sequence[str]) -> list[str]:
+        """Each scope's idle lifetime in ms for the scripts: '0' for one that lasts (a key's)."""
+        return ["0" if lasting(s) else self._idle_ms for s in scopes]
+
     def _triples(self, scopes: Sequence[str]) -> list[str]:
         return [k for s in scopes for k in self._keys.budget(s)]
 
@@ -202,7 +210,7 @@ class RedisBudgets:
         if not scopes:
             return Reservation(rid, scopes, amount_usd, time.time() + ttl)
         lims = [str(to_nano(limits[s])) if limits.get(s) is not None else "-1" for s in scopes]
-        args: list[Any] = [str(amount), rid, str(int(ttl * 1000)), self._idle_ms, *lims]
+        args: list[Any] = [str(amount), rid, str(int(ttl * 1000)), *lims, *self._idles(scopes)]
         keys = [self._keys.budget_restored, *self._triples(scopes)]
         result = await self._guard.fail_closed("budgets", "budget check", lambda: self._reserve(keys, args))
         if int(result[0]) == 2:
@@ -232,7 +240,7 @@ class RedisBudgets:
             return
         if reservation.scopes:
             keys = [self._keys.budget_done(reservation.id), *self._triples(reservation.scopes)]
-            args = [reservation.id, str(actual), self._idle_ms, str(DONE_TTL_MS)]
+            args = [reservation.id, str(actual), str(DONE_TTL_MS), *self._idles(reservation.scopes)]
             await self._guard.fail_closed("budgets", "budget accounting", lambda: self._close(keys, args))
         reservation.closed = True
 
@@ -269,7 +277,9 @@ class RedisBudgets:
                 part = scopes[start : start + _RESTORE_SLICE]
                 last = "1" if start + _RESTORE_SLICE >= len(scopes) else "0"
                 keys = [marker, *(self._keys.budget(s)[0] for s in part)]
-                args = [self._idle_ms, last, *(str(to_nano(max(0.0, spent[s]))) for s in part)]
+                args = [last]
+                for scope, idle in zip(part, self._idles(part), strict=True):
+                    args += [str(to_nano(spent[scope])), idle]
                 await self._guard.fail_closed("budgets", "budget check", partial(self._restore, keys, args))
 
     async def _exists(self, key: str) -> bool:

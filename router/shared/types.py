@@ -15,8 +15,9 @@ NANO = 1_000_000_000
 
 VersionCallback = Callable[[str], Awaitable[None]]
 
-#: Where budgets restore spend from (the log): the total per scope (``key:…``, ``task:…``) of the
-#: scopes used at or after the given time (unix seconds).
+#: Where budgets restore spend from (the log): the total per scope, of every lasting scope
+#: (``key:…``, ``router.shared.memory.lasting``) and of the task scopes (``task:…``) used at or
+#: after the given time (unix seconds).
 SpendSource = Callable[[float], Awaitable[Mapping[str, float]]]
 
 
@@ -133,11 +134,11 @@ class StateConfig:
     backoff_s: float = 1.0
     #: Default lifetime of a budget reservation that is neither settled nor released.
     reservation_ttl_s: float = 600.0
-    #: A budget scope untouched this long is forgotten (put the period in the scope name instead).
+    #: A task's budget scope untouched this long is forgotten; a key's never is.
     budget_idle_ttl_s: float = 40 * 86400.0
     #: The sliding window of the rate limits: ``rpm``/``tpm`` are counts per this many seconds.
     rate_window_s: float = 60.0
-    #: Entry cap of each in-process LRU map (pins, warm prefixes, rate windows, budget scopes).
+    #: Entry cap of each in-process LRU map (pins, warm prefixes, rate windows, tasks' budgets).
     local_max_entries: int = 100_000
     #: The policy-version watcher re-reads the key this often, for replicas that missed a message.
     poll_interval_s: float = 1.0

@@ -257,18 +257,23 @@ async def test_a_restart_keeps_what_each_key_spent(fake: FakeUpstream, tmp_path:
     assert untouched.spent == 0
 
 
-async def test_a_restart_forgets_a_key_idle_past_the_budget_ttl(fake: FakeUpstream, tmp_path: Path) -> None:
-    """A scope unused for ``budget_idle_ttl_s`` is forgotten by Redis and by a running process;
-    a restart forgets it too, rather than restoring its spend from the log."""
+async def test_a_restart_keeps_a_key_idle_past_the_budget_ttl_not_its_task(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """A key's budget lasts however long the key was idle: a restart reads back its whole spend in
+    the log (a key quiet for 40 days got its budget back). A task idle that long is forgotten, as
+    a running process forgets it."""
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
         row, key_id = await spend_once(r)
         idle_s = StateConfig().budget_idle_ttl_s
         later = MemoryState(clock=lambda: row.ts + idle_s + 1.0)
         soon = MemoryState(clock=lambda: row.ts + idle_s - 1.0)
-        assert await admission.restore_spend(later, r.s.store, True) == 0
+        assert await admission.restore_spend(later, r.s.store, True) == 1  # the key alone
         assert await admission.restore_spend(soon, r.s.store, True) == 2  # the key and the task
-    assert (await later.budgets.spent(f"key:{key_id}")).spent == 0
-    assert (await soon.budgets.spent(f"key:{key_id}")).spent == pytest.approx(row.cost_usd, abs=1e-9)
+    for state in (later, soon):
+        assert (await state.budgets.spent(f"key:{key_id}")).spent == pytest.approx(row.cost_usd, abs=1e-9)
+    assert (await later.budgets.spent(f"task:{row.task_id}")).spent == 0
+    assert (await soon.budgets.spent(f"task:{row.task_id}")).spent == pytest.approx(row.cost_usd, abs=1e-9)
 
 
 def decision(cost_usd: float) -> Decision:
@@ -297,15 +302,17 @@ def test_a_request_that_fits_once_holds_settle_is_told_to_wait() -> None:
 
 
 async def test_scopes_forgotten_for_room_start_again_from_the_log(fake: FakeUpstream, tmp_path: Path) -> None:
-    """In-process budgets that dropped a key's and a task's scope look their spend up in the log,
-    once, even for two requests at the same time; scopes still held are not looked up again."""
+    """In-process budgets that dropped a task's scope for room look its spend up in the log, once,
+    even for two requests at the same time; scopes still held are not looked up again. The key's
+    scope, restored at the start, is never dropped (its holds and its spend stay)."""
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
         key, key_id = await r.key(budget_usd=1.0)
         await r.post(key=key, headers={"x-router-task-id": "repo:issue-7"}, max_tokens=MAX_TOKENS)
         (row,) = await r.records()
         task = row.task_id  # the key's namespace, then the client's id: the separator comes twice
         state = MemoryState(StateConfig(local_max_entries=2))
-        for other in ("key:x", "key:y", "key:z"):  # fill the room, so that scopes were dropped
+        await admission.restore_spend(state, r.s.store, True)
+        for other in ("task:x", "task:y", "task:z"):  # fill the room, so that scopes were dropped
             state.budgets.restore({other: 0.25})
         gate = Admission(state.limits, state.budgets, r.s.store)
         who = Principal(key_id=key_id, name="agent", budget_usd=1.0)
@@ -320,6 +327,28 @@ async def test_scopes_forgotten_for_room_start_again_from_the_log(fake: FakeUpst
     assert cost > 0 and task.endswith("/repo:issue-7")
     assert [(u.spent, u.reserved) for u in recalled] == [(pytest.approx(cost), pytest.approx(0.002))] * 2
     assert [(u.spent, u.reserved) for u in after] == [(pytest.approx(cost + 0.001), pytest.approx(0.001))] * 2
+
+
+async def test_a_key_budget_is_never_dropped_for_room_nor_for_idleness() -> None:
+    """A key's scope was one entry of the bounded LRU: tasks of other keys pushed it out, and with
+    it the money its requests in flight held, so it admitted past its budget; and 40 idle days
+    dropped it with its spend. A task's scope still goes for room or after those days."""
+    now = [1000.0]
+    state = MemoryState(StateConfig(local_max_entries=3), clock=lambda: now[0])
+    gate = Admission(state.limits, state.budgets)
+    who = Principal(key_id="k", name="agent", budget_usd=0.01)
+    first = await gate.admit(who, None, decision(0.006), None)
+    assert first is not None
+    for i in range(10):  # other tasks, each with its own scope
+        await state.budgets.reserve([f"task:t{i}"], 0.001, {f"task:t{i}": 1.0})
+    with pytest.raises(RateLimited):  # the first request still holds $0.006 of the $0.01
+        await gate.admit(who, None, decision(0.006), None)
+    await gate.settle(first, 0.006)
+    now[0] += 41 * 86400.0
+    with pytest.raises(BudgetExceeded):
+        await gate.admit(who, None, decision(0.006), None)
+    assert (await state.budgets.spent("key:k")).spent == pytest.approx(0.006)
+    assert (await state.budgets.spent("task:t9")) == Spend(0.0, 0.0)  # idle 41 days: forgotten
 
 
 async def test_a_budget_holds_the_90th_percentile_of_the_cost_not_its_mean() -> None:

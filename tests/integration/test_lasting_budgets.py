@@ -1,0 +1,118 @@
+"""A key's budget is money the operator capped: it lasts however long the key stays quiet, across
+restarts of the router and of Redis, and however many tasks pass through meanwhile. Task budgets
+may still be forgotten once their task has long ended.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from router.app.factory import Services
+from router.fakeupstream import FakeUpstream
+from router.shared import MemoryState
+from router.shared.redis_keys import Keys
+from tests.integration.conftest import RunningRouter
+from tests.integration.test_faults import HI, faulty
+from tests.integration.test_keys import MASTER, create_key
+from tests.integration.test_money import REDIS_PORT, flush_prefix, redis_router
+
+pytestmark = pytest.mark.integration
+
+Factory = Callable[..., RunningRouter]
+CHAT = "/v1/chat/completions"
+DAY = 86400.0
+
+
+def ask(r: RunningRouter, key: str, task: str) -> httpx.Response:
+    return httpx.post(r.url + CHAT, json={"model": "solo", "messages": HI},
+                      headers={"x-api-key": key, "x-router-task-id": task}, timeout=30)  # fmt: skip
+
+
+def spend_until_refused(r: RunningRouter, key: str) -> list[int]:
+    statuses: list[int] = []
+    while 403 not in statuses:
+        statuses.append(ask(r, key, f"t{len(statuses)}").status_code)
+        assert len(statuses) < 20, statuses
+    return statuses
+
+
+def age_log(db: Path, days: float) -> None:
+    """The log as it reads ``days`` later: every request that far in the past."""
+    con = sqlite3.connect(db)
+    try:
+        con.execute("UPDATE requests SET ts = ts - ?", (days * DAY,))
+        con.commit()
+    finally:
+        con.close()
+
+
+def small_budget(r: RunningRouter, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """A key with room for the hold of a call of ``solo`` and about two calls' actual cost."""
+    seen = httpx.post(r.url + "/v1/route", json={"model": "solo", "messages": HI},
+                      headers={"x-api-key": MASTER}, timeout=30).json()  # fmt: skip
+    hold = seen["candidates"][0].get("hold_usd", seen["candidates"][0]["cost_usd"])
+    cost = float(ask(r, MASTER, "price").headers["x-router-cost-usd"])
+    return create_key(
+        r, capsys, "--name", f"quiet-{uuid.uuid4().hex[:6]}", "--budget", str(hold + 2.5 * cost)
+    )
+
+
+def test_a_key_quiet_for_41_days_keeps_its_spend_across_a_restart(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A restarted router read back only the spend of scopes used in the last 40 days: a key that
+    had spent its budget and then sent nothing for 41 days got all of it again."""
+    policy = faulty(upstream, "")
+    first = router_factory(policy, master_key=MASTER, durable_log=True)
+    key = small_budget(first, capsys)
+    statuses = spend_until_refused(first, key["key"])
+    assert statuses.count(200) >= 1
+    first.stop()
+    age_log(first.db_path, 41)
+    again = router_factory(policy, master_key=MASTER, store=f"sqlite:///{first.db_path}")
+    resp = ask(again, key["key"], "after-41-days")
+    assert resp.status_code == 403, "the key's budget started again from zero after 41 quiet days"
+    assert resp.json()["error"]["code"] == "budget_exceeded"
+
+
+def test_a_key_quiet_for_41_days_keeps_its_spend_in_process(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The in-process budgets dropped a scope unused for 40 days, and did not look it up again."""
+    now = [time.time()]
+    state = MemoryState(clock=lambda: now[0])
+
+    def swap(s: Services) -> None:
+        s.state = state
+
+    r = router_factory(faulty(upstream, ""), master_key=MASTER, services_hook=swap)
+    key = small_budget(r, capsys)
+    spend_until_refused(r, key["key"])
+    now[0] += 41 * DAY
+    assert ask(r, key["key"], "after-41-days").status_code == 403, "the key's budget was forgotten"
+
+
+def test_a_key_budget_outlives_redis_and_its_idle_time(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Redis let a key's counts expire after 40 idle days, and a Redis restored from the log read
+    back only the keys used in the last 40 days."""
+    r, prefix = redis_router(router_factory, faulty(upstream, ""), master_key=MASTER, durable_log=True)
+    key = small_budget(r, capsys)
+    spend_until_refused(r, key["key"])
+    with redis.Redis(port=REDIS_PORT) as client:
+        for name in Keys(prefix).budget(f"key:{key['key_id']}"):
+            assert client.pttl(name) in (-1, -2), f"{name} expires: the key's spend would be forgotten"
+    # Redis comes back empty 41 days later: the key's spend is read back from the whole log.
+    age_log(r.db_path, 41)
+    flush_prefix(prefix)
+    assert ask(r, key["key"], "after-41-days").status_code == 403, "the key's budget started again from zero"
