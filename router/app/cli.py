@@ -75,10 +75,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_upstream(args: argparse.Namespace) -> int:
-    from router.fakeupstream import run
+    from router.app.commands.upstream import run
 
-    run(host=args.host or "127.0.0.1", port=args.port or 9100)
-    return 0
+    return run(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -275,10 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tasks in flight at once with --tasks (default 16)")  # fmt: skip
     demo.set_defaults(func=cmd_demo)
 
-    up = command("upstream", "run the local fake provider (OpenAI + Anthropic wire formats)",
-                 "router upstream --port 9100")  # fmt: skip
-    up.add_argument("--host", help="bind address (default 127.0.0.1)")
-    up.add_argument("--port", type=int, help="port (default 9100)")
+    from router.app.commands import upstream as fake
+
+    up = command("upstream", "run the local fake provider (OpenAI + Anthropic wire formats)", fake.EXAMPLE,
+                 fake.DESCRIPTION)  # fmt: skip
+    fake.add_arguments(up)
     up.set_defaults(func=cmd_upstream)
 
     def window(sp: argparse.ArgumentParser, since: str = "24h") -> None:

@@ -252,3 +252,41 @@ def test_the_readmes_five_minute_path_on_the_demo(tmp_path: Path) -> None:
         out = serving.communicate(timeout=60)[0].decode()
         upstream.communicate(timeout=60)
     assert MASTER not in out  # the key was sent on every request, and never printed
+
+
+def test_router_upstream_answers_every_request_with_the_behaviour_given(tmp_path: Path) -> None:
+    """An agent pointed at the demo's provider ran `ls` on every turn until killed (mini-swe-agent:
+    1,131 steps in two minutes, and `router upstream` had no way to say otherwise): `--behaviour`
+    makes every tool call run the command given, such as the agent's completion marker."""
+    import time
+
+    import httpx
+
+    from tests.integration.test_serve_process import free_port
+
+    port = free_port()
+    marker = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && ls"
+    upstream = subprocess.Popen([sys.executable, "-m", "router.app.cli", "upstream", "--port", str(port),
+                                 "--behaviour", f"tool=always,tool_arg={marker}"], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    tool = {"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}  # fmt: skip
+    body = {
+        "model": "nano-model",
+        "messages": [{"role": "user", "content": "list the files"}],
+        "tools": [tool],
+    }
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=10)
+                break
+            except httpx.TransportError:
+                assert upstream.poll() is None and time.monotonic() < deadline, "the upstream did not start"
+                time.sleep(0.2)
+        [call] = reply.json()["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["arguments"] == '{"command":"' + marker + '"}'
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=30)

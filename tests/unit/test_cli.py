@@ -530,3 +530,13 @@ def test_recent_tasks_say_one_request(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["tasks", "--recent", "--store", store]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "  2 requests  $0.002  " in lines[0] and "  1 request  $0.001  " in lines[1], lines
+
+
+def test_upstream_behaviour_with_an_unknown_key_is_one_line_naming_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A typo in `router upstream --behaviour` is refused before the server starts, not ignored."""
+    assert main(["upstream", "--port", str(closed_port()), "--behaviour", "tool_args=ls"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("router upstream: --behaviour: unknown behaviour key 'tool_args'"), err
+    assert "tool_arg," in err and err.count("\n") == 1
