@@ -119,7 +119,9 @@ def test_aider_recipe(router: RunningRouter, upstream: FakeUpstream, tmp_path: P
     work = workdir(tmp_path)
     env, argv = command_recipe("aider", router.url, KEY)
     assert argv[0] == "aider"
-    headless = ["--yes-always", "--no-git", "--message", "add a docstring to hello.py", "hello.py"]
+    # --yes-always would also say yes to aider's analytics prompt: the README says to turn them off.
+    headless = ["--yes-always", "--analytics-disable", "--no-git", "--message", "add a docstring to hello.py",
+                "hello.py"]  # fmt: skip
     proc = run([str(bin_dir / "aider"), *argv[1:], *headless], work, agent_env(tmp_path, **env))
     assert "This is a fake reply." in proc.stdout, proc.stdout  # the provider's answer, via the router
     rows = chat_rows(router, wait_for=1)
