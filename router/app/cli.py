@@ -58,9 +58,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     policy = rt.policy
     extra = f", control arm {rt.control.share:.0%} of tasks" if rt.control else ""
     extra += f", {len(rt.scopes)} scope{'s' * (len(rt.scopes) != 1)}" if rt.scopes else ""
-    print(f"{settings.config}: ok — revision {rt.revision}, {len(rt.catalog.backends)} models, "
-          f"{len(policy.routes)} routes, {len(policy.rules)} rules{extra}")  # fmt: skip
-    for line in rt.catalog.missing_credentials():  # valid, but not callable from this environment
+    counts = ", ".join(f"{n} {what}{'s' * (n != 1)}" for n, what in ((len(rt.catalog.backends), "model"),
+                       (len(policy.routes), "route"), (len(policy.rules), "rule")))  # fmt: skip
+    print(f"{settings.config}: ok — revision {rt.revision}, {counts}{extra}")
+    for line in rt.warnings():  # valid, but will not work as the file reads
         print(f"{settings.config}: warning: {line}", file=sys.stderr)
     return 0
 

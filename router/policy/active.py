@@ -71,6 +71,22 @@ class ActivePolicy:
             names |= {REPO_HEADER, TEAM_HEADER}
         return tuple(sorted(names))
 
+    def warnings(self) -> list[str]:
+        """What is valid but will not work as the file reads: a key variable not set, and a model
+        no route names (added to ``models`` and to no route, it never gets a request, silently)."""
+        deciders = [self.decider, *(s.decider for s in self.scopes)]
+        if self.control is not None:
+            deciders.append(self.control.decider)
+        named = {
+            m for d in deciders for r in d.policy.routes for m in (*r.candidates, *r.fallbacks, r.passthrough)
+        }
+        unrouted = [
+            f"models.{m}: no route names it (in candidates, passthrough or fallbacks), so no request reaches it"
+            for m in self.policy.models
+            if m not in named
+        ]
+        return [*self.catalog.missing_credentials(), *unrouted]
+
     @cached_property  # every request's log record names it: the files are hashed once per runtime
     def revision(self) -> str | None:
         return self.files.revision if self.files is not None else None
@@ -249,7 +265,7 @@ class PolicyHistory:
 
     def applied(self, rt: ActivePolicy) -> None:
         self.last_rejected = None
-        for line in rt.catalog.missing_credentials():
+        for line in rt.warnings():
             log.warning("policy %s: %s", rt.policy.name, line)
         if rt.files is not None:
             self.archive.keep(rt.files, rt.policy.name, rt.applied_at)

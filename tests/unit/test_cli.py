@@ -65,8 +65,27 @@ def test_check_warns_of_key_variables_that_are_not_set(
     monkeypatch.delenv("ROUTER_TEST_KEY_A", raising=False)
     monkeypatch.setenv("ROUTER_TEST_KEY_B", "set")
     assert main(["check", "--config", str(path)]) == 0  # valid: the serving environment may have the key
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "2 models, 1 route, 0 rules" in out  # said "1 routes"
     assert "ROUTER_TEST_KEY_A is not set: a cannot be called" in err and "ROUTER_TEST_KEY_B" not in err
+
+
+def test_check_warns_of_a_model_no_route_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model added to ``models`` and to no route got no request and ``router check`` said "ok"."""
+    path = tmp_path / "p.yaml"
+    model = {"litellm_model": "openai/x", "protocol": "openai", "context_window": 1000, "max_output_tokens": 100,
+             "prices": {"input": 1, "output": 1}}  # fmt: skip
+    routes = [{"match": "auto", "candidates": ["a"], "fallbacks": ["b"]}, {"match": "c*", "passthrough": "c"}]
+    ids = ["a", "b", "c", "forgotten"]
+    path.write_text(orjson.dumps({"version": 1, "name": "p", "routes": routes,
+                                  "models": [{**model, "id": i} for i in ids]}).decode())  # fmt: skip
+    assert main(["check", "--config", str(path)]) == 0  # valid: only a warning
+    out, err = capsys.readouterr()
+    assert "4 models, 2 routes, 0 rules" in out
+    assert err.splitlines() == [
+        f"{path}: warning: models.forgotten: no route names it (in candidates, passthrough or fallbacks), "
+        "so no request reaches it"
+    ]
 
 
 def _log(path: Path, tasks: dict[str, list[str]]) -> str:
