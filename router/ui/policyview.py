@@ -120,7 +120,8 @@ def diff(against: str, old: bytes | None, current: str, new: bytes | None,
     lines = list(difflib.unified_diff(old.decode("utf-8", "replace").splitlines(),
                                       new.decode("utf-8", "replace").splitlines(),
                                       f"{against}/policy.yaml", f"{current}/policy.yaml", lineterm="", n=2))  # fmt: skip
-    before, after = (hashlib.sha256(a).hexdigest()[:12] if a is not None else None for a in artifacts)
+    # Shown as "sha256 1f7592c73db5… → none": the ellipsis marks a cut hash, so an absent one has none.
+    before, after = (hashlib.sha256(a).hexdigest()[:12] + "…" if a is not None else "none" for a in artifacts)
     return {
         "against": against,
         "lines": [

@@ -283,7 +283,7 @@ def test_a_revision_diff_shows_the_policy_lines_and_the_artifact() -> None:
         "+",
         "+learned: {artifact: a.json}",
     ) in d["lines"]
-    assert d["artifact"] == (None, "44136fa355b3")
+    assert d["artifact"] == ("none", "44136fa355b3…")  # it read "none…" for an artifact unpinned
     assert policyview.diff("aaaaaaaaaaaa", None, "bbbbbbbbbbbb", new, (None, None)) is None
 
 
