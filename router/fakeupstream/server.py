@@ -127,6 +127,9 @@ class FakeServer:
             web.get("/_control/requests", self.get_requests),
             web.delete("/_control/requests", self.clear_requests),
             web.post("/_control/behaviour", self.post_behaviour),
+            # Last: any other path is recorded and refused, so a test sees what a provider's
+            # translation sent even where this server speaks no such API (Anthropic's /v1/complete).
+            web.route("*", "/{path:.*}", self.unknown),
         ]
 
     def set_behaviour(self, model: str, overrides: bh.Overrides) -> None:
@@ -254,6 +257,10 @@ class FakeServer:
         if behaviour.malformed:
             payload = payload[: len(payload) // 2]
         return web.Response(body=payload, content_type=_JSON, headers={dialect.request_id_header: "req_fake"})
+
+    async def unknown(self, request: web.Request) -> web.StreamResponse:
+        await self._read(request)
+        return _json({"error": {"message": f"no such endpoint: {request.path}", "type": "not_found"}}, 404)
 
     # -- control endpoints -------------------------------------------------------------------------
 

@@ -402,3 +402,48 @@ def test_a_backend_without_a_key_is_never_sent_another_providers_key(
     assert len(sent) == 2 * len(KEYLESS_PROVIDERS)
     for i, req in enumerate(sent):
         assert_absent(f"provider request #{i}", str(req), {"OpenAI key": canaries.provider})
+
+
+#: litellm providers that read their own key variable from the process when given no key, each
+#: with that variable: ``anthropic_text`` (Anthropic's text-completions API) and some that speak
+#: OpenAI's wire format (eight of the 86 that did).
+ENV_KEY_PROVIDERS = {
+    "anthropic_text": "ANTHROPIC_API_KEY",
+    "groq": "GROQ_API_KEY",
+    "deepseek": "DEEPSEEK_API_KEY",
+    "xai": "XAI_API_KEY",
+    "openrouter": "OPENROUTER_API_KEY",
+    "together_ai": "TOGETHER_API_KEY",
+    "fireworks_ai": "FIREWORKS_API_KEY",
+    "mistral": "MISTRAL_AZURE_API_KEY",
+}
+
+
+def test_a_backend_without_a_key_is_never_sent_its_providers_key_from_the_environment(
+    router_factory: Callable[..., RunningRouter],
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keyless backend on a provider whose variable the operator has set (for another backend,
+    or for another program) is still called without a key: litellm, given none, read the
+    provider's variable and sent it to the backend's address."""
+    secrets = {var: f"sk-canary-{p}-{uuid.uuid4().hex}" for p, var in ENV_KEY_PROVIDERS.items()}
+    for var, value in secrets.items():
+        monkeypatch.setenv(var, value)
+    models = [
+        {**backend(p, f"{p}/some-model", "openai", upstream.url + "/v1"), "api_key_env": None}
+        for p in ENV_KEY_PROVIDERS
+    ]
+    routes = [{"match": p, "passthrough": p} for p in ENV_KEY_PROVIDERS]
+    upstream.clear()
+    r = router_factory({"version": 1, "name": "keyless", "models": models, "routes": routes})
+    with httpx.Client(base_url=r.url, timeout=30) as http:
+        for p in ENV_KEY_PROVIDERS:
+            resp = http.post(MESSAGES, json=body(MESSAGES, p, "marker", False))
+            # The fake speaks no text-completions API: anthropic_text's call is refused, and recorded.
+            assert resp.status_code == (200 if p != "anthropic_text" else 404), (p, resp.text)
+    sent = upstream.requests()
+    assert {req["path"] for req in sent} == {"/v1/chat/completions", "/v1/v1/complete"}
+    assert len(sent) == len(ENV_KEY_PROVIDERS)
+    for i, req in enumerate(sent):
+        assert_absent(f"provider request #{i}", str(req), secrets)

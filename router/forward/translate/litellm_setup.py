@@ -85,16 +85,13 @@ def get_litellm() -> ModuleType:
     return litellm
 
 
-#: Providers whose key is a plain header value. Without a key litellm would fall back to the
-#: process's OPENAI_API_KEY / ANTHROPIC_API_KEY and send it to whatever base URL the backend has.
-_HEADER_KEY_PROVIDERS = frozenset({"openai", "anthropic", "hosted_vllm", "openai_like", "custom_openai"})
-
-
 def call_kwargs(target: Target) -> dict[str, Any]:
     """Per-call litellm arguments: where to go, with what key, how long, and no retries."""
-    api_key = target.api_key
-    if api_key is None and route_of(target.litellm_model).provider in _HEADER_KEY_PROVIDERS:
-        api_key = _NO_KEY  # a keyless local backend; never an environment key
+    # A backend without ``api_key_env`` gets a placeholder, never None: given None, litellm reads
+    # the provider's own variable from the process (ANTHROPIC_API_KEY for ``anthropic_text/``,
+    # GROQ_API_KEY, GOOGLE_API_KEY, AWS_BEARER_TOKEN_BEDROCK ...: 86 of its 190 providers, probed) and
+    # sends that key to whatever base URL the backend has. Keys come only from the policy.
+    api_key = target.api_key if target.api_key is not None else _NO_KEY
     import httpx  # loaded by litellm anyway; not at the router's start
 
     return {
