@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from router.app.limits import Limits
@@ -74,3 +74,11 @@ class Settings(BaseSettings):
     drain_delay: float = Field(default=2.0, ge=0)
     #: Put prompt text on trace spans. Needs ``log_prompts`` too (only then is the prompt captured).
     trace_prompts: bool = False
+
+    @field_validator("master_key", mode="after")
+    @classmethod
+    def _stripped(cls, key: SecretStr | None) -> SecretStr | None:
+        # An env file or a secret mounted from a file ends the key in a newline, which no client
+        # sends (HTTP strips a header value's ends): the key the operator handed out never matched.
+        value = key.get_secret_value().strip() if key is not None else ""
+        return SecretStr(value) if value else None

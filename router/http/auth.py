@@ -99,7 +99,9 @@ _INVALID = "invalid API key: send the router's key (ROUTER_MASTER_KEY or a virtu
 
 
 def presented_key(headers: Mapping[str, str]) -> str:
-    key = headers.get("x-api-key") or ""
+    # Both stripped alike (HTTP servers strip a header value's ends already; the Bearer form's
+    # inner spaces are the router's to strip).
+    key = (headers.get("x-api-key") or "").strip()
     if not key:
         auth = headers.get("authorization") or ""
         key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""

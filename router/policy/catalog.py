@@ -113,7 +113,9 @@ class Backend:
     def api_key(self, env: Mapping[str, str] | None = None) -> str | None:
         if self.api_key_env is None:
             return None
-        value = (os.environ if env is None else env).get(self.api_key_env)
+        # Stripped: a key pasted from a file ends in a newline, which no header can carry (every
+        # call to the backend failed with the router's own 500).
+        value = ((os.environ if env is None else env).get(self.api_key_env) or "").strip()
         if not value:
             raise MissingCredentials(
                 f"backend {self.id!r} cannot be called: environment variable {self.api_key_env} is not set"
@@ -138,7 +140,7 @@ class Catalog:
         env = os.environ if env is None else env
         missing: dict[str, list[str]] = {}
         for b in self:
-            if b.api_key_env is not None and not env.get(b.api_key_env):
+            if b.api_key_env is not None and not (env.get(b.api_key_env) or "").strip():
                 missing.setdefault(b.api_key_env, []).append(b.id)
         return [
             f"{var} is not set: {', '.join(ids)} cannot be called until it is (requests fall over to other models)"

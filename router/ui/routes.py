@@ -292,7 +292,8 @@ class Dashboard:
             return Response(exc.message, exc.status)
         form = parse_qs(body.decode("utf-8", "replace"))
         target = session.safe_next((form.get("next") or [""])[0])
-        if secret is None or not self.auth.is_master((form.get("key") or [""])[0]):
+        # Stripped like the headers' keys: a key copied from a terminal brings its newline along.
+        if secret is None or not self.auth.is_master((form.get("key") or [""])[0].strip()):
             return self.render(request, "login.html", 401, next=target, error="That is not the master key.")
         response = RedirectResponse(target, 303)
         response.set_cookie(session.COOKIE, self.sessions.issue(secret), max_age=session.TTL_S, path="/ui",

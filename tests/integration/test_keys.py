@@ -158,3 +158,48 @@ def test_a_restricted_key_sees_only_the_models_it_may_use(
         assert "local-large" in {m["id"] for m in everything["data"]} and "candidates" in str(
             everything["routes"]
         )
+
+
+@pytest.mark.parametrize("pasted", [MASTER + "\n", MASTER + " ", " " + MASTER + "\r\n"])
+def test_a_master_key_pasted_with_whitespace_still_matches(
+    router_factory: Callable[..., RunningRouter],
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    pasted: str,
+) -> None:
+    """``ROUTER_MASTER_KEY=$(cat key.txt)`` keeps no newline, but an env file or a secret mounted
+    from a file does: the key the operator hands out (without it) was refused with 401, and so was
+    the key pasted into the dashboard's login with a newline."""
+    monkeypatch.setenv("ROUTER_MASTER_KEY", pasted)
+    r = router_factory(local_policy(upstream.url))
+    with httpx.Client(base_url=r.url, timeout=20) as c:
+        for path, body in BODIES.items():
+            bearer = c.post(path, json=body, headers={"authorization": f"Bearer {MASTER}"})
+            header = c.post(path, json=body, headers={"x-api-key": MASTER})
+            assert (bearer.status_code, header.status_code) == (200, 200), (path, bearer.text, header.text)
+        assert c.post("/v1/chat/completions", json=BODIES["/v1/chat/completions"]).status_code == 401
+        # Copied into the dashboard's login form, with the newline a copy from a terminal takes along.
+        login = c.post("/ui/login", data={"key": MASTER + "\n", "next": "/ui"})
+        assert login.status_code == 303 and "set-cookie" in login.headers
+
+
+def test_a_provider_key_pasted_with_a_newline_is_sent_without_it(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider key whose variable ends in a newline could not be put in a header at all: every
+    call to its backends failed (relayed and translated alike)."""
+    monkeypatch.setenv("ROUTER_TEST_PROVIDER_KEY", "sk-pasted-0123456789\n")
+    policy = local_policy(upstream.url)
+    for m in policy["models"]:
+        m["api_key_env"] = "ROUTER_TEST_PROVIDER_KEY"
+    policy["routes"].insert(0, {"match": "local-nano", "passthrough": "local-nano"})
+    r = router_factory(policy)
+    upstream.clear()
+    with httpx.Client(base_url=r.url, timeout=20) as c:
+        for path, body in BODIES.items():
+            reply = c.post(path, json={**body, "model": "local-nano"})
+            assert reply.status_code == 200, (path, reply.text)
+    sent = upstream.requests()
+    assert len(sent) == len(BODIES)
+    for req in sent:
+        assert req["headers"]["authorization"] == "Bearer sk-pasted-0123456789"
