@@ -25,6 +25,7 @@ next candidate) may succeed where this one failed::
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -264,6 +265,21 @@ _ANTHROPIC_4XX = {
 }
 
 
+#: What providers quote of a key and of its account in their errors: OpenAI's "Incorrect API key
+#: provided: sk-proj-****...abcd" (its start and last four characters, enough to tell which key the
+#: operator has) and "in organization org-..." / "project proj_..."; Anthropic-style and Google keys.
+_QUOTED_SECRET = re.compile(
+    r"\b(?:sk|rk|pk)-(?:[A-Za-z0-9_*\-]|\.\.\.|\u2026)+"
+    r"|\b(?:org|proj)[-_][A-Za-z0-9]{8,}"
+    r"|\bAIza[0-9A-Za-z_\-]{20,}",
+    re.ASCII,
+)
+
+
 def redact_key(text: str, key: str | None) -> str:
-    """``text`` without ``key``: some providers echo the key they refused in their error message."""
-    return text.replace(key, "[redacted]") if key else text
+    """``text`` without ``key``, or any key or account id a provider quoted in its error message.
+
+    The one filter of a provider's words before they reach a client, the log or the store."""
+    if key:
+        text = text.replace(key, "[redacted]")
+    return _QUOTED_SECRET.sub("[redacted]", text)

@@ -18,7 +18,8 @@ shell tool runs it can be made to run a given command, such as its own completio
 context-length error, 400, when the prompt has more tokens than this), ``error_after`` (a stream
 sends the provider's error event after K content deltas, then ends without its final event),
 ``echo_key`` (error messages, answered or streamed, end with the API key the request carried, as
-some providers echo the key they refused), ``no_usage`` (a whole reply comes without its usage, as
+some providers echo the key they refused, then with its start and last four characters and an
+organization id, as OpenAI's do), ``no_usage`` (a whole reply comes without its usage, as
 from some OpenAI-compatible servers), ``hosted_calls`` (the reply calls each hosted tool the request
 declares, a web search and the like, that many times, as the provider would before answering),
 ``failed_event`` (a Responses stream's ``error_after`` event is ``response.failed`` carrying the

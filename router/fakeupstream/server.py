@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -225,7 +226,7 @@ class FakeServer:
         if status is not None:
             message = f"fake upstream: injected {status} error for model {name}"
             if behaviour.echo_key:
-                message += f"; the key sent: {_presented_key(request)}"
+                message += echoed_key(_presented_key(request))
             error = from_upstream_status(status, message, behaviour.retry_after)
             return _error(dialect, error, status, behaviour.retry_after)
         reply = self.planner.plan(prompt, behaviour)
@@ -309,6 +310,20 @@ def _abort(request: web.Request) -> web.StreamResponse:
     return web.Response(status=500)
 
 
+def echoed_key(key: str) -> str:
+    """What ``echo_key`` adds to an error message: the key, then the parts of it and of its
+    account that OpenAI's own errors quote (its start and last four characters, an organization id)."""
+    return (
+        f"; the key sent: {key}; Incorrect API key provided: {key[:8]}{'*' * 20}{key[-4:]}."
+        f" Rate limit reached for requests in organization {fake_organization(key)}."
+    )
+
+
+def fake_organization(key: str) -> str:
+    """The organization id the fake gives the account of ``key``."""
+    return "org-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
 def _presented_key(request: web.Request) -> str:
     bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
     return request.headers.get("x-api-key") or bearer
@@ -319,7 +334,7 @@ def _echoing(frame: bytes, request: web.Request) -> bytes:
     head, _, data = frame.partition(b"data: ")
     event = orjson.loads(data)
     said = event["error"] if isinstance(event.get("error"), dict) else event
-    said["message"] += f"; the key sent: {_presented_key(request)}"
+    said["message"] += echoed_key(_presented_key(request))
     return head + b"data: " + orjson.dumps(event) + b"\n\n"
 
 

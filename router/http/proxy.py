@@ -327,8 +327,9 @@ class _Reply(Response):
 
 
 def _without_key(raw: bytes, backend: Backend) -> bytes:
-    key = backend.api_key()
-    return raw.replace(key.encode(), b"[redacted]") if key else raw
+    """The error event without the key or what the provider quoted of it (``redact_key``)."""
+    text = raw.decode("utf-8", "surrogateescape")
+    return redact_key(text, backend.api_key()).encode("utf-8", "surrogateescape")
 
 
 def _route_headers(f: Flight) -> dict[str, str]:

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from router.app.factory import Services
 from router.fakeupstream import FakeUpstream
+from router.fakeupstream.server import fake_organization
 from router.http import keys
 from router.store.sqlite import SQLiteStore
 from router.telemetry import build_telemetry
@@ -369,6 +370,15 @@ def test_a_provider_key_the_backend_echoes_is_redacted_everywhere(
     assert_absent("the log output", caplog.text, secret)
     assert_absent("the SQLite store", store_bytes(r.db_path), secret)
     assert start.encode() not in store_bytes(r.db_path)
+    # Nor what OpenAI quotes of a refused key (its last four characters) and of the account.
+    quoted = {
+        "the key's last characters": "*" + canaries.provider[-4:],
+        "the organization": fake_organization(canaries.provider),
+    }
+    for i, (status, text) in enumerate(seen.bodies):
+        assert_absent(f"response body #{i} ({status})", text, quoted)
+    assert_absent("the log output", caplog.text, quoted)
+    assert_absent("the SQLite store", store_bytes(r.db_path), quoted)
 
 
 #: litellm providers that speak OpenAI's wire format and, finding no key of their own, fell back
