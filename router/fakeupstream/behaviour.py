@@ -23,7 +23,9 @@ organization id, as OpenAI's do), ``no_usage`` (a whole reply comes without its 
 from some OpenAI-compatible servers), ``hosted_calls`` (the reply calls each hosted tool the request
 declares, a web search and the like, that many times, as the provider would before answering),
 ``failed_event`` (a Responses stream's ``error_after`` event is ``response.failed`` carrying the
-reply's usage, as OpenAI ends a response that failed after it began).
+reply's usage, as OpenAI ends a response that failed after it began), ``ms_per_max_token`` (a
+whole reply waits that long per output token the request allows, ``max_tokens`` or its kin: a
+provider writing a reply that long sends nothing of it before it is done).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Behaviour:
     no_usage: bool = False
     hosted_calls: int = 0
     failed_event: bool = False
+    ms_per_max_token: float = 0.0
 
     def overrides(self) -> Overrides:
         """The fields that differ from the defaults: what this behaviour adds on top of another."""
@@ -163,6 +166,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "no_usage": _flag,
     "hosted_calls": _non_negative_int,
     "failed_event": _flag,
+    "ms_per_max_token": _non_negative_float,
 }
 KEYS = tuple(_CONVERTERS)
 

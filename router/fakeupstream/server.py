@@ -247,8 +247,9 @@ class FakeServer:
                 return await _stream(request, dialect, frames, behaviour, error_frame)
             finally:
                 self.open_streams -= 1
-        if behaviour.ttft_ms:
-            await asyncio.sleep(behaviour.ttft_ms / 1000)
+        pause_ms = behaviour.ttft_ms + behaviour.ms_per_max_token * _output_allowed(body)
+        if pause_ms:
+            await asyncio.sleep(pause_ms / 1000)
         if behaviour.break_after is not None:
             return _abort(request)
         whole = dialect.complete(reply, body, self.ids)
@@ -308,6 +309,15 @@ def _abort(request: web.Request) -> web.StreamResponse:
         request.transport.abort()
     # aiohttp needs a response object; it is never sent because the transport is gone.
     return web.Response(status=500)
+
+
+def _output_allowed(body: Mapping[str, Any]) -> int:
+    """The output tokens a request allows, in whichever field its protocol names them."""
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 0
 
 
 def echoed_key(key: str) -> str:

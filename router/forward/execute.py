@@ -11,7 +11,10 @@ Backends are tried in the decision's order, within one overall deadline:
   while the retry budget allows: retries are capped as a share of traffic, so an outage is not
   multiplied by the router;
 * a breaker per backend (shared across replicas through ``router.shared``) skips backends that
-  keep failing, with a half-open probe to notice their return;
+  keep failing, with a half-open probe to notice their return. A failure the request itself may
+  have caused — a whole reply, or the overall deadline, given up by a timeout while the backend
+  may still be writing a reply the request made long — names the tenant: one tenant's such
+  failures count once, so a key asking for huge replies cannot open a backend's breaker for all;
 * for streams, all of this happens only before the first content event — the commit point.
   Everything read before it is held back until then;
 * in the seconds after a start while litellm still loads, the backends the client's protocol
@@ -99,6 +102,9 @@ class Execution:
     #: by a timeout, or failed with their usage reported), with the tries so far: the budgets
     #: hold what those cost before another try spends more. It raises (a budget's refusal) to stop.
     hold_billed: Callable[[list[Try]], Awaitable[None]] | None = None
+    #: Who sent the request (a key id, else the master key's or open mode's name): the breakers
+    #: count a failure the request may have caused against it (``_suspect``).
+    tenant: str | None = None
 
 
 class RetryBudget:
@@ -162,7 +168,7 @@ class Executor:
             phases.byte()
             return reply
 
-        return await self._run(decision, catalog, phases, ex, call, req.protocol)
+        return await self._run(decision, catalog, phases, ex, call, req.protocol, streamed=False)
 
     async def open_stream(
         self, req: ClientRequest, decision: Decision, catalog: Catalog, headers: dict[str, str], phases: Phases,
@@ -200,7 +206,7 @@ class Executor:
                 committed.release = slot.release
             return committed
 
-        return await self._run(decision, catalog, phases, ex, call, req.protocol)
+        return await self._run(decision, catalog, phases, ex, call, req.protocol, streamed=True)
 
     async def _loaded(self, req: ClientRequest, backend: Backend) -> None:
         """Wait for litellm's load before a call that needs translating (a dict lookup once loaded)."""
@@ -215,6 +221,8 @@ class Executor:
         ex: Execution,
         call: Callable[[Backend, float], Awaitable[T]],
         protocol: str,
+        *,
+        streamed: bool,
     ) -> T:
         self.retry_budget.earn()
         deadline = time.monotonic() + self.timeouts.overall
@@ -257,7 +265,9 @@ class Executor:
                     t.start is not None and isinstance(last, UpstreamTimeout) and last.which != "connect"
                 )
                 ex.tries.append(t)
-                await self.breakers.record_failure(backend.id, last.retryable)
+                await self.breakers.record_failure(
+                    backend.id, last.retryable, caused_by=ex.tenant if _suspect(last, streamed) else None
+                )
                 remaining = deadline - time.monotonic()
                 if retry or not last.retryable or i < len(order) or remaining <= 0:
                     break
@@ -294,6 +304,17 @@ def _all_keys_missing(tries: list[Try], catalog: Catalog) -> MissingCredentials 
         missing.setdefault(str(catalog[t.model].api_key_env), []).append(t.model)
     named = ", ".join(f"{var} ({', '.join(ids)})" for var, ids in missing.items())
     return MissingCredentials(f"no backend could be called, their key variables are not set: {named}")
+
+
+def _suspect(err: RouterError, streamed: bool) -> bool:
+    """Whether the request may have caused ``err`` rather than the backend: a timeout that gave up
+    on a whole reply (nothing of it comes before it is done, so a reply the request made long, by
+    its ``max_tokens`` or its task, looks like a hung backend), or on the request's overall
+    deadline. A stream's first content that comes later than ``first_token`` (or its silence for
+    ``idle``), connect errors and the backend's own failing statuses are the backend's."""
+    if not isinstance(err, UpstreamTimeout):
+        return False
+    return err.which == "overall" or (not streamed and err.which == "idle")
 
 
 def _pause(err: RouterError, base: float) -> float | None:

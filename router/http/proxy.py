@@ -148,7 +148,7 @@ class Proxy:
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
             f.held = await self.admission.admit(principal, f.task_id, decision, task_budget)
             phases.decide()
-            f.execution = ex = Execution()
+            f.execution = ex = Execution(tenant=principal.key_id or principal.name)
             if f.held is not None:
                 ex.hold_billed = partial(self._hold_billed, f, principal, task_budget)
             if req.stream:

@@ -31,7 +31,7 @@ Redis key layout (prefix ``StateConfig.prefix``, default ``router:``; times on t
 ``budget:restored``                str    the budget counts are whole (absent: restore from the log)
 ``rl:log:{key}``                   zset   ``"{id}:{requests}:{tokens}"`` -> time (ms); PX window
 ``rl:sum:{key}``                   hash   ``req``, ``tok`` sums of the log; PX window
-``breaker:state:{backend}``        hash   ``failures`` (while closed), ``open_until`` (ms)
+``breaker:state:{backend}``        hash   ``failures``, ``suspect*`` (while closed), ``open_until`` (ms)
 ``breaker:probe:{backend}``        str    half-open probe lock; SET NX PX probe TTL
 ``policy:version``                 str    promoted policy version (no TTL, like ``budget:restored``)
 ``policy:events``                  chan   pub/sub: a version was published
@@ -198,9 +198,12 @@ class Breakers(Protocol):
 
     async def record_success(self, backend: str) -> None: ...
 
-    async def record_failure(self, backend: str, retryable: bool) -> None:
+    async def record_failure(self, backend: str, retryable: bool, *, caused_by: str | None = None) -> None:
         """Only retryable failures count; a non-retryable one (the backend answered) frees the
-        half-open probe slot and changes nothing else."""
+        half-open probe slot and changes nothing else. ``caused_by`` names the tenant whose
+        request may have caused the failure (a long reply given up by a timeout): one tenant's
+        such failures count once toward opening, until another tenant's fails so too; in
+        half-open one frees the probe slot like a non-retryable one."""
         ...
 
     async def state(self, backend: str) -> BreakerState: ...

@@ -1,7 +1,9 @@
 """Circuit breakers in Redis, shared by every replica: one replica's failures open it for all.
 
-``breaker:state:{backend}`` (hash): ``failures`` (consecutive retryable failures while closed) and
-``open_until`` (ms, Redis clock; absent = closed). Open and past ``open_until`` is half-open: the
+``breaker:state:{backend}`` (hash): ``failures`` (consecutive retryable failures while closed, the
+backend's own), ``suspect`` / ``suspect_first`` / ``suspect_many`` (those a request may have caused:
+how many, the first tenant's name, and whether another tenant's did too; one tenant's count once,
+as ``router.shared.memory.MemoryBreakers`` says) and ``open_until`` (ms, Redis clock; absent = closed). Open and past ``open_until`` is half-open: the
 first caller to win ``SET breaker:probe:{backend} NX PX probe_ttl`` is the one probe. Every
 transition is one Lua script, so two replicas cannot both take the probe or half-apply a change.
 Fails open to a local breaker, which also mirrors this replica's results while Redis is up.
@@ -34,19 +36,32 @@ return 0
 """
 )
 
-# KEYS: state hash, probe lock. ARGV: outcome ('ok' | 'fail' | 'neutral'), threshold, cooldown ms,
-# idle ms. Returns the state after the event.
+# KEYS: state hash, probe lock. ARGV: outcome ('ok' | 'fail' | 'suspect' | 'neutral'), threshold,
+# cooldown ms, idle ms, the suspect's tenant. Returns the state after the event.
 RECORD = (
     _NOW
     + """
 local outcome = ARGV[1]
 if open_until < 0 then
   if outcome == 'ok' then
-    redis.call('HDEL', KEYS[1], 'failures')
-  elseif outcome == 'fail' then
-    local f = redis.call('HINCRBY', KEYS[1], 'failures', 1)
-    if f >= tonumber(ARGV[2]) then
-      redis.call('HDEL', KEYS[1], 'failures')
+    redis.call('HDEL', KEYS[1], 'failures', 'suspect', 'suspect_first', 'suspect_many')
+  elseif outcome == 'fail' or outcome == 'suspect' then
+    if outcome == 'fail' then
+      redis.call('HINCRBY', KEYS[1], 'failures', 1)
+    else
+      redis.call('HINCRBY', KEYS[1], 'suspect', 1)
+      local first = redis.call('HGET', KEYS[1], 'suspect_first')
+      if not first then
+        redis.call('HSET', KEYS[1], 'suspect_first', ARGV[5])
+      elseif first ~= ARGV[5] then
+        redis.call('HSET', KEYS[1], 'suspect_many', '1')
+      end
+    end
+    local f = tonumber(redis.call('HGET', KEYS[1], 'failures') or '0')
+    local s = tonumber(redis.call('HGET', KEYS[1], 'suspect') or '0')
+    if not redis.call('HGET', KEYS[1], 'suspect_many') then s = math.min(s, 1) end
+    if f + s >= tonumber(ARGV[2]) then
+      redis.call('HDEL', KEYS[1], 'failures', 'suspect', 'suspect_first', 'suspect_many')
       redis.call('HSET', KEYS[1], 'open_until', now + tonumber(ARGV[3]))
       redis.call('PEXPIRE', KEYS[1], ARGV[4])
       return 'open'
@@ -111,11 +126,13 @@ class RedisBreakers:
         await self._local.record_success(backend)
         await self._send(backend, "ok")
 
-    async def record_failure(self, backend: str, retryable: bool) -> None:
+    async def record_failure(self, backend: str, retryable: bool, *, caused_by: str | None = None) -> None:
         """Non-retryable failures (the backend answered, e.g. 400) neither count nor reset the
-        count; in half-open such an answer frees the probe slot for another probe."""
-        await self._local.record_failure(backend, retryable)
-        await self._send(backend, "fail" if retryable else "neutral")
+        count; in half-open such an answer frees the probe slot for another probe. So does a
+        probe's failure its request may have caused (``caused_by``)."""
+        await self._local.record_failure(backend, retryable, caused_by=caused_by)
+        outcome = "neutral" if not retryable else "fail" if caused_by is None else "suspect"
+        await self._send(backend, outcome, caused_by or "")
 
     async def state(self, backend: str) -> BreakerState:
         keys = [self._keys.breaker(backend)[0]]
@@ -129,9 +146,9 @@ class RedisBreakers:
         """The local mirror: this replica's results (other replicas' opens show on their own)."""
         return self._local.local_states()
 
-    async def _send(self, backend: str, outcome: str) -> None:
+    async def _send(self, backend: str, outcome: str, tenant: str = "") -> None:
         keys = list(self._keys.breaker(backend))
-        args = [outcome, self._threshold, self._cooldown_ms, self._idle_ms]
+        args = [outcome, self._threshold, self._cooldown_ms, self._idle_ms, tenant]
 
         async def remote() -> None:
             await self._record(keys, args)

@@ -27,6 +27,7 @@ from tests.unit.test_state_memory import (
     Env,
     check_attempts,
     check_breaker,
+    check_breaker_suspects,
     check_budgets,
     check_no_overspend,
     check_policy_watch,
@@ -120,6 +121,7 @@ async def test_rate_limits(make_state: MakeState) -> None:
 async def test_breaker(make_state: MakeState) -> None:
     state = make_state(breaker=BreakerConfig(failure_threshold=3, cooldown_s=0.2))
     await check_breaker(state, REAL, cooldown=0.2)
+    await check_breaker_suspects(state, REAL, cooldown=0.2)
 
 
 async def test_policy_version_reaches_another_replica_within_a_second(make_state: MakeState) -> None:

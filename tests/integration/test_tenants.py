@@ -205,3 +205,57 @@ def test_one_key_cannot_evict_every_tenants_task_state(
         chat(victim["key"], "mine")  # the conversation starts over after the failure
     attempts = [row["attempt"] for row in r.records(62) if row["task_id"] == f"{victim['key_id']}/mine"]
     assert attempts == [1, 2], f"the victim's task state was evicted by another key: {attempts}"
+
+
+def slow_policy(up: str) -> dict[str, Any]:
+    """``shared`` takes 1 ms per output token the request allows before a whole reply, as a
+    provider does writing a reply that long; ``spare`` answers at once."""
+    spec = {"protocol": "openai", "api_base": up + "/v1", "context_window": 100_000,
+            "max_output_tokens": 8192, "prices": {"input": 1.0, "output": 2.0}}  # fmt: skip
+    return {
+        "version": 1,
+        "name": "breakers",
+        "models": [
+            {"id": "shared", "litellm_model": "openai/shared-model@ms_per_max_token=1", **spec},
+            {
+                "id": "spare",
+                "litellm_model": "openai/spare-model",
+                **spec,
+                "prices": {"input": 2.0, "output": 4.0},
+            },
+        ],
+        "routes": [{"match": "auto", "candidates": ["shared", "spare"]}],
+    }
+
+
+def test_one_keys_timeouts_do_not_open_a_backends_breaker_for_everyone(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key asking for replies longer than the idle timeout allows (here 4,000 tokens at 1 ms
+    each against 0.5 s) had every one given up by a timeout, and five in a row opened the
+    backend's breaker: every key's requests went to the spare for the cool-down. A backend that
+    times out for two keys still has its breaker opened."""
+    from router.forward.timeouts import Timeouts
+
+    fast = Timeouts(connect=1.0, first_token=0.5, idle=0.5, overall=20.0)
+    r = router_factory(slow_policy(upstream.url), master_key=MASTER, timeouts=fast)
+    heavy, light = create_key(r, capsys, "--name", "heavy"), create_key(r, capsys, "--name", "light")
+
+    def ask(c: httpx.Client, key: str, max_tokens: int) -> str:
+        body = {"model": "auto", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+        # A task of its own each: a task's fallback pins it to the spare, off the backend.
+        resp = c.post(CHAT, json=body, headers={"x-api-key": key, "x-router-task-id": uuid.uuid4().hex})
+        assert resp.status_code == 200, resp.text
+        return resp.headers["x-router-model"]
+
+    with httpx.Client(base_url=r.url, timeout=30) as c:
+        for _ in range(8):  # the threshold is 5 failures in a row
+            assert ask(c, heavy["key"], 4000) == "spare"  # given up on shared, served by the spare
+        assert ask(c, light["key"], 10) == "shared", "one key's timeouts moved another key's traffic"
+        # The light key's success ended the row; now both keys' requests time out on shared.
+        served = [ask(c, key, 4000) for key in [heavy["key"], light["key"]] * 3]
+        assert served == ["spare"] * 6
+        assert ask(c, light["key"], 10) == "spare", "a backend failing for two keys kept its breaker closed"
+    rows = r.records(17)
+    last = orjson.loads(rows[-1]["tries"])
+    assert [t["model"] for t in last] == ["shared", "spare"] and last[0]["error_type"] == "BreakerOpen"

@@ -297,6 +297,32 @@ async def check_breaker(state: SharedState, env: Env, cooldown: float) -> None:
     assert await br.state("other-backend") == BreakerState.CLOSED
 
 
+async def check_breaker_suspects(state: SharedState, env: Env, cooldown: float) -> None:
+    """Failures a request may have caused (``caused_by``); expects ``failure_threshold=3``."""
+    br, b = state.breakers, "backend-2"
+    for _ in range(10):
+        await br.record_failure(b, True, caused_by="key-a")  # one tenant's count once
+    await br.record_failure(b, True)  # and with the backend's own failures, as one
+    assert await br.state(b) == BreakerState.CLOSED
+    await br.record_failure(b, True, caused_by="key-b")  # a second tenant's: each counts
+    assert await br.state(b) == BreakerState.OPEN
+    await env.advance(cooldown + env.slack + 0.01)
+    assert await br.before_call(b) and not await br.before_call(b)
+    await br.record_failure(b, True, caused_by="key-a")  # a probe's own long reply: no evidence
+    assert await br.state(b) == BreakerState.HALF_OPEN
+    assert await br.before_call(b)  # the slot is free for another probe
+    await br.record_success(b)
+    for key in ("key-a", "key-b"):
+        await br.record_failure(b, True, caused_by=key)
+    await br.record_success(b)  # a success ends the row, the tenants seen with it
+    for _ in range(2):
+        await br.record_failure(b, True, caused_by="key-b")
+    await br.record_failure(b, True)
+    assert await br.state(b) == BreakerState.CLOSED
+    await br.record_failure(b, True)
+    assert await br.state(b) == BreakerState.OPEN
+
+
 async def check_policy_watch(publisher: SharedState, watcher: SharedState, within: float) -> None:
     seen: list[str] = []
     changed = asyncio.Event()
@@ -393,6 +419,7 @@ async def test_rate_limits(clock: FakeClock, env: Env) -> None:
 async def test_breaker(clock: FakeClock, env: Env) -> None:
     state = memory(clock, breaker=BreakerConfig(failure_threshold=3, cooldown_s=30.0))
     await check_breaker(state, env, cooldown=30.0)
+    await check_breaker_suspects(state, env, cooldown=30.0)
 
 
 async def test_breaker_probe_that_never_reports_frees_its_slot(clock: FakeClock) -> None:
