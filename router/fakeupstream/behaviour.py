@@ -25,7 +25,9 @@ declares, a web search and the like, that many times, as the provider would befo
 ``failed_event`` (a Responses stream's ``error_after`` event is ``response.failed`` carrying the
 reply's usage, as OpenAI ends a response that failed after it began), ``ms_per_max_token`` (a
 whole reply waits that long per output token the request allows, ``max_tokens`` or its kin: a
-provider writing a reply that long sends nothing of it before it is done).
+provider writing a reply that long sends nothing of it before it is done), ``window_holds_output``
+(with ``context_window``, the prompt and the output the request allows must both fit, as
+Anthropic's models before Claude 4.5 require: a 400 otherwise).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Behaviour:
     hosted_calls: int = 0
     failed_event: bool = False
     ms_per_max_token: float = 0.0
+    window_holds_output: bool = False
 
     def overrides(self) -> Overrides:
         """The fields that differ from the defaults: what this behaviour adds on top of another."""
@@ -167,6 +170,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "hosted_calls": _non_negative_int,
     "failed_event": _flag,
     "ms_per_max_token": _non_negative_float,
+    "window_holds_output": _flag,
 }
 KEYS = tuple(_CONVERTERS)
 

@@ -231,6 +231,12 @@ class FakeServer:
             return _error(dialect, error, status, behaviour.retry_after)
         reply = self.planner.plan(prompt, behaviour)
         window, tokens = behaviour.context_window, reply.usage.input_tokens
+        if window is not None and behaviour.window_holds_output and tokens + _output_allowed(body) > window:
+            said = (
+                f"input length and `max_tokens` exceed context limit: {tokens} + {_output_allowed(body)} > "
+                f"{window}, decrease input length or `max_tokens` and try again"
+            )
+            return _error(dialect, BadRequest(said))
         if window is not None and tokens > window:
             return _error(
                 dialect, ContextTooLarge(dialect.context_message.format(tokens=tokens, window=window))

@@ -161,7 +161,7 @@ class Executor:
                 try:
                     await self._loaded(req, backend)
                     phases.start_upstream()
-                    reply = await self.upstream.complete(req, backend, headers)
+                    reply = await self.upstream.complete(req, backend, headers, _prompt(decision, backend))
                 finally:
                     if slot is not None:
                         slot.release()
@@ -192,7 +192,9 @@ class Executor:
             observer = wire.observer()
             try:
                 async with asyncio.timeout_at(_loop_deadline(first_token_by)):
-                    events = await self.upstream.open_stream(req, backend, headers)
+                    events = await self.upstream.open_stream(
+                        req, backend, headers, _prompt(decision, backend)
+                    )
                     committed = await _until_content(events, observer, phases, backend)
             except BaseException as exc:
                 if slot is not None:
@@ -304,6 +306,12 @@ def _all_keys_missing(tries: list[Try], catalog: Catalog) -> MissingCredentials 
         missing.setdefault(str(catalog[t.model].api_key_env), []).append(t.model)
     named = ", ".join(f"{var} ({', '.join(ids)})" for var, ids in missing.items())
     return MissingCredentials(f"no backend could be called, their key variables are not set: {named}")
+
+
+def _prompt(decision: Decision, backend: Backend) -> int | None:
+    """The decision's estimate of the prompt in ``backend``'s tokens (None for a backend it did not weigh)."""
+    estimate = decision.estimate(backend.id)
+    return None if estimate is None else estimate.prompt_tokens
 
 
 def _suspect(err: RouterError, streamed: bool) -> bool:

@@ -181,14 +181,22 @@ class Upstream:
             raise err
         return resp
 
-    async def complete(self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]) -> Reply:
-        """A non-streamed reply, in the client's protocol."""
+    async def complete(
+        self,
+        req: ClientRequest,
+        backend: Backend,
+        client_headers: dict[str, str],
+        prompt_tokens: int | None = None,
+    ) -> Reply:
+        """A non-streamed reply, in the client's protocol. ``prompt_tokens``: the decision's
+        estimate of the prompt in the backend's tokens, for the output a translated call asks for."""
         base = relay_base(backend, req.protocol)
         if base is None:
             from router.forward import translate
 
             await self.prepare_translation()
-            obj = await translate.complete(req.protocol, provider_body(req, backend), self._target(backend))
+            target = self._target(backend, prompt_tokens)
+            obj = await translate.complete(req.protocol, provider_body(req, backend), target)
             return Reply(obj)
         wire = WIRES[req.protocol]
         data = provider_json(req, provider_body(req, backend))
@@ -210,7 +218,11 @@ class Upstream:
         return Reply(obj, raw)
 
     async def open_stream(
-        self, req: ClientRequest, backend: Backend, client_headers: dict[str, str]
+        self,
+        req: ClientRequest,
+        backend: Backend,
+        client_headers: dict[str, str],
+        prompt_tokens: int | None = None,
     ) -> AsyncIterator[sse.Event]:
         """Start a streamed call; errors before the reply starts raise here, later ones from the iterator."""
         base = relay_base(backend, req.protocol)
@@ -219,7 +231,7 @@ class Upstream:
 
             await self.prepare_translation()
             frames = await translate.open_stream(
-                req.protocol, provider_body(req, backend), self._target(backend)
+                req.protocol, provider_body(req, backend), self._target(backend, prompt_tokens)
             )
             return sse.events(_guard(frames, backend, self.timeouts))
         wire = WIRES[req.protocol]
@@ -235,7 +247,8 @@ class Upstream:
             )
         return sse.events(_guard(resp.content.iter_any(), backend, self.timeouts, resp))
 
-    def _target(self, backend: Backend) -> Target:
+    def _target(self, backend: Backend, prompt_tokens: int | None) -> Target:
+        room = None if prompt_tokens is None else output_room(backend, prompt_tokens)
         return Target(
             litellm_model=backend.litellm_model,
             api_base=backend.api_base,
@@ -244,7 +257,15 @@ class Upstream:
             connect=self.timeouts.connect,
             idle=self.timeouts.idle,
             backend=backend.id,
+            output_room=room,
         )
+
+
+def output_room(backend: Backend, prompt_tokens: int) -> int:
+    """The output ``backend``'s window leaves after a prompt estimated at ``prompt_tokens``, less
+    a margin for the estimate falling short (5% of it and 256 tokens), within the policy's limit."""
+    margin = prompt_tokens // 20 + 256
+    return min(backend.max_output_tokens, backend.context_window - prompt_tokens - margin)
 
 
 async def _load_translation() -> None:

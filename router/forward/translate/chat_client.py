@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from router.forward.translate import streams
-from router.forward.translate.litellm_setup import FALLBACK_MAX_TOKENS, call_kwargs, get_litellm, route_of
+from router.forward.translate.litellm_setup import call_kwargs, default_max_tokens, get_litellm, route_of
 from router.forward.translate.target import Target
 
 #: Client fields litellm may translate for the backend (it drops what the backend cannot take).
@@ -32,7 +32,7 @@ def _request(body: dict[str, Any], target: Target) -> dict[str, Any]:
     route = route_of(target.litellm_model)
     if route.anthropic_family and "max_tokens" not in kwargs and "max_completion_tokens" not in kwargs:
         # Anthropic requires max_tokens; litellm's own default for unknown models is far too large.
-        kwargs["max_tokens"] = route.max_output_tokens or FALLBACK_MAX_TOKENS
+        kwargs["max_tokens"] = default_max_tokens(target)
     kwargs.update(call_kwargs(target))
     kwargs["model"] = target.litellm_model
     return kwargs

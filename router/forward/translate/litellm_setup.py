@@ -85,6 +85,16 @@ def get_litellm() -> ModuleType:
     return litellm
 
 
+def default_max_tokens(target: Target) -> int:
+    """The output limit a call to an Anthropic-family backend asks for when the client gave none
+    (Anthropic requires one): the model's largest (litellm's map; ``FALLBACK_MAX_TOKENS`` for a
+    model it does not know), but no more than the window leaves after the prompt. Models before
+    Claude 4.5 refuse a call whose prompt and ``max_tokens`` overflow the window, and the largest
+    output is a quarter or a third of the window (Sonnet 4: 64,000 of 200,000)."""
+    largest = route_of(target.litellm_model).max_output_tokens or FALLBACK_MAX_TOKENS
+    return largest if target.output_room is None else max(1, min(largest, target.output_room))
+
+
 def call_kwargs(target: Target) -> dict[str, Any]:
     """Per-call litellm arguments: where to go, with what key, how long, and no retries."""
     # A backend without ``api_key_env`` gets a placeholder, never None: given None, litellm reads

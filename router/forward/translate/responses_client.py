@@ -26,7 +26,7 @@ from typing import Any
 
 from router.errors import BadRequest
 from router.forward.translate import streams
-from router.forward.translate.litellm_setup import FALLBACK_MAX_TOKENS, call_kwargs, get_litellm, route_of
+from router.forward.translate.litellm_setup import call_kwargs, default_max_tokens, get_litellm, route_of
 from router.forward.translate.target import Target
 
 _PASSED = (
@@ -47,7 +47,7 @@ def _request(body: dict[str, Any], target: Target) -> dict[str, Any]:
     keep_thinking = route.anthropic_family and _wants_reasoning(body)
     kwargs["input"] = _input_for(body.get("input", ""), keep_thinking)
     if route.anthropic_family and "max_output_tokens" not in kwargs:
-        kwargs["max_output_tokens"] = route.max_output_tokens or FALLBACK_MAX_TOKENS
+        kwargs["max_output_tokens"] = default_max_tokens(target)
     kwargs.update(call_kwargs(target))
     kwargs["model"] = target.litellm_model
     kwargs["use_chat_completions_api"] = True

@@ -20,3 +20,7 @@ class Target:
     idle: float | None = None
     #: The policy's id of the backend, for messages: the relay path's name it ("backend 'mini'").
     backend: str | None = None
+    #: The output the backend's window leaves after this request's prompt (estimated), within the
+    #: policy's output limit: the most a call may ask for where the client named no limit and the
+    #: backend needs one. None: not known.
+    output_room: int | None = None
