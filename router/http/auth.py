@@ -168,7 +168,8 @@ class Auth:
         if self.open:
             log.warning(
                 "auth: OPEN MODE - no ROUTER_MASTER_KEY and no virtual keys; any client that can reach "
-                "the router may use it (create a key with `router keys create` to close it)"
+                "the router may use it (set ROUTER_MASTER_KEY to close it and keep the dashboard behind a "
+                "login; a key from `router keys create` alone closes it and locks the dashboard)"
             )
         elif self._master is not None:
             log.info("auth: master key mode - callers need ROUTER_MASTER_KEY or a virtual key")

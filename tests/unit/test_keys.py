@@ -165,6 +165,17 @@ async def test_open_mode_without_master_key_or_keys(store: SQLiteStore) -> None:
     assert await auth.check(request(), master_only=True) is OPEN
 
 
+async def test_open_mode_says_the_master_key_closes_it_and_keys_alone_lock_the_dashboard(
+    store: SQLiteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It said only "create a key with `router keys create` to close it": doing that locked /ui
+    # (virtual keys only: 403, "The dashboard needs a master key"), which it did not say.
+    with caplog.at_level(logging.WARNING, logger="router.http.auth"):
+        await Auth(None, store).start()
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "set ROUTER_MASTER_KEY to close it" in said and "alone closes it and locks the dashboard" in said
+
+
 async def test_an_empty_master_key_is_no_master_key(store: SQLiteStore) -> None:
     auth = Auth(SecretStr(""), store)
     await auth.start()
