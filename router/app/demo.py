@@ -166,10 +166,17 @@ def run_demo(
     return 0
 
 
-def _examples(console: Console, live: Live, store: str) -> None:
+def routed_table() -> Table:
+    """The table of the example requests. The words may wrap but numbers may not: at 80 columns
+    rich cut unwrappable cells, and "local-claude (explored)" read "local-claude (expl…"."""
     table = Table(title="Routed requests")
     for col in ("request", "status", "routed to", "in/out tokens", "ms"):
-        table.add_column(col, no_wrap=col != "request")
+        table.add_column(col, no_wrap=col in ("status", "ms"))
+    return table
+
+
+def _examples(console: Console, live: Live, store: str) -> None:
+    table = routed_table()
     # ~4.3 characters a token, as code usually has: the local provider counts characters / 4, and
     # the router tiktoken tokens, so the two counts the demo prints agree within a tenth.
     big = "    total = sum(item.price for item in order.items)\n" * 3300

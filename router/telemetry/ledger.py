@@ -288,7 +288,7 @@ def render(result: Mapping[str, Any]) -> None:
     s = result["summary"]
     per_task = s["cost_per_completed_task_usd"]
     console.print(
-        f"{s['tasks']} tasks: {s['completed']} completed, {s['failed']} failed, {s['without_outcome']} without "
+        f"{s['tasks']} task{'s' * (s['tasks'] != 1)}: {s['completed']} completed, {s['failed']} failed, {s['without_outcome']} without "
         f"an outcome; spent ${usd(s['cost_usd'])}; cost per completed task: "
         + (f"${usd(per_task)}" if per_task is not None else "n/a (no completed task with an outcome)")
     )

@@ -189,3 +189,22 @@ def test_dollars_are_decimals_with_four_significant_digits() -> None:
     assert [usd(x) for x in (7.2e-06, 1.127e-05, 0.000360, 0.1307, 0.131121, 12.5, 1234.56, 0)] == [
         "0.0000072", "0.00001127", "0.00036", "0.1307", "0.1311", "12.5", "1235", "0",
     ]  # fmt: skip
+
+
+def test_the_demos_table_of_routed_requests_cuts_nothing_at_80_columns() -> None:
+    # `make demo` printed "local-claude (expl…" and "in/out toke…" at 80 columns (and when piped).
+    from router.app.demo import routed_table
+
+    table = routed_table()
+    table.add_row("OpenAI, 40k-token prompt", "200", "local-claude (explored)", "43738/8", "178")
+    table.add_row("Anthropic, streamed, thinking", "200", "local-claude", "(streamed)", "3")
+    console = Console(width=80, record=True)
+    tables.show(console, table)
+    out = console.export_text()
+    assert "…" not in out and "(explored)" in out and "tokens" in out, out
+    narrow(out)
+
+
+def test_tasks_say_one_task_in_the_singular(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "tasks", "--store", store_url, "--task", TASKS[0])
+    assert "\n1 task: 1 completed, 0 failed, 0 without an outcome;" in out, out  # it said "1 tasks"
