@@ -328,8 +328,15 @@ class PolicyWatcher:
             self.history.rejected(str(exc))
             return False
         self._stamp = self._read_stamp(rt)
+        refused = self.history.last_rejected is not None
         self.history.applied(rt)
         if rt.revision is not None and rt.revision == current.revision:
+            if refused:  # the console's last word on the file was its error: say that is over
+                log.info(
+                    "policy file loads again: %s revision %s, the one running, stays",
+                    rt.policy.name,
+                    rt.revision,
+                )
             return False  # touched, not changed: the running revision stays, with its time
         self.install(rt)
         log.info("policy reloaded: %s revision %s (%s)", rt.policy.name, rt.revision, rt.decider.scorer.name)

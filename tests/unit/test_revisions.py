@@ -68,6 +68,28 @@ def test_a_refused_reload_is_remembered_until_a_good_one(tmp_path: Path) -> None
     assert [p["revision"] for p in described["previous"]] == [first.revision]
 
 
+def test_a_file_put_back_after_a_refused_edit_says_it_loads_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The console's last line on the file stayed its error, though /readyz was back to ok.
+    path = write(tmp_path / "p.yaml", "one")
+    rt = load_active_policy(path)
+    good = path.read_bytes()
+    watcher = PolicyWatcher(path, [].append, rt)
+    path.write_text("version: 1\nmodels: []\nroutes: [{match: auto}]\n")
+    bump(path)
+    assert watcher.check(rt) is False
+    path.write_bytes(good)
+    bump(path)
+    with caplog.at_level("INFO", logger="router.policy"):
+        assert watcher.check(rt) is False and watcher.history.last_rejected is None
+        bump(path)
+        assert watcher.check(rt) is False  # touched again: nothing more to say
+    assert [r.getMessage() for r in caplog.records if r.levelname == "INFO"] == [
+        f"policy file loads again: one revision {rt.revision}, the one running, stays"
+    ]
+
+
 def test_a_touched_file_keeps_its_revision(tmp_path: Path) -> None:
     path = write(tmp_path / "p.yaml", "one")
     rt = load_active_policy(path)
