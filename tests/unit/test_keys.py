@@ -355,6 +355,31 @@ def test_cli_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert key not in dump and keys.hash_key(key) in dump
 
 
+def test_cli_list_says_what_each_key_has_spent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A key's budget was listed, and what it had spent nowhere on the command line.
+    from router.store.records import RequestRecord
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    made = [orjson.loads(run_cli(capsys, "keys", "create", "--name", n, "--budget", "1", "--store", url,
+                                 "--json")[1]) for n in ("spender", "idle")]  # fmt: skip
+
+    async def spend() -> None:
+        store = SQLiteStore(str(tmp_path / "cli.db"))
+        await store.open()
+        await store.write_requests([RequestRecord(request_id=f"r{i}", ts=1.0 + i, task_id="t", key_id=made[0]["key_id"],
+                                                  status=200, cost_usd=0.125) for i in range(3)])  # fmt: skip
+        await store.close()
+
+    asyncio.run(spend())
+    listed = orjson.loads(run_cli(capsys, "keys", "list", "--store", url, "--json")[1])
+    assert [(k["name"], k["spent_usd"], k["budget_usd"]) for k in listed] == [
+        ("spender", 0.375, 1.0),
+        ("idle", 0.0, 1.0),
+    ]
+    lines = run_cli(capsys, "keys", "list", "--store", url)[1].splitlines()
+    assert lines[0].split()[4:6] == ["spent_usd", "budget_usd"] and lines[1].split()[4:6] == ["0.375", "1.0"]
+
+
 @pytest.mark.parametrize(
     "flags", [["--rpm", "0"], ["--budget", "-1"], ["--budget", "nan"], ["--models", ","], ["--name", ""]]
 )

@@ -94,7 +94,8 @@ def add_parser(sub: Any, default_store: str) -> None:
                         help="the team whose scopes apply to the key's requests (its callers cannot choose one)")  # fmt: skip
     store_flag(create)
     store_flag(described(actions, "list", "list keys (never the keys themselves)",
-                         "List the virtual keys: id, name, limits, when created and revoked (never the keys).",
+                         "List the virtual keys: id, name, what each has spent (as the log sums it), limits, "
+                         "when created and revoked (never the keys).",
                          "router keys list"))  # fmt: skip
     revoke = described(actions, "revoke", "revoke a key by id (routers notice within 30 s)",
                        "Revoke a virtual key by its id (as `router keys list` shows it); running routers "
@@ -135,14 +136,29 @@ async def _create(store: Store, args: argparse.Namespace) -> int:
 
 
 async def _list(store: Store, args: argparse.Namespace) -> int:
-    rows = [_public(k) for k in await store.list_keys()]
+    # What a key has spent, beside its budget: the log's sum, which budgets restart from (without
+    # what requests in flight hold). Listing limits without it left no command to say how near one is.
+    spent = await store.spend_by("key_id", 0.0)
+    rows = [{**_public(k), "spent_usd": round(spent.get(k.key_id, 0.0), 6)} for k in await store.list_keys()]
     if args.json:
         print(orjson.dumps(rows).decode())
         return 0
     if not rows:
         print("no keys")
         return 0
-    cols = ("key_id", "prefix", "name", "team", "budget_usd", "rpm", "tpm", "models", "created", "revoked")
+    cols = (
+        "key_id",
+        "prefix",
+        "name",
+        "team",
+        "spent_usd",
+        "budget_usd",
+        "rpm",
+        "tpm",
+        "models",
+        "created",
+        "revoked",
+    )
     table = [[_cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in table)) for i, c in enumerate(cols)]
     for line in [list(cols), *table]:
