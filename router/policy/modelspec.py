@@ -6,9 +6,10 @@ The schema of one ``models:`` item; ``router.policy.config`` holds the rest of t
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Protocol = Literal["openai", "anthropic", "openai_responses"]
 
@@ -75,6 +76,18 @@ class ModelSpec(Strict):
     #: LLM calls one attempt may make on this model; the next is refused and the task escalates
     #: (``router.features.task.attempt``). Unset: the learned cap, if the artifact has one.
     max_calls_per_attempt: int | None = Field(default=None, gt=0)
+
+    @field_validator("api_key_env", mode="before")
+    @classmethod
+    def _a_variable_name(cls, value: Any) -> Any:
+        # A key pasted here got "String should match pattern '^[A-Za-z_]...'", which did not say
+        # what goes here instead (the value is never repeated: it may be the key).
+        if isinstance(value, str) and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError(
+                "the NAME of the environment variable holding the key (e.g. OPENAI_API_KEY), never the key "
+                "itself: export the key in the router's environment under that name"
+            )
+        return value
 
     @model_validator(mode="after")
     def _api_base_is_http(self) -> ModelSpec:

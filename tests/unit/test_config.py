@@ -240,6 +240,19 @@ def test_a_key_variable_written_as_a_reference_is_refused_without_its_value() ->
     assert "models[0] (id 'a').api_key_env" in message and "(api_key_env: MY_KEY)" in message
 
 
+def test_a_key_pasted_as_the_key_variable_is_told_what_goes_there_without_its_value() -> None:
+    """It said "String should match pattern '^[A-Za-z_][A-Za-z0-9_]*$'" (after `api_key:` was
+    refused with "did you mean 'api_key_env'?", the key is what a newcomer writes there)."""
+    text = BASE.replace(
+        "context_window: 1000", "context_window: 1000\n    api_key_env: sk-proj-abcSECRET-0123"
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse(text)
+    message = str(caught.value)
+    assert "abcSECRET" not in message and "pattern" not in message
+    assert "models[0] (id 'a').api_key_env: the NAME of the environment variable holding the key" in message
+
+
 def test_a_model_priced_in_tiers_by_prompt_length_takes_each_tier_from_the_map() -> None:
     """Some of litellm's models change price twice (above 32k and 256k tokens): a prompt past the
     second was priced at the first's."""
