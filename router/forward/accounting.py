@@ -163,16 +163,10 @@ def given_up(
     call's estimate, prompt and output, since its backend was writing it unseen; a stream given up
     before its first token on a model that does not reason, its prompt. Each such try's cost is in
     its log entry."""
-    billed: list[tuple[Try, Usage, bool]] = []
-    for t in tries:
-        if t.usage is not None:
-            billed.append((t, t.usage, False))
-        elif t.billed and (est := decision.estimate(t.model)):
-            writing = not req.stream or reasons(req, catalog[t.model])
-            billed.append((t, _estimated(est, est.output_tokens if writing else 0), True))
+    billed = _unserved(tries, req, decision, catalog)
     if not billed:
         return served
-    total = served.split if served is not None else CostSplit(0.0, 0.0, 0.0, 0.0)
+    total = served.split if served is not None else _NOTHING
     for t, usage, _ in billed:
         split = cost_split(catalog[t.model].price, usage)
         t.cost_usd = split.total
@@ -183,6 +177,33 @@ def given_up(
     usage = Usage(input_tokens=sum(u.input_tokens or 0 for _, u, _ in billed),
                   output_tokens=sum(u.output_tokens or 0 for _, u, _ in billed))  # fmt: skip
     return Charge(usage, estimated, total)
+
+
+def unserved_cost(tries: list[Try], req: ClientRequest, decision: Decision, catalog: Catalog) -> CostSplit:
+    """What the tries that did not serve were billed, as ``given_up`` charges them, without
+    writing it into the tries (``given_up`` does, once the request has ended)."""
+    total = _NOTHING
+    for t, usage, _ in _unserved(tries, req, decision, catalog):
+        total = total + cost_split(catalog[t.model].price, usage)
+    return total
+
+
+_NOTHING = CostSplit(0.0, 0.0, 0.0, 0.0)
+
+
+def _unserved(
+    tries: list[Try], req: ClientRequest, decision: Decision, catalog: Catalog
+) -> list[tuple[Try, Usage, bool]]:
+    """The tries the provider billed without their serving: each with its usage, and whether that
+    is the router's estimate."""
+    billed: list[tuple[Try, Usage, bool]] = []
+    for t in tries:
+        if t.usage is not None:
+            billed.append((t, t.usage, False))
+        elif t.billed and (est := decision.estimate(t.model)):
+            writing = not req.stream or reasons(req, catalog[t.model])
+            billed.append((t, _estimated(est, est.output_tokens if writing else 0), True))
+    return billed
 
 
 def _estimated(est: Estimate, output_tokens: int) -> Usage:

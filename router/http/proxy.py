@@ -20,11 +20,13 @@ from starlette.responses import Response
 from router.errors import AttemptStopped, PayloadTooLarge, RouterError, UpstreamError, redact_key
 from router.features.task.identity import client_key_hash, scoped, task_id_of
 from router.forward.accounting import (
+    CostSplit,
     charge,
     cost_split,
     given_up,
     hidden_output,
     streamed_tokens,
+    unserved_cost,
     written_tokens,
 )
 from router.forward.execute import CommittedStream, Execution, Executor, Try
@@ -184,6 +186,9 @@ class Proxy:
     ) -> _Stream:
         chat = req.protocol == OPENAI_CHAT
         hide_usage = chat and not req.include_usage
+        # The tries given up before this one were billed too: usage.cost says what the request
+        # cost, as a whole reply's x-router-cost-usd and the log do (it said the last call's).
+        before = self._unserved(f, f.execution.tries if f.execution is not None else [])
         f.ended(200)
         content_events = 1
         started = finished = False
@@ -237,7 +242,7 @@ class Proxy:
                     elif not (chat and is_usage_only(ev.data)):
                         pending.append(ev.raw)
                     elif not hide_usage:
-                        cost = cost_split(c.backend.price, c.observer.usage).total
+                        cost = (cost_split(c.backend.price, c.observer.usage) + before).total
                         pending.append(usage_frame_with_cost(ev.data, cost))
                     if not ev.more and pending:
                         if c.observer.done:
@@ -288,6 +293,13 @@ class Proxy:
             unseen = hidden_output(req, catalog[model], decision.estimate(model))
             served = charge(catalog[model], usage, decided.features.prompt_tokens, content_events, unseen)
         f.charge = given_up(served, f.execution.tries, req, decision, catalog)
+
+    @staticmethod
+    def _unserved(f: Flight, tries: list[Try]) -> CostSplit:
+        """What ``tries`` were billed without serving (``accounting.unserved_cost``)."""
+        req, decided = f.req, f.decided
+        assert req is not None and decided is not None
+        return unserved_cost(tries, req, decided.decision, f.rt.catalog)
 
     async def _hold_billed(
         self, f: Flight, principal: Principal, task_budget: float | None, tries: list[Try]

@@ -555,3 +555,29 @@ def test_requests_whose_tries_time_out_cannot_spend_past_a_key_budget(
     statuses, spent = forty_at_once(r, key, body)
     assert 200 in statuses
     assert spent <= budget, (spent, budget, statuses)
+
+
+def test_the_client_is_told_the_cost_of_the_tries_given_up_streamed_or_not(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    """A reply served after a try given up at a timeout cost the operator both, and the log counts
+    both; a whole reply's ``x-router-cost-usd`` said so, but a stream's ``usage.cost`` was the
+    serving backend's call alone. Both now tell the client what the log counts."""
+    stalls = Timeouts(connect=1.0, first_token=1.0, idle=1.0, overall=30.0)
+    r = router_factory(faulty(upstream, "ttft_ms=3000"), timeouts=stalls)
+    body = {"model": "auto", "messages": HI}
+    whole = httpx.post(r.url + CHAT, json=body, headers={"x-router-task-id": "told-whole"}, timeout=30)
+    assert whole.status_code == 200
+    told = {"whole": float(whole.headers["x-router-cost-usd"])}
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", r.url + CHAT, json=streamed, headers={"x-router-task-id": "told-stream"},
+                      timeout=30) as resp:  # fmt: skip
+        assert "x-router-cost-usd" not in resp.headers  # sent before the reply's cost is known
+        frames = [line[6:] for line in resp.iter_lines() if line.startswith("data: {")]
+    usage = [orjson.loads(f)["usage"] for f in frames if orjson.loads(f).get("usage")]
+    told["stream"] = usage[-1]["cost"]
+    rows = {row["task_id"].removeprefix("told-"): row for row in r.records(2, timeout=10)[-2:]}
+    for kind, row in rows.items():
+        gave_up, served = orjson.loads(row["tries"])
+        assert gave_up["model"] == "faulty" and gave_up["cost_usd"] > 0 and served["model"] == "good", row
+        assert told[kind] == pytest.approx(row["cost_usd"], abs=1e-9), (kind, told[kind], row["cost_usd"])

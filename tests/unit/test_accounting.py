@@ -12,6 +12,7 @@ import pytest
 from router.fakeupstream import FakeUpstream
 from router.features.bpe import default_encoding
 from router.forward.accounting import cost_split, fill_missing, reasons
+from router.forward.timeouts import Timeouts
 from router.policy.catalog import Price
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Usage
 from router.store import RequestRecord
@@ -302,3 +303,26 @@ def test_a_long_prompt_is_charged_the_long_context_price() -> None:
     assert cost_split(backend.price, past).total == pytest.approx(billed(300_000, 100_000, 2_000, long))
     est = estimate(backend, feats(prompt=300_000), 2_000)
     assert est.cost_usd == pytest.approx(billed(300_000, 0, 2_000, long))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_client_is_told_what_the_log_counts_with_a_try_given_up(
+    fake: FakeUpstream, tmp_path: Path, stream: bool
+) -> None:
+    """A try given up at a timeout is billed and counted in the log; a stream's ``usage.cost``
+    left it out (a whole reply's ``x-router-cost-usd`` had it)."""
+    quick = Timeouts(connect=1.0, first_token=0.2, idle=0.2, overall=10.0)
+    async with serving(tmp_path, [model("slow", fake.url, "ttft_ms=1500"), model("a", fake.url)],
+                       timeouts=quick) as r:  # fmt: skip
+        usage = {"stream_options": {"include_usage": True}} if stream else {}
+        answer = await r.post(stream=stream, **usage)
+        (row,) = await r.records()
+    assert answer.status_code == 200
+    assert [t.model for t in row.tries or []] == ["slow", "a"]
+    gave_up = (row.tries or [])[0].cost_usd
+    assert gave_up is not None and gave_up > 0
+    if stream:
+        told = [d["usage"]["cost"] for d in sse_data(answer.text) if d.get("usage")][-1]
+    else:
+        told = float(answer.headers["x-router-cost-usd"])
+    assert told == pytest.approx(row.cost_usd, abs=1e-9)
