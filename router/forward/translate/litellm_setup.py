@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 FALLBACK_MAX_TOKENS = 4096
 #: The key litellm is given for a backend that has none (never one from the environment).
 _NO_KEY = "no-key"
+#: Providers that authenticate with the cloud's own credentials rather than a key.
+_CLOUD_IDENTITY = frozenset({"bedrock", "sagemaker", "sagemaker_chat", "vertex_ai", "vertex_ai_beta"})
 
 
 @functools.cache
@@ -102,6 +104,14 @@ def call_kwargs(target: Target) -> dict[str, Any]:
     # GROQ_API_KEY, GOOGLE_API_KEY, AWS_BEARER_TOKEN_BEDROCK ...: 86 of its 190 providers, probed) and
     # sends that key to whatever base URL the backend has. Keys come only from the policy.
     api_key = target.api_key if target.api_key is not None else _NO_KEY
+    if (
+        target.api_key is None
+        and target.api_base is None
+        and route_of(target.litellm_model).provider in _CLOUD_IDENTITY
+    ):
+        # Bedrock, SageMaker and Vertex sign with the platform's identity (an instance role,
+        # workload identity), the usual way to run them: at their own endpoints no key leaves.
+        api_key = None
     import httpx  # loaded by litellm anyway; not at the router's start
 
     return {
