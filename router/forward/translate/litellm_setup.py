@@ -103,7 +103,7 @@ def call_kwargs(target: Target) -> dict[str, Any]:
     # the provider's own variable from the process (ANTHROPIC_API_KEY for ``anthropic_text/``,
     # GROQ_API_KEY, GOOGLE_API_KEY, AWS_BEARER_TOKEN_BEDROCK ...: 86 of its 190 providers, probed) and
     # sends that key to whatever base URL the backend has. Keys come only from the policy.
-    api_key = target.api_key if target.api_key is not None else _NO_KEY
+    api_key: str | None = target.api_key if target.api_key is not None else _NO_KEY
     if (
         target.api_key is None
         and target.api_base is None
