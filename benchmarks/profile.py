@@ -1,4 +1,5 @@
-"""``python -m benchmarks.profile``: where the router's CPU goes under load, sampled with py-spy.
+"""``python -m benchmarks.profile``: where the router's CPU goes under load, sampled with py-spy,
+or (``--cprofile``) function by function over replayed agent turns.
 
 Starts the fake upstream and the router as the load benchmark does (pinned, demo policy with a
 learned artifact, SQLite log), drives each mode at concurrency 16 (``--concurrency``) and samples the router with ``py-spy record`` meanwhile
@@ -8,6 +9,12 @@ flamegraph from a second pass (``profile-MODE.svg``); prints the hottest functio
 time, the share per package, and the router's functions by inclusive time. Needs py-spy in the
 virtualenv (``.venv/bin/pip install py-spy``) and permission to ptrace (root, or
 ``kernel.yama.ptrace_scope=0``).
+
+``--cprofile`` needs neither: the router runs under cProfile (``benchmarks.cprofiled``), switched on
+after ``--warmup`` replayed turns and written out after ``--turns`` more, sent one at a time as
+``benchmarks.instructions`` sends them (``--modes replay``, the default for it); prints the Python
+calls a turn, the functions with the most own time, and the own time per router module and per
+package. It sees the event loop's thread only (the request path; not the log's writer thread).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import scenarios
+from benchmarks import cprofiles, scenarios
 from benchmarks.loadgen import CellResult, run_cell
 from benchmarks.procs import Service, Services, choose_pinning, cpu_seconds
 from benchmarks.report import ROUTER, UPSTREAM
@@ -189,7 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-svg", action="store_true", help="skip the flamegraph pass")
     p.add_argument("--native", action="store_true", help="include C frames (slower sampling)")
     p.add_argument("--gil", action="store_true", help="only samples holding the GIL (Python CPU only)")
+    p.add_argument("--cprofile", action="store_true", help="cProfile replayed turns at c=1 (no py-spy)")
+    p.add_argument("--turns", type=int, default=300, help="--cprofile: profiled turns")
+    p.add_argument("--warmup", type=int, default=40, help="--cprofile: turns sent first, not profiled")
+    p.add_argument("--top", type=int, default=25, help="--cprofile: functions listed")
     args = p.parse_args(argv)
+    if args.cprofile:
+        modes = args.modes if args.modes != ",".join(MODES) else "replay"
+        return cprofiles.main(modes.split(","), args.turns, args.warmup, args.top, args.out)
     _py_spy()
     args.out.mkdir(parents=True, exist_ok=True)
     handle_interrupts()

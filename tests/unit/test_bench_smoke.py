@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from benchmarks import bodies, memory, replay, routing
+from benchmarks.cprofiles import where
 from benchmarks.loadgen import CellResult
 from benchmarks.profile import parse_collapsed
 from benchmarks.report import Row, percentile, table
@@ -81,6 +82,28 @@ def test_routing_microbenchmark_times_every_stage() -> None:
     assert all(len(first.samples[s]) == 2 for s in routing.STAGES)
     assert nxt.samples["task_vector"] == []  # computed once per task, not on the next turn
     assert "features p50/p99" in routing.render(cases)
+
+
+@pytest.mark.integration
+def test_the_cprofile_of_replayed_turns_runs_end_to_end(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profile", "--cprofile", "--turns", "6", "--warmup", "2",
+         "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "cprofile-replay.pstats").exists()
+    assert "== replay: 6 turns at c=1" in proc.stdout
+    # The request path's own modules are profiled (the event loop's thread), not only the start-up.
+    assert "router/http/proxy.py" in proc.stdout and "router/policy/decide.py" in proc.stdout
+
+
+def test_a_profiled_function_is_filed_under_its_module_or_package() -> None:
+    assert where("~") == "C"
+    assert where("/work/x/router/policy/decide.py") == "router/policy/decide.py"
+    assert where("/work/x/.venv/lib/python3.11/site-packages/uvicorn/server.py") == "uvicorn"
+    assert where("/usr/local/lib/python3.11/asyncio/events.py") == "asyncio"
+    assert where("/usr/local/lib/python3.11/functools.py") == "functools"
 
 
 def test_collapsed_stacks_drop_idle_pool_threads() -> None:
