@@ -66,6 +66,12 @@ COUNT_NEW_CHARS: Final = 32_768
 TAIL_SAMPLE: Final = 8
 #: o200k tokens of sampled tails before their ratio is used (the backend's ratio until then).
 _TAIL_MIN_TOKENS: Final = 20_000
+#: Once a backend's sampled tails hold this many o200k tokens, one anchored request in
+#: ``TAIL_SAMPLE_SETTLED`` is sampled: the ratio is a sum over hundreds of tails by then, and each
+#: sample is a tiktoken count of the new messages, at 1 in 8 2.6 % of a replayed turn's
+#: instructions (4.6 % Anthropic shape). `router eval-sizes` reads the same error either way.
+_TAIL_SETTLED_TOKENS: Final = 5 * _TAIL_MIN_TOKENS
+TAIL_SAMPLE_SETTLED: Final = 64
 #: The learned ratio forgets past counts once it has read this many characters.
 _HORIZON_CHARS: Final = 4_000_000
 _SYSTEM: Final = -1
@@ -250,7 +256,7 @@ class PromptSizer:
         pending stays uncounted (the anchor covers it); when the estimate started from an anchor by
         the same backend, the difference teaches that backend's characters per token. Returns whether
         to count the new messages (``learn_tail``, off the request path): one such request in
-        ``TAIL_SAMPLE``."""
+        ``TAIL_SAMPLE``, in ``TAIL_SAMPLE_SETTLED`` once ``model``'s tails are counted enough."""
         snap = size.snapshot
         if snap is None:
             return False
@@ -261,7 +267,7 @@ class PromptSizer:
                 model is not None and size.exact == size.anchor_tokens
             ):  # all the tail pending: its count is the tail's
                 self._tails_seen += 1
-                sample = self._tails_seen % TAIL_SAMPLE == 0
+                sample = self._tails_seen % self._tail_every(model) == 0
             # The tail's own tokens: less the anchor, the o200k counts known (in this provider's
             # tokens) and the fixed overheads.
             known = (size.exact - size.anchor_tokens) * ratio
@@ -295,6 +301,11 @@ class PromptSizer:
                 if acc[1] > _HORIZON_CHARS / 4:
                     acc[0] /= 2
                     acc[1] /= 2
+
+    def _tail_every(self, model: str) -> int:
+        """One anchored request of ``model`` in this many has its tail counted (``learn_tail``)."""
+        acc = self._tail.get(model)
+        return TAIL_SAMPLE_SETTLED if acc is not None and acc[1] >= _TAIL_SETTLED_TOKENS else TAIL_SAMPLE
 
     def tail_ratio(self, model: str | None) -> float | None:
         """``model``'s provider tokens per o200k token of conversation tails, once sampled enough."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import random
 from typing import Any
 
@@ -281,6 +282,29 @@ def test_a_count_by_another_backend_teaches_no_rate(encoding: Any) -> None:
     size = s.measure(chat_req(conversation(1) + tool_turn(1, result="x" * 40_000)), "t", 10_000)
     s.reported(size, REPORTED + 40_000, "gpt", 1.0)  # switched: the anchor was in another provider's tokens
     assert s.provider_chars_per_token("gpt") == s.provider_chars_per_token("gemini") == s.chars_per_token
+
+
+def test_a_backends_tails_are_sampled_less_often_once_counted_enough(encoding: Any) -> None:
+    from router.features.promptsize import TAIL_SAMPLE, TAIL_SAMPLE_SETTLED
+
+    s = sizer(encoding)
+    msgs = conversation(1)
+    s.reported(s.measure(chat_req(msgs), "t", 10_000), REPORTED, "gemini", 1.1)
+    total, sampled, ratios = REPORTED, [], []
+    for i in range(2, 2 + 16 * TAIL_SAMPLE + 3 * TAIL_SAMPLE_SETTLED):
+        msgs = msgs + tool_turn(i, result=f"line {i} of a long file\n" * 1200)  # ~8,400 o200k tokens
+        size = s.measure(chat_req(msgs), "t", 10_000)
+        total += 9_000
+        if s.reported(size, total, "gemini", 1.1):
+            sampled.append(i)
+            s.learn_tail(size, total, "gemini")
+            ratios.append(s.tail_ratio("gemini"))
+    gaps = [b - a for a, b in itertools.pairwise(sampled)]
+    # One in TAIL_SAMPLE until ~100k tokens of tails are counted (12 samples here), then one in
+    # TAIL_SAMPLE_SETTLED: the ratio it learnt stays in use.
+    settled = gaps.index(next(g for g in gaps if g != TAIL_SAMPLE))
+    assert 9 < settled < 14 and set(gaps[:settled]) == {TAIL_SAMPLE}
+    assert gaps[-2:] == [TAIL_SAMPLE_SETTLED] * 2 and None not in ratios[settled:]
 
 
 def test_a_settled_tail_is_in_o200k_tokens_beside_the_anchor(encoding: Any) -> None:
