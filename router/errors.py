@@ -194,6 +194,10 @@ class UpstreamError(RouterError):
     status = 502
     openai_type = "server_error"
     anthropic_type = "api_error"
+    #: What the provider reported billing for the call that failed, when it said (a Responses
+    #: ``response.failed`` carries its usage): a ``router.protocols.Usage``, which this module,
+    #: below the protocols, does not import. The failed try is charged it.
+    usage: object | None = None
 
     def __init__(
         self,

@@ -96,8 +96,6 @@ class Execution:
     tries: list[Try] = field(default_factory=list)
     backend: Backend | None = None
     retries: int = 0
-    #: The usage the provider reported for the call that just failed; its try takes it.
-    reported: Usage | None = None
     #: Called before a try that follows tries the provider bills without their serving (given up
     #: by a timeout, or failed with their usage reported), with the tries so far: the budgets
     #: hold what those cost before another try spends more. It raises (a budget's refusal) to stop.
@@ -199,11 +197,17 @@ class Executor:
             except BaseException as exc:
                 if slot is not None:
                     slot.release()
-                if observer.usage.output_tokens is not None:  # a final report, not message_start's
-                    ex.reported = observer.usage
-                if isinstance(exc, TimeoutError) and first_token_by < deadline:
-                    raise UpstreamTimeout("first_token", self.timeouts.first_token) from None
-                raise
+                failed = exc
+                if isinstance(exc, TimeoutError):
+                    if first_token_by < deadline:
+                        failed = UpstreamTimeout("first_token", self.timeouts.first_token)
+                    else:
+                        failed = UpstreamTimeout("overall", self.timeouts.overall)
+                if isinstance(failed, UpstreamError) and observer.usage.output_tokens is not None:
+                    failed.usage = observer.usage  # a final report, not message_start's
+                if failed is exc:
+                    raise
+                raise failed from None
             if slot is not None:
                 committed.release = slot.release
             return committed
@@ -262,7 +266,7 @@ class Executor:
                 # The backend's own status when it answered; else the router's (502 unreachable, 504 ...).
                 status = getattr(last, "upstream_status", None) or last.status
                 t = _try(backend, phases, began, status, last.kind)
-                t.usage, ex.reported = ex.reported, None
+                t.usage = _reported(last)
                 t.billed = (
                     t.start is not None and isinstance(last, UpstreamTimeout) and last.which != "connect"
                 )
@@ -294,6 +298,12 @@ class Executor:
         if isinstance(last, MissingCredentials) and len(ex.tries) > 1:
             raise _all_keys_missing(ex.tries, catalog) or last
         raise last
+
+
+def _reported(err: RouterError) -> Usage | None:
+    """What the provider reported billing for the call that failed with ``err``."""
+    usage = err.usage if isinstance(err, UpstreamError) else None
+    return usage if isinstance(usage, Usage) else None
 
 
 def _all_keys_missing(tries: list[Try], catalog: Catalog) -> MissingCredentials | None:

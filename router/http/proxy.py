@@ -307,11 +307,8 @@ class Proxy:
         """Hold what the tries that did not serve were billed, on top of the request's hold (which
         is one try's), before the next try: a try given up at a timeout and another that serves
         were two calls paid on one hold, 40 requests at once on a key spending 9% past it."""
-        req, decided = f.req, f.decided
-        assert req is not None and decided is not None
-        billed = given_up(None, tries, req, decided.decision, f.rt.catalog)
-        owed = (billed.split.total if billed is not None else 0.0) - sum(r.amount_usd for r in f.held_more)
-        if owed > 0:
+        owed = self._unserved(f, tries).total - sum(r.amount_usd for r in f.held_more)
+        if owed > 0 and (decided := f.decided) is not None:
             more = await self.admission.hold_more(principal, f.task_id, decided.decision, task_budget, owed)
             if more is not None:
                 f.held_more.append(more)

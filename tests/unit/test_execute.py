@@ -384,6 +384,26 @@ async def test_a_try_billed_without_serving_is_held_for_before_the_next(fake: Fa
     assert [t.model for t in ex.tries] == ["slow"]
 
 
+async def test_a_failure_that_reports_its_usage_charges_its_try_that(fake: FakeUpstream) -> None:
+    """A Responses stream that fails before its first token with ``response.failed`` carries the
+    usage its provider bills (520 output tokens here): the failed try takes it, from the error
+    (``UpstreamError.usage``), and the next backend serves; a try failing without one has none."""
+    cat = catalog(model("failing", fake.url, "error_after=0,failed_event=1", protocol="openai_responses"),
+                  model("down", fake.url, "status=503", protocol="openai_responses"),
+                  model("fine", fake.url, protocol="openai_responses"))  # fmt: skip
+    req = request(OPENAI_RESPONSES, stream=True, reasoning={"effort": "high"})
+    async with upstream() as up:
+        phases, ex = fresh()
+        committed = await executor(up, cat).open_stream(
+            req, decision("failing", "down", "fine"), cat, {}, phases, ex
+        )
+        await committed.rest.aclose()  # type: ignore[attr-defined]
+    assert [t.model for t in ex.tries] == ["failing", "down", "fine"]
+    failed, down, _ = ex.tries
+    assert failed.usage is not None and failed.usage.output_tokens == 520
+    assert down.usage is None
+
+
 async def test_first_token_timeout_is_reported_as_such(fake: FakeUpstream) -> None:
     cat = catalog(model("slow", fake.url, "ttft_ms=1500"))
     async with upstream(first_token=0.2, overall=10.0) as up:
