@@ -8,6 +8,7 @@ key or headers), plus the few facts the router needs for routing, task identity 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -159,12 +160,43 @@ def validated(model: type[M], body: dict[str, Any]) -> M:
         raise BadRequest(validation_message(exc), param=str(loc[0]) if loc else None) from None
 
 
+#: How pydantic names the member of a union (``str | list[...]``) an error came from, inside its location.
+_UNION_MEMBER = re.compile(r"(str|int|float|bool|list|dict)(\[.*\])?")
+_OUR_CLASS = re.compile(r" or instance of \w+$")
+
+
 def validation_message(exc: ValidationError) -> str:
-    """The first few pydantic errors as ``field.path: message`` without echoing input values."""
+    """The first few pydantic errors as ``field.path: message`` without echoing input values.
+
+    A field that takes one of two shapes (the Responses ``input``, Anthropic's ``system``) failed
+    each, and said so in pydantic's words: "input.str: Input should be a valid string;
+    input.list[dict[str,any]].0: Input should be a valid dictionary". Where the value had one of
+    the shapes, only that shape's errors are said; where it had none, one line names them all."""
+    members: dict[tuple[Any, ...], list[tuple[tuple[Any, ...], str, str]]] = {}
+    plain: list[tuple[tuple[Any, ...], str]] = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        at = next(
+            (i for i, p in enumerate(loc) if i and isinstance(p, str) and _UNION_MEMBER.fullmatch(p)), None
+        )
+        if at is None:
+            plain.append((loc, err["msg"]))
+        else:
+            members.setdefault(loc[:at], []).append((loc[:at] + loc[at + 1 :], err["type"], err["msg"]))
+    for name, errs in members.items():
+        # A member's type error at the field itself: the value is not of that shape.
+        shaped = [(loc, msg) for loc, kind, msg in errs if not (loc == name and kind.endswith("_type"))]
+        if shaped:
+            plain.extend(shaped)
+        else:
+            shapes = " or ".join(m.removeprefix("Input should be ") for _, _, m in errs)
+            plain.append((name, f"Input should be {shapes}"))
     parts = []
-    for err in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    for loc, given in plain[:3]:
+        # "a valid dictionary or instance of _Function": the class is ours, not the client's to know.
+        msg = _OUR_CLASS.sub("", given)
+        where = ".".join(str(p) for p in loc)
+        parts.append(f"{where}: {msg}" if where else msg)
     return "invalid request: " + "; ".join(parts)
 
 

@@ -188,6 +188,28 @@ def test_a_field_that_fails_validation_is_the_errors_param(parse, body: dict[str
     assert exc.value.param == param, str(exc.value)
 
 
+@pytest.mark.parametrize(
+    ("parse", "body", "said"),
+    [
+        (responses.parse, {"model": "auto", "input": 5}, "input: Input should be a valid string or a valid list"),
+        (responses.parse, {"model": "auto", "input": [1]}, "input.0: Input should be a valid dictionary"),
+        (responses.parse, {"model": "auto", "input": []},
+         "input: List should have at least 1 item after validation, not 0"),
+        (anthropic.parse, {"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                           "system": 5}, "system: Input should be a valid string or a valid list"),
+        (openai_chat.parse, {"model": "auto", "messages": [{"role": "user", "content": "x"}],
+                             "tools": [{"type": "function", "function": 5}]},
+         "tools.0.function: Input should be a valid dictionary"),
+    ],
+)  # fmt: skip
+def test_a_field_of_two_shapes_is_told_in_the_clients_words(parse, body: dict[str, Any], said: str) -> None:  # type: ignore[no-untyped-def]
+    # It said "input.str: Input should be a valid string; input.list[dict[str,any]]: Input should
+    # be a valid list" (pydantic's names for the shapes), and "... or instance of _Function".
+    with pytest.raises(BadRequest) as exc:
+        parse(orjson.dumps(body))
+    assert str(exc.value) == f"invalid request: {said}"
+
+
 def test_an_unknown_responses_item_is_refused_naming_it() -> None:
     ok = {"role": "user", "content": "hi"}
     assert refused(responses.parse, items(ok, {"type": "bogus"})) == (
