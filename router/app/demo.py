@@ -128,6 +128,34 @@ def serving(store: str, port: int | None, upstream_port: int | None) -> Iterator
             thread.join(timeout=30)
 
 
+def _refused_by_keys(store: str) -> None:
+    """A log that holds virtual keys closes open mode, and without the master key to send the demo
+    had every request refused: seven 401s in its table and no word of why (after `router keys
+    create` in the checkout, whose router.db the demo logs to)."""
+    from router.app.settings import Settings
+    from router.errors import ConfigError
+    from router.store.window import opened
+
+    master = Settings(config=POLICY, store=store).master_key
+    if master is not None and master.get_secret_value():
+        return
+
+    async def keys() -> int:
+        async with opened(store) as log:
+            return len(await log.list_keys())
+
+    try:
+        held = asyncio.run(keys())
+    except ConfigError:  # a log not made yet holds no key (and is not made here)
+        return
+    if held:
+        raise ConfigError(
+            f"{store} holds virtual keys (`router keys list`), so the router it logs for refuses a request "
+            "without a key and the demo's would all be 401: export ROUTER_MASTER_KEY (the demo sends it), "
+            "or give the demo a log of its own: router demo --store sqlite:///demo.db"
+        )
+
+
 def run_demo(
     store: str = "sqlite:///router.db", keep_serving: bool = False, port: int | None = None,
     upstream_port: int | None = None, tasks: int | None = None, data: Path | None = None,
@@ -137,6 +165,7 @@ def run_demo(
     ``upstream_port``: the same for the local fake provider (default 9100); ``tasks``: work that
     many SWE-bench tasks through it (``router.app.demotasks``) instead of the example requests."""
     console = Console()
+    _refused_by_keys(store)
     source = None
     if tasks:
         from router.app.demotasks import load_source

@@ -559,3 +559,24 @@ def test_upstream_behaviour_with_an_unknown_key_is_one_line_naming_the_known_one
     err = capsys.readouterr().err
     assert err.startswith("router upstream: --behaviour: unknown behaviour key 'tool_args'"), err
     assert "tool_arg," in err and err.count("\n") == 1
+
+
+def test_demo_on_a_log_with_virtual_keys_and_no_master_key_says_why_before_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # After `router keys create` in the checkout, `make demo` printed seven 401s and no reason.
+    monkeypatch.delenv("ROUTER_MASTER_KEY", raising=False)
+    store = f"sqlite:///{tmp_path / 'router.db'}"
+    assert main(["keys", "create", "--name", "ci", "--store", store]) == 0
+    capsys.readouterr()
+    assert (
+        main(["demo", "--store", store, "--port", str(closed_port()), "--upstream-port", str(closed_port())])
+        == 2
+    )
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, out + err
+    assert (
+        "holds virtual keys" in err
+        and "export ROUTER_MASTER_KEY" in err
+        and "--store sqlite:///demo.db" in err
+    )
