@@ -19,7 +19,7 @@ from router.fakeupstream.reply import (
     split_text,
     sse,
 )
-from router.protocols.hosted import declared
+from router.protocols.hosted import declared, max_uses
 
 _MARKER = b'"cache_control"'
 _ONE_HOUR = b'"ttl":"1h"'
@@ -151,6 +151,7 @@ class AnthropicMessages:
             cache_marker=(marker := cache_marker(head, items)),
             cache_1h=marker is not None and _ONE_HOUR in (items[marker - 1] if marker else head),
             hosted=declared(tools or ()),
+            max_uses=max_uses(tools or ()),
         )
 
     def content(self, reply: FakeReply, ids: Ids) -> tuple[list[dict[str, Any]], str]:

@@ -12,7 +12,7 @@ import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -58,6 +58,8 @@ class Prompt:
     cache_marker: int | None = None
     #: The kinds of the hosted tools the request declares (``router.protocols.hosted``).
     hosted: tuple[str, ...] = ()
+    #: The most calls of a hosted kind the request allows (Anthropic's ``max_uses``), by kind.
+    max_uses: Mapping[str, int] = field(default_factory=dict)
     #: The last marker asks for an hour (Anthropic's ``ttl: "1h"``) rather than five minutes.
     cache_1h: bool = False
 
@@ -259,7 +261,12 @@ class Planner:
             thinking=thinking,
             signature=self._signature if thinking else None,
             usage=self._usage(prompt, behaviour, words + extra),
-            hosted=[kind for kind in prompt.hosted for _ in range(behaviour.hosted_calls)],
+            # As a provider does, no more calls of a kind than the request allows.
+            hosted=[
+                kind
+                for kind in prompt.hosted
+                for _ in range(min(behaviour.hosted_calls, prompt.max_uses.get(kind, behaviour.hosted_calls)))
+            ],
         )
 
 

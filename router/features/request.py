@@ -73,6 +73,9 @@ class Features:
     #: The kinds of the hosted tools the request declares (``router.protocols.hosted``), which
     #: the provider bills per call.
     hosted_tools: tuple[str, ...] = ()
+    #: The most calls of those kinds the request allows, (kind, calls), where it caps them
+    #: (``hosted.max_uses``).
+    hosted_max_uses: tuple[tuple[str, int], ...] = ()
 
     def for_rules(self) -> dict[str, Any]:
         """The mapping that rule conditions read (names as in the policy file)."""

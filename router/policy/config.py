@@ -84,7 +84,8 @@ class Defaults(Strict):
     #: the backend's learned 90th percentile raises it, never lowers it (``Decider.reserve``).
     reserve_output_tokens: int = Field(default=4096, gt=0)
     #: Calls of each hosted tool a request declares (a web search, ...) that a budget holds for,
-    #: at the backend's per-call price: what one reply may call is not known before it.
+    #: at the backend's per-call price: what one reply may call is not known before it. A tool
+    #: the request caps lower (Anthropic's ``max_uses``) holds its cap.
     held_tool_calls: int = Field(default=1, ge=0)
 
 

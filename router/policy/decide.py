@@ -274,8 +274,10 @@ class Decider:
         e = estimate(backend, features, mean, self.estimates, prompt, high)
         e.output_cell = cell
         if features.hosted_tools:
-            # Billed per call, whatever the tokens: a budget holds for the calls the policy says.
-            calls = dict.fromkeys(features.hosted_tools, self.policy.defaults.held_tool_calls)
+            # Billed per call, whatever the tokens: a budget holds for the calls the policy says,
+            # or the fewer the request allows (the provider makes no more).
+            held, caps = self.policy.defaults.held_tool_calls, dict(features.hosted_max_uses)
+            calls = {kind: min(held, caps.get(kind, held)) for kind in features.hosted_tools}
             e.hold_usd = (e.hold_usd if e.hold_usd is not None else e.cost_usd) + backend.price.tools(calls)
         return e
 

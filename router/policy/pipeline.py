@@ -22,7 +22,7 @@ from router.policy.active import ActivePolicy
 from router.policy.decide import Decider, Decision
 from router.policy.scopes import scope_facts
 from router.protocols.common import ClientRequest
-from router.protocols.hosted import declared
+from router.protocols.hosted import declared, max_uses
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,5 +207,6 @@ def request_features(
         turn_chars=(new, reply),
         turn_verb=verb,
         hosted_tools=declared(req.tools) if req.tools else (),
+        hosted_max_uses=tuple(max_uses(req.tools).items()) if req.tools else (),
         **extra,
     )

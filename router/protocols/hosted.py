@@ -56,6 +56,24 @@ def declared(tools: Iterable[Any]) -> tuple[str, ...]:
     return tuple(kinds)
 
 
+def max_uses(tools: Iterable[Any]) -> dict[str, int]:
+    """The most calls of each hosted kind the provider makes for one reply, where the request
+    caps every tool of that kind (Anthropic's server tools' ``max_uses``; a kind declared twice
+    is capped at the sum). A kind some tool leaves uncapped is not named."""
+    caps: dict[str, int] = {}
+    uncapped: set[str] = set()
+    for tool in tools:
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if not isinstance(kind, str) or (kind := kind_of(kind)) in _CLIENT:
+            continue
+        n = tool.get("max_uses")
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            caps[kind] = caps.get(kind, 0) + n
+        else:
+            uncapped.add(kind)
+    return {kind: n for kind, n in caps.items() if kind not in uncapped}
+
+
 def _search_kind(tools: Any) -> str:
     """A ``web_search_call``'s kind: the preview tool when the request declared only that one
     (OpenAI prices it apart), else ``web_search``."""

@@ -581,3 +581,29 @@ def test_the_client_is_told_the_cost_of_the_tries_given_up_streamed_or_not(
         gave_up, served = orjson.loads(row["tries"])
         assert gave_up["model"] == "faulty" and gave_up["cost_usd"] > 0 and served["model"] == "good", row
         assert told[kind] == pytest.approx(row["cost_usd"], abs=1e-9), (kind, told[kind], row["cost_usd"])
+
+
+def test_a_server_tools_max_uses_caps_what_its_request_holds(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An Anthropic server tool's ``max_uses`` is the most calls the provider makes of it for one
+    reply; the router held ``defaults.held_tool_calls`` of each declared tool whatever it said,
+    so a request allowing one search held three ($0.03), and a key with room for that one search
+    was refused. Now a request holds the fewer of the two."""
+    path, body = HOSTED["anthropic"]
+    body = {**body, "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}]}
+    policy = faulty(upstream, "hosted_calls=3", "anthropic")
+    policy["defaults"] = {"held_tool_calls": 3}
+    r = router_factory(policy, master_key=MASTER)
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
+    hold = seen["candidates"][0]["hold_usd"]
+    assert 0.01 <= hold < 0.02, seen["candidates"][0]
+    key = create_key(r, capsys, "--name", "one-search", "--budget", "0.015")
+    resp = httpx.post(r.url + path, json=body, headers={"x-api-key": key["key"]}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    row = r.records(1)[-1]
+    assert row["cost_tools_usd"] == pytest.approx(0.01), row  # the provider stopped at max_uses
+    # Without max_uses, the policy's three are held.
+    unbounded = {**body, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    seen = httpx.post(r.url + "/v1/route", json=unbounded, headers={"x-api-key": MASTER}, timeout=30).json()
+    assert seen["candidates"][0]["hold_usd"] >= 0.03

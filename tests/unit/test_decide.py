@@ -215,3 +215,20 @@ def test_a_rule_that_decides_the_front_is_not_called_exploration() -> None:
         assert (
             d.chosen == "big" and not d.explored and d.reason.startswith("preferred by rule; then cheapest")
         )
+
+
+def test_a_hosted_tool_holds_the_policys_calls_or_the_fewer_the_request_allows() -> None:
+    """``defaults.held_tool_calls`` of each declared hosted tool, unless its ``max_uses`` allows
+    fewer: a request allowing one search held three."""
+    policy = parse_policy(POLICY + "defaults: {held_tool_calls: 3}\n", source="t.yaml", env={})
+    decider = Decider(policy, build_catalog(policy, lookup=lambda m: None))
+
+    def tools_held(**kw) -> float:  # type: ignore[no-untyped-def]
+        est = decider.decide(feats(hosted_tools=("web_search", "web_fetch"), **kw)).estimate("cheap")
+        assert est is not None and est.hold_usd is not None
+        return est.hold_usd - decider.decide(feats()).estimate("cheap").hold_usd  # type: ignore[union-attr,operator]
+
+    fee = build_catalog(policy, lookup=lambda m: None)["cheap"].price.tools({"web_search": 1})
+    assert tools_held() == pytest.approx(3 * fee)
+    assert tools_held(hosted_max_uses=(("web_search", 1),)) == pytest.approx(fee)
+    assert tools_held(hosted_max_uses=(("web_search", 5),)) == pytest.approx(3 * fee)

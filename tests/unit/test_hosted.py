@@ -11,7 +11,7 @@ from router.forward.accounting import cost_split
 from router.policy.catalog import HOSTED_TOOL_FEES, build_catalog
 from router.protocols import anthropic, responses
 from router.protocols.common import Usage
-from router.protocols.hosted import declared
+from router.protocols.hosted import declared, max_uses
 from tests.unit.test_config import BASE, parse
 
 
@@ -20,6 +20,18 @@ def test_the_declared_hosted_tools_are_named_by_kind() -> None:
              {"type": "web_search_20250305", "name": "web_search"}, {"name": "bash", "input_schema": {}},
              {"type": "bash_20250124", "name": "bash"}, {"type": "custom", "name": "apply"}]  # fmt: skip
     assert declared(tools) == ("web_search_preview", "file_search", "web_search")
+
+
+def test_a_requests_max_uses_caps_each_kind_it_caps_everywhere() -> None:
+    """Anthropic's server tools take ``max_uses``: a kind is capped when every tool of it says
+    (at their sum); one left uncapped, or a cap that is not a count, caps nothing."""
+    tools = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
+             {"type": "web_search_20260101", "name": "web_search_2", "max_uses": 1},
+             {"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 3}, {"type": "web_fetch_20260101"},
+             {"type": "code_execution_20250825", "name": "code_execution", "max_uses": True},
+             {"type": "function", "name": "f", "max_uses": 1}]  # fmt: skip
+    assert max_uses(tools) == {"web_search": 3}
+    assert max_uses([{"type": "web_search_20250305", "max_uses": 0}]) == {"web_search": 0}
 
 
 def test_a_responses_reply_counts_its_hosted_calls() -> None:
