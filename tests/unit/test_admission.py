@@ -186,6 +186,22 @@ async def test_task_budget_from_the_objective(fake: FakeUpstream, tmp_path: Path
     assert "task:budgeted-task" in second.json()["error"]["message"]
 
 
+async def test_a_side_call_within_the_task_budget_is_served_by_a_candidate_it_affords(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    # A side call (a short max_tokens: a title, a summary) was held at the dearest candidate's
+    # cost, as the decision had not left out those over the task's budget for it: 403 while the
+    # cheapest would serve it for a fiftieth of the budget.
+    dear = {**model("dear", fake.url), "prices": {"input": 100.0, "output": 200.0}}
+    async with serving(
+        tmp_path, [model("cheap", fake.url), dear], policy={"objective": {"max_cost_per_task": 0.05}}
+    ) as r:
+        side = await r.post(headers={"x-router-task-id": "titled"}, max_tokens=1000)
+        (row,) = await r.records()
+    assert side.status_code == 200, side.text
+    assert row.side_call and row.chosen_model == "cheap"
+
+
 async def test_open_mode_without_limits_holds_nothing(fake: FakeUpstream, tmp_path: Path) -> None:
     async with serving(tmp_path, [model("a", fake.url)]) as r:
         answer = await r.post(max_tokens=MAX_TOKENS)

@@ -262,8 +262,10 @@ class TaskContext:
             switch = switch or escalation(rules.escalate_below, state)
         budget_left = None
         budget = least(rules.max_cost_per_task, task_budget)
-        if budget is not None and not side:
-            # What is left of the task's budget steers the plan down to cheaper models as it runs out.
+        if budget is not None:
+            # What is left of the task's budget steers the plan down to cheaper models as it runs
+            # out, and leaves out of a side call's order the candidates it cannot hold (the budgets
+            # hold the dearest backend of the order).
             with contextlib.suppress(StateUnavailable):
                 used = await self.budgets.spent(f"task:{task_id}")
                 budget_left = max(0.0, budget - used.spent - used.reserved)
