@@ -28,12 +28,12 @@ Redis key layout (prefix ``StateConfig.prefix``, default ``router:``; times on t
 ``budget:exp:{scope}``             zset   reservation id -> expiry (ms); PX idle (a task's; a key's: none)
 ``budget:amt:{scope}``             hash   reservation id -> amount (nano-USD); PX idle (a task's; a key's: none)
 ``budget:done:{reservation}``      str    the reservation was settled (retries count once); PX 1 hour
-``budget:restored``                str    the budget counts are whole (absent: restore from the log)
+``budget:restored:2``              str    the budget counts are whole (absent: restore from the log)
 ``rl:log:{key}``                   zset   ``"{id}:{requests}:{tokens}"`` -> time (ms); PX window
 ``rl:sum:{key}``                   hash   ``req``, ``tok`` sums of the log; PX window
 ``breaker:state:{backend}``        hash   ``failures``, ``suspect*`` (while closed), ``open_until`` (ms)
 ``breaker:probe:{backend}``        str    half-open probe lock; SET NX PX probe TTL
-``policy:version``                 str    promoted policy version (no TTL, like ``budget:restored``)
+``policy:version``                 str    promoted policy version (no TTL, like ``budget:restored:2``)
 ``policy:events``                  chan   pub/sub: a version was published
 =================================  =====  ===================================================
 

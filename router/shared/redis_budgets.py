@@ -11,7 +11,7 @@ key's never do (``router.shared.memory.lasting``): Redis must not evict them (``
 
 Settles are idempotent: ``budget:done:{reservation}`` marks one that has landed, so a settle
 retried after a lost reply (the script ran, the answer did not come back) is not counted twice.
-``budget:restored`` (no TTL) says the counts are whole: Redis restarted without its data (or a
+``budget:restored:2`` (no TTL) says the counts are whole: Redis restarted without its data (or a
 new prefix) lacks it, and ``reserve``/``spent`` then first restore every scope from the log
 (``restore_from``) before they answer.
 """

@@ -43,8 +43,11 @@ class Keys:
 
     @property
     def budget_restored(self) -> str:
-        """Present while the budget counts are whole (absent in a Redis that lost its data)."""
-        return f"{self.prefix}budget:restored"
+        """Present while the budget counts are whole (absent in a Redis that lost its data).
+
+        The second layout's: a Redis written before keys' counts lasted (``budget:restored``) gave
+        each a 40-day lifetime, so it is restored once as if empty, which makes them last."""
+        return f"{self.prefix}budget:restored:2"
 
     def budget_done(self, reservation_id: str) -> str:
         """Marks a reservation whose settle (or release) has landed."""

@@ -116,3 +116,26 @@ def test_a_key_budget_outlives_redis_and_its_idle_time(
     age_log(r.db_path, 41)
     flush_prefix(prefix)
     assert ask(r, key["key"], "after-41-days").status_code == 403, "the key's budget started again from zero"
+
+
+def test_a_redis_written_before_keys_lasted_is_restored_once(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Redis whose counts an earlier router wrote gave every key's counts a 40-day lifetime, which
+    a router that keeps them never touched again unless the key came back: a key quiet since the
+    upgrade would still be forgotten. Such a Redis lacks the marker of this layout, so the first
+    budget check restores from the log, keeping each key's counts for good."""
+    r, prefix = redis_router(router_factory, faulty(upstream, ""), master_key=MASTER, durable_log=True)
+    quiet = small_budget(r, capsys)
+    spend_until_refused(r, quiet["key"])
+    keys = Keys(prefix)
+    spent_hash = keys.budget(f"key:{quiet['key_id']}")[0]
+    with redis.Redis(port=REDIS_PORT) as client:  # as the earlier router left it
+        client.pexpire(spent_hash, int(39 * DAY * 1000))
+        client.delete(keys.budget_restored)
+        client.set(f"{prefix}budget:restored", "1")
+    other = small_budget(r, capsys)
+    assert ask(r, other["key"], "another-key").status_code == 200
+    with redis.Redis(port=REDIS_PORT) as client:
+        assert client.pttl(spent_hash) == -1, "the quiet key's counts still expire"
+    assert ask(r, quiet["key"], "still-spent").status_code == 403
