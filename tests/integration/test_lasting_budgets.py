@@ -9,6 +9,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,12 @@ import redis
 
 from router.app.factory import Services
 from router.fakeupstream import FakeUpstream
-from router.shared import MemoryState
+from router.shared import MemoryState, StateConfig
 from router.shared.redis_keys import Keys
 from tests.integration.conftest import RunningRouter
 from tests.integration.test_faults import HI, faulty
 from tests.integration.test_keys import MASTER, create_key
-from tests.integration.test_money import REDIS_PORT, flush_prefix, redis_router
+from tests.integration.test_money import REDIS_PORT, SLOW, flush_prefix, redis_router
 
 pytestmark = pytest.mark.integration
 
@@ -139,3 +140,33 @@ def test_a_redis_written_before_keys_lasted_is_restored_once(
     with redis.Redis(port=REDIS_PORT) as client:
         assert client.pttl(spent_hash) == -1, "the quiet key's counts still expire"
     assert ask(r, quiet["key"], "still-spent").status_code == 403
+
+
+def test_a_key_budget_is_not_pushed_out_by_other_tasks(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The in-process budgets kept a key's scope in the same bounded LRU as tasks': other tasks
+    pushed it out, and with it the money its requests in flight held, so a key with room for one
+    request admitted a second while the first was still running."""
+    state = MemoryState(StateConfig(local_max_entries=4))
+
+    def swap(s: Services) -> None:
+        s.state = state
+
+    policy = faulty(upstream, "ttft_ms=2000")
+    policy["objective"] = {"max_cost_per_task": 10.0}  # every task has a budget scope
+    r = router_factory(policy, master_key=MASTER, services_hook=swap, timeouts=SLOW)
+    seen = httpx.post(r.url + "/v1/route", json={"model": "solo", "messages": HI},
+                      headers={"x-api-key": MASTER}, timeout=30).json()  # fmt: skip
+    hold = seen["candidates"][0].get("hold_usd", seen["candidates"][0]["cost_usd"])
+    key = create_key(r, capsys, "--name", "one-at-a-time", "--budget", str(1.5 * hold))
+    with ThreadPoolExecutor(8) as pool:
+        first = pool.submit(ask, r, key["key"], "first")
+        time.sleep(0.5)  # admitted: it holds its estimate while its backend thinks
+        others = [pool.submit(ask, r, MASTER, f"other-{i}") for i in range(6)]
+        time.sleep(0.5)  # the others' tasks admitted too
+        second = ask(r, key["key"], "second")
+        assert first.result().status_code == 200
+        assert all(o.result().status_code == 200 for o in others)
+    assert second.status_code == 429, "the key's hold was forgotten: a second request was admitted"
+    assert second.json()["error"]["code"] == "budget_held"
