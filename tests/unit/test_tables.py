@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 
@@ -108,6 +109,8 @@ def test_report_at_80_columns(store_url: str, capsys: pytest.CaptureFixture[str]
     for g in data["groups"]:
         values += [f"reqs {g['requests']}", f"{g['error_rate'] * 100:.1f}%"]
         values.append(usd(g["cost_per_completed_task_usd"]) if g["cost_per_completed_task_usd"] else "n/a")
+        # A group's spend was left to multiply out from $/req.
+        assert re.search(rf"spend +{re.escape(usd(g['cost_usd']))} ", out), out
     whole(out, values)
     narrow(out)
     # Headers stay whole: no "com|ple|ted" or "$/d|one".

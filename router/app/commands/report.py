@@ -48,7 +48,8 @@ def render(report: Mapping[str, Any]) -> None:
     )
     groups = report["groups"][:MAX_TABLE_GROUPS]
     summary = Table(title="Load, errors, cache, cost; token rates are medians", title_justify="left")
-    for col in ("group", "reqs", "req/s", "conc", "errors", "retried", "fell back", "cached in", "$/req",
+    # "spend" first among the costs: $/req alone left a group's total to multiply out by hand.
+    for col in ("group", "reqs", "req/s", "conc", "errors", "retried", "fell back", "cached in", "spend", "$/req",
                 "$/done task", "prefill tok/s", "decode tok/s"):  # fmt: skip
         summary.add_column(col, justify="left" if col == "group" else "right")
     for g in groups:
@@ -60,7 +61,7 @@ def render(report: Mapping[str, Any]) -> None:
         summary.add_row(
             g["key"], str(g["requests"]), _num(g["load"]["rps"], "{:.3f}"),
             _num(g["load"]["concurrency"], "{:.2f}"), _pct(g["error_rate"]), _pct(g["retry_rate"]),
-            _pct(g["fallback_rate"]), _pct(g["cached_input_share"]), usd(g["cost_per_request_usd"] or 0.0), per_task_text,
+            _pct(g["fallback_rate"]), _pct(g["cached_input_share"]), usd(g["cost_usd"]), usd(g["cost_per_request_usd"] or 0.0), per_task_text,
             _num(g["prefill_tok_s"]["p50"], "{:.0f}"), _num(g["decode_tok_s"]["p50"], "{:.1f}"),
         )  # fmt: skip
     tables.show(console, summary)
