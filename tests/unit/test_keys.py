@@ -336,6 +336,13 @@ def test_cli_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert made["models"] == ["auto", "claude-*"] and made["budget_usd"] == 12.5 and made["rpm"] == 30
     code, out, _ = run_cli(capsys, "keys", "create", "--name", "plain", "--store", url)
     assert code == 0 and "key: rk-" in out and "only time" in out
+    assert "first key" not in out  # said of the first key alone, which ends open mode
+    first = run_cli(capsys, "keys", "create", "--name", "one", "--store", f"sqlite:///{tmp_path / 'new.db'}")[
+        1
+    ]
+    assert (
+        "The log's first key: a router logging here that has no ROUTER_MASTER_KEY leaves open mode" in first
+    )
     code, out, _ = run_cli(capsys, "keys", "list", "--store", url)
     assert code == 0 and "ci bot" in out and "plain" in out and key not in out
     assert keys.hash_key(key) not in out

@@ -125,6 +125,7 @@ async def _create(store: Store, args: argparse.Namespace) -> int:
     key, rec = new_key(
         args.name, budget_usd=args.budget, rpm=args.rpm, tpm=args.tpm, models=args.models, team=args.team
     )
+    first = not await store.list_keys()
     await store.create_key(rec)
     if args.json:
         print(orjson.dumps({"key": key, **_public(rec)}).decode())
@@ -132,6 +133,11 @@ async def _create(store: Store, args: argparse.Namespace) -> int:
         print(f"created {rec.key_id} ({rec.name})")
         print(f"key: {key}")
         print("This is the only time the key is shown: only its hash is stored.")
+        if first:
+            # It closed open mode for every client of a router logging here, unannounced (the
+            # demo's agents got 401s, and without a master key the dashboard locked).
+            print("The log's first key: a router logging here that has no ROUTER_MASTER_KEY leaves open mode "
+                  "within 30 s, and then refuses clients without a key and locks its dashboard.")  # fmt: skip
     return 0
 
 
