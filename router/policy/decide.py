@@ -173,6 +173,7 @@ class Decider:
         applied: list[str] = []
         excluded: dict[str, str] = {}
         preferred: list[str] = []
+        preferring: dict[str, str] = {}
         facts = features.for_rules()
         for rule in self.policy.rules:
             if not rule.condition.matches(facts):
@@ -183,7 +184,10 @@ class Decider:
                     continue
                 if (rule.only is not None and n not in rule.only) or n in rule.exclude:
                     excluded[n] = f"rule {rule.name}"
-            preferred.extend(p for p in rule.prefer if p not in preferred)
+            for p in rule.prefer:
+                if p not in preferred:  # the first rule to prefer a model is the one the reason names
+                    preferred.append(p)
+                    preferring[p] = rule.name
         allowed = _allowed(self.bound, features.requested_model, facts) if self.bound is not None else None
         if allowed is not None:
             for n in names:
@@ -235,7 +239,10 @@ class Decider:
         front = [p for p in preferred if p in order and not broke]
         if front:
             order = front + [m for m in order if m not in front]
-            reason = f"preferred by rule; then {reason}"
+            # Named: "preferred by rule" left the reader to guess which (console, log, /ui).
+            reason = (
+                f"preferred by rule {', '.join(dict.fromkeys(preferring[m] for m in front))}; then {reason}"
+            )
             propensity = 1.0
             explored = None  # a rule decided the front, whatever exploration drew
         if explored is not None:

@@ -112,7 +112,8 @@ def test_rules_only_and_prefer(decider: Decider) -> None:
     assert d.order == ["big"] and d.rules_applied == ["premium"]
     assert d.estimate("cheap").excluded == "rule premium"  # type: ignore[union-attr]
     d = decider.decide(feats(model="claude-x", thinking=True, protocol="anthropic"))
-    assert d.order[0] == "big" and "preferred by rule" in d.reason
+    # It said "preferred by rule", not which one: the console, the log and /ui alike.
+    assert d.order[0] == "big" and d.reason.startswith("preferred by rule thinking-on-big; then ")
     # The rule does not fire for the other protocol.
     assert decider.decide(feats(thinking=True)).chosen == "cheap"
 
@@ -213,7 +214,9 @@ def test_a_rule_that_decides_the_front_is_not_called_exploration() -> None:
     for _ in range(20):
         d = decider.decide(feats(protocol="anthropic", thinking=True))
         assert (
-            d.chosen == "big" and not d.explored and d.reason.startswith("preferred by rule; then cheapest")
+            d.chosen == "big"
+            and not d.explored
+            and d.reason.startswith("preferred by rule thinking-on-big; then cheapest")
         )
 
 
