@@ -186,6 +186,17 @@ def test_recent_takes_a_positive_count(n: str, tmp_path: Path, capsys: pytest.Ca
     assert "--recent: expected a positive" in capsys.readouterr().err
 
 
+def _cheap_and_strong(tmp_path: Path, *extra: str) -> Path:
+    """A policy of the models ``_log`` writes (cheap, strong), and ``extra`` ones."""
+    model = "{{id: {0}, litellm_model: openai/{0}, protocol: openai, prices: {{input: 1, output: 2}}, " \
+            "context_window: 100000, max_output_tokens: 1000}}"  # fmt: skip
+    ids = ["cheap", "strong", *extra]
+    path = tmp_path / "cs.yaml"
+    path.write_text("version: 1\nname: cs\nmodels:\n" + "".join(f"  - {model.format(m)}\n" for m in ids)
+                    + f"routes: [{{match: auto, candidates: [{', '.join(ids)}]}}]\n")  # fmt: skip
+    return path
+
+
 def test_train_refuses_too_few_labels_and_says_how_many(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -193,23 +204,36 @@ def test_train_refuses_too_few_labels_and_says_how_many(
     for i in range(6):
         assert main(["outcome", f"t{i}", "--success" if i % 2 else "--failure", "--store", store]) == 0
     capsys.readouterr()
-    config = Path(__file__).resolve().parents[2] / "policies/examples/local.yaml"
+    config = _cheap_and_strong(tmp_path, "unseen")
     out = tmp_path / "p.json"
     code = main(["train", "--store", store, "--config", str(config), "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 2 and not out.exists()
     assert "labelled attempts per model: cheap 4, strong 2" in captured.out
-    # The log was made under another policy: said, not silently learned into the artifact.
-    assert (
-        f"warning: not models of {config} (learned, but this policy never routes to them): cheap, strong"
-        in " ".join(captured.out.split())
-    )
-    assert (
-        "with no labelled attempt in the log (an even chance until it has some): local-nano, local-mini"
-        in " ".join(captured.out.split())
+    assert "with no labelled attempt in the log (an even chance until it has some): unseen" in " ".join(
+        captured.out.split()
     )
     assert captured.err.startswith("router train: too few labelled attempts to train on (cheap 4, strong 2;")
     assert "--force" in captured.err and captured.err.count("\n") == 1
+
+
+def test_train_is_not_held_back_by_a_model_the_policy_no_longer_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One request once sent to a model since dropped from the file ("local-deep 1") kept routing
+    # from being learned for models with hundreds of labelled attempts each, without --force.
+    tasks = {f"t{i}": ["cheap" if i % 2 else "strong"] for i in range(24)}
+    store = _log(tmp_path / "log.db", {**tasks, "tried-once": ["gone"]})
+    for i, task in enumerate([*tasks, "tried-once"]):
+        assert main(["outcome", task, "--success" if i % 3 else "--failure", "--store", store]) == 0
+    capsys.readouterr()
+    config = _cheap_and_strong(tmp_path)
+    out = tmp_path / "p.json"
+    assert main(["train", "--store", store, "--config", str(config), "--out", str(out)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "labelled attempts per model: cheap 12, strong 12, gone 1" in said
+    assert f"warning: not models of {config} (learned, but this policy never routes to them): gone" in said
+    assert "routing is not learned" not in said and orjson.loads(out.read_bytes())["models"], said
 
 
 def test_train_without_config_reads_the_policy_serve_reads_from_any_directory(
@@ -224,7 +248,9 @@ def test_train_without_config_reads_the_policy_serve_reads_from_any_directory(
     monkeypatch.delenv("ROUTER_CONFIG", raising=False)
     assert main(["train", "--store", store, "--out", str(tmp_path / "p.json")]) == 2
     captured = capsys.readouterr()
-    assert captured.err.startswith("router train: too few labelled attempts"), captured.err
+    assert captured.err.startswith("router train: the log's labelled attempts are all of models"), (
+        captured.err
+    )
     assert f"models of {DEFAULT_CONFIG}" in " ".join(captured.out.split())
 
 

@@ -77,14 +77,16 @@ def _no_routing(
     label = "label tasks with `router outcome TASK_ID --success|--failure` or POST /v1/outcomes"
     if not rows:  # --force cannot fit on nothing
         return "no labelled attempts in the log to train on", label
-    short = {m: n for m, n in counts.items() if n < min_attempts}
-    if short and not force:
-        return (f"too few labelled attempts to train on ({', '.join(f'{m} {n}' for m, n in short.items())};"
-                f" need {min_attempts} per model)", f"{label}, let the policy explore, or pass --force")  # fmt: skip
     if not force and not any(counts.get(m) for m in catalog):
         # The artifact would know none of the models it is for, and `router promote` refuses it.
         return (f"the log's labelled attempts are all of models {config} does not have ({', '.join(counts)})",
                 "train with --config the policy that served the log, or pass --force")  # fmt: skip
+    # The policy's own models only: one request once sent to a model since dropped from the file
+    # ("local-deep 1") kept routing from being learned for models with hundreds of labels each.
+    short = {m: n for m, n in counts.items() if n < min_attempts and m in catalog}
+    if short and not force:
+        return (f"too few labelled attempts to train on ({', '.join(f'{m} {n}' for m, n in short.items())};"
+                f" need {min_attempts} per model)", f"{label}, let the policy explore, or pass --force")  # fmt: skip
     return None
 
 
