@@ -444,6 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConnectionError as exc:  # a store or Redis that does not answer: its URL and libpq's reason
         print(f"router {args.command}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a path it cannot read or write ("File name too long"): a traceback before
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"router {args.command}: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down cleanly and re-raised it; no traceback
         return 130
 

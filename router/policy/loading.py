@@ -27,6 +27,8 @@ def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Polic
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read policy file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # a binary file, or one saved in Latin-1: a traceback before
+        raise ConfigError(f"{source}: not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
     return parse_policy(text, source=source, env=os.environ if env is None else env)
 
 
@@ -48,6 +50,8 @@ def parse_policy(
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: {_yaml_problem(exc, text)}") from None
+    except RecursionError:  # PyYAML composes recursively: "[[[[...": a traceback before
+        raise ConfigError(f"{source}: the document is nested too deeply") from None
     if raw is None:
         raise ConfigError(f"{source}: the file is empty (a policy needs at least version, models and routes)")
     if not isinstance(raw, dict):

@@ -101,7 +101,10 @@ class SQLiteStore(SQLStore):
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"cannot open SQLite log store {self._path!r}: {exc}") from exc
         try:
-            _wal(conn)
+            try:
+                _wal(conn)
+            except sqlite3.DatabaseError as exc:  # SQLite reads the file first here: a traceback before
+                raise ConfigError(f"cannot open SQLite log store {self._path!r}: {exc}") from exc
             conn.execute("PRAGMA synchronous=NORMAL")
             self._migrate(conn)
             for table in schema.TABLES:

@@ -14,6 +14,7 @@ from router.store import OutcomeRecord, RequestRecord, Store, mask_url, open_sto
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_DURATION_S = 50 * 365 * 86400
 
 
 def parse_duration(text: str) -> float:
@@ -24,7 +25,12 @@ def parse_duration(text: str) -> float:
         raise ConfigError(
             f"duration {text!r}: expected a number with a unit s, m, h, d or w (e.g. 24h, 1h30m)"
         )
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
+    # Further back than the epoch is no time at all: "99999999999999999999w" was an OverflowError
+    # traceback in `router prune` (and a date before year 1 anywhere else).
+    if seconds > MAX_DURATION_S:
+        raise ConfigError(f"duration {text!r} is longer than {MAX_DURATION_S // (365 * 86400)} years")
+    return seconds
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from router.store.window import opened
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9._:/*?\[\]@-]{1,256}")
 _TEAM = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_MAX_INT = 2**63 - 1
 
 
 def _positive(kind: type[int] | type[float]) -> Any:
@@ -32,6 +33,8 @@ def _positive(kind: type[int] | type[float]) -> Any:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
         if not value > 0 or value != value or value == float("inf"):
             raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+        if value > _MAX_INT:  # the store's integer columns: a StoreDataError traceback before
+            raise argparse.ArgumentTypeError(f"expected at most {_MAX_INT}, got {text!r}")
         return value
 
     return parse

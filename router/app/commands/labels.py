@@ -55,6 +55,8 @@ def load_trajectories(args: argparse.Namespace) -> tuple[Path, list[Trajectory]]
             runs += load(f, None if args.limit is None else args.limit - len(runs))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{f}: not a trajectories file: {exc}") from exc
+    if not runs:  # an empty file: scikit-learn's "requires at least one train/test split" traceback before
+        raise ConfigError(f"{path}: holds no trajectories")
     return path, runs
 
 
