@@ -11,6 +11,7 @@ parameters such as ``{model_id}`` stay declared, and the OpenAPI document is wha
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -21,6 +22,8 @@ from router.errors import RouterError
 from router.http.auth import Auth, Principal
 from router.http.replies import error_reply
 from router.protocols import OPENAI_CHAT
+
+log = logging.getLogger("router.http.endpoints")
 
 
 class Keyed(Protocol):
@@ -50,6 +53,12 @@ def keyed(
                 return await handler(self, request, principal, *args, **kwargs)
             except RouterError as err:
                 return error_reply(err, protocol(request) if callable(protocol) else protocol)
+            except Exception:
+                # A bug, but answered in the endpoint's shape as the proxy answers its own (Starlette's
+                # was a text/plain "Internal Server Error" no SDK reads); the traceback goes to the log.
+                log.exception("unexpected failure in %s %s", request.method, request.url.path)
+                internal = RouterError("internal error in the router")
+                return error_reply(internal, protocol(request) if callable(protocol) else protocol)
 
         # Not functools.wraps: FastAPI reads the signature through ``__wrapped__``, and would take
         # ``principal`` for a query parameter. The annotations are resolved now (eval_str), in the
