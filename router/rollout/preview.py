@@ -11,8 +11,9 @@ inputs, the loop and tool-failure signals that leave a pinned model, budgets.
 
 Cost after is each request's logged tokens at the new route's prices: the same cache reads
 where the model does not change, and where a move leaves the warm model, the whole prompt
-fresh (written to the cache where the provider charges for that); ``cache_switch_usd`` is that
-difference. Hosted tools' fees (web searches, ...) are carried as logged. Success after is projected two ways when the data allow: by the learned model's
+fresh (written to the cache where the provider charges for that); ``cache_switch_usd`` is what
+caching changes after the moves: the projection against the logged cache reads, both in the new
+backend's tokens (negative where the replay finds more of a prompt warm than the log had cached). Hosted tools' fees (web searches, ...) are carried as logged. Success after is projected two ways when the data allow: by the learned model's
 P(success) of the new and the logged model per attempt (a bootstrap interval over attempts:
 the sampling error of the traffic, not the model's own error), and off-policy (SNIPS over
 logged attempts with outcomes, by their propensities; ``router.learning.training.offpolicy``).
@@ -85,6 +86,18 @@ def logged_usage(r: RequestRecord) -> Usage:
         output_tokens=r.output_tokens or 0,
         cache_read_tokens=r.cache_read_tokens,
         cache_write_tokens=r.cache_write_tokens,
+    )
+
+
+def in_tokens_of(usage: Usage, prompt_tokens: int) -> Usage:
+    """``usage`` with its prompt (and its cache reads and writes, in proportion) counted as
+    ``prompt_tokens``: another backend's count of the same prompt."""
+    scale = prompt_tokens / usage.input_tokens if usage.input_tokens else 1.0
+    return replace(
+        usage,
+        input_tokens=prompt_tokens,
+        cache_read_tokens=round((usage.cache_read_tokens or 0) * scale),
+        cache_write_tokens=round((usage.cache_write_tokens or 0) * scale),
     )
 
 
@@ -261,7 +274,9 @@ def preview(
             decider = runtime.decider
             held = decider.prompt_tokens(backend, reported, sized)
             cost = estimate(backend, sized, usage.output_tokens or 0, decider.estimates, held).cost_usd
-            tally.cache_switch += cost - same_cost
+            # Against the logged cache reads in the new backend's tokens: only caching is left in
+            # the difference, not how the backends count (more cached than logged is negative).
+            tally.cache_switch += cost - cost_split(backend.price, in_tokens_of(usage, held)).total
         # The log keeps what hosted tools cost, not which ran, so their fees are carried as billed.
         tally.cost_after += cost + (r.cost_tools_usd or 0.0)
         if not side:
@@ -358,7 +373,7 @@ def render(p: Mapping[str, Any]) -> None:
     before, after = p["cost_usd_before"], p["cost_usd_after"]
     change = f" ({(after - before) / before:+.1%})" if before else ""
     console.print(f"[bold]cost[/]: ${before:.6f} logged → ${after:.6f} projected{change}; "
-                  f"of which ${p['cache_switch_usd']:.6f} for prompts no longer cached after a move")  # fmt: skip
+                  f"of which ${p['cache_switch_usd']:+.6f} from prompt caching after the moves")  # fmt: skip
     for name, s in p["success"].items():
         if s is None:
             console.print(f"[bold]success ({name})[/]: n/a (no data for it in the window)")

@@ -71,8 +71,10 @@ def test_a_move_pays_the_new_prices_and_the_lost_cache(tmp_path: Path) -> None:
     first = (1200 * 3.75 + 100 * 15.0) * M
     second = (1200 * 0.3 + 240 * 3.75 + 100 * 15.0) * M
     assert p["cost_usd_after"] == pytest.approx(first + second, abs=1e-9)
-    # At b's prices with the logged cache reads (as if the cache had moved along):
-    carried = (1000 * 3.0 + 100 * 15.0) * M + (400 * 3.0 + 800 * 0.3 + 100 * 15.0) * M
+    # At b's prices with the logged cache reads, in b's tokens (as if the cache had moved along):
+    # what is left is caching alone, not how the two count a prompt. The second call finds more
+    # warm (1200 of 1440) than the log had cached (800 of 1200, 960 of b's).
+    carried = (1200 * 3.0 + 100 * 15.0) * M + (480 * 3.0 + 960 * 0.3 + 100 * 15.0) * M
     assert p["cache_switch_usd"] == pytest.approx(first + second - carried, abs=1e-9)
     assert p["cost_usd_before"] == pytest.approx(2.4e-3)
 
