@@ -5,10 +5,10 @@ conversation so far), with the signals that explain it) is read once a request h
 the task's next decision reads it (``escalate_below``, a stop-loss on the attempt's model) it is
 read at once; elsewhere only the log reads it, the outcome row and the next call's ``p_success``,
 and it waits (``Unread``) for the task's next request to be decided: it is then read while that
-request's backend answers, instead of between the two requests, where at once it delayed an
-agent's next turn by its reading (an agent sends its next request as soon as it has run the
-tools the reply asked for). A task that sends nothing within ``LABEL_WAIT_S`` has it read then,
-and shutdown reads the rest before the log closes.
+request's backend answers, instead of before the reply's end (a streamed reply's last chunk goes
+out once the request's accounting has run, and clients read to the end). A task that sends
+nothing within ``LABEL_WAIT_S`` has it read then, and shutdown reads the rest before the log
+closes.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ LABEL_WAIT_S: Final = 0.05
 class Unread:
     """A request's weak label that no decision waits for: read once, by whichever comes first of
     the task's next request once it is decided (``TaskContext.read_soon``: the label's reading
-    then runs while that request's backend answers, not between the two requests, where an
-    agent's next turn waits behind it), ``LABEL_WAIT_S`` after the request ended, or anything
+    then runs while that request's backend answers, not before the reply's end, which the client
+    waits for), ``LABEL_WAIT_S`` after the request ended, or anything
     that reads the label (``run``). The label and the log get the same values as when it was
     read at once: the next request's reading (``p_success``) is taken after it."""
 
