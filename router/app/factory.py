@@ -158,7 +158,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             s.draining = True
             for task in until_shutdown:
                 task.cancel()
-            tasks.read_labels()  # the last requests' weak labels, into the log before it closes
             await s.writer.close(s.settings.drain_timeout)
             await s.background.drain(s.settings.drain_timeout)
             await s.upstream.close()

@@ -40,8 +40,7 @@ class Decided:
     #: The task's arm when the policy has a control arm ("control" or "treated"), else None.
     arm: str | None = None
     #: The weak label's reading of the conversation (``TaskContext.label_reader``), which
-    #: ``Pipeline.finish`` hands on once the request has ended (``TaskContext.read_label``); None
-    #: when there is nothing to read.
+    #: ``Pipeline.finish`` runs once the request has ended; None when there is nothing to read.
     label: Callable[[], None] | None = None
 
 
@@ -82,12 +81,8 @@ class Pipeline:
             decision = decider.decide(feats)
         except BaseException:
             if label is not None:
-                if view.unread is not None:
-                    view.unread.run()  # the previous request's first: the later label is kept
                 label()  # the conversation says how the task goes, whatever became of this request
             raise
-        # The previous request's label, if no decision waited for it: read while the backend answers.
-        self.tasks.read_soon(view)
         return Decided(feats, view, decision, size, size.remembered > 0, counted, arm, label)
 
     async def preview(
@@ -120,8 +115,7 @@ class Pipeline:
         """Once the request has ended: size the prompt exactly for the conversation's next turn
         (the provider's reported count, ``reported_input_tokens``, or else a count of what
         ``decide`` left pending), pin the task to the backend that served its main-loop request
-        (its prefix warm, with what the provider said it cached of it), and have the weak label read
-        (now, or once the task's next request is decided when no decision waits for it)."""
+        (its prefix warm, with what the provider said it cached of it), and read the weak label."""
         size = decided.size
         if size is not None:
             if reported_input_tokens and size.snapshot is not None and served_by:  # a 0 is no count
@@ -146,7 +140,7 @@ class Pipeline:
                 rt.policy.spec.tasks.abandon_after_s, reported_cached_tokens,
             )  # fmt: skip
         if decided.label is not None:
-            self.tasks.read_label(rt.policy.task_rules, decided.task, decided.label)
+            decided.label()
 
 
 def stopped(view: TaskView, decider: Decider, features: Features) -> AttemptStopped:

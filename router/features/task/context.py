@@ -3,14 +3,11 @@
 ``TaskContext.enter`` runs between measuring the prompt and deciding, and returns what the
 request learnt of its task (a ``TaskView``); ``served`` runs once a backend has answered.
 ``preview`` answers the same question for ``/v1/route`` without changing anything. Weak outcome
-labels read from the conversation are written off the request path: once the request has ended
-when the task's next decision reads them (a stop-loss, ``escalate_below``), else once the task's
-next request is decided, while its backend answers (``Unread``).
+labels read from the conversation are written off the request path.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -24,7 +21,6 @@ from router.features import labels, signals
 from router.features.task import attempt
 from router.features.task.rules import TaskRules
 from router.features.task.tracker import TaskState, TaskTracker, is_side_call
-from router.features.task.unread import Unread, later, reading, stops_on_label
 from router.features.task.vector import Packed, Vector, repo_hint, task_vector
 from router.protocols.common import ANTHROPIC, OPENAI_RESPONSES, ClientRequest
 from router.shared import AttemptMark, Budgets, Sessions, StateUnavailable
@@ -72,15 +68,8 @@ class TaskView:
     #: (why, rule) when the router has stopped the attempt (``stop``): the request is refused.
     stopped: tuple[str, str] | None = None
     #: What the stop-loss reads at this call (``reading``), whether a stop-loss is on or not: logged
-    #: with the call (``p_success``), for ``router train`` to learn the stop-loss from.
-    read_p: float | None = None
-    #: The task's previous request's label, not read yet since no decision waited for it: read
-    #: once this request is decided, and ``p_success`` is the reading after it.
-    unread: Unread | None = None
-
-    @property
-    def p_success(self) -> float | None:
-        return self.unread.run() if self.unread is not None else self.read_p
+    #: with the call, for ``router train`` to learn the stop-loss from.
+    p_success: float | None = None
 
 
 class TaskContext:
@@ -99,7 +88,6 @@ class TaskContext:
         self.labels = labels
         self.background = background
         self.shared = shared
-        self._unread: set[Unread] = set()
 
     async def enter(
         self,
@@ -118,17 +106,11 @@ class TaskContext:
         side = is_side_call(req, rules.side_call_max_tokens)
         mark = await self._mark(task_id, side)
         state = self.tracker.begin(task_id, req, attempt_header, mark)
-        unread = None if side else state.unread
-        if unread is not None and rules.escalate_below is not None:
-            unread.run()  # the decision reads it
-            unread = None
         view = await self._view(
-            rules, req, task_id, state, side, prompt_tokens, repo, seen, task_budget, mark, unread
+            rules, req, task_id, state, side, prompt_tokens, repo, seen, task_budget, mark
         )
         if view.side_call:
             return view
-        if unread is not None and stops_on_label(rules, state):
-            unread.run()  # ``stop`` reads it (the view's reading is taken after it)
         was = state.stopped == state.attempt
         if (said := stop(rules, state)) is None:
             return view
@@ -160,7 +142,6 @@ class TaskContext:
     async def outcome(self, task_id: str, attempt: int, success: bool, ttl_s: float) -> None:
         """An outcome of ``attempt`` was reported: a failure opens the next attempt at the next
         restart of the conversation, on whichever replica it lands."""
-        self._read_unread(task_id)  # the last call's label before the outcome, as it came
         self.tracker.outcome(task_id, attempt, success)
         if self.shared is not None:
             await self.shared.mark_attempt(task_id, attempt, ttl_s, failed=not success)
@@ -191,41 +172,11 @@ class TaskContext:
             self._label, rules, req, view.task_id, view.state, view.attempt, resent, seen, view.recent
         )
 
-    def read_label(self, rules: TaskRules, view: TaskView, read: Callable[[], None]) -> None:
-        """Run ``read`` (``label_reader``'s) once the request has ended: now when the task's next
-        decision reads the label (``escalate_below``, a stop-loss on the model that served it),
-        else when the next request has been decided (``Unread``). Called on the event loop."""
-        state = view.state
-        if state.unread is not None:
-            state.unread.run()  # an earlier request's label first: the later one is kept
-        if rules.escalate_below is not None or stops_on_label(rules, state):
-            read()
-            return
-        later(read, state, self._unread)
-
-    def read_soon(self, view: TaskView) -> None:
-        """The request is decided: the previous request's label, if not read yet, is read at the
-        event loop's next turn, while this request's backend answers."""
-        if view.unread is not None and view.unread.read is not None:
-            asyncio.get_running_loop().call_soon(view.unread.run)
-
-    def read_labels(self) -> None:
-        """Read every label not read yet (at shutdown, before the log is closed)."""
-        for unread in list(self._unread):
-            unread.run()
-
-    def _read_unread(self, task_id: str) -> None:
-        state = self.tracker.peek(task_id)
-        if state is not None and state.unread is not None:
-            state.unread.run()
-
     async def preview(
         self, rules: TaskRules, req: ClientRequest, task_id: str, attempt_header: str | None,
         prompt_tokens: int, repo: str | None, task_budget: float | None = None,
     ) -> TaskView:  # fmt: skip
-        """What ``enter`` would return, leaving the tracker and the log as they are (but for a
-        label of the task's not read yet: it is read first, as it would be in a moment anyway)."""
-        self._read_unread(task_id)
+        """What ``enter`` would return, leaving the tracker and the log as they are."""
         side = is_side_call(req, rules.side_call_max_tokens)
         mark = await self._mark(task_id, side)
         state = self.tracker.preview(task_id, req, attempt_header, mark)
@@ -236,7 +187,6 @@ class TaskContext:
     async def _view(
         self, rules: TaskRules, req: ClientRequest, task_id: str, state: TaskState, side: bool, prompt_tokens: int,
         repo: str | None, seen: list[Any] | None, task_budget: float | None = None, mark: AttemptMark | None = None,
-        unread: Unread | None = None,
     ) -> TaskView:  # fmt: skip
         if not side and state.pinned is None and self.shared is not None and _pin_is_current(state, mark):
             # Another replica may have started this task: its pin and warm prefix are shared.
@@ -276,7 +226,7 @@ class TaskContext:
             switch_reason=switch, signed_history=signed_history(req), budget_left=budget_left,
             warm_model=warm_model, warm_tokens=warm_tokens, warm_cached=warm_cached, recent=recent,
             # Read after the last await: ``stop`` reads the same label (labels are kept on the loop).
-            read_p=None if side or unread is not None else reading(state), unread=unread,
+            p_success=None if side else reading(state),
         )  # fmt: skip
 
     def served(
@@ -398,6 +348,13 @@ def stop(rules: TaskRules, state: TaskState) -> tuple[str, str] | None:
     state.stopped, state.failed_open, state.stop_next = state.attempt, True, None
     state.stop_said = (attempt.message(reason, model, state.calls, control, p), reason)
     return state.stop_said
+
+
+def reading(state: TaskState) -> float | None:
+    """The label model's P(success) of the attempt's conversation so far: what the stop-loss reads
+    (the latest stored label of the current attempt, read off the request path), else None."""
+    label = state.last_label
+    return label[2] if label is not None and label[0] == state.attempt and label[3] == labels.SOURCE else None
 
 
 def escalation(threshold: float | None, state: TaskState) -> str | None:

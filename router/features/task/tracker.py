@@ -45,8 +45,6 @@ class TaskState:
     escalated: int = 0
     #: (attempt, messages) of the latest request whose label was read: an older one read later is dropped.
     label_at: tuple[int, int] = (0, 0)
-    #: The latest request's label when it is not read yet (``router.features.task.context.Unread``).
-    unread: Any = None
     #: Main-loop calls the current attempt's model has answered (its cap counts these).
     calls: int = 0
     #: The attempt the router stopped (its cap or the stop-loss; 0: none), (why, rule) it was told,
