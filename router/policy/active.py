@@ -34,6 +34,13 @@ from router.policy.scopes import REPO_HEADER, TEAM_HEADER, ScopedDecider, ScopeF
 log = logging.getLogger("router.policy")
 
 
+#: What the providers whose wire protocol is fixed speak (others, Bedrock or Vertex, only through litellm).
+_PROVIDER_PROTOCOLS = {
+    "openai": frozenset({"openai", "openai_responses"}),
+    "anthropic": frozenset({"anthropic"}),
+}
+
+
 @dataclass(frozen=True)
 class ActivePolicy:
     """A policy loaded and ready to decide: the file, its catalog, its decider and the learned
@@ -85,7 +92,22 @@ class ActivePolicy:
             for m in self.policy.models
             if m not in named
         ]
-        return [*self.catalog.missing_credentials(), *unrouted]
+        return [*self.catalog.missing_credentials(), *unrouted, *self._mixed_protocols()]
+
+    def _mixed_protocols(self) -> list[str]:
+        """A backend whose ``protocol`` is not what its litellm provider speaks: clients of that
+        protocol are relayed to it as is, the others translated to the provider's, so its server
+        must speak both (a slip in the file otherwise, found only by the first client it fails)."""
+        out = []
+        for b in self.catalog:
+            speaks = _PROVIDER_PROTOCOLS.get(b.provider)
+            if speaks is not None and b.protocol not in speaks:
+                out.append(
+                    f"models.{b.id}: protocol {b.protocol} but litellm_model {b.litellm_model!r} is "
+                    f"{b.provider}'s ({' or '.join(sorted(speaks))}): {b.protocol} clients are relayed "
+                    f"as is and the others translated to {b.provider}'s protocol, so the server must speak both"
+                )
+        return out
 
     @cached_property  # every request's log record names it: the files are hashed once per runtime
     def revision(self) -> str | None:

@@ -70,6 +70,27 @@ def test_check_warns_of_key_variables_that_are_not_set(
     assert "ROUTER_TEST_KEY_A is not set: a cannot be called" in err and "ROUTER_TEST_KEY_B" not in err
 
 
+def test_check_warns_of_a_protocol_its_provider_does_not_speak(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``protocol: anthropic`` on an ``openai/`` model was "ok": Anthropic clients were relayed to
+    it as Anthropic Messages, which a server of OpenAI's protocol alone refuses."""
+    path = tmp_path / "p.yaml"
+    model = {"context_window": 1000, "max_output_tokens": 100, "prices": {"input": 1, "output": 1}}
+    models = [{**model, "id": "mixed", "litellm_model": "openai/x", "protocol": "anthropic"},
+              {**model, "id": "fine", "litellm_model": "anthropic/y", "protocol": "anthropic"},
+              {**model, "id": "resp", "litellm_model": "openai/z", "protocol": "openai_responses"}]  # fmt: skip
+    routes = [{"match": "auto", "candidates": ["mixed", "fine", "resp"]}]
+    path.write_text(orjson.dumps({"version": 1, "name": "p", "routes": routes, "models": models}).decode())
+    assert main(["check", "--config", str(path)]) == 0  # valid: a server may speak both
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"{path}: warning: models.mixed: protocol anthropic but litellm_model 'openai/x' is openai's (openai or "
+        "openai_responses): anthropic clients are relayed as is and the others translated to openai's protocol, "
+        "so the server must speak both"
+    ]
+
+
 def test_check_warns_of_a_model_no_route_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A model added to ``models`` and to no route got no request and ``router check`` said "ok"."""
     path = tmp_path / "p.yaml"
