@@ -295,7 +295,8 @@ def test_train_at_80_columns_cuts_nothing(
     assert "off-policy estimate" in out
     assert not [line for line in out.splitlines() if line.startswith("│") and "…" in line], out
     # Only a command to paste runs past the edge: cut in two, it would paste as two.
-    assert max(len(line) for line in out.splitlines() if not line.startswith("  router ")) <= 80
+    commands = ("  router ", "  cp ")
+    assert max(len(line) for line in out.splitlines() if not line.startswith(commands)) <= 80
 
 
 def test_train_refuses_a_log_of_none_of_the_policys_models(
@@ -352,6 +353,11 @@ def test_train_says_the_promote_command_whole_with_the_policy_it_trained_for(
     config, artifact = _trained(tmp_path)
     lines = capsys.readouterr().out.splitlines()
     assert f"  router promote {artifact} --config {config}" in lines, lines
+    # A preview on a copy first: it said only to promote into the policy routers serve.
+    candidate = Path(config).with_suffix(".candidate.yaml")
+    at = lines.index(f"  router preview --config {candidate} --since 7d")
+    assert lines[at - 1] == f"  router promote {artifact} --config {candidate}"
+    assert lines.index(f"  router promote {artifact} --config {config}") > at
 
 
 def test_promote_says_only_the_routers_serving_the_file_reload(

@@ -313,9 +313,16 @@ def _print_estimates(console: Console, a: Artifact) -> None:
 
 def _print_written(console: Console, path: Path, sha: str, config: str) -> None:
     # The hash on a line of its own: after the path, an 80-column terminal broke it in two.
-    console.print(f"wrote {path}\n  sha256 {sha}\npromote it with:", highlight=False)
-    # The command on a line of its own, never wrapped: broken in two it no longer pastes as one.
-    console.print(f"  router promote {path} --config {config}", highlight=False, soft_wrap=True)
+    console.print(
+        f"wrote {path}\n  sha256 {sha}\npreview it on a copy of the policy, then promote it:", highlight=False
+    )
+    # The preview first: it only said to promote, straight into the policy routers serve, an
+    # artifact whose preview said success falls. Each command on a line of its own, never
+    # wrapped: broken in two it no longer pastes as one.
+    candidate = str(Path(config).with_suffix(".candidate.yaml"))
+    for command in (f"cp {config} {candidate}", f"router promote {path} --config {candidate}",
+                    f"router preview --config {candidate} --since 7d", f"router promote {path} --config {config}"):  # fmt: skip
+        console.print(f"  {command}", highlight=False, soft_wrap=True)
 
 
 def _scope_line(r: dict[str, Any]) -> str:
