@@ -85,7 +85,9 @@ class Features:
 
 
 #: The Responses items the model wrote (Chat's and Messages' are the assistant's messages).
-_MODEL_TYPES: Final = frozenset(("function_call", "reasoning"))
+#: A tuple, not a set: a client's "type" may be a list or an object (a chat message's is not read by
+#: its parser), which a set cannot look up (a TypeError, a 500).
+_MODEL_TYPES: Final = ("function_call", "reasoning")
 
 
 def turn_shape(messages: Sequence[Any]) -> tuple[int, int | None, str | None]:

@@ -348,7 +348,8 @@ def check_messages(
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise BadRequest(f"invalid request: {field}.{i}: must be an object", param=field)
-        if m.get("role") not in roles:
+        # A role of a list or an object cannot be looked up in a set: a TypeError, a 500, before.
+        if not isinstance(role := m.get("role"), str) or role not in roles:
             allowed = ", ".join(sorted(roles))
             raise BadRequest(f"invalid request: {field}.{i}.role: must be one of {allowed}", param=field)
         content = m.get("content")

@@ -136,11 +136,14 @@ def check_items(items: list[dict[str, Any]]) -> None:
         kind = item.get("type")
         if kind is None and "role" not in item:
             raise BadRequest(f"invalid request: input.{i}.type: required", param="input")
-        if kind is not None and kind not in ITEM_TYPES:
+        # A type or role of a list or an object cannot be looked up in a set: a 500 before.
+        if kind is not None and (not isinstance(kind, str) or kind not in ITEM_TYPES):
             raise BadRequest(
                 f"invalid request: input.{i}.type: unknown item type {shown(kind)}", param="input"
             )
-        if (kind is None or kind == "message") and item.get("role") not in ROLES:
+        if (kind is None or kind == "message") and (
+            not isinstance(role := item.get("role"), str) or role not in ROLES
+        ):
             raise BadRequest(
                 f"invalid request: input.{i}.role: must be one of {', '.join(sorted(ROLES))}", param="input"
             )
