@@ -407,3 +407,15 @@ def test_escalation_reads_the_attempts_stored_label_once() -> None:
     assert escalation(0.5, state) is None  # once per attempt
     state.attempt, state.last_label = 3, (3, False, 0.3, SOURCE, ())
     assert escalation(0.5, state) == LOW_P_SUCCESS
+
+
+def test_a_message_type_of_a_list_or_object_is_read_as_no_call() -> None:
+    # Found fuzzing a real router: a chat message's "type" (no parser reads it) of a list was looked
+    # up in a set, a TypeError, and the task's weak label was lost.
+    plain = [
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": "x"},
+        {"role": "user", "content": "ok"},
+    ]
+    odd = [plain[0], {"role": "user", "content": "x", "type": ["function_call"]}, plain[2]]
+    assert features.of(odd) == features.of(plain)

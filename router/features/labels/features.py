@@ -95,7 +95,9 @@ def read(message: Any, reading: Reading) -> Facts:
             tests = summary.ok
         too_long += any(w in r.text[:1024] for w in _TOO_LONG)
     role = message.get("role")
-    step = role == "assistant" or message.get("type") in CALL_ITEMS
+    # A chat or Messages message's "type" is the client's, unchecked: a list or an object cannot be
+    # looked up in a set (a TypeError, and the task's weak label was lost).
+    step = role == "assistant" or (isinstance(kind := message.get("type"), str) and kind in CALL_ITEMS)
     return Facts(
         step=step and not results,
         chars=chars,
