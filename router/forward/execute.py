@@ -103,6 +103,9 @@ class Execution:
     #: Who sent the request (a key id, else the master key's or open mode's name): the breakers
     #: count a failure the request may have caused against it (``_suspect``).
     tenant: str | None = None
+    #: Whether the current try waited inside the router before its call (for the backend's
+    #: concurrency slot or litellm's load): its overall deadline is then partly the router's.
+    queued: bool = False
 
 
 class RetryBudget:
@@ -151,13 +154,10 @@ class Executor:
         ex: Execution,
     ) -> Reply:  # fmt: skip
         async def call(backend: Backend, deadline: float) -> Reply:
-            slot = self._slots.get(backend.id)
             async with asyncio.timeout_at(_loop_deadline(deadline)):
                 # Waiting for a concurrency slot is queue time: the upstream call starts after.
-                if slot is not None:
-                    await slot.acquire()
+                slot = await self._wait_turn(req, backend, ex)
                 try:
-                    await self._loaded(req, backend)
                     phases.start_upstream()
                     reply = await self.upstream.complete(req, backend, headers, _prompt(decision, backend))
                 finally:
@@ -175,16 +175,8 @@ class Executor:
         wire = WIRES[req.protocol]
 
         async def call(backend: Backend, deadline: float) -> CommittedStream:
-            slot = self._slots.get(backend.id)
             async with asyncio.timeout_at(_loop_deadline(deadline)):
-                if slot is not None:
-                    await slot.acquire()
-                try:
-                    await self._loaded(req, backend)
-                except BaseException:
-                    if slot is not None:
-                        slot.release()
-                    raise
+                slot = await self._wait_turn(req, backend, ex)
             phases.start_upstream()
             first_token_by = min(deadline, time.monotonic() + self.timeouts.first_token)
             observer = wire.observer()
@@ -214,10 +206,25 @@ class Executor:
 
         return await self._run(decision, catalog, phases, ex, call, req.protocol, streamed=True)
 
-    async def _loaded(self, req: ClientRequest, backend: Backend) -> None:
-        """Wait for litellm's load before a call that needs translating (a dict lookup once loaded)."""
-        if not self.upstream.translation_ready and relay_base(backend, req.protocol) is None:
-            await self.upstream.prepare_translation()
+    async def _wait_turn(
+        self, req: ClientRequest, backend: Backend, ex: Execution
+    ) -> asyncio.Semaphore | None:
+        """Wait for the backend's concurrency slot, then, for a call that needs translating, for
+        litellm's load (a dict lookup once loaded); says in ``ex.queued`` whether either made the
+        try wait. Returns the slot taken, for the caller to release."""
+        slot = self._slots.get(backend.id)
+        loading = not self.upstream.translation_ready and relay_base(backend, req.protocol) is None
+        ex.queued = loading or (slot is not None and slot.locked())
+        if slot is not None:
+            await slot.acquire()
+        try:
+            if loading:
+                await self.upstream.prepare_translation()
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        return slot
 
     async def _run(
         self,
@@ -252,7 +259,7 @@ class Executor:
             for retry in (False, True):
                 if ex.hold_billed is not None and any(t.billed or t.usage is not None for t in ex.tries):
                     await ex.hold_billed(ex.tries)
-                began = time.perf_counter()
+                began, ex.queued = time.perf_counter(), False
                 try:
                     result = await call(backend, deadline)
                 except TimeoutError:
@@ -272,7 +279,9 @@ class Executor:
                 )
                 ex.tries.append(t)
                 await self.breakers.record_failure(
-                    backend.id, last.retryable, caused_by=ex.tenant if _suspect(last, streamed) else None
+                    backend.id,
+                    last.retryable and not _queue_spent(last, t, ex.queued),
+                    caused_by=ex.tenant if _suspect(last, streamed) else None,
                 )
                 remaining = deadline - time.monotonic()
                 if retry or not last.retryable or i < len(order) or remaining <= 0:
@@ -322,6 +331,16 @@ def _prompt(decision: Decision, backend: Backend) -> int | None:
     """The decision's estimate of the prompt in ``backend``'s tokens (None for a backend it did not weigh)."""
     estimate = decision.estimate(backend.id)
     return None if estimate is None else estimate.prompt_tokens
+
+
+def _queue_spent(err: RouterError, t: Try, queued: bool) -> bool:
+    """Whether the router's own queue, not the backend, spent the try: it never reached the backend
+    (its deadline passed while it waited for a concurrency slot or litellm's load), or its overall
+    deadline passed at the backend after such a wait had used part of it. Such a failure says
+    nothing of the backend: the breaker takes it as an answer (a half-open probe's slot is freed)."""
+    if t.start is None:
+        return True
+    return queued and isinstance(err, UpstreamTimeout) and err.which == "overall"
 
 
 def _suspect(err: RouterError, streamed: bool) -> bool:

@@ -14,11 +14,12 @@ import pytest
 
 from router.errors import MissingCredentials, RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.fakeupstream import FakeUpstream
-from router.forward.execute import RetryBudget, Try, _pause
+from router.forward.execute import Execution, RetryBudget, Try, _pause
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from router.protocols.common import FAMILY
 from router.shared import BreakerConfig
 from router.store.records import TryRecord
+from router.telemetry.phases import Phases
 from tests.unit.requestpath import (
     called,
     calls,
@@ -578,3 +579,58 @@ async def test_a_request_litellm_cannot_convert_opens_no_breaker(fake: FakeUpstr
             assert "translation for backend 'c' (anthropic) failed" in refused.json()["error"]["message"]
         assert (await r.post(OPENAI_CHAT)).status_code == 200
         assert [len(row.tries) for row in (await r.records())[:6]] == [1] * 6  # not retried
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_waiting_for_a_slot_in_the_router_opens_no_breaker(
+    fake: FakeUpstream, tmp_path: Path, stream: bool
+) -> None:
+    # A request whose overall deadline passed while it queued for the backend's concurrency slot
+    # was given up as an 'overall' timeout and counted against the backend's breaker, as a request
+    # that may have caused its own failure: two keys' queues opened the breaker of a backend that
+    # answered every call it got in 300 ms.
+    from router.forward.timeouts import Timeouts
+    from router.shared import BreakerState
+    from tests.unit.inprocess import MASTER, serving
+
+    one = model("one", fake.url, "ttft_ms=300", max_concurrency=1)
+    async with serving(tmp_path, [one], master_key=MASTER, timeouts=Timeouts(overall=1.5)) as r:
+        keys = [(await r.key("a"))[0], (await r.key("b"))[0]]
+        answers = await asyncio.gather(*(r.post(key=k, stream=stream) for k in keys * 8))
+        statuses = sorted(a.status_code for a in answers)
+        assert 200 in statuses and set(statuses) == {200, 504}, statuses
+        assert statuses.count(504) >= 5  # the breaker's threshold, had the waits counted
+        assert await r.s.state.breakers.state("one") == BreakerState.CLOSED
+        assert (await r.post(key=keys[0], stream=stream)).status_code == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_deadline_spent_queueing_in_the_router_is_not_the_backends(
+    fake: FakeUpstream, stream: bool
+) -> None:
+    # Three calls behind max_concurrency 1, a backend answering in 1 s, a deadline of 1.6 s: the
+    # first is served; the second waits 1 s for the slot and its deadline passes at the backend
+    # 0.6 s later; the third's passes while it waits. Neither is the backend's doing: each opened
+    # the breaker (one failure its threshold here), the second's at its tenant's first suspect.
+    from router.shared import BreakerState
+
+    cat = catalog(model("one", fake.url, "ttft_ms=1000", max_concurrency=1))
+    async with upstream(overall=1.6) as up:
+        run = executor(up, cat, budget=NO_RETRIES, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
+
+        async def go(phases: Phases, ex: Execution) -> None:
+            if not stream:
+                await run.complete(request(), decision("one"), cat, {}, phases, ex)
+                return
+            committed = await run.open_stream(request(stream=True), decision("one"), cat, {}, phases, ex)
+            async for _ in committed.rest:
+                pass
+            committed.release()
+
+        exs = [fresh() for _ in range(3)]
+        for tenant, (_, ex) in zip("abc", exs, strict=True):
+            ex.tenant = tenant
+        results = await asyncio.gather(*(go(*pe) for pe in exs), return_exceptions=True)
+        assert [type(r).__name__ for r in results] == ["NoneType", "UpstreamTimeout", "UpstreamTimeout"]
+        assert [(ex.tries[0].start is None) for _, ex in exs[1:]] == [False, True]  # reached it; never did
+        assert await run.breakers.state("one") == BreakerState.CLOSED
