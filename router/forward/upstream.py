@@ -313,7 +313,9 @@ def _retry_after(value: str | None) -> float | None:
 
 def _too_long(raw: bytes) -> bool:
     """Whether a provider's 400 says the prompt exceeds the model's window (OpenAI's error code,
-    Anthropic's message: it has no code for it)."""
+    Anthropic's messages: it has no code for it), or the prompt and the output the request allows
+    do ("input length and `max_tokens` exceed context limit": models before Claude 4.5 refuse
+    that), as litellm reads them for the translated path."""
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -323,7 +325,8 @@ def _too_long(raw: bytes) -> bool:
         return False
     message = err.get("message")
     return err.get("code") == "context_length_exceeded" or (
-        isinstance(message, str) and message.startswith("prompt is too long")
+        isinstance(message, str)
+        and (message.startswith("prompt is too long") or "exceed context limit" in message)
     )
 
 

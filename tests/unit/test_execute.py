@@ -634,3 +634,29 @@ async def test_a_deadline_spent_queueing_in_the_router_is_not_the_backends(
         assert [type(r).__name__ for r in results] == ["NoneType", "UpstreamTimeout", "UpstreamTimeout"]
         assert [(ex.tries[0].start is None) for _, ex in exs[1:]] == [False, True]  # reached it; never did
         assert await run.breakers.state("one") == BreakerState.CLOSED
+
+
+@pytest.mark.parametrize("protocol", [ANTHROPIC, OPENAI_CHAT])  # relayed; translated by litellm
+async def test_a_prompt_and_max_tokens_over_the_window_move_to_a_larger_window(
+    fake: FakeUpstream, tmp_path: Path, protocol: str
+) -> None:
+    # The decision's estimate of the prompt (~4,800 tokens) and the client's 12,000 fit the
+    # smaller window; the provider's count (~10,500) does not, and models before Claude 4.5 refuse
+    # that with a 400 no code marks. Translated, litellm reads it as a context-length error and the
+    # call moves on to the larger window; relayed, the 400 went back to the client.
+    from tests.unit.inprocess import serving
+
+    small = model(
+        "small", fake.url, "context_window=20000,window_holds_output=1", protocol="anthropic", window=20_000,
+        max_output_tokens=64_000,
+    )  # fmt: skip
+    big = model(
+        "big", fake.url, protocol="anthropic", max_output_tokens=64_000, prices={"input": 5.0, "output": 10.0}
+    )
+    async with serving(tmp_path, [small, big]) as r:
+        long = [{"role": "user", "content": "internationalization " * 2000}]
+        served = await r.post(protocol, max_tokens=12_000, messages=long)
+        assert served.status_code == 200, served.text
+        assert served.headers["x-router-model"] == "big"
+        tries = (await r.records())[-1].tries
+    assert [(t.model, t.status) for t in tries] == [("small", 400), ("big", 200)]
