@@ -122,6 +122,10 @@ def check_responses_tools(tools: list[dict[str, Any]] | None) -> None:
     """Responses tools: function tools need a name and a schema; MCP tools are refused."""
     for i, tool in enumerate(tools or ()):
         kind = tool.get("type")
+        if not isinstance(kind, str) or not kind:
+            # Forwarded, a type of a number or a list failed in translation (a TypeError, a 502
+            # after every backend was tried); a relayed one, at the provider.
+            raise BadRequest(f"tools[{i}].type: must be a string naming the tool's type", param="tools")
         if kind == "mcp":
             # The provider would connect to a server the client names, with whatever headers the
             # client adds: the same reason ``mcp_servers`` is never forwarded for Anthropic.

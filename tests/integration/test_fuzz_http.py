@@ -75,6 +75,9 @@ VALID: dict[str, list[dict[str, Any]]] = {
     ROUTE: [{"model": "auto", "messages": [{"role": "user", "content": "hi"}]}],
     OUTCOMES: [{"task_id": "t-fuzz", "success": False, "score": 0.5}],
 }  # fmt: skip
+# The same bodies sent to a backend of the other protocol family: through litellm's translation.
+for _path, _other in ((CHAT, "local-claude"), (RESPONSES, "local-claude"), (MESSAGES, "local-large")):
+    VALID[_path] += [{**b, "model": _other} for b in VALID[_path]]
 OK_CHAT = VALID[CHAT][0]
 
 
@@ -377,3 +380,17 @@ def test_a_role_or_type_of_a_list_or_object(
     if status == 400:
         check(r, path)
         assert "role" in r.text or "type" in r.text
+
+
+@pytest.mark.parametrize("model", ["auto", "local-claude"])
+def test_a_responses_tool_type_that_is_no_string_is_a_400(served: RunningRouter, model: str) -> None:
+    # Found by the fuzzing above, pinned: a tool's type of a number reached litellm's translation
+    # (to a backend of another family), a TypeError on every backend tried, a 502.
+    body = {
+        "model": model,
+        "input": "hi",
+        "tools": [{"type": 5, "name": "run", "parameters": {"type": "object"}}],
+    }
+    r = httpx.post(served.url + RESPONSES, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "tools[0].type: must be a string naming the tool's type"
