@@ -15,6 +15,7 @@ import pytest
 from router.errors import ConfigError
 from router.features import signals
 from router.features.labels import features
+from router.features.labels.infer import LOOPING_P
 from router.features.labels.model import DEFAULT_PATH, DEFAULT_SHA256, SOURCE, LabelModel, default
 from router.features.signals.transcript import ToolCall, ToolResult, message_events
 from router.features.task.context import weak_label
@@ -419,3 +420,55 @@ def test_a_message_type_of_a_list_or_object_is_read_as_no_call() -> None:
     ]
     odd = [plain[0], {"role": "user", "content": "x", "type": ["function_call"]}, plain[2]]
     assert features.of(odd) == features.of(plain)
+
+
+# -- a runaway tool loop ---------------------------------------------------------------------------
+
+
+def _looping(t: Trajectory, start: int, turns: int) -> Trajectory:
+    """``t``'s opening messages, then the agent running ``ls`` ``turns`` times with the same output
+    (the demo's fake provider answers every turn so; mini-swe-agent ran it 1,131 times)."""
+    loop: list[dict[str, Any]] = []
+    for _ in range(turns):
+        loop.append({"role": "assistant", "content": "THOUGHT: Let me look around.\n\n```bash\nls\n```"})
+        loop.append(
+            {"role": "user", "content": "<returncode>0</returncode>\n<output>\nREADME.md\nsrc\n</output>"}
+        )
+    # The run's own last turn (the submission and what it printed) is asked for after the loop.
+    return Trajectory(t.instance_id, False, [*t.messages[:start], *loop, *t.messages[-2:]])
+
+
+@pytest.mark.parametrize("shape", ["text", "tools"])
+def test_an_attempt_still_in_a_tool_loop_is_never_a_success(shape: str) -> None:
+    t = load(TRAJECTORIES, limit=1)[0]
+    # Six real turns, then 150 turns of `ls`: the model alone said success, P 0.986.
+    turns = replay(_looping(t, 14, 150), shape, default())
+    last = turns[-1].label
+    assert not last.success and last.score == LOOPING_P and last.weight == round(abs(2 * LOOPING_P - 1), 6)
+    assert last.details["model_p"] > 0.8 and signals.TOOL_LOOP in last.details["signals"]
+    # Caught from the loop threshold's third repeat on, not at the first repeat of a call.
+    loops = [u.label.score == LOOPING_P and not u.label.success for u in turns]
+    first = loops.index(True)
+    assert all(loops[first:]) and not any(loops[:first])
+    assert first == 9  # request 7 is asked for the first `ls`; request 10 carries three of them
+    # The agent leaving the loop (any other call) ends the cap: the label is the model's again.
+    out = _looping(t, 14, 10)
+    out.messages[-2:-2] = [
+        {"role": "assistant", "content": "THOUGHT: Read it.\n\n```bash\ncat README.md\n```"},
+        {"role": "user", "content": "<returncode>0</returncode>\n<output>\n# demo\n</output>"},
+    ]
+    after = replay(out, shape, default())[-1].label
+    assert "model_p" not in after.details and after.score == after.details["p"]
+    # Nor is the same call whose output changes stuck (a test run rerun while files change).
+    moving = _looping(t, 14, 10)
+    for i, m in enumerate(moving.messages[14:-2]):
+        if m["role"] == "user":
+            m["content"] = m["content"].replace("src", f"src\nbuild_{i}.log")
+    assert all("model_p" not in u.label.details for u in replay(moving, shape, default()))
+
+
+def test_a_real_run_that_never_loops_keeps_the_models_label() -> None:
+    for t in load(TRAJECTORIES, limit=5):
+        for u in replay(t, "text", default()):
+            assert "model_p" not in u.label.details
+            assert u.label.score == pytest.approx(default().p_success(u.label.details["features"]), abs=1e-5)

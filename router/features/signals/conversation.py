@@ -113,7 +113,19 @@ def _loop(calls: Sequence[ToolCall], results: Sequence[_Analyzed], w: Weights, n
     count, kind, tool = max(found, default=(0, "", None), key=lambda f: f[0])
     if count < max(n, 2):  # one call is not a loop, whatever the caller asks
         return None
-    return Signal(TOOL_LOOP, float(count), False, w.tool_loop, {"kind": kind, "count": count, "tool": tool})
+    # Whether the agent is stuck in it still: its latest ``n`` calls or more are one call (``run``
+    # ends at the latest call) and their latest results one output (timings masked: the digest),
+    # so nothing changed. The label never calls such an attempt a success; the same test run
+    # rerun with other results is not stuck. Results pair with calls by order: a text protocol's
+    # carry no call id.
+    same_out = 0
+    for _, out, _ in reversed(results):
+        if out.digest != results[-1][1].digest:
+            break
+        same_out += 1
+    ongoing = min(run, same_out) >= max(n, 2)
+    details = {"kind": kind, "count": count, "tool": tool, "ongoing": ongoing}
+    return Signal(TOOL_LOOP, float(count), False, w.tool_loop, details)
 
 
 def read(message: Any, max_chars: int | None = DEFAULT_MAX_CHARS) -> Reading:

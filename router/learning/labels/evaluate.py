@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from router.features.labels.infer import capped
 from router.features.labels.model import LabelModel
 from router.learning.labels import fit as fitting
 from router.learning.labels.replay import SHAPES, Trajectory, replay
@@ -39,6 +40,8 @@ class Attempt:
     cv: list[float] = field(default_factory=list)
     #: The baseline: a model of the number of turns alone (longer runs fail more), cross-validated.
     steps: list[float] = field(default_factory=list)
+    #: Per request, whether the agent was in a tool loop (the label caps P there, as live).
+    loops: list[bool] = field(default_factory=list)
 
 
 def replay_all(trajectories: Sequence[Trajectory], shape: str, model: LabelModel) -> list[Attempt]:
@@ -48,6 +51,7 @@ def replay_all(trajectories: Sequence[Trajectory], shape: str, model: LabelModel
         out.append(Attempt(
             t, [dict(u.label.details["features"]) for u in turns], [u.label.score for u in turns],
             [u.rules.success if u.rules is not None else None for u in turns],
+            loops=["model_p" in u.label.details for u in turns],
         ))  # fmt: skip
     return out
 
@@ -62,11 +66,15 @@ def samples(attempts: Sequence[Attempt]) -> list[fitting.Sample]:
 def cross_validate(
     attempts: Sequence[Attempt], features: Sequence[str], folds: int, seed: int, into: str = "cv"
 ) -> None:
-    """Fill each attempt's out-of-fold P(success) per request (attribute ``into``)."""
+    """Fill each attempt's out-of-fold P(success) per request (attribute ``into``), capped in a
+    tool loop as the label is (``infer.capped``) where it measures the label (``cv``)."""
     p = fitting.cross_validate(samples(attempts), features, folds=folds, seed=seed)
     i = 0
     for a in attempts:
-        setattr(a, into, [float(v) for v in p[i : i + len(a.x)]])
+        ps = [float(v) for v in p[i : i + len(a.x)]]
+        if into == "cv" and a.loops:
+            ps = [capped(v, loop) for v, loop in zip(ps, a.loops, strict=True)]
+        setattr(a, into, ps)
         i += len(a.x)
 
 
