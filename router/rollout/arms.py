@@ -4,7 +4,7 @@ A task belongs to the arm of its first logged request (the arm is a function of 
 all its requests agree unless the control share changed mid-task). A task's verdict is the one
 ``router tasks`` shows: an explicit outcome first, else the latest inferred label
 (``router.telemetry.ledger.verdict``; an inferred label only where a backend answered the
-attempt, ``credible``). An explicit verdict counts 1 or 0; a label of the
+attempt's latest request, ``credible``). An explicit verdict counts 1 or 0; a label of the
 label model counts its calibrated P(success) (its confidence), so an unsure label moves a rate
 less; a label of the older hand-weighted signals counts 1 or 0. Tasks
 without a verdict count in ``tasks`` but not in the rates.
@@ -23,7 +23,7 @@ from typing import Any
 
 from router.features.labels.model import SOURCE as LABEL_MODEL
 from router.store import OutcomeRecord, RequestRecord
-from router.telemetry.ledger import answered, credible, verdict
+from router.telemetry.ledger import answered_in, credible, latest_main, verdict
 from router.telemetry.report import quantile
 
 Z95 = 1.959964
@@ -64,8 +64,9 @@ class TaskTally:
         self.latency: dict[str, list[float]] | None = defaultdict(list) if latency else None
         #: Request ids counted, with their arrival time (``forget_before`` prunes them).
         self.seen: dict[str, float] = {}
-        #: The (task, attempt) pairs a backend answered: only those have an inferred verdict.
-        self.answered: set[tuple[str, int]] = set()
+        #: Per (task, attempt), its latest main-loop request's start and whether a backend
+        #: answered it: only an attempt so answered has an inferred verdict.
+        self.latest: dict[tuple[str, int], tuple[float, bool]] = {}
 
     def add(self, requests: Iterable[RequestRecord]) -> None:
         for r in requests:
@@ -82,7 +83,7 @@ class TaskTally:
             self.arm_of.setdefault(task, arm)
             self.key_of.setdefault(task, r.key_id)
             self.cost[task] += r.cost_usd or 0.0
-            self.answered |= answered((r,))
+            latest_main((r,), self.latest)
             if self.latency is not None and r.status == 200 and r.total_ms is not None:
                 self.latency[self.arm_of[task]].append(r.total_ms)
 
@@ -92,7 +93,7 @@ class TaskTally:
 
     def arms(self, outcomes: Iterable[OutcomeRecord]) -> dict[str, ArmTasks]:
         verdicts: dict[str, list[OutcomeRecord]] = defaultdict(list)
-        for o in credible(outcomes, self.answered):
+        for o in credible(outcomes, answered_in(self.latest)):
             if o.task_id in self.arm_of:
                 verdicts[o.task_id].append(o)
         arms: dict[str, ArmTasks] = defaultdict(ArmTasks)

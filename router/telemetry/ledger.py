@@ -4,7 +4,7 @@ A task is many requests (``task_id``), possibly over several attempts. Its cost 
 input (uncached), output, cache read, cache write and hosted tools' calls at the prices in force
 when each request ran (the split is stored per request; rows logged before it existed count as ``unsplit``). The
 verdict on a task is an explicit outcome if there is one, else the latest inferred signal of an
-attempt that a backend answered (``credible``).
+attempt whose latest request a backend answered (``credible``).
 
 Cost per completed task is the spend on every task that has a verdict, divided by the tasks
 that succeeded: failed tasks are part of what a success costs. Tasks with no verdict yet are
@@ -45,24 +45,55 @@ def _usd(x: float) -> float:
     return round(x, 10)
 
 
+def _ok(r: RequestRecord) -> bool:
+    return r.status == 200 and not r.error_type
+
+
+def latest_main(
+    requests: Iterable[RequestRecord], into: dict[tuple[str, int], tuple[float, bool]] | None = None
+) -> dict[tuple[str, int], tuple[float, bool]]:
+    """Per (task, attempt), when its latest main-loop request started and whether a backend
+    answered it successfully (``into``: a mapping to add these requests to, as a log is read)."""
+    out = {} if into is None else into
+    for r in requests:
+        if r.task_id and not r.side_call:
+            key = (r.task_id, r.attempt or 0)
+            seen = out.get(key)
+            if seen is None or r.ts >= seen[0]:
+                out[key] = (r.ts, _ok(r))
+    return out
+
+
 def answered(requests: Iterable[RequestRecord]) -> set[tuple[str, int]]:
-    """(task, attempt) of every main-loop request that a backend answered successfully."""
-    return {
-        (r.task_id, r.attempt or 0)
-        for r in requests
-        if r.task_id and not r.side_call and r.status == 200 and not r.error_type
-    }
+    """(task, attempt) of every attempt whose latest main-loop request a backend answered
+    successfully (``latest_main``)."""
+    return answered_in(latest_main(requests))
+
+
+def answered_in(latest: Mapping[tuple[str, int], tuple[float, bool]]) -> set[tuple[str, int]]:
+    """``answered`` from ``latest_main``'s mapping."""
+    return {key for key, (_, ok) in latest.items() if ok}
+
+
+def ended_answered(requests: Iterable[RequestRecord]) -> bool:
+    """Whether a backend answered the latest of these main-loop requests (False with none)."""
+    main = [r for r in requests if not r.side_call]
+    return bool(main) and _ok(max(main, key=lambda r: r.ts))
 
 
 def credible(outcomes: Iterable[OutcomeRecord], replied: set[tuple[str, int]]) -> list[OutcomeRecord]:
     """The outcomes a verdict may rest on: every explicit one, and a label inferred from the
-    conversation only for an attempt that a backend answered at least once (``answered``).
+    conversation only for an attempt whose latest main-loop request a backend answered
+    (``answered``).
 
     An inferred label reads what the agent did with the replies. With none (every request
     refused, or failed by every backend) there was nothing to read: the label model called a task
-    of five "hi there" requests, each a 404, a success at P=0.9997. Such an attempt has no
-    inferred verdict (nor a training row: ``router.learning.training.dataset`` skips it); what
-    the client says explicitly still counts. An attempt of 0 is unknown: an outcome without one
+    of five "hi there" requests, each a 404, a success at P=0.9997. An attempt that ended on a
+    request the router refused (a budget's 403, a stopped attempt's 400, a 429) or no backend
+    answered did not end by the agent's doing: the label read before it was "done" for a task
+    the budget stopped. Such an attempt has no inferred verdict (nor an inferred training label:
+    ``router.learning.training.dataset`` calls it abandoned, a failure, once idle); what the
+    client says explicitly still counts. An attempt of 0 is unknown: an outcome without one
     needs an answered request in any attempt of its task, a request without one answers every
     attempt of its task."""
     tasks = {task for task, _ in replied}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import pytest
 from router.app.cli import main
 from router.errors import ConfigError
 from router.features.labels.model import SOURCE as LABEL_MODEL
+from router.features.task.vector import task_vector, to_json
+from router.learning.training import dataset
 from router.rollout.arms import by_arm
 from router.store import open_store
 from router.store.records import OutcomeRecord, RequestRecord, TryRecord
@@ -314,3 +317,56 @@ def test_tasks_for_a_task_not_in_the_log_says_so(store_url: str, capsys: pytest.
     out, err = capsys.readouterr()
     assert out == "" and err.startswith(f"router tasks: no task 'nope' in {store_url} in the last 24h")
     assert main(["tasks", "--store", store_url, "--task", "T1", "--json"]) == 0
+
+
+def test_an_attempt_that_ended_on_a_request_the_router_refused_has_no_inferred_verdict() -> None:
+    # A new-user probe: tasks the budget (403 budget_exceeded), the stop-loss (400 attempt_stopped)
+    # or a 429 ended were "done (outcome_model)" in `router tasks`, on the label read before.
+    def task(name: str, last: dict[str, Any]) -> list[RequestRecord]:
+        served = [
+            RequestRecord(f"{name}{i}", BASE + i, task_id=name, attempt=1, status=200, chosen_model="alpha",
+                          arm="treated", cost_usd=0.01)
+            for i in range(3)
+        ]  # fmt: skip
+        return [
+            *served,
+            RequestRecord(f"{name}-end", BASE + 3, task_id=name, attempt=1, arm="treated", **last),
+        ]
+
+    ended = {
+        "budget": task("budget", {"status": 403, "error_type": "BudgetExceeded", "chosen_model": "alpha"}),
+        "stopped": task("stopped", {"status": 400, "error_type": "AttemptStopped"}),
+        "limited": task("limited", {"status": 429, "error_type": "RateLimited"}),
+    }
+    # A 429 the agent waited out and a side call refused after the last main-loop reply end nothing.
+    waited = task("waited", {"status": 429, "error_type": "RateLimited"})
+    waited.append(RequestRecord("waited-retry", BASE + 4, task_id="waited", attempt=1, status=200,
+                                chosen_model="alpha", arm="treated", cost_usd=0.01))  # fmt: skip
+    waited.append(RequestRecord("waited-side", BASE + 5, task_id="waited", attempt=1, status=403,
+                                error_type="BudgetExceeded", side_call=True, arm="treated"))  # fmt: skip
+    outcomes = [
+        OutcomeRecord(name, 1, True, 0.915, LABEL_MODEL, None, BASE + 2.5, False)
+        for name in [*ended, "waited"]
+    ]
+    requests = [r for rows in [*ended.values(), waited] for r in rows]
+    for name, rows in ended.items():
+        ledger = task_ledger(name, rows, outcomes)
+        assert ledger["outcome"] is None and ledger["completed"] is None, name
+    assert task_ledger("waited", waited, outcomes)["completed"] is True
+    assert summary(task_ledgers(requests, outcomes))["completed"] == 1
+    groups = {x["key"]: x for x in build_report(requests, outcomes)["groups"]}
+    assert groups["alpha"]["tasks"]["with_outcome"] == 1
+    assert by_arm(requests, outcomes)["treated"].success == [pytest.approx(0.915)]
+    # What the client says counts still; training calls the refused attempts abandoned (failures).
+    said = OutcomeRecord("budget", 1, True, None, "explicit", None, BASE + 6, True)
+    assert task_ledger("budget", ended["budget"], [*outcomes, said])["completed"] is True
+    vec = to_json(task_vector("x"))
+    logged = [replace(r, task_features=vec) for r in requests]
+    rows = {r.task_id: r for r in dataset.build(logged, outcomes, now=BASE + 5000, abandon_after_s=1000)}
+    assert {t: (r.success, r.label_source) for t, r in rows.items()} == {
+        "budget": (False, "abandoned"), "stopped": (False, "abandoned"), "limited": (False, "abandoned"),
+        "waited": (True, LABEL_MODEL),
+    }  # fmt: skip
+    assert "budget" not in {
+        r.task_id for r in dataset.build(logged, outcomes, now=BASE + 10, abandon_after_s=1000)
+    }

@@ -2,8 +2,11 @@
 
 An attempt's label is its explicit outcome when the client sent one; else the label inferred
 from the conversation (the label model's, ``router.features.labels``, before older hand-weighted
-ones); else, for an attempt with no request for ``abandon_after_s``, a failure marked
-"abandoned"; attempts still in progress are left out.
+ones), unless the attempt's latest main-loop request went unanswered (the router refused it: a
+budget, a stopped attempt, a rate limit; or no backend answered): it did not end by the agent's
+doing, whatever the conversation read like before (``router.telemetry.ledger.credible``); else,
+for an attempt with no request for ``abandon_after_s``, a failure marked "abandoned"; attempts
+still in progress are left out.
 
 Each row carries how much its label counts: an explicit outcome 1; the label model's its
 evidence margin |2P − 1| (below 1, so explicit outcomes always dominate); any other inferred
@@ -21,6 +24,7 @@ from router.features.labels.model import SOURCE as MODEL_SOURCE
 from router.features.task.vector import Vector, from_json, with_attempt
 from router.policy.scopes import ScopeFacts, logged_facts
 from router.store import OutcomeRecord, RequestRecord
+from router.telemetry.ledger import ended_answered
 
 #: The weight of an inferred label that carries no calibrated probability (older hand-weighted
 #: signals, an abandoned attempt): they agreed with real verdicts little better than chance.
@@ -105,7 +109,10 @@ def build(
         if not served:
             continue
         main = [r for r, _ in served]
-        label = _label(labels.get((task, attempt), []) or labels.get((task, 0), []))
+        found = labels.get((task, attempt), []) or labels.get((task, 0), [])
+        if not ended_answered(reqs):
+            found = [o for o in found if o.explicit]
+        label = _label(found)
         if label is None:
             if now - max(r.ts for r in reqs) < abandon_after_s:
                 continue  # still in progress
