@@ -53,7 +53,7 @@ class _Function(BaseModel):
 
 class _Tool(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: str = "function"
+    type: Annotated[str, Field(min_length=1)] = "function"
     function: _Function | None = None
 
 
@@ -95,6 +95,7 @@ def parse(raw: bytes) -> ClientRequest:
         vision = any(has_image(m.get("content")) for m in body["messages"])
     else:
         vision = scanned[0]
+    _check_calls_and_content(body["messages"])
     for i, tool in enumerate(req.tools or ()):
         if tool.type == "function":
             if tool.function is None:
@@ -219,3 +220,19 @@ def usage_frame_with_cost(data: bytes, cost_usd: float) -> bytes:
 
 def error_frame(err: RouterError) -> bytes:
     return b"data: " + orjson.dumps(err.openai_body()) + b"\n\n"
+
+
+def _check_calls_and_content(messages: list[dict[str, Any]]) -> None:
+    """What translation to another family reads and the shape checks leave open: forwarded, a
+    ``tool_calls`` of a number or a user message of no content failed in litellm (a TypeError or
+    KeyError, a 502 after every backend was tried)."""
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            raise BadRequest(
+                f"invalid request: messages.{i}.tool_calls: must be a list of tool calls", param="messages"
+            )
+        if m.get("content") is None and m.get("role") not in ("assistant", "function"):
+            raise BadRequest(
+                f"invalid request: messages.{i}.content: required for a {m['role']} message", param="messages"
+            )

@@ -394,3 +394,28 @@ def test_a_responses_tool_type_that_is_no_string_is_a_400(served: RunningRouter,
     r = httpx.post(served.url + RESPONSES, json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] == "tools[0].type: must be a string naming the tool's type"
+
+
+_CALL = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "tools", "says"),
+    [
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": 5}], None,
+         "messages.1.tool_calls: must be a list of tool calls"),
+        ([{"role": "user", "content": None}], None, "messages.0.content: required for a user message"),
+        ([{"role": "user", "content": "hi"}], [{"type": "", "function": {"name": "run"}}], "tools.0.type"),
+    ],
+)  # fmt: skip
+def test_chat_shapes_translation_failed_on_are_400s(
+    served: RunningRouter, messages: list[Any], tools: list[Any] | None, says: str
+) -> None:
+    # Found by the fuzzing above (bodies sent to a backend of the other family), pinned: a tool_calls
+    # of a number and a tool type of "" failed in litellm's translation, a 502 "translation for backend
+    # 'local-claude' (anthropic) failed"; so did a user message of no content beside tool calls (alone,
+    # it was served: OpenAI refuses one).
+    body = {"model": "local-claude", "messages": messages, **({"tools": tools} if tools else {})}
+    r = httpx.post(served.url + CHAT, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"]
