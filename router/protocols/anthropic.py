@@ -52,7 +52,7 @@ ROLES = frozenset({"user", "assistant", "system"})
 #: unrelated complaint ("messages: expected a non-empty array" from a translated call).
 BLOCK_TYPES: PartKinds = {
     **dict.fromkeys((
-        "document", "search_result", "thinking", "redacted_thinking", "tool_use",
+        "document", "search_result", "thinking", "redacted_thinking",
         "tool_result", "server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
         "advisor_tool_result", "code_execution_tool_result", "bash_code_execution_tool_result",
         "text_editor_code_execution_tool_result", "tool_search_tool_result", "mcp_tool_use",
@@ -61,6 +61,8 @@ BLOCK_TYPES: PartKinds = {
     )),
     "text": ("text", str),
     "image": ("source", dict),
+    # A nameless call failed in translation to another family (a TypeError, a 502).
+    "tool_use": ("name", str),
 }  # fmt: skip
 
 

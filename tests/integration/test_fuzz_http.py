@@ -419,3 +419,15 @@ def test_chat_shapes_translation_failed_on_are_400s(
     r = httpx.post(served.url + CHAT, json=body, timeout=30)
     assert r.status_code == 400, r.text
     assert says in r.json()["error"]["message"]
+
+
+def test_a_nameless_tool_use_is_a_400(served: RunningRouter) -> None:
+    # Found by the fuzzing above, pinned: sent to an OpenAI backend, litellm's translation failed on
+    # it (a TypeError), a 502 "translation for backend 'local-mini' (openai) failed".
+    call = {"type": "tool_use", "id": "t1", "name": None, "input": {}}
+    messages = [{"role": "user", "content": "run"}, {"role": "assistant", "content": [call]}]
+    body = {"model": "local-large", "max_tokens": 9, "messages": messages}
+    r = httpx.post(served.url + MESSAGES, json=body, headers={"anthropic-version": "2023-06-01"}, timeout=30)
+    assert r.status_code == 400, r.text
+    check(r, MESSAGES)
+    assert "messages.1.content.0" in r.json()["error"]["message"]
