@@ -110,6 +110,15 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         if tool.input_schema is not None:
             check_schema(tool.input_schema, f"tools[{i}].input_schema")
     messages = body["messages"]
+    # Anthropic's own rule ("all messages must have non-empty content except for the optional final
+    # assistant message"): an empty one sent to an OpenAI backend failed in litellm's translation
+    # (a ValueError, a 502 after every backend was tried).
+    for i, m in enumerate(messages):
+        if m.get("content") in ("", []) and not (i == len(messages) - 1 and m.get("role") == "assistant"):
+            raise BadRequest(
+                f"invalid request: messages.{i}.content: all messages must have non-empty content except for "
+                "the optional final assistant message", param="messages",
+            )  # fmt: skip
     first_user = next((m for m in messages if m.get("role") == "user"), None)
     thinking = req.thinking is not None and req.thinking.type != "disabled"
     user_id = (req.metadata or {}).get("user_id")

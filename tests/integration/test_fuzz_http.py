@@ -431,3 +431,14 @@ def test_a_nameless_tool_use_is_a_400(served: RunningRouter) -> None:
     assert r.status_code == 400, r.text
     check(r, MESSAGES)
     assert "messages.1.content.0" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("empty", ["", []])
+def test_an_empty_anthropic_message_is_a_400(served: RunningRouter, empty: Any) -> None:
+    # Found by the fuzzing above, pinned: sent to an OpenAI backend, litellm's translation failed on
+    # it (a ValueError), a 502 "translation for backend 'local-mini' (openai) failed".
+    body = {"model": "local-large", "max_tokens": 9, "messages": [{"role": "user", "content": empty}]}
+    r = httpx.post(served.url + MESSAGES, json=body, headers={"anthropic-version": "2023-06-01"}, timeout=30)
+    assert r.status_code == 400, r.text
+    check(r, MESSAGES)
+    assert "messages.0.content: all messages must have non-empty content" in r.json()["error"]["message"]
