@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from router.shared.memory import MemoryBreakers
+from router.shared.memory_breaker import MemoryBreakers
 from router.shared.redis_guard import RedisGuard
 from router.shared.redis_keys import Keys
 from router.shared.types import BreakerConfig, BreakerState

@@ -10,6 +10,9 @@ from typing import NamedTuple
 
 from router.errors import PermissionDenied, ServiceUnavailable
 
+#: Seconds, monotonic or wall: each in-process store takes one (tests pass a fake).
+Clock = Callable[[], float]
+
 #: Budgets are counted in integer nano-dollars so that sums are exact (Lua and Python agree).
 NANO = 1_000_000_000
 
