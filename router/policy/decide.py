@@ -25,6 +25,7 @@ from typing import Any, Final, Protocol
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
 from router.features.request import Features
 from router.ids import IdMaker
+from router.policy.budget import budget_left, held, within_budget
 from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
 from router.policy.estimates import Estimates, cache_cell, turn_cell
@@ -207,7 +208,7 @@ class Decider:
         eligible = [e for e in estimates if e.excluded is None]
         if not eligible:
             raise self._nothing_fits(features, estimates)
-        broke = not _within_budget(features, eligible)
+        broke = not within_budget(features, eligible)
         # The one place side calls (titles, summaries) are sent to the cheapest model that fits.
         scorer = _CHEAPEST if features.side_call or broke else self.scorer
         ranked, propensity, reason = scorer.rank(features, [e for e in eligible if e.excluded is None])
@@ -227,7 +228,7 @@ class Decider:
         once = not features.side_call and features.pinned is None  # an attempt's first model only
         if broke:
             # Admission refuses it: as the cheapest's refusal, a 429 while money held in flight may return.
-            reason = f"no candidate fits the budget left (${_budget_left(features):.6f}): the cheapest"
+            reason = f"no candidate fits the budget left (${budget_left(features):.6f}): the cheapest"
         elif explore and self.epsilon > 0 and len(order) > 1 and once:
             order, propensity, explored = self._explore(order)
         pinned = features.pinned
@@ -251,14 +252,14 @@ class Decider:
             # One model named: nothing was ranked, explored, pinned or preferred, whatever the scorer says.
             reason, propensity = "passthrough route", 1.0
         fallbacks = []
-        left = _budget_left(features)
+        left = budget_left(features)
         for fb in route.fallbacks:
             if fb in order or fb in excluded or (allowed is not None and fb not in allowed):
                 continue
             e = self._estimate(self.catalog[fb], features, cell)
             # A fallback the budget left cannot hold is dropped: held or not, it could spend past it.
             if not self._hard_constraint(self.catalog[fb], features, 0, e.prompt_tokens) and (
-                left is None or _held(e) <= left
+                left is None or held(e) <= left
             ):
                 order.append(fb)
                 fallbacks.append(e)
@@ -426,31 +427,6 @@ def _allowed(policy: Policy, requested: str, facts: dict[str, Any]) -> set[str]:
         if rule.condition.matches(facts):
             names = [n for n in names if (rule.only is None or n in rule.only) and n not in rule.exclude]
     return {*names, *route.fallbacks}
-
-
-def _budget_left(features: Features) -> float | None:
-    """The least of what is left of the task's and the key's budgets (None: neither has one)."""
-    lefts = [b for b in (features.task_budget_left, features.key_budget_left) if b is not None]
-    return min(lefts) if lefts else None
-
-
-def _within_budget(features: Features, eligible: list[Estimate]) -> bool:
-    """Exclude the eligible candidates whose estimate exceeds the budget left, so that neither the
-    ranking nor exploration picks one while a cheaper one fits. False (nothing excluded) when none fits."""
-    left = _budget_left(features)
-    if left is None:
-        return True
-    # What admission will hold (``Admission.admit``), so that nothing kept here is refused there.
-    over = [e for e in eligible if _held(e) > left]
-    if len(over) == len(eligible):
-        return False
-    for e in over:
-        e.excluded = f"budget: ~${_held(e):.6f} > ${left:.6f} left"
-    return True
-
-
-def _held(e: Estimate) -> float:
-    return e.hold_usd if e.hold_usd is not None else e.cost_usd
 
 
 def _wanted_output(backend: Backend, features: Features, reserve: int) -> int:
