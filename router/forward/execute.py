@@ -31,7 +31,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from router.errors import MissingCredentials, RouterError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.forward.timeouts import Timeouts
@@ -53,8 +53,10 @@ class Try:
     """One try, for the log's ``tries`` (``router.telemetry.tries`` reads them)."""
 
     model: str
-    #: perf_counter readings: the upstream call's start (None: the try never reached the backend)
-    #: and the try's end (its failure; for the try that served, the reply or a stream's commit).
+    #: perf_counter readings: the upstream call's start and the try's end (its failure; for the try
+    #: that served, the reply or a stream's commit). None: the call never started (the breaker
+    #: skipped the backend, or the deadline passed while the try waited in the router). A try that
+    #: failed on a missing key or in litellm's translation has a start: both fail inside the call.
     start: float | None
     end: float
     status: int | None = None
@@ -103,9 +105,20 @@ class Execution:
     #: Who sent the request (a key id, else the master key's or open mode's name): the breakers
     #: count a failure the request may have caused against it (``_suspect``).
     tenant: str | None = None
-    #: Whether the current try waited inside the router before its call (for the backend's
-    #: concurrency slot or litellm's load): its overall deadline is then partly the router's.
-    queued: bool = False
+
+
+class Turn(NamedTuple):
+    """A try's turn at its backend (``Executor._wait_turn``)."""
+
+    #: The backend's concurrency slot taken, if it has a limit: the call releases it when done.
+    slot: asyncio.Semaphore | None
+    #: Whether the try waited inside the router for its turn (for the slot or litellm's load):
+    #: its overall deadline is then partly the router's.
+    queued: bool
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
 
 
 class RetryBudget:
@@ -153,16 +166,13 @@ class Executor:
         self, req: ClientRequest, decision: Decision, catalog: Catalog, headers: dict[str, str], phases: Phases,
         ex: Execution,
     ) -> Reply:  # fmt: skip
-        async def call(backend: Backend, deadline: float) -> Reply:
-            async with asyncio.timeout_at(_loop_deadline(deadline)):
-                # Waiting for a concurrency slot is queue time: the upstream call starts after.
-                slot = await self._wait_turn(req, backend, ex)
-                try:
+        async def call(backend: Backend, deadline: float, turn: Turn) -> Reply:
+            try:
+                async with asyncio.timeout_at(_loop_deadline(deadline)):
                     phases.start_upstream()
                     reply = await self.upstream.complete(req, backend, headers, _prompt(decision, backend))
-                finally:
-                    if slot is not None:
-                        slot.release()
+            finally:
+                turn.release()
             phases.byte()
             return reply
 
@@ -174,9 +184,7 @@ class Executor:
     ) -> CommittedStream:  # fmt: skip
         wire = WIRES[req.protocol]
 
-        async def call(backend: Backend, deadline: float) -> CommittedStream:
-            async with asyncio.timeout_at(_loop_deadline(deadline)):
-                slot = await self._wait_turn(req, backend, ex)
+        async def call(backend: Backend, deadline: float, turn: Turn) -> CommittedStream:
             phases.start_upstream()
             first_token_by = min(deadline, time.monotonic() + self.timeouts.first_token)
             observer = wire.observer()
@@ -187,8 +195,7 @@ class Executor:
                     )
                     committed = await _until_content(events, observer, phases, backend)
             except BaseException as exc:
-                if slot is not None:
-                    slot.release()
+                turn.release()
                 failed = exc
                 if isinstance(exc, TimeoutError):
                     if first_token_by < deadline:
@@ -200,21 +207,19 @@ class Executor:
                 if failed is exc:
                     raise
                 raise failed from None
-            if slot is not None:
-                committed.release = slot.release
+            if turn.slot is not None:
+                committed.release = turn.slot.release
             return committed
 
         return await self._run(decision, catalog, phases, ex, call, req.protocol, streamed=True)
 
-    async def _wait_turn(
-        self, req: ClientRequest, backend: Backend, ex: Execution
-    ) -> asyncio.Semaphore | None:
+    async def _wait_turn(self, backend: Backend, protocol: str) -> Turn:
         """Wait for the backend's concurrency slot, then, for a call that needs translating, for
-        litellm's load (a dict lookup once loaded); says in ``ex.queued`` whether either made the
-        try wait. Returns the slot taken, for the caller to release."""
+        litellm's load (a dict lookup once loaded). The turn says whether either made the try wait,
+        and holds the slot taken, for the call to release."""
         slot = self._slots.get(backend.id)
-        loading = not self.upstream.translation_ready and relay_base(backend, req.protocol) is None
-        ex.queued = loading or (slot is not None and slot.locked())
+        loading = not self.upstream.translation_ready and relay_base(backend, protocol) is None
+        queued = loading or (slot is not None and slot.locked())
         if slot is not None:
             await slot.acquire()
         try:
@@ -224,7 +229,7 @@ class Executor:
             if slot is not None:
                 slot.release()
             raise
-        return slot
+        return Turn(slot, queued)
 
     async def _run(
         self,
@@ -232,7 +237,7 @@ class Executor:
         catalog: Catalog,
         phases: Phases,
         ex: Execution,
-        call: Callable[[Backend, float], Awaitable[T]],
+        call: Callable[[Backend, float, Turn], Awaitable[T]],
         protocol: str,
         *,
         streamed: bool,
@@ -259,9 +264,13 @@ class Executor:
             for retry in (False, True):
                 if ex.hold_billed is not None and any(t.billed or t.usage is not None for t in ex.tries):
                     await ex.hold_billed(ex.tries)
-                began, ex.queued = time.perf_counter(), False
+                began, queued = time.perf_counter(), False
                 try:
-                    result = await call(backend, deadline)
+                    # Waiting for the turn is queue time, within the overall deadline: the call starts after.
+                    async with asyncio.timeout_at(_loop_deadline(deadline)):
+                        turn = await self._wait_turn(backend, protocol)
+                    queued = turn.queued
+                    result = await call(backend, deadline, turn)
                 except TimeoutError:
                     last = UpstreamTimeout("overall", self.timeouts.overall)
                 except RouterError as exc:
@@ -280,7 +289,7 @@ class Executor:
                 ex.tries.append(t)
                 await self.breakers.record_failure(
                     backend.id,
-                    last.retryable and not _queue_spent(last, t, ex.queued),
+                    last.retryable and not _queue_spent(last, t, queued),
                     caused_by=ex.tenant if _suspect(last, streamed) else None,
                 )
                 remaining = deadline - time.monotonic()
@@ -334,10 +343,16 @@ def _prompt(decision: Decision, backend: Backend) -> int | None:
 
 
 def _queue_spent(err: RouterError, t: Try, queued: bool) -> bool:
-    """Whether the router's own queue, not the backend, spent the try: it never reached the backend
-    (its deadline passed while it waited for a concurrency slot or litellm's load), or its overall
-    deadline passed at the backend after such a wait had used part of it. Such a failure says
-    nothing of the backend: the breaker takes it as an answer (a half-open probe's slot is freed)."""
+    """Whether the router's own queue, not the backend, spent the try's overall deadline: the
+    deadline passed while the try waited for its turn (the backend's concurrency slot or
+    litellm's load), so its call never started (``t.start`` is None: the only router error that
+    ends a try before its call), or it passed at the backend after such a wait (``queued``) had
+    used part of it. Such a failure says nothing of the backend: the breaker takes it as an answer
+    (a half-open probe's slot is freed).
+
+    Not a missing key or a failed translation: both never reach the backend either, but fail
+    inside the call (``Upstream`` reads the key and translates there), so ``t.start`` is set and
+    this is False; neither is retryable, so the breaker takes them as an answer all the same."""
     if t.start is None:
         return True
     return queued and isinstance(err, UpstreamTimeout) and err.which == "overall"

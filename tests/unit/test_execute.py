@@ -636,6 +636,25 @@ async def test_a_deadline_spent_queueing_in_the_router_is_not_the_backends(
         assert await run.breakers.state("one") == BreakerState.CLOSED
 
 
+async def test_a_turn_says_whether_the_try_waited_in_the_router(fake: FakeUpstream) -> None:
+    # The retry loop reads it for the breaker (_queue_spent); it was a field the wait set on the
+    # request's Execution for the loop to read back later.
+    cat = catalog(model("one", fake.url, max_concurrency=1), model("other", fake.url, protocol="anthropic"))
+    async with upstream() as up:
+        run = executor(up, cat)
+        first = await run._wait_turn(cat["one"], OPENAI_CHAT)
+        assert first.queued is False and first.slot is not None
+        second = asyncio.create_task(run._wait_turn(cat["one"], OPENAI_CHAT))
+        await asyncio.sleep(0.05)
+        assert not second.done()  # behind the first for the backend's one slot
+        first.release()
+        assert (await second).queued is True
+        second.result().release()
+        # A translated call before litellm has loaded waits for the load; after it, it does not.
+        assert (await run._wait_turn(cat["other"], OPENAI_CHAT)) == (None, True)
+        assert (await run._wait_turn(cat["other"], OPENAI_CHAT)) == (None, False)
+
+
 @pytest.mark.parametrize("protocol", [ANTHROPIC, OPENAI_CHAT])  # relayed; translated by litellm
 async def test_a_prompt_and_max_tokens_over_the_window_move_to_a_larger_window(
     fake: FakeUpstream, tmp_path: Path, protocol: str
