@@ -357,8 +357,15 @@ class Policy:
             check(route.candidates, f"{where}.candidates")
             check(route.fallbacks, f"{where}.fallbacks")
             check(route.passthrough, f"{where}.passthrough")
+        named: dict[str, int] = {}
         for i, (rule, compiled) in enumerate(zip(self.spec.rules, self.rules, strict=True)):
             where = f"rules[{i}] (name {rule.name!r})"
+            if (first := named.setdefault(rule.name, i)) != i:
+                # A scope's rule replaces every rule of its name: it could not say which it meant.
+                raise ConfigError(
+                    f"{self.source}: {where}.name: duplicate rule name (rules[{first}] has it; "
+                    "a scope's rule replaces rules by name)"
+                )
             check(rule.only, f"{where}.only")
             check(rule.exclude, f"{where}.exclude")
             check(rule.prefer, f"{where}.prefer")
@@ -367,6 +374,20 @@ class Policy:
                     raise ConfigError(
                         f"{self.source}: {where}.when: unknown feature {field!r} {_feature_hint(field)}"
                     )
+
+
+def check_reachable(source: str, routes: list[Route], path: str = "routes") -> None:
+    """The first matching route wins: a route whose every request an earlier one takes is a slip
+    (a pasted route, an override placed after the glob it meant to narrow). Checked on the file's
+    own lists only: a scope's routes come first over the policy's and may shadow them on purpose."""
+    for i, route in enumerate(routes):
+        literal = not any(c in route.match for c in "*?[")
+        for j, earlier in enumerate(routes[:i]):
+            if earlier.match == route.match or (literal and earlier.matches(route.match)):
+                raise ConfigError(
+                    f"{source}: {path}[{i}] (match {route.match!r}): never used: {path}[{j}] "
+                    f"(match {earlier.match!r}) matches every request it would"
+                )
 
 
 def _feature_hint(field: str) -> str:

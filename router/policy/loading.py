@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from router.errors import ConfigError
-from router.policy.config import Policy, PolicyFile
+from router.policy.config import Policy, PolicyFile, check_reachable
 from router.policy.interpolate import ITEM_NAMES, interpolate, named_path
 
 
@@ -62,7 +62,11 @@ def parse_policy(
         spec = PolicyFile.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source, raw)) from None
-    return Policy(spec, source, base, confined=confined)
+    policy = Policy(spec, source, base, confined=confined)
+    check_reachable(source, spec.routes)
+    for i, scope in enumerate(spec.scopes):
+        check_reachable(source, scope.routes or [], f"scopes[{i}].routes")
+    return policy
 
 
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")

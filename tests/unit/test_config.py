@@ -152,6 +152,55 @@ def test_duplicate_model_ids() -> None:
         parse(text)
 
 
+RULE = "  - name: {name}\n    when: {{protocol: openai}}\n    exclude: [a]\n"
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        # A scope's rule replaces every rule of its name: two of one name were checked "ok", and
+        # a scope meaning to override one silently dropped both.
+        ("rules:\n" + RULE.format(name="r") + RULE.format(name="r"),
+         "p.yaml: rules[1] (name 'r').name: duplicate rule name (rules[0] has it; a scope's rule "
+         "replaces rules by name)"),
+        # The first matching route wins: a later route of the same match never served a request.
+        ("  - match: auto\n    passthrough: a\n",
+         "p.yaml: routes[1] (match 'auto'): never used: routes[0] (match 'auto') matches every "
+         "request it would"),
+        ("  - match: \"claude-*\"\n    passthrough: a\n  - match: claude-opus\n    passthrough: a\n",
+         "p.yaml: routes[2] (match 'claude-opus'): never used: routes[1] (match 'claude-*') matches "
+         "every request it would"),
+    ],
+)  # fmt: skip
+def test_a_rule_name_or_route_given_twice_is_refused(tail: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse(BASE + tail)
+    assert str(exc.value) == expected
+
+
+def test_a_scope_route_given_twice_is_refused_but_may_shadow_the_policys_own() -> None:
+    scope = "scopes:\n  - name: s\n    match: {{repo: 'acme/*'}}\n    routes: [{routes}]\n"
+    shadowing = (
+        BASE
+        + "  - match: claude-opus\n    passthrough: a\n"
+        + scope.format(routes="{match: 'claude-*', passthrough: a}")
+    )
+    assert [r.match for r in parse(shadowing).routes] == ["auto", "claude-opus"]
+    twice = BASE + scope.format(routes="{match: auto, passthrough: a}, {match: auto, passthrough: a}")
+    with pytest.raises(ConfigError) as exc:
+        parse(twice)
+    assert str(exc.value) == (
+        "p.yaml: scopes[0].routes[1] (match 'auto'): never used: scopes[0].routes[0] (match 'auto') "
+        "matches every request it would"
+    )
+
+
+def test_a_route_after_a_glob_it_is_not_covered_by_is_kept() -> None:
+    # claude-* before claude-opus is dead; claude-opus before claude-* is the usual override.
+    text = BASE + '  - match: claude-opus\n    passthrough: a\n  - match: "claude-*"\n    passthrough: a\n'
+    assert [r.match for r in parse(text).routes] == ["auto", "claude-opus", "claude-*"]
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read policy file"):
         load_policy(tmp_path / "nope.yaml")
