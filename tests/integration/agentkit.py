@@ -1,4 +1,5 @@
-"""Installing real coding agents for the tests, and reading their recipes out of the README.
+"""Installing real coding agents for the tests, and reading their recipes out of the README
+(the one-line recipes) and docs/agents.md (the configuration files).
 
 npm agents are installed together, once, into ``.agents/`` (gitignored); each PyPI agent gets its
 own virtualenv there (``.agents/NAME-VERSION``), made with the Python running the tests, because
@@ -80,6 +81,10 @@ def readme() -> str:
     return (ROOT / "README.md").read_text()
 
 
+def agents_page() -> str:
+    return (ROOT / "docs" / "agents.md").read_text()
+
+
 def table_recipe(client: str) -> str:
     """The recipe cell of ``client``'s row in the README's table of agents (without backticks)."""
     for line in readme().splitlines():
@@ -102,9 +107,9 @@ def command_recipe(client: str, router_url: str, key: str) -> tuple[dict[str, st
 
 
 def fenced_block(after: str, language: str) -> str:
-    """The first ```language block in the README after the line containing ``after``."""
-    text = readme()
+    """The first ```language block in docs/agents.md after the line containing ``after``."""
+    text = agents_page()
     start = text.index(after)
     match = re.compile(rf"```{language}\n(.*?)```", re.S).search(text, start)
-    assert match, f"no {language} block after {after!r} in the README"
+    assert match, f"no {language} block after {after!r} in docs/agents.md"
     return match.group(1)

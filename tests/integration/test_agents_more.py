@@ -1,10 +1,11 @@
 """The README's recipes for opencode, Qwen Code, aider and mini-swe-agent, run headless against a router.
 
-Each test reads its recipe out of the README (the table row's environment and command, or
-opencode's ``opencode.json`` block), points it at the test's router and adds only what makes the
-run headless (a one-shot prompt, no confirmations). The agents are real, installed by ``agentkit``:
-opencode and Qwen Code from npm with the other npm agents, aider and mini-swe-agent from PyPI, each
-in its own virtualenv. Every agent's HOME is a fresh directory, so no earlier run's state counts.
+Each test reads its recipe out of the README (the table row's environment and command) or
+docs/agents.md (opencode's ``opencode.json`` block), points it at the test's router and adds only
+what makes the run headless (a one-shot prompt, no confirmations). The agents are real, installed
+by ``agentkit``: opencode and Qwen Code from npm with the other npm agents, aider and mini-swe-agent
+from PyPI, each in its own virtualenv. Every agent's HOME is a fresh directory, so no earlier run's
+state counts.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def test_qwen_code_recipe(router: RunningRouter, npm_agents: Path, tmp_path: Pat
     assert argv == ["qwen"]
     settings = tmp_path / ".qwen" / "settings.json"
     settings.parent.mkdir()
-    # The README's switch for Qwen Code's usage statistics, which it would send to its vendor.
+    # docs/agents.md's switch for Qwen Code's usage statistics, which it would send to its vendor.
     settings.write_text(json.dumps({"privacy": {"usageStatisticsEnabled": False}}))
     proc = run(
         [str(npm_agents / "qwen"), "list the files", "--output-format", "json"],
@@ -119,7 +120,7 @@ def test_aider_recipe(router: RunningRouter, upstream: FakeUpstream, tmp_path: P
     work = workdir(tmp_path)
     env, argv = command_recipe("aider", router.url, KEY)
     assert argv[0] == "aider"
-    # --yes-always would also say yes to aider's analytics prompt: the README says to turn them off.
+    # --yes-always would also say yes to aider's analytics prompt: docs/agents.md says to turn them off.
     headless = ["--yes-always", "--analytics-disable", "--no-git", "--message", "add a docstring to hello.py",
                 "hello.py"]  # fmt: skip
     proc = run([str(bin_dir / "aider"), *argv[1:], *headless], work, agent_env(tmp_path, **env))

@@ -1,6 +1,6 @@
-"""The README's client recipes that are Python libraries, run as written against a real router.
+"""The client recipes that are Python libraries (docs/agents.md), run as written against a real router.
 
-(Claude Code and Codex CLI are run in ``test_agents.py``.) Each recipe's code is the README's, with
+(Claude Code and Codex CLI are run in ``test_agents.py``.) Each recipe's code is docs/agents.md's, with
 the base URL of the test's router; a library that is not installed skips, saying which.
 """
 
@@ -19,7 +19,7 @@ def test_openai_agents_sdk_recipe(router: RunningRouter) -> None:
     )
     from openai import AsyncOpenAI
 
-    # --- the README recipe (base_url from the test's router)
+    # --- the docs/agents.md recipe (base_url from the test's router)
     agents.set_tracing_disabled(True)  # the SDK would otherwise send traces to OpenAI
 
     @agents.function_tool
