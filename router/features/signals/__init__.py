@@ -21,7 +21,7 @@ from router.features.signals.base import (
     Weights,
     resent_signal,
 )
-from router.features.signals.conversation import Recent, extract, recent, switches, without_tools
+from router.features.signals.conversation import WINDOW, Recent, extract, recent, switches, without_tools
 from router.features.signals.fingerprint import request_fingerprint, stable_hash
 from router.features.signals.label import summarize
 from router.features.signals.testrunners import TestSummary, parse_test_summary
@@ -44,6 +44,7 @@ __all__ = [
     "TESTS",
     "TOOL_FAILURES",
     "TOOL_LOOP",
+    "WINDOW",
     "Recent",
     "Signal",
     "TestSummary",

@@ -147,6 +147,10 @@ def slot(messages: Any, seen: list[Any] | None, i: int, max_chars: int | None = 
     return found
 
 
+#: How many of a request's last messages the signals read.
+WINDOW = 20
+
+
 @dataclass(slots=True)
 class Recent:
     """The last messages of a request as the signals read them: their tool calls, and their
@@ -184,7 +188,7 @@ class Recent:
 def recent(
     messages: Any,
     *,
-    window: int = 20,
+    window: int = WINDOW,
     max_chars: int | None = DEFAULT_MAX_CHARS,
     seen: list[Any] | None = None,
 ) -> Recent:
@@ -207,7 +211,7 @@ def extract(
     protocol: str,
     messages: Any,
     *,
-    window: int = 20,
+    window: int = WINDOW,
     loop_threshold: int = 3,
     failure_run: int = 3,
     max_chars: int | None = DEFAULT_MAX_CHARS,
@@ -247,7 +251,7 @@ def switches(
     protocol: str,
     messages: Any,
     *,
-    window: int = 20,
+    window: int = WINDOW,
     loop_threshold: int = 3,
     failure_run: int = 3,
     max_chars: int | None = DEFAULT_MAX_CHARS,
@@ -268,7 +272,7 @@ def switches(
     return [s for s in read.switching(weights, failure_run, loop_threshold) if s is not None]
 
 
-def without_tools(seen: list[Any] | None, n_messages: int, window: int = 20) -> bool:
+def without_tools(seen: list[Any] | None, n_messages: int, window: int = WINDOW) -> bool:
     """Whether the last ``window`` messages hold no tool call or result, as ``switches`` read them
     into ``seen``: then ``extract`` can find nothing. False when that is not known."""
     if seen is None or len(seen) != n_messages:

@@ -70,6 +70,8 @@ class TaskView:
     #: What the stop-loss reads at this call (``reading``), whether a stop-loss is on or not: logged
     #: with the call, for ``router train`` to learn the stop-loss from.
     p_success: float | None = None
+    #: How many messages (Responses: input items) the request held.
+    messages: int = 0
 
 
 class TaskContext:
@@ -206,8 +208,9 @@ class TaskContext:
         if not side:
             recent = signals.recent(req.messages, seen=seen)
             found = signals.switches(
-                req.protocol, req.messages, loop_threshold=rules.loop_threshold, seen=seen, read=recent
-            )
+                req.protocol, req.messages, loop_threshold=rules.loop_threshold, seen=seen,
+                read=_since_pin(req.messages, state, recent, seen),
+            )  # fmt: skip
             switch = next((sig.name for sig in found if sig.name in SWITCH_SIGNALS), None)
             switch = switch or escalation(rules.escalate_below, state)
         budget_left = None
@@ -225,6 +228,7 @@ class TaskContext:
             new_vector=new_vector, repo=repo if new_vector else None, failed_models=tuple(state.failed_models), pinned=state.pinned,
             switch_reason=switch, signed_history=signed_history(req), budget_left=budget_left,
             warm_model=warm_model, warm_tokens=warm_tokens, warm_cached=warm_cached, recent=recent,
+            messages=len(req.messages),
             # Read after the last await: ``stop`` reads the same label (labels are kept on the loop).
             p_success=None if side else reading(state),
         )  # fmt: skip
@@ -235,7 +239,9 @@ class TaskContext:
     ) -> None:  # fmt: skip
         """``model`` answered this main-loop request: pin the attempt to it, its prefix is warm
         (``cached_tokens``: what the provider reported cached of it, if it said)."""
-        self.tracker.served(view.state, model, prompt_tokens, cache_ttl_s, False, cached_tokens)
+        self.tracker.served(
+            view.state, model, prompt_tokens, cache_ttl_s, False, cached_tokens, view.messages
+        )
         if self.shared is not None:  # alone, the tracker already holds it
             self.background.spawn(
                 self._share(view.task_id, view.attempt, model, cache_ttl_s, abandon_after_s), name="share-pin"
@@ -395,3 +401,19 @@ def weak_label(
 def least(*budgets: float | None) -> float | None:
     """The lowest of the budgets that are set (None when none is)."""
     return min((b for b in budgets if b is not None), default=None)
+
+
+def _since_pin(
+    messages: list[Any], state: TaskState, recent: signals.Recent, seen: list[Any] | None
+) -> signals.Recent:
+    """The last messages the switch signals read: only those after the pinned model's first turn.
+
+    A loop or a run of failures stays in the window for many turns after the task left the model
+    that made it; read again, it would move the task off the model it went to as well, and back
+    on the next turn, each time to a cold cache. A conversation shorter than the pin's start (it
+    was compacted, or Responses sends only new items) is read whole: what is left is new.
+    """
+    since = state.pinned_since
+    if state.pinned is None or not 0 < since < len(messages) or len(messages) - since >= signals.WINDOW:
+        return recent
+    return signals.recent(messages, window=len(messages) - since, seen=seen)

@@ -29,6 +29,10 @@ _SIDE_CALL_TEXT = re.compile(
 class TaskState:
     attempt: int = 1
     pinned: str | None = None
+    #: How many messages the request held that ``pinned`` first answered: the switch signals read
+    #: only what came after it, so that a loop or a run of failures left behind on another model
+    #: does not move the task off this one too (back and forth, each time a cold cache).
+    pinned_since: int = 0
     failed_models: list[str] = field(default_factory=list)
     #: The current attempt was reported failed; the next restart of the conversation opens a new one.
     failed_open: bool = False
@@ -95,6 +99,7 @@ def _new_attempt(state: TaskState, n: int) -> None:
     if state.pinned and state.pinned not in state.failed_models:
         state.failed_models.append(state.pinned)
     state.attempt, state.pinned, state.failed_open, state.calls = n, None, False, 0
+    state.pinned_since = 0
 
 
 def key_of(task_id: str) -> str | None:
@@ -178,12 +183,15 @@ class TaskTracker:
 
     def served(
         self, state: TaskState, model: str, prompt_tokens: int, cache_ttl_s: float, side_call: bool,
-        cached_tokens: int | None = None,
+        cached_tokens: int | None = None, messages: int = 0,
     ) -> None:  # fmt: skip
+        """``messages``: how many the request held (where a new pin's own turns begin)."""
         if side_call:
             return
         # The first main-loop request pins the attempt; a later switch (a loop, a context that
         # outgrew the window) moves the pin with it.
+        if state.pinned != model:
+            state.pinned_since = messages
         state.pinned = model
         state.calls += 1
         state.warm_model, state.warm_tokens, state.warm_cached = model, prompt_tokens, cached_tokens
