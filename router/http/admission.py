@@ -78,29 +78,53 @@ class Admission:
         self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
     ) -> Reservation | None:
         """Check the key's rate limits and hold the decision's estimated cost in every budget that
-        applies (``task_budget``: the policy's per-task limit, from the request's runtime; a scope
-        that decided the request may set a lower one, ``Decision.task_budget``)."""
+        applies (``limit_rate``, then ``hold``)."""
+        await self.limit_rate(principal, decision)
+        return await self.hold(principal, task_id, decision, task_budget)
+
+    async def limit_rate(self, principal: Principal, decision: Decision) -> int:
+        """Count the request against its key's rate limits, or refuse it (429; 413 when its
+        estimate alone exceeds the key's tokens per minute). Returns the tokens counted against
+        ``--tpm`` (0 without one): the decision's estimate, which ``recount`` replaces by what the
+        call used once it has ended."""
+        if not (principal.key_id and (principal.rpm or principal.tpm)):
+            return 0
         est = decision.estimate(decision.chosen)
-        if principal.key_id and (principal.rpm or principal.tpm):
-            tokens = (est.prompt_tokens + est.output_tokens) if est else 0
-            verdict = await self.limits.check_and_consume(
-                principal.key_id,
-                requests=1,
-                tokens=tokens if principal.tpm else 0,
-                rpm=principal.rpm,
-                tpm=principal.tpm,
+        tokens = (est.prompt_tokens + est.output_tokens) if est else 0
+        verdict = await self.limits.check_and_consume(
+            principal.key_id,
+            requests=1,
+            tokens=tokens if principal.tpm else 0,
+            rpm=principal.rpm,
+            tpm=principal.tpm,
+        )
+        if not verdict and verdict.reason == "too_large":
+            # Waiting cannot help a request that alone exceeds the limit: say so, never "retry later".
+            raise PayloadTooLarge(
+                f"this request's estimated {tokens} tokens exceed this key's tokens-per-minute limit "
+                f"of {principal.tpm}: shorten the request or raise the key's limit"
             )
-            if not verdict and verdict.reason == "too_large":
-                # Waiting cannot help a request that alone exceeds the limit: say so, never "retry later".
-                raise PayloadTooLarge(
-                    f"this request's estimated {tokens} tokens exceed this key's tokens-per-minute limit "
-                    f"of {principal.tpm}: shorten the request or raise the key's limit"
-                )
-            if not verdict:
-                raise RateLimited(
-                    f"this key's {verdict.reason} limit is reached",
-                    retry_after=min(verdict.retry_after_s, 3600.0),
-                )
+        if not verdict:
+            raise RateLimited(
+                f"this key's {verdict.reason} limit is reached",
+                retry_after=min(verdict.retry_after_s, 3600.0),
+            )
+        return tokens if principal.tpm else 0
+
+    async def recount(self, key_id: str, counted: int, used: int) -> None:
+        """Replace the ``counted`` tokens of a request that has ended by the ``used`` ones in its
+        key's tokens per minute. Counted at the estimate alone, a key limited to 5,000 tokens a
+        minute was served 25,576 in one, in replies far longer than expected; a call that used
+        less than its estimate (or none: refused, failed) gives the rest back."""
+        if used != counted:
+            await self.limits.adjust(key_id, used - counted)
+
+    async def hold(
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
+    ) -> Reservation | None:
+        """Hold the decision's estimated cost in every budget that applies (``task_budget``: the
+        policy's per-task limit, from the request's runtime; a scope that decided the request may
+        set a lower one, ``Decision.task_budget``)."""
         limits = _limits(principal, task_id, decision, task_budget)
         if not limits:
             return None

@@ -148,7 +148,8 @@ class Proxy:
             self.recorder.decided(decided)
             decision = decided.decision
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
-            f.held = await self.admission.admit(principal, f.task_id, decision, task_budget)
+            f.rate_tokens = await self.admission.limit_rate(principal, decision)
+            f.held = await self.admission.hold(principal, f.task_id, decision, task_budget)
             phases.decide()
             f.execution = ex = Execution(tenant=principal.key_id or principal.name)
             if f.held is not None:

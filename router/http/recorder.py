@@ -49,6 +49,12 @@ class Recorder:
             self.background.spawn(self.admission.settle(f.held, cost), name="settle-budget")
         for more in f.held_more:  # the spend is all in ``held``'s settle
             self.background.spawn(self.admission.settle(more, 0.0), name="settle-budget")
+        if f.rate_tokens and f.key_id is not None:
+            u = f.charge.usage if f.charge is not None else None
+            used = (u.input_tokens or 0) + (u.output_tokens or 0) if u is not None else 0
+            self.background.spawn(
+                self.admission.recount(f.key_id, f.rate_tokens, used), name="recount-tokens"
+            )
         rec = record(f, phases)
         self.writer.submit(rec)
         self.telemetry.finished(rec, phases)

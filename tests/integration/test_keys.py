@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -203,3 +204,33 @@ def test_a_provider_key_pasted_with_a_newline_is_sent_without_it(
     assert len(sent) == len(BODIES)
     for req in sent:
         assert req["headers"]["authorization"] == "Bearer sk-pasted-0123456789"
+
+
+def test_a_keys_tokens_per_minute_count_what_its_calls_used(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--tpm`` counted each request's estimate alone (its prompt and the output the router
+    expects, ~1,000 tokens here), never what the call used: a key limited to 5,000 tokens a minute
+    was served four replies of ~6,400 tokens each in one minute, 25,576 tokens (found by a hostile
+    probe asking for long replies). What a call used now replaces its estimate once it ends, so the
+    next request of that minute is refused, and a call that used less gives the rest back."""
+    policy = local_policy(upstream.url)
+    policy["models"][0]["litellm_model"] = "openai/nano-model@big_kb=40"  # ~6,400-token replies
+    policy["routes"][0]["candidates"] = ["local-nano"]
+    policy["rules"] = []
+    r = router_factory(policy, master_key=MASTER)
+    key = create_key(r, capsys, "--name", "long-replies", "--tpm", "5000")["key"]
+
+    def ask(i: int) -> httpx.Response:
+        body = {"model": "auto", "messages": [{"role": "user", "content": f"write a long essay {i}"}]}
+        return httpx.post(r.url + "/v1/chat/completions", json=body, headers={"x-api-key": key}, timeout=30)
+
+    first = ask(0)
+    assert first.status_code == 200, first.text
+    used = first.json()["usage"]["total_tokens"]
+    assert used > 5000  # more than the key's minute allows, though its estimate was far less
+
+    time.sleep(0.5)  # the count is corrected just after the reply, off the client's path
+    second = ask(1)
+    assert second.status_code == 429, f"served {used} tokens and then {second.text[:200]}"
+    assert second.json()["error"]["message"] == "this key's tpm limit is reached"

@@ -89,15 +89,21 @@ async def test_rpm_is_counted_per_key(fake: FakeUpstream, tmp_path: Path) -> Non
     assert statuses == [200, 200, 429, 429, 200, 200]
 
 
-async def test_tpm_limit_counts_estimated_tokens(fake: FakeUpstream, tmp_path: Path) -> None:
+async def test_tpm_limit_counts_what_calls_used_not_their_estimates(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
-        key, _ = await r.key(tpm=250)
-        answers = [await r.post(key=key, max_tokens=MAX_TOKENS) for _ in range(3)]
-        estimates = [row.prompt_tokens_est + MAX_TOKENS for row in await r.records()]
-    # ~110 tokens each: two fit in 250, the third would not.
-    assert all(100 < e < 125 for e in estimates)
-    assert [a.status_code for a in answers] == [200, 200, 429]
-    assert "tpm limit" in answers[2].json()["error"]["message"]
+        key, key_id = await r.key(tpm=250, budget_usd=1.0)
+        answers = []
+        for _ in range(3):
+            answers.append(await r.post(key=key, max_tokens=MAX_TOKENS))
+            await settled(r, f"key:{key_id}")  # the request has ended: its count is corrected
+        rows = await r.records()
+    # ~110 tokens estimated each: the third would not fit in 250 beside two such estimates, but
+    # the calls used far fewer (a short reply), and what they used is what counts once they end.
+    assert all(100 < row.prompt_tokens_est + MAX_TOKENS < 125 for row in rows)
+    assert sum(row.input_tokens + row.output_tokens for row in rows) < 250 / 2
+    assert [a.status_code for a in answers] == [200, 200, 200]
 
 
 async def test_request_larger_than_the_tpm_limit_is_refused(fake: FakeUpstream, tmp_path: Path) -> None:
@@ -307,6 +313,22 @@ async def test_retry_after_is_at_most_an_hour() -> None:
     with pytest.raises(RateLimited) as refused:
         await gate.admit(daily, None, decision(0.0), None)
     assert refused.value.retry_after == 3600.0
+
+
+async def test_tokens_per_minute_count_what_calls_used() -> None:
+    """A request counts its estimate (110 tokens here) against ``--tpm`` until it ends; then what it
+    used replaces it: more keeps the next out, less (or none, a refused call) gives the rest back."""
+    state = MemoryState(StateConfig())
+    key = Principal(key_id="k", name="agent", tpm=250)
+    gate = Admission(state.limits, state.budgets)
+    counted = await gate.limit_rate(key, decision(0.0))
+    assert counted == 10 + MAX_TOKENS
+    await gate.recount("k", counted, 240)  # the call wrote far more than expected
+    with pytest.raises(RateLimited):
+        await gate.limit_rate(key, decision(0.0))
+    await gate.recount("k", counted, 0)  # one that used nothing gives its count back
+    assert await gate.limit_rate(key, decision(0.0)) == counted
+    assert await gate.limit_rate(Principal(key_id="k", name="agent", rpm=100), decision(0.0)) == 0
 
 
 def test_a_request_that_fits_once_holds_settle_is_told_to_wait() -> None:
