@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from router.errors import PayloadTooLarge, RateLimited
 from router.features.task.context import least
 from router.http.auth import Principal
+from router.policy.catalog import Catalog
 from router.policy.decide import Decision
 from router.shared import (
     BudgetExceeded,
@@ -120,15 +121,20 @@ class Admission:
             await self.limits.adjust(key_id, used - counted)
 
     async def hold(
-        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
-    ) -> Reservation | None:
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
+        *, worst: float = 0.0, key_left: float | None = None,
+    ) -> Reservation | None:  # fmt: skip
         """Hold the decision's estimated cost in every budget that applies (``task_budget``: the
         policy's per-task limit, from the request's runtime; a scope that decided the request may
-        set a lower one, ``Decision.task_budget``)."""
+        set a lower one, ``Decision.task_budget``); with ``key_left``, what the key had left before
+        the request (``key_budget_left``), as much of it as the request may cost at most
+        (``worst``, ``worst_of``), if that is more."""
         limits = _limits(principal, task_id, decision, task_budget)
         if not limits:
             return None
         amount = hold_of(decision)
+        if key_left is not None:
+            amount = max(amount, min(worst, key_left))
         if self._unsettled:
             await self.land_unsettled()  # StateUnavailable (a 503) while they cannot land
         if self.log is not None and isinstance(self.budgets, MemoryBudgets):
@@ -218,6 +224,29 @@ def hold_of(decision: Decision) -> float:
         if est is not None:
             held = max(held, est.hold_usd if est.hold_usd is not None else est.cost_usd)
     return held
+
+
+def worst_of(decision: Decision, catalog: Catalog, max_output: int | None) -> float:
+    """What a request may cost at most: its hold (``hold_of``) with the rest of the output its
+    backend may write (``max_output``, the client's limit, else the backend's), on the dearest
+    backend it may be served by.
+
+    The 90th percentile alone was held, and a reply may be as long as its backend allows: 40
+    requests at once on a key with $0.10, each writing ~3,200 tokens where 1,024 were expected,
+    spent $0.287 (``test_money.py``). A request holds this much of what its key has left, so
+    that near a budget's end the requests in flight can pay for what they may write; a key with
+    room to spare runs as many at once as before."""
+    worst = 0.0
+    for model in decision.order:
+        est = decision.estimate(model)
+        if est is None:
+            continue
+        backend = catalog[model]
+        most = min(max_output or backend.max_output_tokens, backend.max_output_tokens)
+        held = est.hold_usd if est.hold_usd is not None else est.cost_usd
+        more = max(0, most - est.output_tokens) * backend.price.at(est.prompt_tokens).output
+        worst = max(worst, held + more)
+    return worst
 
 
 #: What a client refused for money held by requests in flight is told to wait: they settle in

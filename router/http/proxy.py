@@ -30,7 +30,7 @@ from router.forward.accounting import (
     written_tokens,
 )
 from router.forward.execute import CommittedStream, Execution, Executor, Try
-from router.http.admission import Admission
+from router.http.admission import Admission, worst_of
 from router.http.auth import Auth, Principal, presented_key
 from router.http.flight import Flight, prompt_text
 from router.http.recorder import Recorder
@@ -141,15 +141,19 @@ class Proxy:
                 f.prompt = prompt_text(req)
             headers = rule_headers(all_headers, principal)
             f.task_id = task_of(req, principal.key_id, all_headers)
+            key_left = await self.admission.key_budget_left(principal)
             f.decided = decided = await self.pipeline.decide(
                 f.rt, req, f.task_id, f.key_id, headers, all_headers.get("x-router-attempt"), len(raw),
-                await self.admission.key_budget_left(principal),
+                key_left,
             )  # fmt: skip
             self.recorder.decided(decided)
             decision = decided.decision
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
             f.rate_tokens = await self.admission.limit_rate(principal, decision)
-            f.held = await self.admission.hold(principal, f.task_id, decision, task_budget)
+            worst = worst_of(decision, f.rt.catalog, req.max_output_tokens) if key_left is not None else 0.0
+            f.held = await self.admission.hold(
+                principal, f.task_id, decision, task_budget, worst=worst, key_left=key_left
+            )
             phases.decide()
             f.execution = ex = Execution(tenant=principal.key_id or principal.name)
             if f.held is not None:

@@ -607,3 +607,31 @@ def test_a_server_tools_max_uses_caps_what_its_request_holds(
     unbounded = {**body, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
     seen = httpx.post(r.url + "/v1/route", json=unbounded, headers={"x-api-key": MASTER}, timeout=30).json()
     assert seen["candidates"][0]["hold_usd"] >= 0.03
+
+
+def test_replies_longer_than_expected_cannot_spend_past_a_key_budget_at_once(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A request held its cost at the 90th percentile of the backend's output (1,024 tokens here,
+    $0.0102), while nothing kept it from writing all the output its backend allows: 40 requests
+    at once on a key with $0.10, each asking for a long reply (~3,200 tokens, $0.032), were nine
+    admitted and spent about three times the budget (a hostile probe: $0.256 of $0.05). A request
+    now holds, of what its key has left, as much as it may cost at most (its backend's whole
+    output), and no less than before: near the end of a budget fewer run at once (the others are
+    told to retry shortly), and what they spend past it is at most one request's output."""
+    policy = local_policy(upstream.url)
+    policy["models"][0]["litellm_model"] = "openai/nano-model@big_kb=20"  # ~3,200-token replies
+    policy["models"][0]["prices"] = {"input": 1.0, "output": 10.0}  # at most 4,096 output tokens: $0.041
+    policy["routes"][0]["candidates"] = ["local-nano"]
+    policy["rules"] = []
+    r = router_factory(policy, master_key=MASTER)
+    body = {"model": "auto", "messages": [{"role": "user", "content": "write a long essay"}]}
+    one = httpx.post(r.url + CHAT, json=body, headers={"x-api-key": MASTER}, timeout=30)
+    cost = float(one.headers["x-router-cost-usd"])
+    assert 0.025 < cost < 0.041
+    budget = 0.10
+    key = create_key(r, capsys, "--name", "long-replies", "--budget", str(budget))
+
+    statuses, spent = forty_at_once(r, key, body)
+    assert 200 in statuses and 429 in statuses
+    assert spent <= budget + 4096 * 10e-6, (spent, budget, statuses)
