@@ -8,6 +8,7 @@ next candidate) may succeed where this one failed::
     ├── BadRequest                   400  invalid_request_error
     │   ├── ContextTooLarge          400  invalid_request_error (code context_length_exceeded)
     │   ├── AttemptStopped           400  invalid_request_error (code attempt_stopped)
+    │   ├── Untranslatable           400  invalid_request_error next candidate may work
     │   ├── UnknownModel             404  not_found_error       (code model_not_found)
     │   └── TaskNotFound             404  not_found_error       (code task_not_found)
     ├── PayloadTooLarge              413  request_too_large
@@ -110,6 +111,14 @@ class AttemptStopped(BadRequest):
         # Anthropic's error names neither code nor param: the rule goes beside ``next`` here.
         body["error"] |= {"code": self.code, "param": self.param, "next": self.next}
         return body
+
+
+class Untranslatable(BadRequest):
+    """The request's own content cannot be translated for one backend (litellm, to another wire
+    family): a backend it is relayed to, or translated for otherwise, may take it, so the next
+    candidate is tried; when no candidate took it, the client gets this 400 naming the field."""
+
+    next_candidate = True
 
 
 class UnknownModel(BadRequest):

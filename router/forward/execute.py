@@ -3,8 +3,9 @@
 Backends are tried in the decision's order, within one overall deadline:
 
 * a failure moves on to the next backend only when another backend may not share it (connect
-  errors, timeouts, 429, 5xx, a missing key); a request the backend rejected (400/401/403/404/
-  422) is returned as it is, not retried;
+  errors, timeouts, 429, 5xx, a missing key, a request its translation cannot carry); a request
+  the backend rejected (400/401/403/404/422) is returned as it is, not retried. A request no
+  candidate could translate is the client's 400 only when every candidate failed so;
 * a context-length error moves on only to backends with a larger window;
 * a backend is retried (once, after a jittered pause or its ``Retry-After`` if that fits in the
   deadline) only when no other backend is left — moving on is faster for the agent — and only
@@ -33,7 +34,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
 
-from router.errors import MissingCredentials, RouterError, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from router.errors import (
+    MissingCredentials,
+    RouterError,
+    ServiceUnavailable,
+    Untranslatable,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from router.forward.timeouts import Timeouts
 from router.forward.upstream import Reply, Upstream, relay_base
 from router.policy.catalog import Backend, Catalog
@@ -252,6 +260,8 @@ class Executor:
             if relayed and relayed != order[: len(relayed)]:
                 order = relayed + [m for m in order if m not in relayed]
         last: RouterError | None = None
+        #: The latest failure of a backend's own, beside a request some backend could not take.
+        own: RouterError | None = None
         skipped: list[str] = []
         i = 0
         while i < len(order):
@@ -275,6 +285,8 @@ class Executor:
                     last = UpstreamTimeout("overall", self.timeouts.overall)
                 except RouterError as exc:
                     last = exc
+                    if not isinstance(exc, Untranslatable):
+                        own = exc
                 else:
                     ex.tries.append(_try(backend, phases, began, 200))
                     await self.breakers.record_success(backend.id)
@@ -315,6 +327,13 @@ class Executor:
             )
         if isinstance(last, MissingCredentials) and len(ex.tries) > 1:
             raise _all_keys_missing(ex.tries, catalog) or last
+        if isinstance(last, Untranslatable) and (own is not None or skipped):
+            # The request is the client's to fix only when no candidate could take it; here one
+            # failed for its own reasons or was paused, and may serve it once it recovers.
+            raise own or ServiceUnavailable(
+                f"candidate backends are failing and paused by their breakers: {', '.join(skipped)}; "
+                f"the others cannot take this request ({last.message})"
+            )
         raise last
 
 

@@ -8,6 +8,7 @@ key or headers), plus the few facts the router needs for routing, task identity 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -209,6 +210,22 @@ def shown(value: Any) -> str:
 #: OpenAI's service tiers billed at most at the standard prices the catalog holds ("auto": the
 #: project's own setting). "priority" costs about twice as much, and budgets count catalog prices.
 CATALOG_TIERS = ("auto", "default", "flex")
+
+
+def not_json(value: Any) -> bool:
+    """Whether ``value``, present, is not text that parses as JSON (a tool call's arguments; read
+    as litellm reads them: no text, or only white space, is no arguments)."""
+    if value is None:
+        return False
+    if not isinstance(value, str):
+        return True
+    if not value.strip():
+        return False
+    try:
+        json.loads(value)
+    except ValueError:
+        return True
+    return False
 
 
 def check_service_tier(tier: Any) -> None:

@@ -23,8 +23,10 @@ from router.protocols.common import (
     event_json,
     has_image,
     load_body,
+    not_json,
     one_hour_writes,
     scan_messages,
+    shown,
     text_of,
     validated,
 )
@@ -236,3 +238,26 @@ def _check_calls_and_content(messages: list[dict[str, Any]]) -> None:
             raise BadRequest(
                 f"invalid request: messages.{i}.content: required for a {m['role']} message", param="messages"
             )
+
+
+def untranslatable(body: dict[str, Any]) -> tuple[str, str] | None:
+    """What of a Chat request its translation to another family (litellm's) cannot carry, as the
+    field and what is wrong with it, and the ``param`` that names it: a tool call's arguments that
+    are not JSON (the call's input is read from them: a ValueError), or a tool of a type other
+    than function (litellm knows Anthropic's own types too; another is a ValueError, a "custom"
+    tool a KeyError). Read once a translation has failed: checked up front, it would refuse what
+    litellm does translate (arguments cut short, which it repairs; Anthropic's tool types)."""
+    for i, m in enumerate(body.get("messages") or ()):
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        for j, call in enumerate(calls if isinstance(calls, list) else ()):
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and not_json(function.get("arguments")):
+                return (
+                    f"messages.{i}.tool_calls.{j}.function.arguments: arguments that are not JSON text",
+                    "messages",
+                )
+    for i, tool in enumerate(body.get("tools") or ()):
+        kind = tool.get("type", "function") if isinstance(tool, dict) else None
+        if kind != "function":
+            return f"tools.{i}.type: a tool of type {shown(kind)}", "tools"
+    return None

@@ -26,6 +26,7 @@ from router.protocols.common import (
     event_json,
     has_image,
     load_body,
+    not_json,
     shown,
     text_of,
     validated,
@@ -250,3 +251,19 @@ def error_frame(err: RouterError) -> bytes:
         },
     }
     return b"event: response.failed\ndata: " + orjson.dumps(body) + b"\n\n"
+
+
+def untranslatable(body: dict[str, Any]) -> tuple[str, str] | None:
+    """What of a Responses request its translation to a Chat Completions or Anthropic backend
+    (litellm's) cannot carry, as ``openai_chat.untranslatable`` says it: a function call's
+    arguments that are not JSON, or a tool of a type other than function. Read once a translation
+    has failed."""
+    items = body.get("input")
+    for i, item in enumerate(items if isinstance(items, list) else ()):
+        if isinstance(item, dict) and item.get("type") == "function_call" and not_json(item.get("arguments")):
+            return f"input.{i}.arguments: function call arguments that are not JSON text", "input"
+    for i, tool in enumerate(body.get("tools") or ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            return f"tools.{i}.type: a tool of type {shown(kind)}", "tools"
+    return None

@@ -581,6 +581,70 @@ async def test_a_request_litellm_cannot_convert_opens_no_breaker(fake: FakeUpstr
         assert [len(row.tries) for row in (await r.records())[:6]] == [1] * 6  # not retried
 
 
+#: A conversation whose tool call's arguments are not JSON: litellm cannot translate it for an
+#: Anthropic backend (the call's input is read from them); OpenAI takes it as it is.
+_BROKEN_CALL = [
+    {"role": "user", "content": "run it"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "run", "arguments": "{not json"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+]  # fmt: skip
+
+
+async def test_a_request_no_candidate_can_translate_is_the_clients_400(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    # litellm raised a BadRequestError around the arguments' JSONDecodeError, read as "a reply that
+    # is not JSON": a 502 after both backends were tried, each try retryable, and five such
+    # requests opened a backend's breaker for every client.
+    from tests.unit.inprocess import serving
+
+    models = [model("c", fake.url, protocol="anthropic"), model("d", fake.url, protocol="anthropic")]
+    async with serving(tmp_path, models) as r:
+        for _ in range(6):
+            refused = await r.post(OPENAI_CHAT, messages=_BROKEN_CALL)
+            assert refused.status_code == 400, refused.text
+            err = refused.json()["error"]
+            assert (err["type"], err["param"]) == ("invalid_request_error", "messages")
+            assert err["message"].startswith("invalid request: messages.1.tool_calls.0.function.arguments: ")
+        assert (await r.post(OPENAI_CHAT)).status_code == 200
+        rows = (await r.records())[:6]
+    assert all(sorted((t.model, t.status) for t in row.tries) == [("c", 400), ("d", 400)] for row in rows)
+
+
+async def test_a_candidates_own_failure_is_said_before_a_request_another_cannot_translate(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    # The relayed backend failed by itself, the dearer one cannot translate the request: the client
+    # is told what may pass (the 503), not that its request is at fault, nor, as before, that
+    # "translation for backend 'c' (anthropic) failed".
+    from tests.unit.inprocess import serving
+
+    dear = model("c", fake.url, protocol="anthropic", prices={"input": 5.0, "output": 10.0})
+    async with serving(tmp_path, [model("a", fake.url, "status=503"), dear]) as r:
+        failed = await r.post(OPENAI_CHAT, messages=_BROKEN_CALL)
+        tries = (await r.records())[-1].tries
+    assert [(t.model, t.status) for t in tries] == [("a", 503), ("c", 400)]
+    assert failed.status_code == 502
+    assert failed.json()["error"]["message"].startswith("backend 'a' answered 503"), failed.text
+
+
+async def test_a_paused_candidate_is_said_before_a_request_another_cannot_translate(
+    fake: FakeUpstream,
+) -> None:
+    # The relayed backend is paused by its breaker, the other cannot translate the request: not
+    # the client's 400 (the paused one may serve it once it recovers), a 503 that says both.
+    cat = catalog(model("a", fake.url, "status=503"), model("c", fake.url, protocol="anthropic"))
+    async with upstream() as up:
+        run = executor(up, cat, budget=NO_RETRIES, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
+        with pytest.raises(UpstreamError):
+            await run.complete(request(), decision("a"), cat, {}, *fresh())
+        with pytest.raises(ServiceUnavailable) as info:
+            await run.complete(request(messages=_BROKEN_CALL), decision("a", "c"), cat, {}, *fresh())
+    assert info.value.message.startswith("candidate backends are failing and paused by their breakers: a; ")
+    assert "messages.1.tool_calls.0.function.arguments" in info.value.message
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_waiting_for_a_slot_in_the_router_opens_no_breaker(
     fake: FakeUpstream, tmp_path: Path, stream: bool

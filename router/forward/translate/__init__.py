@@ -9,20 +9,24 @@ reply (or stream) back into the client's wire format:
 * ``responses_client`` OpenAI Responses client -> Chat Completions or Anthropic backend
 
 Every failure surfaces as a ``router.errors`` type (see ``upstream_errors``): from ``complete``;
-from ``open_stream`` until the upstream has answered; from the frame iterator after that.
+from ``open_stream`` until the upstream has answered; from the frame iterator after that. A
+request litellm could not convert because of a field the client's protocol module names
+(``untranslatable``) is ``Untranslatable``: a 400 naming that field once no other candidate
+took it (``router.forward.execute``); one it names none of stays a 502, the router's failure.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
 
-from router.errors import BadRequest
+from router.errors import BadRequest, RouterError, Untranslatable
 from router.forward.translate import anthropic_client, chat_client, responses_client
 from router.forward.translate.target import Target
-from router.forward.translate.upstream_errors import to_router_error
+from router.forward.translate.upstream_errors import converting, to_router_error
+from router.protocols import openai_chat, responses
 
 __all__ = ["Target", "complete", "open_stream"]
 
@@ -30,6 +34,13 @@ _CLIENTS: dict[str, ModuleType] = {
     "openai_chat": chat_client,
     "anthropic": anthropic_client,
     "openai_responses": responses_client,
+}
+
+
+#: Per client protocol, what of a request the translation to another family cannot carry.
+_UNTRANSLATABLE: dict[str, Callable[[dict[str, Any]], tuple[str, str] | None]] = {
+    "openai_chat": openai_chat.untranslatable,
+    "openai_responses": responses.untranslatable,
 }
 
 
@@ -46,7 +57,7 @@ async def complete(client_protocol: str, body: dict[str, Any], target: Target) -
     try:
         result: dict[str, Any] = await client.complete(body, target)
     except Exception as exc:  # a translation bug here must still reach the caller as a RouterError
-        raise to_router_error(exc, target) from None
+        raise _failure(exc, client_protocol, body, target) from None
     return result
 
 
@@ -56,8 +67,23 @@ async def open_stream(client_protocol: str, body: dict[str, Any], target: Target
     try:
         frames: AsyncIterator[bytes] = await client.open_stream(body, target)
     except Exception as exc:
-        raise to_router_error(exc, target) from None
+        raise _failure(exc, client_protocol, body, target) from None
     return frames
+
+
+def _failure(exc: Exception, client_protocol: str, body: dict[str, Any], target: Target) -> RouterError:
+    """The error of a failed call: the request's own, naming its field, when litellm failed to
+    convert it and the client's protocol module says which field it cannot have carried."""
+    check = _UNTRANSLATABLE.get(client_protocol)
+    found = check(body) if check is not None and converting(exc) else None
+    if found is None:
+        return to_router_error(exc, target)
+    what, param = found
+    provider = target.litellm_model.split("/", 1)[0]
+    return Untranslatable(
+        f"invalid request: {what} cannot be translated for backend {target.backend!r} ({provider})",
+        param=param,
+    )
 
 
 async def warm_up() -> None:

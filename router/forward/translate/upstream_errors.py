@@ -41,15 +41,18 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
         return UpstreamTimeout("idle", target.idle or target.timeout)
     if any(_is_timeout(e) for e in chain):
         return UpstreamTimeout("overall", target.timeout)
+    if _converting(chain):
+        # Named by litellm's own error under its wrapper, which says nothing of a connection (an
+        # APIConnectionError) or of a provider (a BadRequestError around a request's arguments
+        # that are not JSON: read as a reply that is not JSON, it was retried and counted against
+        # the backend's breaker).
+        root = next(e for e in reversed(chain) if type(e).__module__ == "builtins" and not _is_transport(e))
+        return _translation_failed(who, root)
     if any(isinstance(e, json.JSONDecodeError) for e in chain):
         # The backend's reply or stream event did not parse: litellm calls that a 500; it is not.
         return UpstreamError(f"{who} sent a reply or stream event that is not JSON")
     status = _status(chain)
     transport = next((e for e in chain if _is_transport(e)), None)
-    if transport is not None and status in (None, 500) and _failed_before_sending(chain):
-        # Named by litellm's own error under its wrapper, which says nothing of a connection.
-        root = next(e for e in reversed(chain) if type(e).__module__ == "builtins" and not _is_transport(e))
-        return _translation_failed(who, root)
     if transport is not None and (status is None or status == 500):
         # litellm reports a refused connection or a cut stream as a 500; it is neither.
         root = next((e for e in reversed(chain) if _is_transport(e)), transport)
@@ -64,6 +67,17 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
             err.code = "context_length_exceeded"
         return err
     return _translation_failed(who, exc)
+
+
+def converting(exc: BaseException) -> bool:
+    """Whether litellm failed converting the request, before it sent anything (``_converting``)."""
+    return _converting(list(_chain(exc)))
+
+
+def _converting(chain: list[BaseException]) -> bool:
+    # A provider's answer comes through an HTTP client, whose error litellm's then carries.
+    modules = {type(e).__module__.split(".")[0] for e in chain}
+    return "litellm" in modules and not modules & {"httpx", "aiohttp"} and _failed_before_sending(chain)
 
 
 def _translation_failed(who: str, exc: BaseException) -> RouterError:
@@ -125,10 +139,11 @@ def _is_transport(exc: BaseException) -> bool:
 
 def _failed_before_sending(chain: list[BaseException]) -> bool:
     """litellm raises its APIConnectionError for a request it could not convert (a content part
-    of a type it does not know, a field of the wrong type), with that error as the cause: no
-    transport error of an HTTP client's in the chain, and a Python error of litellm's own under
-    its wrapper. Counted as the backend breaking off, a client's malformed request was retried
-    and opened the backend's breaker for every client."""
+    of a type it does not know, a field of the wrong type), or its BadRequestError (a tool call's
+    arguments that are not JSON), with that error as the cause: no transport error of an HTTP
+    client's in the chain, and a Python error of litellm's own under its wrapper. Counted as the
+    backend breaking off, a client's malformed request was retried and opened the backend's
+    breaker for every client."""
     wrappers = [e for e in chain if _is_transport(e)]
     if any(not type(e).__module__.startswith("litellm") for e in wrappers):
         return False
