@@ -1,4 +1,7 @@
-"""The ``router`` command: serve, demo, upstream (the local fake provider), check, report, tasks."""
+"""The ``router`` command: its arguments, and the dispatch to each subcommand's body.
+
+A body of more than a call lives in ``router.app.commands``, imported only when its command runs.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +11,11 @@ import importlib.util
 import os
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from router.app.logs import FORMATS, LEVELS, configure
 from router.errors import ConfigError
-
-
-def _settings(args: argparse.Namespace) -> Any:
-    from pydantic import ValidationError
-
-    from router.app.settings import Settings
-
-    given = {k: v for k, v in {"config": args.config, "host": args.host, "port": args.port,
-                               "store": args.store, "redis_url": getattr(args, "redis", None)}.items()
-             if v is not None}  # fmt: skip
-    try:
-        return Settings(**given)
-    except ValidationError as exc:  # a flag or a ROUTER_* variable out of range: say which, in one line
-        err = exc.errors()[0]
-        name = ".".join(str(p) for p in err["loc"])
-        env = "ROUTER_" + name.replace(".", "__").upper()
-        raise ConfigError(f"{name}: {err['msg']} (set by a flag or {env})") from None
 
 
 def _fitting() -> None:
@@ -44,35 +28,22 @@ def _fitting() -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from router.app.serve import serve
+    from router.app.settings import from_flags
 
-    serve(_settings(args), args.log_level)
+    serve(from_flags(args), args.log_level)
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from router.policy.active import load_active_policy
+    from router.app.commands.policy import check
 
-    settings = _settings(args)
-    # As a router would load it: the learned artifact, the control arm's reference and the scopes too.
-    rt = load_active_policy(settings.config)
-    policy = rt.policy
-    extra = f", control arm {rt.control.share:.0%} of tasks" if rt.control else ""
-    extra += f", {len(rt.scopes)} scope{'s' * (len(rt.scopes) != 1)}" if rt.scopes else ""
-    counts = ", ".join(f"{n} {what}{'s' * (n != 1)}" for n, what in ((len(rt.catalog.backends), "model"),
-                       (len(policy.routes), "route"), (len(policy.rules), "rule")))  # fmt: skip
-    print(f"{settings.config}: ok — revision {rt.revision}, {counts}{extra}")
-    for line in rt.warnings():  # valid, but will not work as the file reads
-        print(f"{settings.config}: warning: {line}", file=sys.stderr)
-    return 0
+    return check(args)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    import orjson
+    from router.app.commands.policy import schema
 
-    from router.policy.loading import json_schema
-
-    sys.stdout.write(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0
+    return schema(args)
 
 
 def cmd_upstream(args: argparse.Namespace) -> int:
@@ -90,15 +61,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     _fitting()
-    from router.app.commands.train import train
-    from router.app.settings import config_given
-    from router.store.window import parse_duration
+    from router.app.commands.train import run
 
-    since = time.time() - parse_duration(args.since) if args.since else 0.0
-    train(args.store, config_given(args.config), args.out, since=since, min_attempts=args.min_attempts,
-          force=args.force, min_scope_attempts=args.min_scope_attempts, max_key_share=args.max_key_share,
-          trajectories=args.trajectories)  # fmt: skip
-    return 0
+    return run(args)
 
 
 def cmd_outcome(args: argparse.Namespace) -> int:
@@ -142,13 +107,9 @@ def cmd_preview(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from router.telemetry.ledger import run_tasks
+    from router.app.commands.tasks import run
 
-    if args.task_id is not None:  # `router tasks ID`, as `router outcome ID` takes it
-        if args.task is not None and args.task != args.task_id:
-            raise ConfigError(f"two task ids: {args.task_id!r} and --task {args.task!r}; give one")
-        args.task = args.task_id
-    return run_tasks(args)
+    return run(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -7,13 +7,15 @@ the catalog, when a call is made).
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from router.app.limits import Limits
+from router.errors import ConfigError
 from router.forward.timeouts import Timeouts
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
@@ -82,3 +84,17 @@ class Settings(BaseSettings):
         # sends (HTTP strips a header value's ends): the key the operator handed out never matched.
         value = key.get_secret_value().strip() if key is not None else ""
         return SecretStr(value) if value else None
+
+
+def from_flags(args: argparse.Namespace) -> Settings:
+    """The settings of ``router serve`` and ``router check``: their flags over ``ROUTER_*`` variables."""
+    given = {k: v for k, v in {"config": args.config, "host": args.host, "port": args.port,
+                               "store": args.store, "redis_url": getattr(args, "redis", None)}.items()
+             if v is not None}  # fmt: skip
+    try:
+        return Settings(**given)
+    except ValidationError as exc:  # a flag or a ROUTER_* variable out of range: say which, in one line
+        err = exc.errors()[0]
+        name = ".".join(str(p) for p in err["loc"])
+        env = "ROUTER_" + name.replace(".", "__").upper()
+        raise ConfigError(f"{name}: {err['msg']} (set by a flag or {env})") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import hashlib
@@ -138,6 +139,17 @@ class Trained:
     sha256: str
     artifact: Artifact
     labels: dict[str, Any]
+
+
+def run(args: argparse.Namespace) -> int:
+    from router.app.settings import config_given
+    from router.store.window import parse_duration
+
+    since = time.time() - parse_duration(args.since) if args.since else 0.0
+    train(args.store, config_given(args.config), args.out, since=since, min_attempts=args.min_attempts,
+          force=args.force, min_scope_attempts=args.min_scope_attempts, max_key_share=args.max_key_share,
+          trajectories=args.trajectories)  # fmt: skip
+    return 0
 
 
 def train(
