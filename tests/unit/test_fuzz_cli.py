@@ -3,13 +3,21 @@ bad YAML and JSON, and store or Redis URLs that cannot connect, gets one clear l
 non-zero exit, never a traceback.
 
 In-process (``router.app.cli.main``), as the console script calls it: an exception escaping ``main``
-is exactly what prints a traceback. Derandomized and bounded (a fixed number of examples).
+is exactly what prints a traceback. Derandomized and bounded (a fixed number of examples), and each
+command is given ``LIMIT`` seconds (``time_limit``).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shutil
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -119,10 +127,60 @@ def commands(draw: st.DrawFn, tmp: Path) -> list[str]:
     return fill(draw(st.sampled_from(TEMPLATES)), tmp, draw)
 
 
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+# The commands run in this process: one that an example lets start serving (`upstream`, `serve` or
+# `demo --serve` given values that turn out good) would serve until killed, and a CI run hung at 40%
+# on one. So each gets LIMIT seconds, many times the slowest example's (~8 s on a loaded machine),
+# and then is stopped as Ctrl-C stops it and fails the test naming its arguments.
+LIMIT = 60.0
+#: Past LIMIT + GRACE a command that ignored the interrupt has every thread's stack dumped and the
+#: process exited: a failed run, never a hung one.
+GRACE = 30.0
+
+
+class Blocked(BaseException):
+    """A command still running at its limit. Not an Exception: ``main`` and the code under it catch
+    those, and Hypothesis would shrink it, running blocking examples again for minutes; a
+    BaseException ends the test at once, with the arguments in its message."""
+
+
+@contextmanager
+def time_limit(seconds: float, what: str, capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
+    """Interrupt the body after ``seconds`` with SIGINT, then raise ``Blocked``.
+
+    SIGINT rather than raising from the SIGALRM handler: uvloop (the fake provider's loop) runs
+    Python signal handlers inside a callback of its own and logs what they raise, so the server
+    kept serving; uvicorn, aiohttp and plain Python code all stop on SIGINT. Main thread only.
+    """
+    expired: list[bool] = []
+    with capsys.disabled():  # the stacks go to the real stderr: captured output is lost at exit
+        stderr = os.dup(2)
+
+    def expire(signum: int, frame: object) -> None:
+        expired.append(True)
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    faulthandler.dump_traceback_later(seconds + GRACE, exit=True, file=stderr)
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not expired:
+            raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        os.close(stderr)
+        signal.signal(signal.SIGALRM, previous)
+    if expired:
+        raise Blocked(f"{what}: still running after {seconds:g} s (stopped as Ctrl-C stops it)")
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str], limit: float = LIMIT) -> tuple[int, str]:
     capsys.readouterr()
     try:
-        code = main(argv)
+        with time_limit(limit, f"router {' '.join(argv)}", capsys):
+            code = main(argv)
     except SystemExit as exc:  # argparse's refusals
         code = exc.code if isinstance(exc.code, int) else 1
     return code, capsys.readouterr().err
@@ -186,3 +244,29 @@ def test_found_bad_input_is_one_line(
     values = {"tmp": workspace, "store": f"sqlite:///{workspace}/good.db"}
     code, err = run(command.format(**values).split(), capsys)
     assert code != 0 and err.strip().splitlines()[-1] == says.format(**values)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_a_command_that_serves_is_stopped_at_its_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command that hung CI: the fake provider, started in-process, serves until killed."""
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(Blocked, match=f"router upstream --port {port}: still running after 2 s"):
+        run(["upstream", "--port", str(port)], capsys, limit=2)
+    assert time.monotonic() - started < 2 + 15  # stopped as on Ctrl-C, not by the last resort
+    with socket.socket() as s:  # it stopped serving: the port is free again
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+
+
+def test_plain_code_that_blocks_is_stopped_at_its_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    with pytest.raises(Blocked, match="waiting: still running after 1 s"), time_limit(1, "waiting", capsys):
+        threading.Event().wait()
+    assert time.monotonic() - started < 1 + 15
