@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,6 +381,20 @@ def test_a_provider_key_the_backend_echoes_is_redacted_everywhere(
     assert_absent("the SQLite store", store_bytes(r.db_path), quoted)
 
 
+def keyless_router(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, providers: Iterable[str]
+) -> RunningRouter:
+    """A router with one backend per litellm provider, each naming no ``api_key_env``, reached by
+    its provider's name as the model and all calling the fake upstream as OpenAI."""
+    models = [
+        {**backend(p, f"{p}/some-model", "openai", upstream.url + "/v1"), "api_key_env": None}
+        for p in providers
+    ]
+    routes = [{"match": p, "passthrough": p} for p in providers]
+    upstream.clear()
+    return router_factory({"version": 1, "name": "keyless", "models": models, "routes": routes})
+
+
 #: litellm providers that speak OpenAI's wire format and, finding no key of their own, fell back
 #: to the process's OPENAI_API_KEY (four of the twenty-five that did).
 KEYLESS_PROVIDERS = ("perplexity", "deepinfra", "nvidia_nim", "litellm_proxy")
@@ -396,13 +410,7 @@ def test_a_backend_without_a_key_is_never_sent_another_providers_key(
     litellm's OpenAI-compatible providers sent the OpenAI key of the router's environment to
     whichever address the backend had (or to the provider itself, without an ``api_base``)."""
     monkeypatch.setenv("OPENAI_API_KEY", canaries.provider)
-    models = [
-        {**backend(p, f"{p}/some-model", "openai", upstream.url + "/v1"), "api_key_env": None}
-        for p in KEYLESS_PROVIDERS
-    ]
-    routes = [{"match": p, "passthrough": p} for p in KEYLESS_PROVIDERS]
-    upstream.clear()
-    r = router_factory({"version": 1, "name": "keyless", "models": models, "routes": routes})
+    r = keyless_router(router_factory, upstream, KEYLESS_PROVIDERS)
     with httpx.Client(base_url=r.url, timeout=30) as http:
         for p in KEYLESS_PROVIDERS:
             for path in (MESSAGES, RESPONSES):  # translated to Chat Completions by litellm
@@ -440,13 +448,7 @@ def test_a_backend_without_a_key_is_never_sent_its_providers_key_from_the_enviro
     secrets = {var: f"sk-canary-{p}-{uuid.uuid4().hex}" for p, var in ENV_KEY_PROVIDERS.items()}
     for var, value in secrets.items():
         monkeypatch.setenv(var, value)
-    models = [
-        {**backend(p, f"{p}/some-model", "openai", upstream.url + "/v1"), "api_key_env": None}
-        for p in ENV_KEY_PROVIDERS
-    ]
-    routes = [{"match": p, "passthrough": p} for p in ENV_KEY_PROVIDERS]
-    upstream.clear()
-    r = router_factory({"version": 1, "name": "keyless", "models": models, "routes": routes})
+    r = keyless_router(router_factory, upstream, ENV_KEY_PROVIDERS)
     with httpx.Client(base_url=r.url, timeout=30) as http:
         for p in ENV_KEY_PROVIDERS:
             resp = http.post(MESSAGES, json=body(MESSAGES, p, "marker", False))
