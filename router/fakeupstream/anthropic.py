@@ -15,6 +15,7 @@ from router.fakeupstream.reply import (
     Ids,
     Prompt,
     Tool,
+    parts_text,
     sign_thinking,
     split_text,
     sse,
@@ -28,19 +29,6 @@ _PING = sse("ping", {"type": "ping"})
 _STOP = sse("message_stop", {"type": "message_stop"})
 
 
-def block_text(content: Any) -> str:
-    """The text of a ``tool_result`` content: a string or a list of blocks."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            block.get("text", "")
-            for block in content
-            if isinstance(block, dict) and block.get("type") == "text"
-        )
-    return ""
-
-
 def last_tool_result(messages: list[dict[str, Any]]) -> str | None:
     """Text of the first ``tool_result`` in the last user message, or None if it has none."""
     for message in reversed(messages):
@@ -50,7 +38,7 @@ def last_tool_result(messages: list[dict[str, Any]]) -> str | None:
         if isinstance(content, list):
             for block in content:
                 if isinstance(block, dict) and block.get("type") == "tool_result":
-                    return block_text(block.get("content"))
+                    return parts_text(block.get("content"), "text")
         return None
     return None
 

@@ -9,20 +9,9 @@ from typing import Any
 import orjson
 
 from router.errors import BadRequest, RouterError
-from router.fakeupstream.reply import FakeReply, FakeUsage, Frame, Ids, Prompt, Tool
+from router.fakeupstream.reply import FakeReply, FakeUsage, Frame, Ids, Prompt, Tool, parts_text
 
 FINGERPRINT = "fp_fakeupstream"
-
-
-def content_text(content: Any) -> str:
-    """The text of an OpenAI message ``content``: a string or a list of text parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
-        )
-    return ""
 
 
 def chosen_tools(tools: list[Any], choice: Any) -> list[Tool]:
@@ -92,7 +81,7 @@ class OpenAIChat:
             head=orjson.dumps(tools) if tools else b"",
             items=[orjson.dumps(m) for m in messages],
             tools=chosen_tools(tools, body.get("tool_choice")) if tools else [],
-            tool_result=content_text(last.get("content")) if last["role"] == "tool" else None,
+            tool_result=parts_text(last.get("content"), "text") if last["role"] == "tool" else None,
             reasoning_effort=effort,
         )
 

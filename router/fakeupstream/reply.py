@@ -27,6 +27,18 @@ _PREFIXES_PER_MODEL = 8192
 _SPLIT_CACHE = 512
 
 
+def parts_text(value: Any, part_type: str) -> str:
+    """The text of a string, or of the parts of type ``part_type`` in a list of parts (every
+    protocol's message content and tool result take either; anything else has none)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(
+            part.get("text", "") for part in value if isinstance(part, dict) and part.get("type") == part_type
+        )
+    return ""
+
+
 def sign_thinking(thinking: str) -> str:
     """A stable fake signature: the same thinking text always gets the same signature."""
     digest = hashlib.sha256(b"fake-upstream-thinking:" + thinking.encode()).digest()

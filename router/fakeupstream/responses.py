@@ -10,24 +10,21 @@ from typing import Any
 import orjson
 
 from router.errors import BadRequest, RouterError
-from router.fakeupstream.reply import FakeReply, FakeUsage, Frame, Ids, Prompt, Tool, sign_thinking, sse
+from router.fakeupstream.reply import (
+    FakeReply,
+    FakeUsage,
+    Frame,
+    Ids,
+    Prompt,
+    Tool,
+    parts_text,
+    sign_thinking,
+    sse,
+)
 from router.protocols.hosted import declared
 
 #: Items that carry a tool's output back to the model (Codex sends both kinds).
 _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
-
-
-def output_text(output: Any) -> str:
-    """The text of a ``function_call_output``: a string or a list of input_text parts."""
-    if isinstance(output, str):
-        return output
-    if isinstance(output, list):
-        return "".join(
-            part.get("text", "")
-            for part in output
-            if isinstance(part, dict) and part.get("type") == "input_text"
-        )
-    return ""
 
 
 def chosen_tools(tools: list[Any], choice: Any) -> list[Tool]:
@@ -104,7 +101,9 @@ class Responses:
             head=head,
             items=[orjson.dumps(item) for item in items],
             tools=chosen_tools(tools, body.get("tool_choice")) if tools else [],
-            tool_result=output_text(last.get("output")) if last.get("type") in _TOOL_OUTPUTS else None,
+            tool_result=parts_text(last.get("output"), "input_text")
+            if last.get("type") in _TOOL_OUTPUTS
+            else None,
             reasoning_effort=effort if isinstance(effort, str) and effort != "none" else None,
             hosted=declared(tools or ()),
         )
