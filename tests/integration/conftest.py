@@ -1,13 +1,16 @@
-"""Real servers on 127.0.0.1: the local fake provider, and the router under uvicorn."""
+"""Real servers on 127.0.0.1: the local fake provider, and the router under uvicorn; what a refusal of
+the router must look like."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +121,38 @@ def start_router(
             raise RuntimeError("the router's translation (litellm) did not load")
         time.sleep(0.02)
     return RunningRouter(f"http://127.0.0.1:{port}", db, server, thread)
+
+
+@contextmanager
+def serving(policy: dict[str, Any], tmp: Path, **settings: Any) -> Iterator[RunningRouter]:
+    """``start_router`` for a ``with`` block (a module's fixture: one server for many cases)."""
+    r = start_router(policy, tmp, **settings)
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+#: The paths that answer in Anthropic's shape; every other path, the router's own too, in OpenAI's.
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+
+
+def assert_protocol_shaped(status: int, text: str, path: str) -> None:
+    """No traceback and no 5xx; a refusal (4xx) in the protocol's own error shape: Anthropic's
+    ``{"type": "error", "error": {...}}`` on its paths, else OpenAI's ``{"error": {...}}``, the error
+    with a type and a message, both non-empty strings."""
+    assert "Traceback" not in text and 'File "' not in text, text[:2000]
+    assert status < 500, (status, text[:2000])
+    if status < 400:
+        return
+    body = json.loads(text)
+    if path in ANTHROPIC_PATHS:
+        assert body.get("type") == "error", body
+    else:
+        assert set(body) == {"error"}, body
+    err = body["error"]
+    assert isinstance(err.get("type"), str) and err["type"], body
+    assert isinstance(err.get("message"), str) and err["message"].strip(), body
 
 
 @pytest.fixture

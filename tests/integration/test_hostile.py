@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from router.fakeupstream import FakeUpstream
-from tests.integration.conftest import RunningRouter, local_policy, start_router
+from tests.integration.conftest import RunningRouter, local_policy, serving
 
 pytestmark = pytest.mark.integration
 
@@ -90,11 +90,12 @@ def hostile_policy(upstream_url: str) -> dict[str, Any]:
 def router(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRouter]:
     """One router for the module: every test here must leave it serving (most check that they do)."""
     os.environ["ROUTER_HOSTILE_PROVIDER_KEY"] = "provider-key-from-the-environment"
-    r = start_router(hostile_policy(upstream.url), tmp_path_factory.mktemp("hostile"), master_key=MASTER)
     try:
-        yield r
+        with serving(
+            hostile_policy(upstream.url), tmp_path_factory.mktemp("hostile"), master_key=MASTER
+        ) as r:
+            yield r
     finally:
-        r.stop()
         os.environ.pop("ROUTER_HOSTILE_PROVIDER_KEY", None)
 
 
