@@ -4,7 +4,9 @@ A task belongs to the arm of its first logged request (the arm is a function of 
 all its requests agree unless the control share changed mid-task). A task's verdict is the one
 ``router tasks`` shows: an explicit outcome first, else the latest inferred label
 (``router.telemetry.ledger.verdict``; an inferred label only where a backend answered the
-attempt's latest request, ``credible``). An explicit verdict counts 1 or 0; a label of the
+attempt's latest request, ``credible``), else a failure for a task whose latest main-loop request
+no backend answered (``unanswered_in``: the router refused it, or every backend failed; its spend
+counts in cost per completed task). An explicit verdict counts 1 or 0; a label of the
 label model counts its calibrated P(success) (its confidence), so an unsure label moves a rate
 less; a label of the older hand-weighted signals counts 1 or 0. Tasks
 without a verdict count in ``tasks`` but not in the rates.
@@ -23,7 +25,7 @@ from typing import Any
 
 from router.features.labels.model import SOURCE as LABEL_MODEL
 from router.store import OutcomeRecord, RequestRecord
-from router.telemetry.ledger import answered_in, credible, latest_main, verdict
+from router.telemetry.ledger import answered_in, credible, latest_main, unanswered_in, verdict
 from router.telemetry.report import quantile
 
 Z95 = 1.959964
@@ -96,13 +98,14 @@ class TaskTally:
         for o in credible(outcomes, answered_in(self.latest)):
             if o.task_id in self.arm_of:
                 verdicts[o.task_id].append(o)
+        unanswered = unanswered_in(self.latest)
         arms: dict[str, ArmTasks] = defaultdict(ArmTasks)
         for task, arm in self.arm_of.items():
             a = arms[arm]
             a.tasks += 1
             v = verdict(verdicts.get(task, []))
-            if v is not None:
-                a.success.append(success_value(v))
+            if v is not None or task in unanswered:
+                a.success.append(success_value(v) if v is not None else 0.0)
                 a.cost.append(self.cost[task])
                 a.keys.append(self.key_of.get(task))
         for arm, values in (self.latency or {}).items():

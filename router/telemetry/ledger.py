@@ -4,11 +4,12 @@ A task is many requests (``task_id``), possibly over several attempts. Its cost 
 input (uncached), output, cache read, cache write and hosted tools' calls at the prices in force
 when each request ran (the split is stored per request; rows logged before it existed count as ``unsplit``). The
 verdict on a task is an explicit outcome if there is one, else the latest inferred signal of an
-attempt whose latest request a backend answered (``credible``).
+attempt whose latest request a backend answered (``credible``), else, for a task whose latest
+main-loop request no backend answered, a failure: "unanswered" (``ended_unanswered``).
 
 Cost per completed task is the spend on every task that has a verdict, divided by the tasks
-that succeeded: failed tasks are part of what a success costs. Tasks with no verdict yet are
-left out of it, and counted.
+that succeeded: failed tasks, those the router refused or no backend answered included, are part
+of what a success costs. Tasks with no verdict yet are left out of it, and counted.
 """
 
 from __future__ import annotations
@@ -79,6 +80,45 @@ def ended_answered(requests: Iterable[RequestRecord]) -> bool:
     """Whether a backend answered the latest of these main-loop requests (False with none)."""
     main = [r for r in requests if not r.side_call]
     return bool(main) and _ok(max(main, key=lambda r: r.ts))
+
+
+#: The verdict's source of a task that ended on a request no backend answered (``ended_unanswered``).
+UNANSWERED = "unanswered"
+
+
+def ended_unanswered(requests: Iterable[RequestRecord]) -> dict[str, OutcomeRecord]:
+    """A failure per task whose latest main-loop request no backend answered: the router refused
+    it (a budget's 403, a stopped attempt's 400, a 429) or every backend failed. The task did not
+    complete, and what it spent before is part of what completed tasks cost: left without a
+    verdict (an inferred label does not count there, ``credible``), its spend was left out of cost
+    per completed task. A later request of the task that a backend answers (a 429 waited out, a
+    new attempt) ends this; the log keeps no outcome of it, it is read from the requests."""
+    return {
+        task: OutcomeRecord(task, attempt, False, None, UNANSWERED, None, ts, False)
+        for task, (attempt, ts) in unanswered_in(latest_main(requests)).items()
+    }
+
+
+def unanswered_in(latest: Mapping[tuple[str, int], tuple[float, bool]]) -> dict[str, tuple[int, float]]:
+    """``ended_unanswered`` from ``latest_main``'s mapping: per such task, the attempt and the
+    start of its latest main-loop request."""
+    ends: dict[str, tuple[float, int, bool]] = {}
+    for (task, attempt), (ts, ok) in latest.items():
+        if (seen := ends.get(task)) is None or ts >= seen[0]:
+            ends[task] = (ts, attempt, ok)
+    return {task: (attempt, ts) for task, (ts, attempt, ok) in ends.items() if not ok}
+
+
+def task_verdicts(
+    requests: Sequence[RequestRecord], outcomes: Iterable[OutcomeRecord]
+) -> dict[str, OutcomeRecord]:
+    """Per task of ``requests`` with one, the verdict that counts: its ``credible`` outcomes'
+    ``verdict``, else ``ended_unanswered``'s failure."""
+    by_task: dict[str, list[OutcomeRecord]] = defaultdict(list)
+    for o in credible(outcomes, answered(requests)):
+        by_task[o.task_id].append(o)
+    found = {t: v for t, os in by_task.items() if (v := verdict(os)) is not None}
+    return ended_unanswered(requests) | found
 
 
 def credible(outcomes: Iterable[OutcomeRecord], replied: set[tuple[str, int]]) -> list[OutcomeRecord]:
@@ -160,7 +200,7 @@ def task_ledger(
         b["requests"] += 1
         b["cost_usd"] = _usd(b["cost_usd"] + (r.cost_usd or 0.0))
     side = [r for r in requests if r.side_call]
-    outcome = final_outcome(outcomes)
+    outcome = final_outcome(outcomes) or final_outcome(ended_unanswered(requests).values())
     return {
         "task_id": task_id,
         "first_ts": requests[0].ts if requests else None,

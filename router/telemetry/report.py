@@ -25,7 +25,7 @@ from typing import Any
 
 from router.store import OutcomeRecord, RequestRecord
 from router.telemetry import tries
-from router.telemetry.ledger import answered, credible, verdict
+from router.telemetry.ledger import task_verdicts
 
 Read = Callable[[RequestRecord], Any]
 
@@ -170,10 +170,7 @@ def build_report(
     start = min((r.ts for r in requests), default=None)
     end = max((_end(r) for r in requests), default=None)
     seconds = (end - start) if start is not None and end is not None and end > start else None
-    by_task: dict[str, list[OutcomeRecord]] = defaultdict(list)
-    for o in credible(outcomes, answered(requests)):
-        by_task[o.task_id].append(o)
-    verdicts = {t: verdict(os) for t, os in by_task.items()}
+    verdicts = task_verdicts(requests, outcomes)
     groups: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
         groups[group_of(r) or "(none)"].append(r)

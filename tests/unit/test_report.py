@@ -16,11 +16,20 @@ from router.errors import ConfigError
 from router.features.labels.model import SOURCE as LABEL_MODEL
 from router.features.task.vector import task_vector, to_json
 from router.learning.training import dataset
+from router.rollout import arms
 from router.rollout.arms import by_arm
 from router.store import open_store
 from router.store.records import OutcomeRecord, RequestRecord, TryRecord
 from router.store.window import parse_duration
-from router.telemetry.ledger import final_outcome, load_task, summary, task_ledger, task_ledgers
+from router.telemetry.ledger import (
+    UNANSWERED,
+    final_outcome,
+    load_task,
+    render,
+    summary,
+    task_ledger,
+    task_ledgers,
+)
 from router.telemetry.report import build_report, quantile
 
 NOW = time.time()
@@ -277,7 +286,8 @@ def test_train_reads_durations_as_report_does(
 
 def test_an_inferred_label_needs_an_attempt_a_backend_answered() -> None:
     # A trial: five "hi there" requests, each a 404, labelled a success at P=0.9997 by the label
-    # model; the dashboard showed backend "(none)" with 1 completed task at $0.00.
+    # model; the dashboard showed backend "(none)" with 1 completed task at $0.00. (Ended on a
+    # request no backend answered, the task is a failure, "unanswered".)
     refused = [
         RequestRecord(f"h{i}", BASE + i, task_id="hi", attempt=1, status=404, error_type="UnknownModel",
                       chosen_model=None, arm="treated", cost_usd=None)
@@ -297,14 +307,15 @@ def test_an_inferred_label_needs_an_attempt_a_backend_answered() -> None:
     ]
     requests = [*refused, *retried]
     hi, g = task_ledger("hi", refused, outcomes[:1]), task_ledger("g", retried, outcomes[1:])
-    assert hi["outcome"] is None and hi["completed"] is None and hi["attempts"][0]["outcome"] is None
+    assert hi["outcome"]["source"] == UNANSWERED and hi["completed"] is False
+    assert hi["attempts"][0]["outcome"] is None
     # Attempt 1's label was the latest, but only attempt 2 was answered: its failure is the verdict.
     assert g["completed"] is False and g["attempts"][0]["outcome"] is None
     assert summary(task_ledgers(requests, outcomes))["completed"] == 0
     groups = {x["key"]: x for x in build_report(requests, outcomes)["groups"]}
-    assert groups["(none)"]["tasks"] == {"count": 1, "with_outcome": 0, "completed": 0}
+    assert groups["(none)"]["tasks"] == {"count": 1, "with_outcome": 1, "completed": 0}
     treated = by_arm(requests, outcomes)["treated"]
-    assert treated.tasks == 2 and treated.success == [pytest.approx(0.1)]
+    assert treated.tasks == 2 and treated.success == [0.0, pytest.approx(0.1)]
     # What the client says counts, answered or not.
     said = OutcomeRecord("hi", 1, True, None, "explicit", None, BASE + 6, True)
     assert task_ledger("hi", refused, [*outcomes[:1], said])["completed"] is True
@@ -321,7 +332,8 @@ def test_tasks_for_a_task_not_in_the_log_says_so(store_url: str, capsys: pytest.
 
 def test_an_attempt_that_ended_on_a_request_the_router_refused_has_no_inferred_verdict() -> None:
     # A new-user probe: tasks the budget (403 budget_exceeded), the stop-loss (400 attempt_stopped)
-    # or a 429 ended were "done (outcome_model)" in `router tasks`, on the label read before.
+    # or a 429 ended were "done (outcome_model)" in `router tasks`, on the label read before. They
+    # are failures, "unanswered" (and their spend counts in cost per completed task).
     def task(name: str, last: dict[str, Any]) -> list[RequestRecord]:
         served = [
             RequestRecord(f"{name}{i}", BASE + i, task_id=name, attempt=1, status=200, chosen_model="alpha",
@@ -351,12 +363,12 @@ def test_an_attempt_that_ended_on_a_request_the_router_refused_has_no_inferred_v
     requests = [r for rows in [*ended.values(), waited] for r in rows]
     for name, rows in ended.items():
         ledger = task_ledger(name, rows, outcomes)
-        assert ledger["outcome"] is None and ledger["completed"] is None, name
+        assert ledger["outcome"]["source"] == UNANSWERED and ledger["completed"] is False, name
     assert task_ledger("waited", waited, outcomes)["completed"] is True
     assert summary(task_ledgers(requests, outcomes))["completed"] == 1
     groups = {x["key"]: x for x in build_report(requests, outcomes)["groups"]}
-    assert groups["alpha"]["tasks"]["with_outcome"] == 1
-    assert by_arm(requests, outcomes)["treated"].success == [pytest.approx(0.915)]
+    assert groups["alpha"]["tasks"] == {"count": 4, "with_outcome": 4, "completed": 1}
+    assert by_arm(requests, outcomes)["treated"].success == [0.0, 0.0, 0.0, pytest.approx(0.915)]
     # What the client says counts still; training calls the refused attempts abandoned (failures).
     said = OutcomeRecord("budget", 1, True, None, "explicit", None, BASE + 6, True)
     assert task_ledger("budget", ended["budget"], [*outcomes, said])["completed"] is True
@@ -370,3 +382,34 @@ def test_an_attempt_that_ended_on_a_request_the_router_refused_has_no_inferred_v
     assert "budget" not in {
         r.task_id for r in dataset.build(logged, outcomes, now=BASE + 10, abandon_after_s=1000)
     }
+
+
+def test_spend_on_a_task_the_router_refused_counts_in_cost_per_completed_task(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A task its budget stopped (a 403) after $0.03 of requests had no verdict ("—" in `router
+    # tasks`), and its spend was left out of cost per completed task: a policy whose tasks ran into
+    # their budgets looked the cheaper per completed task the more it spent on them.
+    def task(name: str) -> list[RequestRecord]:
+        return [
+            RequestRecord(f"{name}{i}", BASE + i, task_id=name, attempt=1, status=200, chosen_model="alpha",
+                          arm="treated", cost_usd=0.01)
+            for i in range(3)
+        ]  # fmt: skip
+
+    done, refused = task("done"), task("refused")
+    refused.append(RequestRecord("refused-end", BASE + 3, task_id="refused", attempt=1, status=403,
+                                 error_type="BudgetExceeded", chosen_model="alpha", arm="treated"))  # fmt: skip
+    outcomes = [OutcomeRecord("done", 1, True, None, "explicit", None, BASE + 4, True)]
+    requests = done + refused
+    ledgers = task_ledgers(requests, outcomes)
+    s = summary(ledgers)
+    assert (s["completed"], s["failed"], s["without_outcome"]) == (1, 1, 0)
+    assert s["cost_per_completed_task_usd"] == pytest.approx(0.06)
+    [group] = build_report(requests, outcomes)["groups"]
+    assert group["cost_per_completed_task_usd"] == pytest.approx(0.06)
+    treated = arms.summary(by_arm(requests, outcomes)["treated"])
+    assert treated["cost_per_completed_usd"] == pytest.approx(0.06)
+    render({"summary": s, "tasks": ledgers})
+    out = capsys.readouterr().out
+    assert "failed (unanswered)" in out and "1 completed, 1 failed, 0 without an outcome" in out
