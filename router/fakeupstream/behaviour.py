@@ -27,7 +27,8 @@ reply's usage, as OpenAI ends a response that failed after it began), ``ms_per_m
 whole reply waits that long per output token the request allows, ``max_tokens`` or its kin: a
 provider writing a reply that long sends nothing of it before it is done), ``window_holds_output``
 (with ``context_window``, the prompt and the output the request allows must both fit, as
-Anthropic's models before Claude 4.5 require: a 400 otherwise).
+Anthropic's models before Claude 4.5 require: a 400 otherwise; without it only the prompt must,
+as for the models that stop at their window, ``router.policy.window``).
 """
 
 from __future__ import annotations

@@ -100,6 +100,9 @@ class Backend:
     thinking: bool
     cache_ttl_s: float
     max_concurrency: int | None = None
+    #: The model writes until its window is full and stops there, rather than refusing a call
+    #: whose prompt and output limit overflow it (``stops_at_window`` below; ``router.policy.window``).
+    stops_at_window: bool = False
 
     @property
     def provider(self) -> str:
@@ -146,6 +149,29 @@ class Catalog:
             f"{var} is not set: {', '.join(ids)} cannot be called until it is (requests fall over to other models)"
             for var, ids in missing.items()
         ]
+
+
+#: A Claude model's tier and version in its id, wherever the id sits in litellm's name:
+#: ``claude-sonnet-4-5``, ``claude-haiku-4-5-20251001``, ``claude-opus-4-6``, ``claude-sonnet-5``
+#: (a date is no minor version: ``claude-sonnet-4-20250514`` is 4.0). The ids of before Claude 4
+#: (``claude-3-7-sonnet``) name the version first and never match.
+_CLAUDE = re.compile(r"(?<![a-z])claude-[a-z]+-(\d{1,2})(?:[-.](\d{1,2})(?!\d))?(?!\d)")
+
+
+def stops_at_window(litellm_model: str, protocol: str) -> bool:
+    """Whether the model, called as the policy calls it, stops at its context window instead of
+    refusing a call whose prompt and ``max_tokens`` overflow it.
+
+    Anthropic's Messages API does so for Claude Sonnet 4.5 and the models after it (Haiku 4.5,
+    Opus 4.5, the 4.6s, the 5s): the reply ends with ``stop_reason:
+    "model_context_window_exceeded"`` (Anthropic's "Handling stop reasons"; an earlier model
+    does so only with the beta header ``model-context-window-exceeded-2025-08-26``, which the
+    router does not send). Other providers, and Claude through them (OpenRouter checks the sum
+    itself), refuse such a call; a model entry's ``stops_at_window`` says otherwise."""
+    if protocol != "anthropic" or not litellm_model.startswith("anthropic/"):
+        return False
+    m = _CLAUDE.search(litellm_model.lower())
+    return m is not None and (int(m.group(1)), int(m.group(2) or 0)) >= (4, 5)
 
 
 def build_catalog(policy: Policy, lookup: PriceLookup | None = None) -> Catalog:
@@ -255,6 +281,11 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
         thinking=spec.capabilities.thinking,
         cache_ttl_s=spec.cache_ttl_s,
         max_concurrency=spec.max_concurrency,
+        stops_at_window=(
+            stops_at_window(spec.litellm_model, spec.protocol)
+            if spec.stops_at_window is None
+            else spec.stops_at_window
+        ),
     )
 
 

@@ -4,9 +4,10 @@ The pipeline is fixed and the last step is pluggable:
 
 1. the route maps the requested model to candidates (or one pass-through backend);
 2. rules from the policy file filter (``only``/``exclude``) and promote (``prefer``) candidates;
-3. hard constraints exclude what cannot work: context window, tools, vision; then what is left
-   of the task's and the key's budgets excludes the candidates whose estimate exceeds it, while
-   any candidate fits (when none does, the cheapest is tried and admission refuses it);
+3. hard constraints exclude what cannot work: context window (``router.policy.window``), tools,
+   vision; then what is left of the task's and the key's budgets excludes the candidates whose
+   estimate exceeds it, while any candidate fits (when none does, the cheapest is tried and
+   admission refuses it);
 4. a ``Scorer`` orders the survivors. ``CheapestScorer`` ranks by expected cost of the call;
    the learned policy is another ``Scorer`` and needs nothing else changed;
 5. the route's fallbacks follow, estimated like candidates (a budget holds for the dearest
@@ -29,6 +30,7 @@ from router.policy.budget import budget_left, held, within_budget
 from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
 from router.policy.estimates import Estimates, cache_cell, turn_cell
+from router.policy.window import over_window, wanted_output
 from router.store.records import Estimate
 
 _PRIORS: Final = Estimates()
@@ -312,9 +314,8 @@ class Decider:
                 backend = self.catalog[n]
                 reserve = self.reserve(backend) if reserved else 0
                 least, most = (self.prompt_tokens(backend, x, features) for x in (low, high))
-                if _over_window(backend, features, reserve, least) != _over_window(
-                    backend, features, reserve, most
-                ):
+                cap = features.max_output_tokens
+                if over_window(backend, cap, reserve, least) != over_window(backend, cap, reserve, most):
                     return True
         return False
 
@@ -397,9 +398,11 @@ class Decider:
 
     @staticmethod
     def _hard_constraint(backend: Backend, features: Features, reserve: int, prompt: int) -> str | None:
-        if _over_window(backend, features, reserve, prompt):
-            wanted_out = _wanted_output(backend, features, reserve)
-            return f"context: ~{prompt} prompt + {wanted_out} output tokens > window {backend.context_window}"
+        if over_window(backend, features.max_output_tokens, reserve, prompt):
+            wanted_out = wanted_output(backend, features.max_output_tokens, reserve)
+            # Where the model stops at its window, the output is the least room a reply needs.
+            room = " room for" if backend.stops_at_window else ""
+            return f"context: ~{prompt} prompt +{room} {wanted_out} output tokens > window {backend.context_window}"
         if features.tools and not backend.tools:
             return "capability: no tool use"
         if features.vision and not backend.vision:
@@ -427,11 +430,3 @@ def _allowed(policy: Policy, requested: str, facts: dict[str, Any]) -> set[str]:
         if rule.condition.matches(facts):
             names = [n for n in names if (rule.only is None or n in rule.only) and n not in rule.exclude]
     return {*names, *route.fallbacks}
-
-
-def _wanted_output(backend: Backend, features: Features, reserve: int) -> int:
-    return min(features.max_output_tokens or reserve, backend.max_output_tokens)
-
-
-def _over_window(backend: Backend, features: Features, reserve: int, prompt_tokens: int) -> bool:
-    return prompt_tokens + _wanted_output(backend, features, reserve) > backend.context_window

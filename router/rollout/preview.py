@@ -40,6 +40,7 @@ from router.policy.decide import Decider, estimate
 from router.policy.estimates import turn_of_cell
 from router.policy.learned import LearnedScorer
 from router.policy.scopes import logged_facts
+from router.policy.window import over_window
 from router.protocols.common import Usage
 from router.store import OutcomeRecord, RequestRecord, Store
 from router.store.window import latest_requests
@@ -104,8 +105,8 @@ def in_tokens_of(usage: Usage, prompt_tokens: int) -> Usage:
 def risks_of(backend: Backend, f: Features, r: RequestRecord) -> list[str]:
     """What of the logged request the model would not take."""
     out = []
-    wanted = f.max_output_tokens or r.output_tokens or 0
-    if f.prompt_tokens + min(wanted, backend.max_output_tokens) > backend.context_window:
+    # Where the model stops at its window, the logged reply is what must fit (a longer limit is cut).
+    if over_window(backend, f.max_output_tokens or r.output_tokens, r.output_tokens or 0, f.prompt_tokens):
         out.append("context_window")
     if f.tools and not backend.tools:
         out.append("tools")

@@ -66,3 +66,33 @@ def test_a_translated_call_without_a_limit_asks_for_what_the_window_leaves(
     assert len(asked) == 6
     assert all(10_000 < n < WINDOW - 4000 for n in asked[:4]), asked  # room for a reply, inside the window
     assert all(n > WINDOW - 1000 for n in asked[4:]), asked  # a short prompt leaves more
+
+
+def test_a_limit_past_the_window_reaches_a_model_that_stops_at_its_window(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    """Agents ask for the model's largest output (64,000) whatever the prompt. Claude Sonnet 4.5 and later
+    serve a prompt and a limit that overflow the window, stopping at it (``stop_reason:
+    "model_context_window_exceeded"``; the fake with a window and no ``window_holds_output`` takes
+    them the same way), yet the router refused the call with its own 400: ~4,800 prompt + 64,000
+    output tokens > window 20,000. A model before Claude 4.5 is still refused it, in Anthropic's shape."""
+    old = "claude-sonnet-4-20250514"
+    upstream.set_behaviour(MODEL, context_window=WINDOW)
+    upstream.set_behaviour(old, context_window=WINDOW, window_holds_output=True)
+    spec = policy(upstream.url)
+    spec["models"].append({**spec["models"][0], "id": "old", "litellm_model": f"anthropic/{old}"})
+    spec["routes"].append({"match": "old", "passthrough": "old"})
+    r = router_factory(spec)
+    body = {"max_tokens": 64_000, "messages": [{"role": "user", "content": prompt(4000)}]}
+    upstream.clear()
+    with httpx.Client(base_url=r.url, timeout=30) as c:
+        for stream in (False, True):
+            resp = c.post("/v1/messages", json={**body, "model": "auto", "stream": stream})
+            assert resp.status_code == 200 and '"error"' not in resp.text, (stream, resp.text)
+        refused = c.post("/v1/messages", json={**body, "model": "old"})
+    # Sent as the client sent it: the model stops at the window.
+    assert [req["body"]["max_tokens"] for req in upstream.requests()] == [64_000, 64_000]
+    assert refused.status_code == 400, refused.text
+    error = refused.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert "64000 output tokens > window 20000" in error["error"]["message"]
