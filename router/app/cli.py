@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=cmd_train)
 
     pv = command("preview", "decide the logged requests again under a new policy: moves, cost, success, risks",
-                 "router preview --config policies/candidate.yaml --since 7d")  # fmt: skip
+                 "router preview --config policies/default.candidate.yaml --since 7d")  # fmt: skip
     window(pv, since="7d")
     pv.add_argument("--config", required=True, help="the new policy YAML")
     pv.set_defaults(func=cmd_preview)

@@ -203,13 +203,14 @@ def report(
                       str(row["completed"]), rate, f"${row['spend_usd']:.6f}", per)  # fmt: skip
     tables.show(console, table)
     config, where = _shown(policy), "" if store == "sqlite:///router.db" else f" --store {store}"
+    candidate = _shown(policy.with_suffix(".candidate.yaml"))  # the copy `router train` suggests
     console.print(
         "Next, the learning loop on this log (README, steps 5-8):\n"
         f"  router tasks --recent{where}\n"
         f"  router train --config {config} --out policies/learned/demo.json{where}\n"
-        f"  cp {config} policies/candidate.yaml\n"
-        "  router promote policies/learned/demo.json --config policies/candidate.yaml\n"
-        f"  router preview --config policies/candidate.yaml{where}\n"
+        f"  cp {config} {candidate}\n"
+        f"  router promote policies/learned/demo.json --config {candidate}\n"
+        f"  router preview --config {candidate}{where}\n"
         f"  router demo --serve{where}      # the dashboard: spend, success, $ per completed task",
         highlight=False,
         soft_wrap=True,  # a command broken at 80 columns no longer pastes as one

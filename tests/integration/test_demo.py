@@ -99,7 +99,7 @@ def test_the_next_steps_the_demo_prints_paste_whole_at_80_columns(tmp_path: Path
     assert re.search(
         r"^  router train --config /\S+/local\.yaml --out policies/learned/demo\.json$", done.stdout, re.M
     ), done.stdout
-    assert re.search(r"^  cp /\S+/local\.yaml policies/candidate\.yaml$", done.stdout, re.M), done.stdout
+    assert re.search(r"^  cp (/\S+)/local\.yaml \1/local\.candidate\.yaml$", done.stdout, re.M), done.stdout
 
 
 def test_demo_serve_in_open_mode_says_to_send_a_key(tmp_path: Path) -> None:
