@@ -23,8 +23,18 @@ def test_request_line_tells_the_story() -> None:
     line = console.request_line(_rec())
     assert line.startswith("messages task t-9: claude-x → local-mini (cheapest expected cost")
     assert line.endswith(" 200 1200/34 tok $0.000368 812 ms")
-    reason = line[line.index("(") + 1 : line.index(")")]
+    long = console.request_line(_rec(decision_reason="preferred by rule long-prompts; then " * 4))
+    reason = long[long.index("(") + 1 : long.index(")")]
     assert len(reason) == console.REASON_CHARS and reason.endswith("…")
+
+
+def test_a_learned_plan_keeps_its_cost_and_success_on_the_line() -> None:
+    # Cut at 60 characters, a promoted policy's line read "(plan local-nano: expected $0.0021 per
+    # completed task, succe…)": the numbers the reason is for were the part cut off.
+    for plan in ("local-nano", "local-nano → local-mini → local-claude"):
+        reason = f"plan {plan}: expected $0.0021 per completed task, success 41%"
+        line = console.request_line(_rec(chosen_model="local-nano", decision_reason=reason))
+        assert f"({reason})" in line
 
 
 def test_a_refused_request_says_what_was_refused_and_why() -> None:
