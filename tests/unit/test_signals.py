@@ -301,6 +301,42 @@ def test_codex_json_shell_output() -> None:
     assert analyze('{"output": "fine", "metadata": [1]}').exit_code is None
 
 
+def _mini_v2(code: int, output: str) -> str:
+    """A tool result as mini-swe-agent 2 (PyPI's, the README's recipe) renders it: its default
+    ``mini.yaml`` observation template, and past 10,000 characters the head and tail of it."""
+    if len(output) < 10000:
+        return "{\n" + f'  "returncode": {code},\n  "output": {json.dumps(output)}\n' + "}"
+    return (
+        "{\n"
+        + f'  "returncode": {code},\n  "output_head": {json.dumps(output[:5000])},\n'
+        + f'  "output_tail": {json.dumps(output[-5000:])},\n  "elided_chars": {len(output) - 10000},\n'
+        + '  "warning": "Output too long."\n}'
+    )
+
+
+def test_mini_swe_agent_2s_json_results_give_their_exit_code() -> None:
+    # Its results were read as Codex's JSON, whose exit code is under "metadata": every one had
+    # none, so no exit_code signal, no run of failures to leave a model for, no failed_rate.
+    out = analyze(_mini_v2(1, "FAILED test_x.py::test_a\n1 failed, 2 passed in 0.3s\n"))
+    assert out.exit_code == 1
+    assert out.tests is not None and (out.tests.passed, out.tests.failed) == (2, 1)
+    assert glance(_mini_v2(0, "hello.py\n")).exit_code == 0
+    long = analyze(_mini_v2(2, "x" * 20000 + "\nModuleNotFoundError: No module named 'foo'\n"))
+    assert long.exit_code == 2 and long.build_error == "module_not_found"  # read in the tail
+    assert analyze('{"returncode": true, "output": "fine"}').exit_code is None
+    failing = [
+        msg
+        for i in range(3)
+        for msg in (
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": f"python t{i}.py"})}}
+            ]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": _mini_v2(1, f"Error {i}\n")},
+        )
+    ]  # fmt: skip
+    assert TOOL_FAILURES in by_name(switches("openai_chat", [{"role": "user", "content": "fix"}, *failing]))
+
+
 @pytest.mark.parametrize(
     ("text", "kind"),
     [

@@ -200,19 +200,27 @@ def _exit_code(start: str, tail: str) -> int | None:
     return code
 
 
-def _codex_json(text: str) -> tuple[str, int | None] | None:
-    """Codex's older shell results: ``{"output": ..., "metadata": {"exit_code": N}}``."""
+def _harness_json(text: str) -> tuple[str, int | None] | None:
+    """Shell results a harness writes as one JSON object: the printed text and its exit code.
+    Codex's older ``{"output": ..., "metadata": {"exit_code": N}}``, and mini-swe-agent 2's
+    ``{"returncode": N, "output": ...}`` (past 10,000 characters ``output_head`` and
+    ``output_tail`` in place of ``output``), the PyPI release the README's recipe runs."""
     if not (text.startswith("{") and text.rstrip().endswith("}")):
         return None
     try:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("output"), str):
+    if not isinstance(obj, dict):
         return None
+    output, head_, tail_ = obj.get("output"), obj.get("output_head"), obj.get("output_tail")
+    if not isinstance(output, str):
+        if not (isinstance(head_, str) and isinstance(tail_, str)):
+            return None
+        output = f"{head_}\n{tail_}"
     meta = obj.get("metadata")
-    code = meta.get("exit_code") if isinstance(meta, dict) else None
-    return obj["output"], code if isinstance(code, int) and not isinstance(code, bool) else None
+    code = meta.get("exit_code") if isinstance(meta, dict) else obj.get("returncode")
+    return output, code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
 def analyze(
@@ -253,9 +261,9 @@ def forget_results() -> None:
 def _output(text: str, max_chars: int | None) -> tuple[str, str, int | None]:
     """The text that was printed, its cleaned tail, and an exit code the harness reported apart."""
     code: int | None = None
-    codex = _codex_json(text)
-    if codex is not None:
-        text, code = codex
+    shell = _harness_json(text)
+    if shell is not None:
+        text, code = shell
     return text, clean(text, max_chars), code
 
 
