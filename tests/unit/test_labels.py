@@ -106,6 +106,34 @@ def test_the_latest_failing_run_and_format_errors_are_read() -> None:
     assert x["tests_failing"] == 1.0 and x["format_errors"] == pytest.approx(0.693147, abs=1e-6)
 
 
+def test_mini_swe_agent_2s_format_errors_and_cut_outputs_are_read() -> None:
+    # Its templates (mini.yaml, tool calls; default.yaml, text) no longer open with mini-swe-agent
+    # 1's "Please always provide EXACTLY ONE action", and its cut output is JSON with the warning
+    # last: a run of rejected turns and cut outputs read as none of either.
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "bash", "arguments": '{"command": "cat big"}'},
+    }
+    cut = '{\n  "returncode": 0,\n  "output_head": "' + "x" * 5000 + '",\n  "output_tail": "y",\n'
+    cut += '  "elided_chars": 12000,\n  "warning": "Output too long."\n}'
+    msgs = [
+        {"role": "user", "content": "Please solve this issue: fix it"},
+        {"role": "assistant", "content": "thinking"},
+        {
+            "role": "user",
+            "content": "Tool call error:\n\n<error>\nNo tool calls found in the response.\n</error>",
+        },
+        {"role": "assistant", "content": "still thinking"},
+        {"role": "user", "content": "Format error:\n\n<error>\nNo action found.\n</error>"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": cut},
+    ]
+    x = features.vector(features.conversation(msgs))
+    assert x["format_errors"] == pytest.approx(1.098612, abs=1e-6)  # log1p(2)
+    assert x["too_long"] == pytest.approx(0.693147, abs=1e-6)
+
+
 def test_memo_slots_give_what_a_fresh_read_gives_and_are_reused() -> None:
     msgs = text_conversation(STEPS)
     seen: list[Any] = [None] * len(msgs)

@@ -30,8 +30,11 @@ NAMES: Final = (
     "format_errors",  # log1p of the turns the harness rejected as malformed
     "too_long",  # log1p of the results cut for being too long
 )
-_FORMAT_ERRORS: Final = ("Please always provide EXACTLY ONE action",)
+#: How mini-swe-agent rejects a malformed turn: version 1, and version 2's tool-call and text templates.
+_FORMAT_ERRORS: Final = ("Please always provide EXACTLY ONE action", "Tool call error:", "Format error:")
+#: A result cut for length: version 1 says so first; version 2's JSON says so last.
 _TOO_LONG: Final = ("The output of your last command was too long",)
+_TOO_LONG_LAST: Final = ('"warning": "Output too long."',)
 _SKIPPED_ROLES: Final = frozenset({"system", "developer"})
 
 
@@ -93,7 +96,9 @@ def read(message: Any, reading: Reading) -> Facts:
         summary = test_summary(r.text)
         if summary is not None and summary.ok is not None:
             tests = summary.ok
-        too_long += any(w in r.text[:1024] for w in _TOO_LONG)
+        too_long += any(w in r.text[:1024] for w in _TOO_LONG) or any(
+            w in r.text[-256:] for w in _TOO_LONG_LAST
+        )
     role = message.get("role")
     # A chat or Messages message's "type" is the client's, unchecked: a list or an object cannot be
     # looked up in a set (a TypeError, and the task's weak label was lost).
