@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from router.features.labels.infer import LOOPING_P
 from router.policy.decide import was_explored
 from router.store import OutcomeRecord, RequestRecord
 from router.store.records import TryRecord
@@ -213,6 +214,25 @@ class ShownRequest:
 class ShownOutcome:
     o: OutcomeRecord
     verdict: str
+    why: str
+
+
+def verdict_why(o: OutcomeRecord) -> str:
+    """What a verdict rests on, from its details: who sent an explicit one, and for an inferred
+    one the signals read and whether a tool loop capped the label model's P (else "0.25" beside
+    a model that said 0.98 read as a wrong number)."""
+    d = o.details or {}
+    if o.explicit:
+        sender = d.get("client_source")
+        return f"sent from {sender}" if isinstance(sender, str) and sender else "sent by the client"
+    said = []
+    signals = d.get("signals")
+    if isinstance(signals, list) and signals:
+        said.append(f"signals read: {', '.join(str(s) for s in signals)}")
+    alone = d.get("model_p")
+    if isinstance(alone, int | float) and not isinstance(alone, bool):
+        said.append(f"in a tool loop, P at most {LOOPING_P} (the label model alone: {alone:.2f})")
+    return "; ".join(said) or "the label model on the conversation"
 
 
 def _when(ts: float) -> str:
@@ -226,5 +246,5 @@ def task_detail(
     ledger = task_ledger(task_id, requests, outcomes)
     rows = [ShownRequest(r, _when(r.ts), is_ok(r), (r.tries or [])[:-1], was_explored(r.decision_reason))
             for r in requests]  # fmt: skip
-    verdicts = [ShownOutcome(o, verdict_text(final_outcome([o]))) for o in outcomes]
+    verdicts = [ShownOutcome(o, verdict_text(final_outcome([o])), verdict_why(o)) for o in outcomes]
     return {"ledger": ledger, "requests": rows, "outcomes": verdicts}

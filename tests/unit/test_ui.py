@@ -312,7 +312,25 @@ async def test_the_task_page_shows_each_request_with_its_fallbacks_and_the_verdi
     assert page.status_code == 200
     row = page.text.split('<table id="requests">')[1]
     assert "<strong>b</strong>" in row and "after a (" in row  # served by b, after a failed
-    assert "success (explicit)" in page.text
+    assert "success (explicit)" in page.text and "sent by the client" in page.text
+
+
+def test_a_verdict_says_what_it_rests_on() -> None:
+    # The page said "failure (outcome_model) 0.25" for a run the label model put at 0.98: that a
+    # tool loop overrode it was only in the outcome's details, in the log.
+    def shown(details: dict[str, Any] | None, explicit: bool = False) -> str:
+        o = OutcomeRecord("t1", 1, explicit, None if explicit else 0.25, "explicit" if explicit else "outcome_model",
+                          details, 0.0, explicit)  # fmt: skip
+        return views.task_detail("t1", [], [o])["outcomes"][0].why
+
+    looped = {"p": 0.25, "model": "92bd40c3008a", "signals": ["exit_code", "tool_loop"], "model_p": 0.981705}
+    assert (
+        shown(looped)
+        == "signals read: exit_code, tool_loop; in a tool loop, P at most 0.25 (the label model alone: 0.98)"
+    )
+    assert shown({"p": 0.9, "signals": []}) == "the label model on the conversation"
+    assert shown({"client_source": "cli"}, explicit=True) == "sent from cli"
+    assert shown(None, explicit=True) == "sent by the client"
 
 
 async def test_the_task_page_reads_a_long_task_as_far_as_a_window(fake: FakeUpstream, tmp_path: Path) -> None:
