@@ -82,6 +82,16 @@ def render(report: Mapping[str, Any]) -> None:
         console.print(f"… {len(report['groups']) - len(groups)} more groups (all of them are in --json)")
 
 
+def log_axis(sub: Any) -> None:
+    """A log x axis labelled at its decades, in plain numbers (0.1, 1, 10): over less than two
+    decades matplotlib also labels the minor ticks, "2×10⁻¹ 3×10⁻¹ ..." overlapping."""
+    from matplotlib import ticker
+
+    sub.set_xscale("log")
+    sub.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    sub.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
 def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str) -> None:
     """Stacked mean phases per group, and each phase's distribution per group, as a PNG."""
     import matplotlib
@@ -118,7 +128,7 @@ def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str
             sub.invert_yaxis()
             lo, hi = min(min(v) for v in values), max(max(v) for v in values)
             if hi / lo > 20:  # tails over orders of magnitude: only a log axis shows both ends
-                sub.set_xscale("log")
+                log_axis(sub)
         sub.set_title(f"{phase.removesuffix('_ms')} (ms, whiskers p1-p99)")
     w = report["window"]
     fig.suptitle(f"{w['requests']} requests by {report['by']}: {_num(w['rps'], '{:.3f}')} req/s, "
