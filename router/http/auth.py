@@ -22,11 +22,13 @@ import asyncio
 import fnmatch
 import hashlib
 import hmac
+import ipaddress
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 from starlette.requests import Request
@@ -96,6 +98,30 @@ MASTER = Principal(key_id=None, name="master", master=True)
 _MISSING = "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key'"
 # Clients are often still set up with a provider's key: say which key the router takes.
 _INVALID = "invalid API key: send the router's key (ROUTER_MASTER_KEY or a virtual key), not a provider's"
+
+
+_WEB_PAGE = (
+    "a request from a web page is refused in open mode: any site its browser visits could spend "
+    "through this router; set ROUTER_MASTER_KEY (or create a virtual key) to serve browsers' callers"
+)
+
+
+def from_a_web_page(headers: Mapping[str, str]) -> bool:
+    """Whether a browser sent this from a page not served on this machine (its ``Origin``).
+
+    In open mode a key is not needed, so any page its user visits could make the browser POST to
+    the router: a ``text/plain`` body needs no CORS preflight and was served (the page cannot read
+    the reply, but the providers' bill is the operator's), and a site whose name it rebinds to
+    127.0.0.1 reads it too (its ``Origin`` is its own name). Agents, SDKs and scripts send no
+    ``Origin``; a page of this machine (``localhost``, a loopback address) is its user's own."""
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    try:
+        host = urlsplit(origin).hostname or ""
+        return host != "localhost" and not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name, "null" (a sandboxed frame, a file), or no URL at all
 
 
 def presented_key(headers: Mapping[str, str]) -> str:
@@ -202,6 +228,8 @@ class Auth:
     async def check(self, request: Request, *, master_only: bool = False) -> Principal:
         """The caller, or ``AuthenticationFailed`` (401) / ``PermissionDenied`` (403)."""
         if self.open:
+            if from_a_web_page(request.headers):
+                raise PermissionDenied(_WEB_PAGE)
             if self._clock() - self._mode_checked >= self._ttl and self._refreshing is None:
                 # In the background: a slow or unreachable store must not hold up open-mode traffic.
                 self._mode_checked = self._clock()

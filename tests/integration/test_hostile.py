@@ -637,3 +637,28 @@ def test_a_learned_artifact_must_match_its_pin(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_active_policy(path)
     assert "not JSON" in str(err.value)
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "http://evil.example:8080", "null"])
+def test_a_web_page_cannot_spend_through_an_open_router(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream, origin: str
+) -> None:
+    """In open mode (no key needed) a page any site serves could make its visitor's browser call the
+    router: a form-like POST (``text/plain``, so no CORS preflight) was served, spending the
+    operator's provider keys, and a site whose name it rebinds to 127.0.0.1 could read the reply
+    too (found by a hostile probe). A request a browser sends from a page (``Origin``) not on this
+    machine is refused with a 403; agents, SDKs and scripts send no ``Origin`` and are served."""
+    upstream.clear()
+    opened = router_factory(local_policy(upstream.url))  # no master key, no virtual key: open
+    body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "spend"}]})
+    page = {"content-type": "text/plain;charset=UTF-8", "origin": origin}
+    with httpx.Client(base_url=opened.url, timeout=20) as c:
+        sent_before = len(upstream.requests())
+        for path in (CHAT, "/v1/outcomes", "/v1/route"):
+            refused = c.post(path, content=body, headers=page)
+            assert refused.status_code == 403, (path, refused.text)
+            assert "web page" in refused.json()["error"]["message"]
+        assert len(upstream.requests()) == sent_before  # no provider was called
+        assert c.post(CHAT, content=body).status_code == 200
+        local = c.post(CHAT, content=body, headers={**page, "origin": opened.url})
+        assert local.status_code == 200, local.text
