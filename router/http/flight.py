@@ -12,7 +12,7 @@ from typing import overload
 
 import orjson
 
-from router.errors import AttemptStopped
+from router.errors import AttemptStopped, redact_key
 from router.features.task.vector import to_json
 from router.forward.accounting import Charge
 from router.forward.execute import Execution
@@ -82,6 +82,17 @@ def capped(text: str | None) -> str | None:
     return text if text is None or len(text) <= MAX_LOGGED_CHARS else text[:MAX_LOGGED_CHARS] + "…"
 
 
+@overload
+def _unquoted(text: str) -> str: ...
+@overload
+def _unquoted(text: None) -> None: ...
+def _unquoted(text: str | None) -> str | None:
+    """A string the client chose, or our error quoting one, without what looks like a key: a client
+    that sent its key as the model name had it kept in plain text in the log, the console line and
+    the spans (``redact_key``'s patterns: ``sk-``/``rk-`` keys, account ids, Google keys)."""
+    return text if text is None else redact_key(text, None)
+
+
 def prompt_text(req: ClientRequest) -> str:
     return orjson.dumps({"system": req.system, "messages": req.messages}).decode()
 
@@ -91,12 +102,12 @@ def record(f: Flight, phases: Phases) -> RequestRecord:
     rec = RequestRecord(
         request_id=f.request_id, ts=f.ts, protocol=f.protocol, endpoint=f.endpoint, client=f.client,
         key_id=f.key_id, task_id=f.task_id, chosen_model=f.model, status=f.status,
-        error_type=f.error_type, error_message=f.error_message, prompt=f.prompt,
+        error_type=f.error_type, error_message=_unquoted(f.error_message), prompt=f.prompt,
     )  # fmt: skip
     for name, value in phases.summary().items():
         setattr(rec, name, value)
     if (req := f.req) is not None:
-        rec.requested_model, rec.stream = capped(req.model), req.stream
+        rec.requested_model, rec.stream = capped(_unquoted(req.model)), req.stream
         rec.temperature, rec.top_p, rec.max_tokens = req.temperature, req.top_p, req.max_output_tokens
         rec.reasoning_effort, rec.thinking_budget = capped(req.reasoning_effort), req.thinking_budget
         rec.tools_sha256, rec.system_sha256 = req.tools_sha256(), req.system_sha256()

@@ -459,3 +459,33 @@ def test_a_backend_without_a_key_is_never_sent_its_providers_key_from_the_enviro
     assert len(sent) == len(ENV_KEY_PROVIDERS)
     for i, req in enumerate(sent):
         assert_absent(f"provider request #{i}", str(req), secrets)
+
+
+def test_a_key_pasted_where_a_model_goes_is_not_kept_in_the_log(
+    router_factory: Callable[..., RunningRouter],
+    upstream: FakeUpstream,
+    canaries: Canaries,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that sends a key as its model name (a provider's ``sk-…``, or its router key in
+    the wrong field) is told the model is unknown in words it can read, its own; the log output,
+    the stored log and the spans kept it in plain text (the requested model and the 404's message,
+    found by a hostile probe), for anyone who reads the log or the dashboard."""
+    caplog.set_level(logging.INFO)
+    r, spans, _ = start(router_factory, upstream, canaries)
+    pasted = {
+        "provider key": "sk-proj-" + uuid.uuid4().hex + uuid.uuid4().hex,
+        "virtual key": canaries.virtual,
+    }
+    for path in (CHAT, MESSAGES, RESPONSES):
+        for key in pasted.values():
+            resp = httpx.post(r.url + path, json=body(path, key, "hello", False), headers={"x-api-key": canaries.master},
+                              timeout=20)  # fmt: skip
+            assert resp.status_code == 404, resp.text
+    rows = r.records(6)
+    assert len(rows) == 6 and all(row["requested_model"] == "[redacted]" for row in rows)
+    r.stop()
+    assert "[redacted]" in caplog.text
+    assert_absent("the log output", caplog.text, pasted)
+    assert_absent("the SQLite store", store_bytes(r.db_path), pasted)
+    assert_absent("trace spans", "\n".join(s.to_json() for s in spans.get_finished_spans()), pasted)
