@@ -121,26 +121,40 @@ class Admission:
             await self.limits.adjust(key_id, used - counted)
 
     async def hold(
-        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
-        *, worst: float = 0.0, key_left: float | None = None,
-    ) -> Reservation | None:  # fmt: skip
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
+    ) -> Reservation | None:
         """Hold the decision's estimated cost in every budget that applies (``task_budget``: the
         policy's per-task limit, from the request's runtime; a scope that decided the request may
-        set a lower one, ``Decision.task_budget``); with ``key_left``, what the key had left before
-        the request (``key_budget_left``), as much of it as the request may cost at most
-        (``worst``, ``worst_of``), if that is more."""
+        set a lower one, ``Decision.task_budget``)."""
         limits = _limits(principal, task_id, decision, task_budget)
         if not limits:
             return None
         amount = hold_of(decision)
-        if key_left is not None:
-            amount = max(amount, min(worst, key_left))
         if self._unsettled:
             await self.land_unsettled()  # StateUnavailable (a 503) while they cannot land
         if self.log is not None and isinstance(self.budgets, MemoryBudgets):
             await recall_spend(self.budgets, self.log, limits)
         try:
             return await self.budgets.reserve(list(limits), amount, limits)
+        except BudgetExceeded as exc:
+            raise refusal(exc) from None
+
+    async def hold_worst(
+        self, principal: Principal, decision: Decision, worst: float, key_left: float | None
+    ) -> Reservation | None:
+        """Hold more in the key's budget, after ``hold``: up to what the request may cost at most
+        (``worst``, ``worst_of``), as much as the key had left before it (``key_left``,
+        ``key_budget_left``). Settled at nothing: the spend is in ``hold``'s settle. In the key's
+        budget alone: a task's budget holds the 90th percentile (a task is rarely asked for many
+        replies at once), and the key's worst case held there refused requests that fit it."""
+        if not principal.key_id or principal.budget_usd is None or key_left is None:
+            return None
+        more = min(worst, key_left) - hold_of(decision)
+        if more <= 0:
+            return None
+        scope = f"key:{principal.key_id}"
+        try:
+            return await self.budgets.reserve([scope], more, {scope: principal.budget_usd})
         except BudgetExceeded as exc:
             raise refusal(exc) from None
 

@@ -42,6 +42,9 @@ class Flight:
     held: Reservation | None = None
     #: Held on top of ``held`` for tries billed without serving (``Proxy._hold_billed``); settled at 0.
     held_more: list[Reservation] = field(default_factory=list)
+    #: Held in the key's budget on top of ``held`` for what the request may cost at most
+    #: (``Admission.hold_worst``); settled at 0.
+    held_worst: Reservation | None = None
     #: Tokens counted against the key's tokens per minute at admission (its estimate), until
     #: the call has ended and what it used replaces them (``Admission.recount``).
     rate_tokens: int = 0

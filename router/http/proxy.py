@@ -150,10 +150,10 @@ class Proxy:
             decision = decided.decision
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
             f.rate_tokens = await self.admission.limit_rate(principal, decision)
-            worst = worst_of(decision, f.rt.catalog, req.max_output_tokens) if key_left is not None else 0.0
-            f.held = await self.admission.hold(
-                principal, f.task_id, decision, task_budget, worst=worst, key_left=key_left
-            )
+            f.held = await self.admission.hold(principal, f.task_id, decision, task_budget)
+            if key_left is not None:
+                worst = worst_of(decision, f.rt.catalog, req.max_output_tokens)
+                f.held_worst = await self.admission.hold_worst(principal, decision, worst, key_left)
             phases.decide()
             f.execution = ex = Execution(tenant=principal.key_id or principal.name)
             if f.held is not None:
