@@ -234,11 +234,15 @@ class Decider:
         elif explore and self.epsilon > 0 and len(order) > 1 and once:
             order, propensity, explored = self._explore(order)
         pinned = features.pinned
+        left_for = f"switch: {features.switch_reason}"
         if pinned in order and not features.side_call and not broke:
             # Within an attempt the task stays where it started: its context is warm there.
             order.remove(pinned)
             order.insert(0, pinned)
             reason, propensity = f"pinned to {pinned} for attempt {features.attempt}", 1.0
+        elif pinned is not None and any(e.model == pinned and e.excluded == left_for for e in estimates):
+            # Named: the console said only "cheapest ..." when a loop had just moved the task.
+            reason = f"left {pinned} ({features.switch_reason}); then {reason}"
         front = [p for p in preferred if p in order and not broke]
         if front:
             order = front + [m for m in order if m not in front]
@@ -384,7 +388,7 @@ class Decider:
             if legal:
                 for e in estimates:
                     if e.model == pinned:
-                        e.excluded = f"switch: {features.switch_reason}"
+                        e.excluded = f"switch: {features.switch_reason}"  # read by the reason
         for e in estimates:
             if e.excluded is None and e.model != pinned and not self._accepts_history(features, e.model):
                 e.excluded = f"switch: history holds {features.signed_history} state signed by {pinned}"

@@ -235,3 +235,13 @@ def test_a_hosted_tool_holds_the_policys_calls_or_the_fewer_the_request_allows()
     assert tools_held() == pytest.approx(3 * fee)
     assert tools_held(hosted_max_uses=(("web_search", 1),)) == pytest.approx(fee)
     assert tools_held(hosted_max_uses=(("web_search", 5),)) == pytest.approx(3 * fee)
+
+
+def test_a_switch_names_the_model_it_left_and_why(decider: Decider) -> None:
+    # A tool loop on the pinned model: the next cheapest serves, and the reason says the switch
+    # (the console showed only "cheapest ...", as if nothing had happened).
+    d = decider.decide(feats(pinned="cheap", switch_reason="tool_loop"))
+    assert d.chosen == "mid" and d.estimate("cheap").excluded == "switch: tool_loop"  # type: ignore[union-attr]
+    assert d.reason.startswith("left cheap (tool_loop); then cheapest"), d.reason
+    # Pinned and not told to switch: the pin, as before.
+    assert decider.decide(feats(pinned="cheap")).reason == "pinned to cheap for attempt 1"
