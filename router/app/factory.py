@@ -152,6 +152,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         # rest (the password masked).
         log.info("router ready: policy %s (%d models), store %s", rt.policy.source, len(rt.catalog.backends),
                  mask_url(s.settings.store))  # fmt: skip
+        if not s.settings.redis_url and s.settings.store.lower().startswith(("postgresql:", "postgres:")):
+            # A shared log suggests replicas; without Redis each counts a key's spend alone (restored
+            # from the log only at its start), so N of them allowed a key N times its budget unwarned.
+            log.warning(
+                "no --redis: budgets and rate limits are this process's own; replicas sharing this store "
+                "each allow a key its whole --budget and --rpm/--tpm (give every replica the same --redis)"
+            )
         try:
             yield
         finally:

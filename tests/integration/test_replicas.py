@@ -8,6 +8,7 @@ its own PostgreSQL schema. Outages are played by a TCP relay in front of the sha
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import time
 import uuid
@@ -307,3 +308,18 @@ def test_a_call_cap_counts_the_calls_both_replicas_served(pair, upstream) -> Non
     restarted = agent_call(b, task, OPENING)
     assert restarted.status_code == 200, restarted.text
     assert restarted.headers["x-router-model"] == "local-mini"
+
+
+def test_a_shared_store_without_redis_is_warned_of_per_process_budgets(
+    pg_schema: str,
+    router_factory,  # type: ignore[no-untyped-def]
+    upstream: FakeUpstream,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Replicas that share a PostgreSQL log but no Redis keep budgets and rate limits each in its
+    own process: N of them allow a key N times its --budget (each reads the log's spend only at its
+    start), and nothing said so (a hostile probe of a careless scale-out). The start warns now."""
+    caplog.set_level(logging.WARNING)
+    router_factory(local_policy(upstream.url), store=pg_url(pg_schema))
+    assert "budgets and rate limits are this process's own" in caplog.text
+    assert "--redis" in caplog.text
