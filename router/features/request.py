@@ -50,6 +50,8 @@ class Features:
     pinned: str | None = None
     #: Why the pinned model should be left (a loop, repeated tool failures), if anything says so.
     switch_reason: str | None = None
+    #: The models this attempt left before: a switch goes on to another while one can take it.
+    left_models: tuple[str, ...] = ()
     #: The history carries provider-signed state (thinking signatures, encrypted reasoning) that
     #: only this protocol family's pinned backend may receive back.
     signed_history: str | None = None

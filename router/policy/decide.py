@@ -389,6 +389,12 @@ class Decider:
                 for e in estimates:
                     if e.model == pinned:
                         e.excluded = f"switch: {features.switch_reason}"  # read by the reason
+                # On, not back: a loop on the second model sent the task back to the first,
+                # the one that had looped, while a third was there.
+                if any(e.model not in features.left_models for e in legal):
+                    for e in legal:
+                        if e.model in features.left_models:
+                            e.excluded = "switch: left earlier in this attempt"
         for e in estimates:
             if e.excluded is None and e.model != pinned and not self._accepts_history(features, e.model):
                 e.excluded = f"switch: history holds {features.signed_history} state signed by {pinned}"

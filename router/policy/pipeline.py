@@ -179,6 +179,7 @@ def request_features(
         extra |= {
             "side_call": task.side_call, "task_vector": task.vector, "attempt": task.attempt,
             "failed_models": task.failed_models, "pinned": task.pinned, "switch_reason": task.switch_reason,
+            "left_models": task.left_models,
             "signed_history": task.signed_history, "task_budget_left": task.budget_left,
             "warm_model": task.warm_model, "warm_tokens": task.warm_tokens, "warm_cached": task.warm_cached,
         }  # fmt: skip

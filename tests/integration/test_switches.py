@@ -50,3 +50,10 @@ def test_a_tool_loop_moves_the_task_once_not_back_and_forth(router: RunningRoute
         served.append(r.headers["x-router-model"])
         conversation += turn(i)
     assert served[3:] == ["local-mini"] * 8, served
+    # The second model loops as well: the task goes on to the third, not back to the first.
+    for i in range(3, 6):
+        conversation += same_call(i)
+        r = send(router, conversation, task="looping")
+        assert r.status_code == 200, r.text
+        served.append(r.headers["x-router-model"])
+    assert served[-1] == "local-large", served

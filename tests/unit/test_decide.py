@@ -245,3 +245,13 @@ def test_a_switch_names_the_model_it_left_and_why(decider: Decider) -> None:
     assert d.reason.startswith("left cheap (tool_loop); then cheapest"), d.reason
     # Pinned and not told to switch: the pin, as before.
     assert decider.decide(feats(pinned="cheap")).reason == "pinned to cheap for attempt 1"
+
+
+def test_a_second_switch_goes_on_not_back_to_a_model_the_attempt_left(decider: Decider) -> None:
+    # cheap looped, mid took over and loops too: big, not cheap again.
+    d = decider.decide(feats(pinned="mid", switch_reason="tool_loop", left_models=("cheap",)))
+    assert d.chosen == "big", d.order
+    assert d.estimate("cheap").excluded == "switch: left earlier in this attempt"  # type: ignore[union-attr]
+    # With no other model left to take it, back is better than refusing the request.
+    only = decider.decide(feats(pinned="mid", switch_reason="tool_loop", left_models=("cheap", "big")))
+    assert only.chosen == "cheap", only.order

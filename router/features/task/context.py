@@ -72,6 +72,8 @@ class TaskView:
     p_success: float | None = None
     #: How many messages (Responses: input items) the request held.
     messages: int = 0
+    #: The models the attempt's pin moved off (``TaskState.left``).
+    left_models: tuple[str, ...] = ()
 
 
 class TaskContext:
@@ -228,7 +230,7 @@ class TaskContext:
             new_vector=new_vector, repo=repo if new_vector else None, failed_models=tuple(state.failed_models), pinned=state.pinned,
             switch_reason=switch, signed_history=signed_history(req), budget_left=budget_left,
             warm_model=warm_model, warm_tokens=warm_tokens, warm_cached=warm_cached, recent=recent,
-            messages=len(req.messages),
+            messages=len(req.messages), left_models=tuple(state.left),
             # Read after the last await: ``stop`` reads the same label (labels are kept on the loop).
             p_success=None if side else reading(state),
         )  # fmt: skip

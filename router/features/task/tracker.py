@@ -33,6 +33,9 @@ class TaskState:
     #: only what came after it, so that a loop or a run of failures left behind on another model
     #: does not move the task off this one too (back and forth, each time a cold cache).
     pinned_since: int = 0
+    #: The models this attempt's pin moved off (a switch, a fallback, a window outgrown): a later
+    #: switch does not send the task back to one while another model can take it.
+    left: list[str] = field(default_factory=list)
     failed_models: list[str] = field(default_factory=list)
     #: The current attempt was reported failed; the next restart of the conversation opens a new one.
     failed_open: bool = False
@@ -99,7 +102,7 @@ def _new_attempt(state: TaskState, n: int) -> None:
     if state.pinned and state.pinned not in state.failed_models:
         state.failed_models.append(state.pinned)
     state.attempt, state.pinned, state.failed_open, state.calls = n, None, False, 0
-    state.pinned_since = 0
+    state.pinned_since, state.left = 0, []
 
 
 def key_of(task_id: str) -> str | None:
@@ -191,6 +194,8 @@ class TaskTracker:
         # The first main-loop request pins the attempt; a later switch (a loop, a context that
         # outgrew the window) moves the pin with it.
         if state.pinned != model:
+            if state.pinned is not None and state.pinned not in state.left:
+                state.left.append(state.pinned)
             state.pinned_since = messages
         state.pinned = model
         state.calls += 1
