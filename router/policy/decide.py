@@ -229,8 +229,11 @@ class Decider:
         explored = None
         once = not features.side_call and features.pinned is None  # an attempt's first model only
         if broke:
-            # Admission refuses it: as the cheapest's refusal, a 429 while money held in flight may return.
+            # Admission refuses it: as the cheapest's refusal, a 429 while money held in flight may
+            # return. The cheapest alone, so that the refusal quotes its cost, not the dearest's
+            # that the whole order would hold (a client read $0.01869 where $0.000447 was asked).
             reason = f"no candidate fits the budget left (${budget_left(features):.6f}): the cheapest"
+            order = order[:1]
         elif explore and self.epsilon > 0 and len(order) > 1 and once:
             order, propensity, explored = self._explore(order)
         pinned = features.pinned

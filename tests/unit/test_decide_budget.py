@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from router.http.admission import hold_of
 from router.policy.catalog import build_catalog
 from router.policy.decide import Decider
 from router.policy.loading import parse_policy
@@ -46,6 +47,9 @@ def test_when_nothing_fits_the_cheapest_goes_to_admission() -> None:
     decision = d.decide(feats(key_budget_left=0.0001, pinned="big"))
     assert decision.chosen == "cheap" and decision.reason.startswith("no candidate fits the budget left")
     assert all(e.excluded is None for e in decision.candidates)
+    # Admission holds, and its refusal quotes, the cheapest's cost: the whole order held the dearest's.
+    assert decision.order == ["cheap"]
+    assert hold_of(decision) == decision.estimate("cheap").hold_usd  # type: ignore[union-attr]
 
 
 BOUND = POLICY.replace(
