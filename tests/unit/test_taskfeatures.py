@@ -16,6 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from router.app.settings import Settings
+from router.features.task.identity import task_id_of
 from router.features.task.tracker import TaskTracker
 from router.features.task.vector import NUMERIC, Packed, arrays, repo_hint, task_vector, to_json, with_attempt
 from router.learning.training.fit import fit
@@ -196,3 +197,17 @@ def test_a_served_call_leaves_its_prompt_warm_with_what_the_provider_cached_of_i
     assert tracker.warm(state) == ("local-mini", 9_500, None)
     tracker.served(state, "local-mini", 9_500, -1, side_call=False, cached_tokens=9_000)
     assert tracker.warm(state) == (None, 0, None)  # past the cache's lifetime
+
+
+@pytest.mark.parametrize(
+    "pasted",
+    ["sk-proj-" + "Ab3" * 20, "sk-ant-api03-" + "x9Y" * 30, "AIza" + "Sy1" * 12, "mine/sk-" + "q7" * 24],
+)
+def test_a_key_sent_as_the_task_id_is_not_taken_as_its_name(pasted: str) -> None:
+    # It was the task's name in the log, the console, traces and /ui.
+    req = chat(OPEN)
+    derived = task_id_of(req, None, "keyhash")
+    assert task_id_of(req, pasted, "keyhash") == derived and pasted not in derived
+    # Names that only start alike are names.
+    for name in ("sk-learn-upgrade-task-42", "task-sk-1", "AIza-migration"):
+        assert task_id_of(req, name, "keyhash") == name

@@ -20,6 +20,10 @@ import re
 from router.protocols.common import ClientRequest
 
 _CLIENT_TASK_ID = re.compile(r"^[A-Za-z0-9._:@/-]{1,128}$")
+#: A provider's or the router's key where a task id was expected (OpenAI's and Anthropic's keys are
+#: ``sk-`` and 48 characters or more, Google's ``AIza`` and 35): a client that pasted one into
+#: ``X-Router-Task-Id`` had it kept in the log, the console, traces and /ui as the task's name.
+_KEY_LIKE = re.compile(r"(?:^|[^A-Za-z0-9])(?:(?:sk|rk)-[A-Za-z0-9_-]{32,}|AIza[0-9A-Za-z_-]{30,})")
 
 
 def client_key_hash(presented_key: str) -> str:
@@ -30,7 +34,10 @@ def client_key_hash(presented_key: str) -> str:
 
 
 def task_id_of(req: ClientRequest, header_value: str | None, key_hash: str) -> str:
-    if header_value and _CLIENT_TASK_ID.match(header_value):
+    """The client's name for the task, else a session id, else a hash of the opening. A name that
+    is not one (too long, odd characters, a key) is ignored as if not sent: the reply's
+    ``x-router-task-id`` says the id the router used."""
+    if header_value and _CLIENT_TASK_ID.match(header_value) and not _KEY_LIKE.search(header_value):
         return header_value
     if req.session_hint and _CLIENT_TASK_ID.match(req.session_hint):
         return f"session-{req.session_hint}"
