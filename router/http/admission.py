@@ -258,8 +258,11 @@ def worst_of(decision: Decision, catalog: Catalog, max_output: int | None) -> fl
         backend = catalog[model]
         most = min(max_output or backend.max_output_tokens, backend.max_output_tokens)
         held = est.hold_usd if est.hold_usd is not None else est.cost_usd
-        more = max(0, most - est.output_tokens) * backend.price.at(est.prompt_tokens).output
-        worst = max(worst, held + more)
+        # The expected cost with the rest of the output written: the hold's own margin (its
+        # output's high quantile) is part of that rest, added to the hold it was counted twice,
+        # and fewer requests ran at once near a budget's end than it could pay for.
+        at_most = est.cost_usd + max(0, most - est.output_tokens) * backend.price.at(est.prompt_tokens).output
+        worst = max(worst, held, at_most)
     return worst
 
 
