@@ -28,6 +28,7 @@ from router.forward.upstream import Upstream
 from router.http.admission import Admission, restore_spend
 from router.http.api import Api
 from router.http.auth import Auth
+from router.http.browsers import Browsers
 from router.http.ops import Metrics, Ops, Probes
 from router.http.outcomes import Outcomes
 from router.http.proxy import Proxy
@@ -92,7 +93,7 @@ def build_services(settings: Settings) -> Services:
         executor=executor,
         store=store,
         writer=LogWriter(store),
-        auth=Auth(settings.master_key, store),
+        auth=Auth(settings.master_key, store, browsers=Browsers(settings.allowed_hosts)),
         state=state,
         history=history,
         telemetry=build_telemetry(trace_prompts=settings.trace_prompts),

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from router.app.limits import Limits
 from router.errors import ConfigError
 from router.forward.timeouts import Timeouts
+from router.http.browsers import allowed_hosts
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 
@@ -57,6 +59,10 @@ class Settings(BaseSettings):
     max_window_requests: int = Field(default=20_000, gt=0)
     #: Store prompt text in the log. Off unless the operator opts in.
     log_prompts: bool = False
+    #: In open mode, the hosts answered besides localhost and loopback addresses (a request for any
+    #: other ``Host`` is refused: a site rebinding its name to this machine): names, ``*.lan`` for a
+    #: name's subdomains, ``*`` for any. Comma-separated in ``ROUTER_ALLOWED_HOSTS``.
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     #: Master key for the management API and, when set, for the proxy (virtual keys come later).
     master_key: SecretStr | None = None
     timeouts: Timeouts = Timeouts()
@@ -77,6 +83,11 @@ class Settings(BaseSettings):
     #: Put prompt text on trace spans. Needs ``log_prompts`` too (only then is the prompt captured).
     trace_prompts: bool = False
 
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _hosts(cls, given: Any) -> Any:
+        return allowed_hosts(given) if isinstance(given, str | list | tuple) else given
+
     @field_validator("master_key", mode="after")
     @classmethod
     def _stripped(cls, key: SecretStr | None) -> SecretStr | None:
@@ -89,7 +100,8 @@ class Settings(BaseSettings):
 def from_flags(args: argparse.Namespace) -> Settings:
     """The settings of ``router serve`` and ``router check``: their flags over ``ROUTER_*`` variables."""
     given = {k: v for k, v in {"config": args.config, "host": args.host, "port": args.port,
-                               "store": args.store, "redis_url": getattr(args, "redis", None)}.items()
+                               "store": args.store, "redis_url": getattr(args, "redis", None),
+                               "allowed_hosts": getattr(args, "allowed_hosts", None)}.items()
              if v is not None}  # fmt: skip
     try:
         return Settings(**given)

@@ -22,18 +22,17 @@ import asyncio
 import fnmatch
 import hashlib
 import hmac
-import ipaddress
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 from starlette.requests import Request
 
 from router.errors import AuthenticationFailed, PermissionDenied, ServiceUnavailable
+from router.http.browsers import Browsers
 from router.http.keys import hash_key, looks_like_key
 from router.policy.scopes import TEAM_HEADER
 from router.store import KeyRecord, Store
@@ -100,30 +99,6 @@ _MISSING = "missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-
 _INVALID = "invalid API key: send the router's key (ROUTER_MASTER_KEY or a virtual key), not a provider's"
 
 
-_WEB_PAGE = (
-    "a request from a web page is refused in open mode: any site its browser visits could spend "
-    "through this router; set ROUTER_MASTER_KEY (or create a virtual key) to serve browsers' callers"
-)
-
-
-def from_a_web_page(headers: Mapping[str, str]) -> bool:
-    """Whether a browser sent this from a page not served on this machine (its ``Origin``).
-
-    In open mode a key is not needed, so any page its user visits could make the browser POST to
-    the router: a ``text/plain`` body needs no CORS preflight and was served (the page cannot read
-    the reply, but the providers' bill is the operator's), and a site whose name it rebinds to
-    127.0.0.1 reads it too (its ``Origin`` is its own name). Agents, SDKs and scripts send no
-    ``Origin``; a page of this machine (``localhost``, a loopback address) is its user's own."""
-    origin = headers.get("origin")
-    if origin is None:
-        return False
-    try:
-        host = urlsplit(origin).hostname or ""
-        return host != "localhost" and not ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return True  # a name, "null" (a sandboxed frame, a file), or no URL at all
-
-
 def presented_key(headers: Mapping[str, str]) -> str:
     # Both stripped alike (HTTP servers strip a header value's ends already; the Bearer form's
     # inner spaces are the router's to strip).
@@ -143,6 +118,7 @@ class Auth:
         ttl: float = DEFAULT_TTL_S,
         cache_size: int = DEFAULT_CACHE_SIZE,
         clock: Callable[[], float] = time.monotonic,
+        browsers: Browsers | None = None,
     ) -> None:
         secret = master_key.get_secret_value() if master_key is not None else ""
         # Only the master key's hash is kept: equal-length digests make the comparison constant-time.
@@ -152,6 +128,7 @@ class Auth:
         self._ttl = ttl
         self._cache_size = cache_size
         self._clock = clock
+        self._browsers = browsers or Browsers()
         self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
         self._keys_exist = False
         self._mode_checked = float("-inf")
@@ -225,11 +202,16 @@ class Auth:
     def _refreshed(self, _: asyncio.Task[None]) -> None:
         self._refreshing = None
 
+    def admit_browser(self, headers: Mapping[str, str]) -> None:
+        """In open mode, ``PermissionDenied`` for what a web page not this machine's sends (see
+        ``router.http.browsers``): every open endpoint, the dashboard's pages too, checks here."""
+        if self.open and (reason := self._browsers.refusal(headers)) is not None:
+            raise PermissionDenied(reason)
+
     async def check(self, request: Request, *, master_only: bool = False) -> Principal:
         """The caller, or ``AuthenticationFailed`` (401) / ``PermissionDenied`` (403)."""
         if self.open:
-            if from_a_web_page(request.headers):
-                raise PermissionDenied(_WEB_PAGE)
+            self.admit_browser(request.headers)
             if self._clock() - self._mode_checked >= self._ttl and self._refreshing is None:
                 # In the background: a slow or unreachable store must not hold up open-mode traffic.
                 self._mode_checked = self._clock()

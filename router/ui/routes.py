@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import html
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from router.errors import ConfigError, PayloadTooLarge
+from router.errors import ConfigError, PayloadTooLarge, PermissionDenied
 from router.http.auth import Auth
 from router.http.proxy import read_body
 from router.policy.active import ActivePolicy, PolicyHistory
@@ -87,13 +88,18 @@ def _when_utc(ts: float | None) -> str:
 
 
 def gated(page: Page) -> Page:
-    """The dashboard's one auth check: open in open mode; with a master key, a session from the
-    login form (a browser without one is sent there); with virtual keys only, locked."""
+    """The dashboard's one auth check: open in open mode, to this machine's pages (not another
+    site's, nor one that rebinds its name here: ``router.http.browsers``); with a master key, a
+    session from the login form (a browser without one is sent there); with virtual keys only, locked."""
 
     @functools.wraps(page)
     async def guarded(self: Dashboard, request: Request) -> Response:
         auth = self.auth
         if auth.open:
+            try:
+                auth.admit_browser(request.headers)
+            except PermissionDenied as refused:
+                return HTMLResponse(html.escape(refused.message), refused.status)
             return await page(self, request)
         secret = auth.session_secret()
         if secret is None:

@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from router.fakeupstream import FakeUpstream
-from tests.integration.conftest import RunningRouter, local_policy, serving
+from tests.integration.conftest import RunningRouter, assert_protocol_shaped, local_policy, serving
 
 pytestmark = pytest.mark.integration
 
@@ -662,3 +662,66 @@ def test_a_web_page_cannot_spend_through_an_open_router(
         assert c.post(CHAT, content=body).status_code == 200
         local = c.post(CHAT, content=body, headers={**page, "origin": opened.url})
         assert local.status_code == 200, local.text
+
+
+def test_a_site_that_rebinds_its_name_to_this_machine_reads_nothing_of_an_open_router(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    """A page of evil.example whose name it rebinds to 127.0.0.1 calls the router same-origin: its
+    GETs carry no ``Origin``, so the dashboard, the task ledger and the JSON APIs answered it (and
+    it could read them), and the dashboard's preview form took its ``Origin`` for the router's own.
+    In open mode the ``Host`` it sends (its own name) is refused, in the endpoint's own shape;
+    loopback names, and a name the operator allows, are served."""
+    upstream.clear()
+    opened = router_factory(local_policy(upstream.url))  # open: no master key, no virtual key
+    port = opened.url.rsplit(":", 1)[1]
+    body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "spend"}]})
+    rebound = {"host": f"evil.example:{port}"}
+    with httpx.Client(base_url=opened.url, timeout=20) as c:
+        sent_before = len(upstream.requests())
+        for path in ("/v1/models", "/v1/tasks/t-1", "/v1/policy", "/openapi.json"):
+            refused = c.get(path, headers=rebound)
+            assert refused.status_code == 403, (path, refused.text)
+            assert_protocol_shaped(refused.status_code, refused.text, path)
+            assert "evil.example" in refused.json()["error"]["message"]
+        for path in (CHAT, MESSAGES, "/v1/route", "/v1/outcomes"):
+            for page in ({}, {"origin": f"http://evil.example:{port}"}):
+                refused = c.post(
+                    path, content=body, headers={**rebound, **page, "content-type": "text/plain"}
+                )
+                assert refused.status_code == 403, (path, page, refused.text)
+                assert_protocol_shaped(refused.status_code, refused.text, path)
+        for path in ("/ui", "/ui/tasks", "/ui/latency", "/ui/policy", "/ui/tasks/t-1"):
+            refused = c.get(path, headers=rebound)
+            assert refused.status_code == 403, (path, refused.text)
+            assert "Traceback" not in refused.text and "evil.example" in refused.text
+        form = {**rebound, "origin": f"http://evil.example:{port}"}
+        preview = c.post("/ui/policy/preview", data={"yaml": "version: 1"}, headers=form)
+        assert preview.status_code == 403, preview.text
+        assert len(upstream.requests()) == sent_before  # no provider was called
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "127.3.4.5", "LOCALHOST"):
+            assert c.get("/v1/models", headers={"host": host}).status_code == 200, host
+            assert c.get("/ui", headers={"host": host}).status_code == 200, host
+        assert c.post(CHAT, content=body).status_code == 200
+        # A name that merely starts as a loopback one does is a name like any other.
+        assert c.get("/v1/models", headers={"host": "localhost.evil.example"}).status_code == 403
+        assert c.get("/v1/models", headers={"host": "127.0.0.1.evil.example"}).status_code == 403
+    # Health probes and metrics stay open, as in every mode (scrapers call them by a service's name).
+    with httpx.Client(base_url=opened.url, timeout=20) as c:
+        assert c.get("/healthz", headers=rebound).status_code == 200
+
+
+def test_an_open_router_serves_a_name_its_operator_allows(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    """``ROUTER_ALLOWED_HOSTS`` names the hosts (beyond loopback) an open router answers to: its
+    LAN name, say, or every subdomain of one (``*.lan``); any other name is still refused."""
+    upstream.clear()
+    opened = router_factory(local_policy(upstream.url), allowed_hosts="devbox.lan, *.corp.example")
+    port = opened.url.rsplit(":", 1)[1]
+    with httpx.Client(base_url=opened.url, timeout=20) as c:
+        for host in (f"devbox.lan:{port}", "DEVBOX.LAN", f"a.corp.example:{port}"):
+            assert c.get("/v1/models", headers={"host": host}).status_code == 200, host
+            assert c.get("/ui", headers={"host": host}).status_code == 200, host
+        for host in (f"evil.example:{port}", "corp.example", "devbox.lan.evil.example"):
+            assert c.get("/v1/models", headers={"host": host}).status_code == 403, host

@@ -67,6 +67,6 @@ async def serving(
     app = create_app(services=s)
     async with (
         app.api.router.lifespan_context(app.api),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as client,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client,
     ):
         yield Router(client, s)

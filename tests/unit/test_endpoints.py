@@ -26,7 +26,7 @@ def test_an_unexpected_failure_is_answered_in_the_endpoints_shape() -> None:
     # "Internal Server Error", which no SDK reads.
     app = FastAPI()
     app.add_api_route("/boom", Broken().boom, methods=["GET"])
-    r = TestClient(app, raise_server_exceptions=False).get("/boom")
+    r = TestClient(app, base_url="http://localhost", raise_server_exceptions=False).get("/boom")
     assert r.status_code == 500
     assert r.json() == {
         "type": "error",

@@ -39,7 +39,7 @@ async def served(tmp: Path, fake: FakeUpstream) -> AsyncIterator[tuple[RouterApp
     app = create_app(Settings(config=config, store=f"sqlite:///{tmp / 'log.db'}", master_key=MASTER))
     async with (
         app.api.router.lifespan_context(app.api),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as client,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client,
     ):
         yield app, client
 

@@ -1,0 +1,46 @@
+"""``router.http.browsers``: which ``Host`` and ``Origin`` an open router answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.http.browsers import Browsers, allowed_hosts
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["localhost", "LOCALHOST:8080", "localhost.", "127.0.0.1", "127.9.9.9:1", "[::1]", "[::1]:8080"],
+)
+def test_loopback_hosts_are_answered(host: str) -> None:
+    assert Browsers().refusal({"host": host}) is None
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example", "evil.example:8080", "localhost.evil.example", "127.0.0.1.evil.example",
+        "evil.example@127.0.0.1", "127.0.0.1/x", "[::1", "", " ", "10.0.0.5:8080", "::1",
+    ],
+)  # fmt: skip
+def test_any_other_host_is_refused_and_named(host: str) -> None:
+    reason = Browsers().refusal({"host": host})
+    assert reason is not None and "ROUTER_ALLOWED_HOSTS" in reason
+
+
+def test_the_operator_names_hosts_and_subdomains() -> None:
+    b = Browsers(allowed_hosts(" DevBox.lan, *.corp.example ,,"))
+    assert b.allowed == ("devbox.lan", "*.corp.example")
+    assert b.refusal({"host": "devbox.lan:8080"}) is None
+    assert b.refusal({"host": "a.b.corp.example"}) is None
+    for other in ("corp.example", "xcorp.example", "devbox.lan.evil.example"):
+        assert b.refusal({"host": other}) is not None, other
+    assert Browsers(("*",)).refusal({"host": "anything.example"}) is None
+
+
+def test_a_quoted_host_is_cut() -> None:
+    reason = Browsers().refusal({"host": "a" * 5000})
+    assert reason is not None and len(reason) < 500
+
+
+def test_no_host_is_a_script_not_a_browser() -> None:
+    assert Browsers().refusal({}) is None
