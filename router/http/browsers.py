@@ -84,7 +84,7 @@ class Browsers:
                 "name the host in ROUTER_ALLOWED_HOSTS (--allowed-hosts), or set ROUTER_MASTER_KEY"
             )
         origin = headers.get("origin")
-        if origin is None or self._own_page(origin):
+        if origin is None or self._own_page(origin, host):
             return None
         return (
             "a request from a web page is refused in open mode: any site its browser visits could spend "
@@ -92,8 +92,10 @@ class Browsers:
         )
 
     @staticmethod
-    def _own_page(origin: str) -> bool:
-        """A page of this machine (a loopback name or address, any port)."""
+    def _own_page(origin: str, host: str | None) -> bool:
+        """A page of this machine (a loopback name or address, any port), or of the router's own
+        origin (its host:port the request's ``Host``, which is allowed by now): the dashboard reached
+        by a LAN name posts its forms with that name."""
         try:
             parts = urlsplit(origin)
         except ValueError:
@@ -101,4 +103,4 @@ class Browsers:
         name = _hostname(parts.netloc)
         if name is None:  # "null" (a sandboxed frame, a file), or no URL at all
             return False
-        return _loopback(name)
+        return _loopback(name) or (host is not None and parts.netloc.lower() == host.lower())

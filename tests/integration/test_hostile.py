@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import yaml
 
 from router.fakeupstream import FakeUpstream
 from tests.integration.conftest import RunningRouter, assert_protocol_shaped, local_policy, serving
@@ -725,3 +726,28 @@ def test_an_open_router_serves_a_name_its_operator_allows(
             assert c.get("/ui", headers={"host": host}).status_code == 200, host
         for host in (f"evil.example:{port}", "corp.example", "devbox.lan.evil.example"):
             assert c.get("/v1/models", headers={"host": host}).status_code == 403, host
+
+
+def test_an_open_routers_own_page_reached_by_an_allowed_name_may_post(
+    router_factory: Callable[..., RunningRouter], upstream: FakeUpstream
+) -> None:
+    """The dashboard reached by a LAN name its operator allows posts its forms with that name as
+    ``Origin``: refused as another site's page (only loopback origins passed), so its policy preview
+    answered 403. A page of the router's own origin (``Origin`` host:port the request's allowed
+    ``Host``) is served; another name, or another port of the same name, is still another site."""
+    upstream.clear()
+    policy = local_policy(upstream.url)
+    opened = router_factory(policy, allowed_hosts="devbox.lan")
+    port = opened.url.rsplit(":", 1)[1]
+    own = {"host": f"devbox.lan:{port}", "origin": f"http://devbox.lan:{port}"}
+    body = orjson.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+    with httpx.Client(base_url=opened.url, timeout=30) as c:
+        preview = c.post("/ui/policy/preview", data={"yaml": yaml.safe_dump(policy)}, headers=own)
+        assert preview.status_code == 200, preview.text[:500]
+        served = c.post(CHAT, content=body, headers={**own, "content-type": "application/json"})
+        assert served.status_code == 200, served.text
+        for origin in (f"http://devbox.lan:{int(port) + 1}", f"http://other.lan:{port}", "null"):
+            refused = c.post(CHAT, content=body, headers={**own, "origin": origin})
+            assert refused.status_code == 403, (origin, refused.text)
+            refused = c.post("/ui/policy/preview", data={"yaml": "x: 1"}, headers={**own, "origin": origin})
+            assert refused.status_code == 403, (origin, refused.text)

@@ -44,3 +44,11 @@ def test_a_quoted_host_is_cut() -> None:
 
 def test_no_host_is_a_script_not_a_browser() -> None:
     assert Browsers().refusal({}) is None
+
+
+def test_a_page_of_the_routers_own_origin_is_its_own() -> None:
+    b = Browsers(("devbox.lan",))
+    assert b.refusal({"host": "devbox.lan:8080", "origin": "http://devbox.lan:8080"}) is None
+    assert b.refusal({"host": "devbox.lan:8080", "origin": "http://localhost:3000"}) is None
+    for origin in ("http://devbox.lan:8081", "http://evil.example:8080", "null", "http://devbox.lan:8080@x"):
+        assert b.refusal({"host": "devbox.lan:8080", "origin": origin}) is not None, origin
