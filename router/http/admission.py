@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from router.errors import PayloadTooLarge, RateLimited
 from router.features.task.context import least
@@ -171,6 +171,23 @@ class Admission:
             return await self.budgets.reserve(list(limits), amount, limits)
         except BudgetExceeded as exc:
             raise refusal(exc) from None
+
+    async def keep(self, holds: Callable[[], Iterable[Reservation | None]]) -> None:
+        """Renew a running request's holds (``holds()``, read again each time: more are made as
+        it runs) every half of their lifetime, until they are all closed or this is cancelled at
+        the request's end. Holds lapse after ``reservation_ttl_s`` so that a crashed replica's free
+        themselves; a stream that ran longer lost its hold while it ran, and the money it held
+        was spent again by others (``test_long_holds.py``). A renewal that cannot reach the store
+        is tried again at the next (the hold lapses, as it would have, if none lands)."""
+        while live := [r for r in holds() if r is not None and not r.closed]:
+            await asyncio.sleep(min(r.ttl_s for r in live) / 2)
+            for reservation in holds():
+                if reservation is None or reservation.closed:
+                    continue
+                try:
+                    await self.budgets.extend(reservation)
+                except StateUnavailable as exc:
+                    log.warning("budget hold %s not renewed (%s): tried again", reservation.id, exc.reason)
 
     async def settle(self, reservation: Reservation, actual_usd: float | None) -> None:
         """Turn the hold into spend (a failed request spends what it used, usually nothing). When

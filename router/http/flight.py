@@ -7,6 +7,7 @@ ended, ``record`` assembles the one log row from them.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import overload
 
@@ -45,6 +46,8 @@ class Flight:
     #: Held in the key's budget on top of ``held`` for what the request may cost at most
     #: (``Admission.hold_worst``); settled at 0.
     held_worst: Reservation | None = None
+    #: Renews the holds while the request runs (``Recorder.holding``), cancelled when it ends.
+    renewal: asyncio.Task[None] | None = None
     #: Tokens counted against the key's tokens per minute at admission (its estimate), until
     #: the call has ended and what it used replaces them (``Admission.recount``).
     rate_tokens: int = 0
@@ -67,6 +70,10 @@ class Flight:
         if self.execution is not None and self.execution.backend is not None:
             return self.execution.backend.id
         return self.decided.decision.chosen if self.decided is not None else None
+
+    def holds(self) -> list[Reservation | None]:
+        """Every hold the request has made in the budgets."""
+        return [self.held, self.held_worst, *self.held_more]
 
     def ended(self, status: int, error_type: str | None = None, error_message: str | None = None) -> None:
         self.status, self.error_type, self.error_message = status, error_type, error_message

@@ -151,6 +151,8 @@ class Proxy:
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
             f.rate_tokens = await self.admission.limit_rate(principal, decision)
             f.held = await self.admission.hold(principal, f.task_id, decision, task_budget)
+            if f.held is not None:
+                self.recorder.holding(f)
             if key_left is not None:
                 worst = worst_of(decision, f.rt.catalog, req.max_output_tokens)
                 f.held_worst = await self.admission.hold_worst(principal, decision, worst, key_left)

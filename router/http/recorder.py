@@ -32,10 +32,17 @@ class Recorder:
     def decided(self, decided: Decided) -> None:
         self.telemetry.prompt_sized(decided.remembered, decided.counted)
 
+    def holding(self, f: Flight) -> None:
+        """``f`` holds money in the budgets: renewed until it ends (``Admission.keep``)."""
+        if f.renewal is None:
+            f.renewal = self.background.spawn(self.admission.keep(f.holds), name="renew-holds")
+
     def close(self, f: Flight, phases: Phases) -> None:
         if f.closed:
             return
         f.closed = True
+        if f.renewal is not None:
+            f.renewal.cancel()
         phases.finish()
         if f.decided is not None:
             served_by = f.model if f.status == 200 else None

@@ -42,7 +42,8 @@ check-and-update is atomic across replicas. ``reserve`` checks ``spent + reserve
 limit`` for every scope, then holds the amount in all of them, or in none: concurrent reserves
 never over-commit a limit. A hold carries a TTL (``ttl_s``, default ``reservation_ttl_s``) in the
 scope's expiry zset; every script purges the scope's expired holds first, so a crashed replica's
-reservations stop counting after their TTL with no janitor. ``settle`` drops the hold and adds
+reservations stop counting after their TTL with no janitor; a request that runs longer renews its
+holds (``extend``) while it runs. ``settle`` drops the hold and adds
 the actual cost, which may differ from the hold: a limit can be passed only by actual costs that
 exceed their own reservations, never by concurrent reserves. Pins are last-writer-wins; an
 attempt's mark only moves forward (a write for an earlier attempt than the stored one is dropped). Scripts
@@ -160,6 +161,12 @@ class Budgets(Protocol):
 
     async def release(self, reservation: Reservation) -> None:
         """Drop the hold, spending nothing (the call failed). A no-op after settle."""
+        ...
+
+    async def extend(self, reservation: Reservation) -> bool:
+        """Hold on for another ``reservation.ttl_s`` from now, in every scope that still holds it
+        (a request that runs longer than the TTL keeps its hold by renewing it). Returns whether
+        any did: a hold that has lapsed, or been settled or released, is not made again."""
         ...
 
     async def spent(self, scope: str) -> Spend: ...

@@ -193,7 +193,7 @@ class MemoryBudgets:
         expiry = self._clock() + ttl
         for scope in scopes:
             scope.holds[rid] = (amount, expiry)
-        return Reservation(rid, names, amount_usd, expiry)
+        return Reservation(rid, names, amount_usd, expiry, ttl)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:
         actual = to_nano(actual_usd)
@@ -211,6 +211,22 @@ class MemoryBudgets:
         reservation.closed = True
         for name in reservation.scopes:
             self._scope(name).holds.pop(reservation.id, None)
+
+    async def extend(self, reservation: Reservation) -> bool:
+        if reservation.closed:
+            return False
+        expiry = self._clock() + reservation.ttl_s
+        live = False
+        for name in reservation.scopes:
+            if self._peek(name) is None:
+                continue
+            scope = self._scope(name)  # purged, and a task's kept from idling out meanwhile
+            if (held := scope.holds.get(reservation.id)) is not None:
+                scope.holds[reservation.id] = (held[0], expiry)
+                live = True
+        if live:
+            reservation.expires_at = expiry
+        return live
 
     def restore_from(self, source: SpendSource) -> None:
         """Nothing to do: in-process counts are lost only with the process, and a new one starts

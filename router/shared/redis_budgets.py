@@ -127,6 +127,26 @@ return live
 """
 )
 
+# KEYS: the scopes' triples as RESERVE. ARGV: reservation id, ttl ms, then one idle lifetime per
+# scope as RESERVE. Moves the hold's expiry to now + ttl in every scope that still holds it (a
+# lapsed, settled or released one is not held again). Returns how many scopes did.
+EXTEND = (
+    _PRELUDE
+    + """
+local live = 0
+for i = 1, #KEYS / 3 do
+  local h, z, a = KEYS[3*i-2], KEYS[3*i-1], KEYS[3*i]
+  purge(h, z, a)
+  if redis.call('HEXISTS', a, ARGV[1]) == 1 then
+    live = live + 1
+    redis.call('ZADD', z, 'XX', now + tonumber(ARGV[2]), ARGV[1])
+    touch(h, z, a, ARGV[2 + i])
+  end
+end
+return live
+"""
+)
+
 # KEYS: the restored marker, one scope's triple. Returns {spent, reserved} after purging expired
 # holds, or {} when the counts must first be restored from the log.
 USAGE = (
@@ -177,6 +197,7 @@ class RedisBudgets:
         self._idle_ms = str(int(self._idle_s * 1000) + 60_000)
         self._reserve = client.register_script(RESERVE)
         self._close = client.register_script(CLOSE)
+        self._extend = client.register_script(EXTEND)
         self._usage = client.register_script(USAGE)
         self._restore = client.register_script(RESTORE)
         self._source: SpendSource | None = None
@@ -208,7 +229,7 @@ class RedisBudgets:
         scopes = unique_scopes(scope_keys)
         rid = uuid.uuid4().hex
         if not scopes:
-            return Reservation(rid, scopes, amount_usd, time.time() + ttl)
+            return Reservation(rid, scopes, amount_usd, time.time() + ttl, ttl)
         lims = [str(to_nano(limits[s])) if limits.get(s) is not None else "-1" for s in scopes]
         args: list[Any] = [str(amount), rid, str(int(ttl * 1000)), *lims, *self._idles(scopes)]
         keys = [self._keys.budget_restored, *self._triples(scopes)]
@@ -225,7 +246,7 @@ class RedisBudgets:
             spent, reserved = int(result[2]) / NANO, int(result[3]) / NANO
             raise BudgetExceeded(scopes[i], limits[scopes[i]], spent, reserved, amount_usd)
         # Timed from the answer: a restore before it may have taken a while.
-        return Reservation(rid, scopes, amount_usd, time.time() + ttl)
+        return Reservation(rid, scopes, amount_usd, time.time() + ttl, ttl)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:
         """Raises ``StateUnavailable`` if Redis is down: the reservation stays open, so the same
@@ -243,6 +264,16 @@ class RedisBudgets:
             args = [reservation.id, str(actual), str(DONE_TTL_MS), *self._idles(reservation.scopes)]
             await self._guard.fail_closed("budgets", "budget accounting", lambda: self._close(keys, args))
         reservation.closed = True
+
+    async def extend(self, reservation: Reservation) -> bool:
+        if reservation.closed or not reservation.scopes:
+            return False
+        keys = self._triples(reservation.scopes)
+        args = [reservation.id, str(int(reservation.ttl_s * 1000)), *self._idles(reservation.scopes)]
+        live = await self._guard.fail_closed("budgets", "budget hold", lambda: self._extend(keys, args))
+        if int(live) > 0:
+            reservation.expires_at = time.time() + reservation.ttl_s
+        return int(live) > 0
 
     async def spent(self, scope: str) -> Spend:
         keys = [self._keys.budget_restored, *self._keys.budget(scope)]

@@ -87,6 +87,8 @@ class Reservation:
     amount_usd: float
     #: Local wall-clock estimate; the authoritative expiry is the store's own clock.
     expires_at: float
+    #: The hold's lifetime: it lapses this long after it was made or last renewed (``extend``).
+    ttl_s: float
     closed: bool = False
 
 

@@ -33,6 +33,7 @@ from tests.unit.test_state_memory import (
     check_policy_watch,
     check_rate_limits,
     check_reservation_expiry,
+    check_reservation_renewal,
     check_sessions,
 )
 
@@ -112,6 +113,10 @@ async def test_budgets(make_state: MakeState) -> None:
 
 async def test_reservation_of_a_dead_replica_expires(make_state: MakeState) -> None:
     await check_reservation_expiry(make_state(), REAL, ttl=0.2)
+
+
+async def test_a_renewed_reservation_outlives_its_ttl(make_state: MakeState) -> None:
+    await check_reservation_renewal(make_state(), REAL, ttl=1.0)
 
 
 async def test_rate_limits(make_state: MakeState) -> None:

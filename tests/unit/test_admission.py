@@ -246,7 +246,7 @@ async def test_a_settle_that_cannot_reach_the_state_is_kept_and_retried(
 ) -> None:
     # It was logged and dropped: the hold expired and the spend was never counted (issue 30 #2).
     redis_url = f"redis://127.0.0.1:{closed_port()}/0"
-    held = Reservation(id="res-unreachable", scopes=("key:k",), amount_usd=0.01, expires_at=0.0)
+    held = Reservation(id="res-unreachable", scopes=("key:k",), amount_usd=0.01, expires_at=0.0, ttl_s=600.0)
     async with serving(tmp_path, [model("a", fake.url)], redis_url=redis_url) as r:
         adm = admission.Admission(r.s.state.limits, r.s.state.budgets, retry_s=0.05)
         with caplog.at_level(logging.WARNING, logger="router.http.admission"):
@@ -422,3 +422,22 @@ async def test_tries_billed_without_serving_are_held_on_top_in_every_scope() -> 
     await adm.settle(more, 0.0)
     assert await state.budgets.spent("key:k") == Spend(0.0, pytest.approx(0.004))
     assert await adm.hold_more(Principal(key_id=None, name="open"), None, decision, None, 0.003) is None
+
+
+async def test_a_running_requests_holds_are_renewed_until_they_close() -> None:
+    """``keep`` renews every hold it is given, read again each time (a request makes more as it
+    runs), for as long as any is open, and ends by itself once they all are closed."""
+    state = MemoryState(StateConfig(reservation_ttl_s=0.2))
+    gate = Admission(state.limits, state.budgets)
+    first = await state.budgets.reserve(["key:k"], 0.5, {"key:k": 1.0})
+    holds: list[Reservation | None] = [first, None]
+    keeping = asyncio.create_task(gate.keep(lambda: holds))
+    await asyncio.sleep(0.25)
+    second = await state.budgets.reserve(["key:k"], 0.25, {"key:k": 1.0})
+    holds.append(second)
+    await asyncio.sleep(0.5)  # both outlive their TTL
+    assert await state.budgets.spent("key:k") == Spend(0.0, 0.75)
+    await state.budgets.settle(first, 0.1)
+    await state.budgets.release(second)
+    await asyncio.wait_for(keeping, 1.0)
+    assert await state.budgets.spent("key:k") == Spend(0.1, 0.0)

@@ -182,6 +182,32 @@ async def check_reservation_expiry(state: SharedState, env: Env, ttl: float) -> 
     assert await b.spent("t") == Spend(0.0, 0.0)
 
 
+async def check_reservation_renewal(state: SharedState, env: Env, ttl: float) -> None:
+    """A hold renewed before it lapses counts for another TTL from then, in every scope; a lapsed,
+    settled or released one is not made again by a renewal (which says so)."""
+    b = state.budgets
+    kept = await b.reserve(["s", "t"], 0.8, {"s": 1.0}, ttl_s=ttl)
+    assert kept.ttl_s == ttl
+    for _ in range(3):  # three TTLs in all, renewed at each half
+        await env.advance(ttl / 2)
+        assert await b.extend(kept)
+        assert kept.expires_at == pytest.approx(env.now() + ttl, abs=env.slack + 1e-6)
+    await env.advance(ttl / 2)
+    assert await b.spent("s") == Spend(0.0, 0.8) and await b.spent("t") == Spend(0.0, 0.8)
+    with pytest.raises(BudgetExceeded):
+        await b.reserve(["s"], 0.3, {"s": 1.0})
+    await env.advance(ttl / 2 + env.slack + 0.05)  # not renewed since: it lapses
+    assert await b.spent("s") == Spend(0.0, 0.0)
+    assert not await b.extend(kept)
+    assert await b.spent("s") == Spend(0.0, 0.0) and await b.spent("t") == Spend(0.0, 0.0)
+    settled = await b.reserve(["s"], 0.5, {"s": 1.0}, ttl_s=ttl)
+    released = await b.reserve(["s"], 0.5, {"s": 1.0}, ttl_s=ttl)
+    await b.settle(settled, 0.25)
+    await b.release(released)
+    assert not await b.extend(settled) and not await b.extend(released)
+    assert await b.spent("s") == Spend(0.25, 0.0)
+
+
 async def check_no_overspend(states: Sequence[SharedState], n: int = 200, limit: float = 0.5) -> None:
     """``n`` concurrent reserves (spread over ``states``, e.g. two replicas) against a small budget,
     while a sampler watches spent + reserved; then settles below the hold and a second wave."""
@@ -396,6 +422,10 @@ async def test_budgets(clock: FakeClock, env: Env) -> None:
 
 async def test_reservation_expiry(clock: FakeClock, env: Env) -> None:
     await check_reservation_expiry(memory(clock), env, ttl=30.0)
+
+
+async def test_reservation_renewal(clock: FakeClock, env: Env) -> None:
+    await check_reservation_renewal(memory(clock), env, ttl=30.0)
 
 
 async def test_a_hold_counts_for_exactly_its_ttl(clock: FakeClock) -> None:
