@@ -70,6 +70,10 @@ PART_TYPES: PartKinds = {
 }
 
 
+#: The part types a user message may have (OpenAI's ChatCompletionContentPartParam).
+_USER_PARTS = frozenset({"text", "image_url", "input_audio", "file"})
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: Annotated[str, Field(min_length=1, max_length=256)]
@@ -245,9 +249,16 @@ def untranslatable(body: dict[str, Any]) -> tuple[str, str] | None:
     field and what is wrong with it, and the ``param`` that names it: a tool call's arguments that
     are not JSON (the call's input is read from them: a ValueError), or a tool of a type other
     than function (litellm knows Anthropic's own types too; another is a ValueError, a "custom"
-    tool a KeyError). Read once a translation has failed: checked up front, it would refuse what
-    litellm does translate (arguments cut short, which it repairs; Anthropic's tool types)."""
+    tool a KeyError), or a part a user turn cannot have (a refusal, the assistant's: litellm
+    checks every user turn's part types). Read once a translation has failed: checked up front, it
+    would refuse what litellm does translate (arguments cut short, which it repairs; Anthropic's
+    tool types)."""
     for i, m in enumerate(body.get("messages") or ()):
+        content = m.get("content") if isinstance(m, dict) and m.get("role") == "user" else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in _USER_PARTS:
+                return f"messages.{i}.content.{j}: a part of type {shown(kind)} in a user message", "messages"
         calls = m.get("tool_calls") if isinstance(m, dict) else None
         for j, call in enumerate(calls if isinstance(calls, list) else ()):
             function = call.get("function") if isinstance(call, dict) else None

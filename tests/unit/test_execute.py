@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -568,16 +569,62 @@ async def test_a_translated_backends_failure_names_the_backend(fake: FakeUpstrea
 async def test_a_request_litellm_cannot_convert_opens_no_breaker(fake: FakeUpstream, tmp_path: Path) -> None:
     # litellm raises its APIConnectionError around its own conversion error: read as the backend
     # breaking off, each such request was retried and three opened the breaker for every client.
+    # It was then a 502 'translation for backend 'c' (anthropic) failed (Exception)', the router's
+    # failure, for a request the client has to change: now the client's 400 naming the part.
     from tests.unit.inprocess import serving
 
     # A known part type litellm cannot put in a user turn (an unknown one is refused at ingress).
-    bogus = [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]
+    bogus = [
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": [{"type": "refusal", "refusal": "no"}]},
+    ]
     async with serving(tmp_path, [model("c", fake.url, protocol="anthropic")]) as r:
-        for _ in range(6):
-            refused = await r.post(OPENAI_CHAT, messages=bogus)
-            assert refused.status_code == 502
-            assert "translation for backend 'c' (anthropic) failed" in refused.json()["error"]["message"]
+        for stream in [False, True] * 3:
+            refused = await r.post(OPENAI_CHAT, messages=bogus, stream=stream)
+            assert refused.status_code == 400, refused.text
+            err = refused.json()["error"]
+            assert (err["type"], err["param"]) == ("invalid_request_error", "messages")
+            assert err["message"] == (
+                "invalid request: messages.1.content.0: a part of type 'refusal' in a user message cannot be "
+                "translated for backend 'c' (anthropic)"
+            )
         assert (await r.post(OPENAI_CHAT)).status_code == 200
+        assert [len(row.tries) for row in (await r.records())[:6]] == [1] * 6  # not retried
+
+
+@pytest.mark.parametrize(
+    ("protocol", "body"),
+    [
+        (
+            OPENAI_CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        ),
+        (
+            OPENAI_RESPONSES,
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        ),
+    ],
+)
+async def test_a_conversion_failure_no_module_names_is_the_clients_400_too(
+    fake: FakeUpstream, tmp_path: Path, protocol: str, body: dict[str, Any]
+) -> None:
+    # An image URL litellm cannot read for Anthropic (neither data: nor http): the field is not
+    # named (litellm's own message quotes the request), but the failure is the request's, a 400
+    # not retried; it was a 502, the router's.
+    from tests.unit.inprocess import serving
+
+    vision = model("c", fake.url, protocol="anthropic", capabilities={"vision": True})
+    async with serving(tmp_path, [vision]) as r:
+        for _ in range(6):
+            refused = await r.post(protocol, **body)
+            assert refused.status_code == 400, refused.text
+            err = refused.json()["error"]
+            assert err["type"] == "invalid_request_error"
+            assert err["message"].startswith(
+                "invalid request: the request cannot be translated for backend 'c' (anthropic): litellm could "
+                "not convert it ("
+            ), err
+        assert (await r.post(protocol)).status_code == 200
         assert [len(row.tries) for row in (await r.records())[:6]] == [1] * 6  # not retried
 
 

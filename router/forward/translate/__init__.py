@@ -25,7 +25,7 @@ from typing import Any
 from router.errors import BadRequest, RouterError, Untranslatable
 from router.forward.translate import anthropic_client, chat_client, responses_client
 from router.forward.translate.target import Target
-from router.forward.translate.upstream_errors import converting, to_router_error
+from router.forward.translate.upstream_errors import converting, root_error, to_router_error
 from router.protocols import openai_chat, responses
 
 __all__ = ["Target", "complete", "open_stream"]
@@ -72,14 +72,23 @@ async def open_stream(client_protocol: str, body: dict[str, Any], target: Target
 
 
 def _failure(exc: Exception, client_protocol: str, body: dict[str, Any], target: Target) -> RouterError:
-    """The error of a failed call: the request's own, naming its field, when litellm failed to
-    convert it and the client's protocol module says which field it cannot have carried."""
-    check = _UNTRANSLATABLE.get(client_protocol)
-    found = check(body) if check is not None and converting(exc) else None
-    if found is None:
+    """The error of a failed call: the request's own when litellm failed to convert it, naming its
+    field where the client's protocol module says which it cannot have carried. A conversion
+    failure no module names is the request's all the same: litellm raised before any call, so
+    another try of the backend fails alike and says nothing of its health (as a 502 it counted as
+    the router's failure and, asked of one backend, read as an outage to the client)."""
+    if not converting(exc):
         return to_router_error(exc, target)
-    what, param = found
     provider = target.litellm_model.split("/", 1)[0]
+    check = _UNTRANSLATABLE.get(client_protocol)
+    found = check(body) if check is not None else None
+    if found is None:
+        # litellm's own text is not quoted: its conversion errors carry the message they failed on.
+        return Untranslatable(
+            f"invalid request: the request cannot be translated for backend {target.backend!r} ({provider}): "
+            f"litellm could not convert it ({root_error(exc)})"
+        )
+    what, param = found
     return Untranslatable(
         f"invalid request: {what} cannot be translated for backend {target.backend!r} ({provider})",
         param=param,

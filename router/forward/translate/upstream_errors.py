@@ -46,8 +46,7 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
         # APIConnectionError) or of a provider (a BadRequestError around a request's arguments
         # that are not JSON: read as a reply that is not JSON, it was retried and counted against
         # the backend's breaker).
-        root = next(e for e in reversed(chain) if type(e).__module__ == "builtins" and not _is_transport(e))
-        return _translation_failed(who, root)
+        return _translation_failed(who, _root(chain))
     if any(isinstance(e, json.JSONDecodeError) for e in chain):
         # The backend's reply or stream event did not parse: litellm calls that a 500; it is not.
         return UpstreamError(f"{who} sent a reply or stream event that is not JSON")
@@ -72,6 +71,17 @@ def to_router_error(exc: BaseException, target: Target) -> RouterError:
 def converting(exc: BaseException) -> bool:
     """Whether litellm failed converting the request, before it sent anything (``_converting``)."""
     return _converting(list(_chain(exc)))
+
+
+def root_error(exc: BaseException) -> str:
+    """The type name of the Python error under litellm's wrappers, of a failed conversion."""
+    return type(_root(list(_chain(exc)))).__name__
+
+
+def _root(chain: list[BaseException]) -> BaseException:
+    return next(
+        (e for e in reversed(chain) if type(e).__module__ == "builtins" and not _is_transport(e)), chain[-1]
+    )
 
 
 def _converting(chain: list[BaseException]) -> bool:
