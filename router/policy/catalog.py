@@ -158,6 +158,12 @@ class Catalog:
 _CLAUDE = re.compile(r"(?<![a-z])claude-[a-z]+-(\d{1,2})(?:[-.](\d{1,2})(?!\d))?(?!\d)")
 
 
+#: The clouds that serve Anthropic's Claude under their own ids (``bedrock/anthropic.claude-...``,
+#: ``bedrock/us.anthropic.claude-...``, ``vertex_ai/claude-...@date``), reached only through litellm
+#: (no relay default), which sends Claude its Messages body there whatever the entry's protocol.
+_CLAUDE_CLOUDS = ("bedrock/", "vertex_ai/")
+
+
 def stops_at_window(litellm_model: str, protocol: str) -> bool:
     """Whether the model, called as the policy calls it, stops at its context window instead of
     refusing a call whose prompt and ``max_tokens`` overflow it.
@@ -166,9 +172,12 @@ def stops_at_window(litellm_model: str, protocol: str) -> bool:
     Opus 4.5, the 4.6s, the 5s): the reply ends with ``stop_reason:
     "model_context_window_exceeded"`` (Anthropic's "Handling stop reasons"; an earlier model
     does so only with the beta header ``model-context-window-exceeded-2025-08-26``, which the
-    router does not send). Other providers, and Claude through them (OpenRouter checks the sum
-    itself), refuse such a call; a model entry's ``stops_at_window`` says otherwise."""
-    if protocol != "anthropic" or not litellm_model.startswith("anthropic/"):
+    router does not send), on Anthropic's own API and on Bedrock's and Vertex's, the same model
+    under their ids. Other providers, and Claude through them (OpenRouter checks the sum itself;
+    Anthropic's OpenAI endpoint is not said to stop), refuse such a call; a model entry's
+    ``stops_at_window`` says otherwise."""
+    on_anthropic = protocol == "anthropic" and litellm_model.startswith("anthropic/")
+    if not (on_anthropic or litellm_model.startswith(_CLAUDE_CLOUDS)):
         return False
     m = _CLAUDE.search(litellm_model.lower())
     return m is not None and (int(m.group(1)), int(m.group(2) or 0)) >= (4, 5)

@@ -77,9 +77,9 @@ class ModelSpec(Strict):
     #: (``router.features.task.attempt``). Unset: the learned cap, if the artifact has one.
     max_calls_per_attempt: int | None = Field(default=None, gt=0)
     #: The model stops at its window instead of refusing a prompt plus ``max_tokens`` that
-    #: overflow it, so that only the prompt and room for a reply must fit. Unset: Anthropic's own
-    #: Claude models from Sonnet 4.5 on do (``router.policy.catalog.stops_at_window``); a
-    #: gateway's name for one needs it said here.
+    #: overflow it, so that only the prompt and room for a reply must fit. Unset: Claude models
+    #: from Sonnet 4.5 on, on Anthropic's API, Bedrock or Vertex, do
+    #: (``router.policy.catalog.stops_at_window``); a gateway's name for one needs it said here.
     stops_at_window: bool | None = None
 
     @field_validator("api_key_env", mode="before")

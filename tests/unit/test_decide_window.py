@@ -47,6 +47,17 @@ def decider() -> Decider:
         ("anthropic/claude-sonnet-4-5", "openai", False),  # Anthropic's OpenAI endpoint: not said
         ("openrouter/anthropic/claude-sonnet-4.5", "openai", False),  # OpenRouter checks the sum itself
         ("openai/gpt-5.4", "openai", False),
+        # The same models on Bedrock and Vertex, under the clouds' ids, reached through litellm.
+        ("bedrock/anthropic.claude-sonnet-4-5-20250929-v1:0", "anthropic", True),
+        ("bedrock/us.anthropic.claude-haiku-4-5-20251001-v1:0", "openai", True),
+        ("bedrock/converse/global.anthropic.claude-opus-4-6-v1", "openai", True),
+        ("bedrock/anthropic.claude-opus-4-1-20250805-v1:0", "anthropic", False),
+        ("bedrock/anthropic.claude-3-7-sonnet-20250219-v1:0", "anthropic", False),
+        ("bedrock/amazon.nova-pro-v1:0", "openai", False),
+        ("vertex_ai/claude-sonnet-4-5@20250929", "anthropic", True),
+        ("vertex_ai/claude-opus-4-5", "openai", True),
+        ("vertex_ai/claude-sonnet-4@20250514", "anthropic", False),
+        ("vertex_ai/gemini-2.5-pro", "openai", False),
     ],
 )
 def test_which_models_stop_at_their_window(model: str, protocol: str, stops: bool) -> None:
@@ -83,6 +94,25 @@ def test_a_model_that_stops_at_its_window_still_needs_room_for_a_reply(decider: 
     assert decider.decide(feats(model="new", prompt=17_000, max_output_tokens=2000)).chosen == "sonnet45"
     assert decider.size_matters(feats(model="new", max_output_tokens=64_000), 15_000, 17_000)
     assert not decider.size_matters(feats(model="new", max_output_tokens=64_000), 5_000, 15_000)
+
+
+def test_the_catalog_knows_claude_on_bedrock_and_vertex_stops_at_its_window() -> None:
+    # Only Anthropic's own ids were read: Sonnet 4.5 on Bedrock or Vertex was held to the prompt
+    # plus the whole limit, and a client asking for its largest output was refused it there.
+    clouds = f"""
+models:
+  - {{id: bedrock, litellm_model: bedrock/us.anthropic.claude-sonnet-4-5-20250929-v1:0, protocol: openai, {PRICES}}}
+  - {{id: vertex, litellm_model: vertex_ai/claude-sonnet-4-5@20250929, protocol: anthropic, {PRICES}}}
+  - {{id: vertex41, litellm_model: vertex_ai/claude-opus-4-1@20250805, protocol: anthropic, {PRICES}}}
+routes:
+  - {{match: "*", candidates: [vertex41, vertex, bedrock]}}
+"""
+    policy = parse_policy(clouds, source="t.yaml", env={})
+    catalog = build_catalog(policy, lookup=lambda m: None)
+    assert [b.stops_at_window for b in catalog] == [True, True, False]
+    d = Decider(policy, catalog).decide(feats(model="any", prompt=5000, max_output_tokens=64_000))
+    assert sorted(d.order) == ["bedrock", "vertex"]
+    assert d.estimate("vertex41").excluded == "context: ~5000 prompt + 64000 output tokens > window 20000"  # type: ignore[union-attr]
 
 
 def test_the_policy_file_may_say_it_and_nothing_else() -> None:
