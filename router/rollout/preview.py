@@ -133,6 +133,9 @@ class _Tally:
     requests: int = 0
     skipped: int = 0
     tasks: set[str] = field(default_factory=set)
+    #: (task, attempt) of every request decided again: a task of side calls alone has its attempt
+    #: too, though no main-loop request opened one in ``attempts``
+    decided: set[tuple[str, int]] = field(default_factory=set)
     moves: Counter[str] = field(default_factory=Counter)
     unroutable: Counter[str] = field(default_factory=Counter)
     risks: Counter[str] = field(default_factory=Counter)
@@ -233,6 +236,7 @@ def preview(
         t.repo = t.repo or r.repo
         tally.requests += 1
         tally.tasks.add(task_id)
+        tally.decided.add((task_id, r.attempt or 1))
         tally.cost_before += r.cost_usd or 0.0
         f = features_of(r, t.vector)
         side = f.side_call
@@ -309,7 +313,7 @@ def preview(
         },
         "requests": tally.requests,
         "tasks": len(tally.tasks),
-        "attempts": len(tally.attempts),
+        "attempts": len(tally.decided),
         "skipped": tally.skipped,
         "moved": sum(tally.moves.values()),
         "moves": dict(tally.moves.most_common()),

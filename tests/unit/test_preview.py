@@ -227,3 +227,14 @@ def test_a_preview_warns_when_success_falls_for_sure(
         ]
         == []
     )
+
+
+def test_a_task_of_side_calls_alone_counts_its_attempt(tmp_path: Path) -> None:
+    # A task whose requests are all side calls (a title, a summary) has an attempt as any task does:
+    # "3 requests of 2 tasks (1 attempts)" counted only the attempts a main-loop request opened.
+    rows = [row(1, "a"), row(2, "a", side_call=True), row(3, "a", task="t2", side_call=True)]
+    p = preview(rows, [], runtime(tmp_path, ["a", "b"]))
+    assert (p["requests"], p["tasks"], p["attempts"]) == (3, 2, 2)
+    # Its second attempt too, and an attempt counts once however many side calls it had.
+    more = [*rows, row(4, "a", task="t2", attempt=2, side_call=True), row(5, "a", task="t2", side_call=True)]
+    assert preview(more, [], runtime(tmp_path, ["a", "b"], name="q"))["attempts"] == 3
