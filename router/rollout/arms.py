@@ -2,14 +2,14 @@
 
 A task belongs to the arm of its first logged request (the arm is a function of the task id, so
 all its requests agree unless the control share changed mid-task). A task's verdict is the one
-``router tasks`` shows: an explicit outcome first, else the latest inferred label
-(``router.telemetry.ledger.verdict``; an inferred label only where a backend answered the
-attempt's latest request, ``credible``), else a failure for a task whose latest main-loop request
-no backend answered (``unanswered_in``: the router refused it, or every backend failed; its spend
-counts in cost per completed task). An explicit verdict counts 1 or 0; a label of the
-label model counts its calibrated P(success) (its confidence), so an unsure label moves a rate
-less; a label of the older hand-weighted signals counts 1 or 0. Tasks
-without a verdict count in ``tasks`` but not in the rates.
+``router tasks`` shows, by the same rule (``router.telemetry.ledger.verdicts_in``): an explicit
+outcome first, else the latest inferred label (an inferred label only where a backend answered
+the attempt's latest request, ``credible``), else a failure for a task whose latest main-loop
+request no backend answered (the router refused it, or every backend failed; its spend counts in
+cost per completed task). An explicit verdict counts 1 or 0; a label of the label model counts
+its calibrated P(success) (its confidence), so an unsure label moves a rate less; a label of the
+older hand-weighted signals counts 1 or 0. Tasks without a verdict count in ``tasks`` but not in
+the rates.
 
 Intervals are 95%: Wilson's for the success rate; for cost per completed task (a ratio of two
 means over tasks, total cost / completed) the delta method.
@@ -25,7 +25,7 @@ from typing import Any
 
 from router.features.labels.model import SOURCE as LABEL_MODEL
 from router.store import OutcomeRecord, RequestRecord
-from router.telemetry.ledger import answered_in, credible, latest_main, unanswered_in, verdict
+from router.telemetry.ledger import latest_main, verdicts_in
 from router.telemetry.report import quantile
 
 Z95 = 1.959964
@@ -93,19 +93,19 @@ class TaskTally:
         """Stop remembering request ids that arrived before ``ts`` (no batch will hold them again)."""
         self.seen = {rid: t for rid, t in self.seen.items() if t >= ts}
 
+    def verdicts(self, outcomes: Iterable[OutcomeRecord]) -> dict[str, OutcomeRecord]:
+        """The verdict of each task tallied that has one (``ledger.verdicts_in``)."""
+        return verdicts_in(self.latest, (o for o in outcomes if o.task_id in self.arm_of))
+
     def arms(self, outcomes: Iterable[OutcomeRecord]) -> dict[str, ArmTasks]:
-        verdicts: dict[str, list[OutcomeRecord]] = defaultdict(list)
-        for o in credible(outcomes, answered_in(self.latest)):
-            if o.task_id in self.arm_of:
-                verdicts[o.task_id].append(o)
-        unanswered = unanswered_in(self.latest)
+        verdicts = self.verdicts(outcomes)
         arms: dict[str, ArmTasks] = defaultdict(ArmTasks)
         for task, arm in self.arm_of.items():
             a = arms[arm]
             a.tasks += 1
-            v = verdict(verdicts.get(task, []))
-            if v is not None or task in unanswered:
-                a.success.append(success_value(v) if v is not None else 0.0)
+            v = verdicts.get(task)
+            if v is not None:
+                a.success.append(success_value(v))
                 a.cost.append(self.cost[task])
                 a.keys.append(self.key_of.get(task))
         for arm, values in (self.latency or {}).items():

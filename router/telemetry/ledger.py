@@ -86,16 +86,17 @@ def ended_answered(requests: Iterable[RequestRecord]) -> bool:
 UNANSWERED = "unanswered"
 
 
-def ended_unanswered(requests: Iterable[RequestRecord]) -> dict[str, OutcomeRecord]:
-    """A failure per task whose latest main-loop request no backend answered: the router refused
-    it (a budget's 403, a stopped attempt's 400, a 429) or every backend failed. The task did not
-    complete, and what it spent before is part of what completed tasks cost: left without a
-    verdict (an inferred label does not count there, ``credible``), its spend was left out of cost
-    per completed task. A later request of the task that a backend answers (a 429 waited out, a
-    new attempt) ends this; the log keeps no outcome of it, it is read from the requests."""
+def ended_unanswered(latest: Mapping[tuple[str, int], tuple[float, bool]]) -> dict[str, OutcomeRecord]:
+    """A failure per task whose latest main-loop request (``latest_main``'s mapping) no backend
+    answered: the router refused it (a budget's 403, a stopped attempt's 400, a 429) or every
+    backend failed. The task did not complete, and what it spent before is part of what completed
+    tasks cost: left without a verdict (an inferred label does not count there, ``credible``), its
+    spend was left out of cost per completed task. A later request of the task that a backend
+    answers (a 429 waited out, a new attempt) ends this; the log keeps no outcome of it, it is
+    read from the requests."""
     return {
         task: OutcomeRecord(task, attempt, False, None, UNANSWERED, None, ts, False)
-        for task, (attempt, ts) in unanswered_in(latest_main(requests)).items()
+        for task, (attempt, ts) in unanswered_in(latest).items()
     }
 
 
@@ -114,11 +115,19 @@ def task_verdicts(
 ) -> dict[str, OutcomeRecord]:
     """Per task of ``requests`` with one, the verdict that counts: its ``credible`` outcomes'
     ``verdict``, else ``ended_unanswered``'s failure."""
+    return verdicts_in(latest_main(requests), outcomes)
+
+
+def verdicts_in(
+    latest: Mapping[tuple[str, int], tuple[float, bool]], outcomes: Iterable[OutcomeRecord]
+) -> dict[str, OutcomeRecord]:
+    """``task_verdicts`` from ``latest_main``'s mapping, for a log read in batches (the rollout
+    arms' tally): one rule, so the arms and ``router tasks`` cannot judge a task apart."""
     by_task: dict[str, list[OutcomeRecord]] = defaultdict(list)
-    for o in credible(outcomes, answered(requests)):
+    for o in credible(outcomes, answered_in(latest)):
         by_task[o.task_id].append(o)
     found = {t: v for t, os in by_task.items() if (v := verdict(os)) is not None}
-    return ended_unanswered(requests) | found
+    return ended_unanswered(latest) | found
 
 
 def credible(outcomes: Iterable[OutcomeRecord], replied: set[tuple[str, int]]) -> list[OutcomeRecord]:
@@ -187,6 +196,7 @@ def task_ledger(
     task_id: str, requests: Sequence[RequestRecord], outcomes: Sequence[OutcomeRecord]
 ) -> dict[str, Any]:
     """One task's ledger from its log rows (requests oldest first)."""
+    judged = task_verdicts(requests, outcomes).get(task_id)
     outcomes = credible(outcomes, answered(requests))
     by_attempt: dict[int, list[RequestRecord]] = defaultdict(list)
     for r in requests:
@@ -200,7 +210,7 @@ def task_ledger(
         b["requests"] += 1
         b["cost_usd"] = _usd(b["cost_usd"] + (r.cost_usd or 0.0))
     side = [r for r in requests if r.side_call]
-    outcome = final_outcome(outcomes) or final_outcome(ended_unanswered(requests).values())
+    outcome = final_outcome([] if judged is None else [judged])
     return {
         "task_id": task_id,
         "first_ts": requests[0].ts if requests else None,

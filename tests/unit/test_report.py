@@ -29,6 +29,7 @@ from router.telemetry.ledger import (
     summary,
     task_ledger,
     task_ledgers,
+    task_verdicts,
 )
 from router.telemetry.report import build_report, quantile
 
@@ -434,3 +435,55 @@ def test_spend_on_a_task_the_router_refused_counts_in_cost_per_completed_task(
     render({"summary": s, "tasks": ledgers})
     out = capsys.readouterr().out
     assert "failed (unanswered)" in out and "1 completed, 1 failed, 0 without an outcome" in out
+
+
+def test_the_arms_and_the_ledger_judge_each_task_alike() -> None:
+    # The rollout arms kept their own copy of the ledger's verdict rule (credible outcomes, then
+    # the latest, then a failure for a task that ended unanswered): a change to one would have let
+    # the guard and `router tasks` judge the same task apart. Both read ledger.verdicts_in now.
+    def req(n: int, task: str, attempt: int = 1, status: int = 200, **kw: Any) -> RequestRecord:
+        return RequestRecord(f"{task}{n}", BASE + n, task_id=task, attempt=attempt, status=status,
+                             chosen_model="alpha", arm=kw.pop("arm", "treated"), cost_usd=0.01,
+                             error_type=None if status == 200 else "UpstreamError", **kw)  # fmt: skip
+
+    requests = [
+        req(0, "explicit"), req(1, "explicit", status=502),  # the client's word counts, answered or not
+        req(2, "label"), req(3, "label"),  # a label of an answered attempt
+        req(4, "refused"), req(5, "refused", status=403),  # a label read before the refusal
+        req(6, "retried", status=502), req(7, "retried", attempt=2),  # attempt 1's label: not credible
+        req(8, "waited", status=429), req(9, "waited"), req(10, "waited", status=403, side_call=True),
+        req(11, "side", side_call=True), req(12, "side", status=403, side_call=True),  # no main loop
+        req(13, "silent", arm="control"),  # answered, and nothing said of it
+        req(14, "zero", arm="control"),  # an outcome of no attempt
+        req(15, "failed", status=502, arm="control"), req(16, "failed", status=502, arm="control"),
+    ]  # fmt: skip
+    outcomes = [
+        OutcomeRecord("explicit", 1, True, None, "explicit", None, BASE + 2, True),
+        OutcomeRecord("label", 1, False, 0.3, LABEL_MODEL, None, BASE + 4, False),
+        OutcomeRecord("refused", 1, True, 0.9, LABEL_MODEL, None, BASE + 4.5, False),
+        OutcomeRecord("retried", 1, True, 0.9, LABEL_MODEL, None, BASE + 8, False),
+        OutcomeRecord("waited", 1, True, 0.8, LABEL_MODEL, None, BASE + 11, False),
+        OutcomeRecord("side", 1, True, 0.7, LABEL_MODEL, None, BASE + 13, False),
+        OutcomeRecord("zero", 0, True, None, "tests_passed", None, BASE + 15, False),
+        OutcomeRecord("elsewhere", 1, True, None, "explicit", None, BASE + 15, True),  # a task not logged
+    ]
+    ledgers = {x["task_id"]: x["outcome"] for x in task_ledgers(requests, outcomes)}
+    verdicts = task_verdicts(requests, outcomes)
+    judged = {t: (v.success, v.source) for t, v in verdicts.items() if t in ledgers}
+    assert judged == {
+        "explicit": (True, "explicit"), "label": (False, LABEL_MODEL), "refused": (False, UNANSWERED),
+        "waited": (True, LABEL_MODEL), "zero": (True, "tests_passed"), "failed": (False, UNANSWERED),
+    }  # fmt: skip
+    assert {t: (o["success"], o["source"]) for t, o in ledgers.items() if o is not None} == judged
+    # The arms' tally, read in two overlapping batches as the guard reads the log.
+    tally = arms.TaskTally()
+    tally.add(requests[:9])
+    tally.add(requests[5:])
+    assert tally.verdicts(outcomes) == {t: v for t, v in verdicts.items() if t in ledgers}
+    by = tally.arms(outcomes)
+    for arm in ("treated", "control"):
+        tasks = list(dict.fromkeys(r.task_id for r in requests if r.arm == arm))
+        counted = [t for t in tasks if t in verdicts]
+        assert by[arm].tasks == len(tasks)
+        assert by[arm].success == [arms.success_value(verdicts[t]) for t in counted], arm
+        assert by[arm].cost == [pytest.approx(0.01 * sum(r.task_id == t for r in requests)) for t in counted]
