@@ -50,13 +50,18 @@ RISK_EXAMPLES = 5
 UNREAD = frozenset({"prompt"})
 
 
-def features_of(r: RequestRecord, vector: Mapping[int, float] | None) -> Features:
-    """The decision's inputs as the log kept them (the turn's sizes as its logged output cell)."""
+def features_of(r: RequestRecord, vector: Mapping[int, float] | None, after: str | None = None) -> Features:
+    """The decision's inputs as the log kept them (the turn's sizes as its logged output cell).
+    ``after``: the backend whose count of the task's previous request the logged estimate starts
+    from; None for a task's first request, whose estimate is o200k tokens, no backend's count."""
     turn_chars, turn_verb = turn_of_cell(next((e.output_cell for e in r.candidates or ()), None))
+    prompt, anchor = r.prompt_tokens_est, after
+    if prompt is None:  # only the served backend's count was kept
+        prompt, anchor = r.input_tokens or 0, r.chosen_model
     return Features(
         protocol=r.protocol or "",
         requested_model=r.requested_model or "",
-        prompt_tokens=(prompt := r.prompt_tokens_est or r.input_tokens or 0),
+        prompt_tokens=prompt,
         max_output_tokens=r.max_tokens,
         tools=bool(r.n_tools),
         n_tools=r.n_tools or 0,
@@ -68,9 +73,10 @@ def features_of(r: RequestRecord, vector: Mapping[int, float] | None) -> Feature
         headers=r.rule_headers or {},
         task_vector=vector,  # as the tracker hands it over: the scorer adds the attempt
         attempt=r.attempt or 1,
-        # Mostly an anchored estimate, in the tokens of the backend that served it.
-        prompt_anchor=prompt,
-        anchor_model=r.chosen_model,
+        # As serving had it: taken as the served backend's count, a first request's o200k estimate
+        # was converted to a cheaper backend's smaller count, which a window it had not fit took.
+        prompt_anchor=prompt if anchor is not None else 0,
+        anchor_model=anchor,
         turn_chars=turn_chars,
         turn_verb=turn_verb,
     )
@@ -126,6 +132,8 @@ class _TaskReplay:
     pinned: dict[int, str] = field(default_factory=dict)
     #: model, tokens, until, what the model reported cached (None: it was not the logged model's call)
     warm: tuple[str, int, float, int | None] | None = None
+    #: side call or not → the backend that reported the count of the latest such logged request
+    counted: dict[bool, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -238,8 +246,10 @@ def preview(
         tally.tasks.add(task_id)
         tally.decided.add((task_id, r.attempt or 1))
         tally.cost_before += r.cost_usd or 0.0
-        f = features_of(r, t.vector)
-        side = f.side_call
+        side = bool(r.side_call)
+        f = features_of(r, t.vector, t.counted.get(side))
+        if r.status == 200 and not r.usage_estimated:
+            t.counted[side] = logged
         if not side:
             warm = t.warm if t.warm is not None and t.warm[2] >= r.ts else None
             f = replace(
@@ -275,7 +285,9 @@ def preview(
                     )
             # The served backend's count, in the new backend's tokens.
             reported = usage.input_tokens or 0
-            sized = replace(f, prompt_tokens=reported, prompt_anchor=reported, max_output_tokens=None)
+            sized = replace(
+                f, prompt_tokens=reported, prompt_anchor=reported, anchor_model=logged, max_output_tokens=None
+            )
             decider = runtime.decider
             held = decider.prompt_tokens(backend, reported, sized)
             cost = estimate(backend, sized, usage.output_tokens or 0, decider.estimates, held).cost_usd

@@ -107,6 +107,20 @@ def test_within_an_attempt_the_task_stays_where_the_new_policy_started_it(tmp_pa
     assert p["attempts"] == 2
 
 
+def test_a_tasks_first_request_is_sized_as_serving_sized_it(tmp_path: Path) -> None:
+    # A task's first request has no provider's count to start from: its logged estimate is o200k
+    # tokens, as serving sized it (9,500 + 1,000 reserved > a's 10,000: b served it). Read as b's
+    # count (9,500 b-tokens are ~7,900 of a's) the preview of the very policy that logged it moved
+    # it to a (Qwen Code's opening on the demo policy: a move to local-nano, flagged as a risk).
+    rt = runtime(tmp_path, ["a", "b"])
+    p = preview([row(1, "b", inp=9_500, out=10)], [], rt)
+    assert p["moves"] == {}
+    # A later request's estimate starts from the count of the backend that served the one before
+    # (b's): 10,400 of them are ~8,670 of a's, which a, where the replay started the task, holds.
+    p = preview([row(1, "b", inp=500), row(2, "b", inp=10_400)], [], rt)
+    assert p["moves"] == {"b -> a": 2}
+
+
 def test_risks_name_what_the_logged_request_needed(tmp_path: Path) -> None:
     rows = [row(1, "b", thinking_budget=2048, out=3000)]
     p = preview(rows, [], runtime(tmp_path, ["a"]))
