@@ -316,6 +316,13 @@ def preview(
         "learned_model": learned,
         "offpolicy": _offpolicy_success(requests, outcomes, tally, policy.spec.tasks.abandon_after_s),
     }
+    # Said, not left to "no data": a policy without learned routing has no model to ask at all.
+    why = {
+        "learned_model": "no logged attempt with its task's features in the window"
+        if isinstance(scorer, LearnedScorer)
+        else f"the policy routes by {scorer.name.partition(':')[0]}, with no learned model of success",
+        "offpolicy": "no logged attempt with an outcome in the window",
+    }
     return {
         "policy": {
             "name": policy.name,
@@ -335,6 +342,7 @@ def preview(
         # A difference of sums: "+ 0.0" turns a rounded float residue of -0.0 into 0.0 ("$-0.000000").
         "cache_switch_usd": round(tally.cache_switch, 6) + 0.0,
         "success": success,
+        "success_missing": {name: why[name] for name, s in success.items() if s is None},
         "warnings": _warnings(success),
         "risks": {"counts": dict(tally.risks), "examples": tally.risk_examples},
         "not_replayed": [
@@ -393,9 +401,13 @@ def render(p: Mapping[str, Any]) -> None:
                   f"of which ${p['cache_switch_usd']:+.6f} from prompt caching after the moves")  # fmt: skip
     for name, s in p["success"].items():
         if s is None:
-            console.print(f"[bold]success ({name})[/]: n/a (no data for it in the window)")
+            console.print(f"[bold]success ({name})[/]: n/a ({p['success_missing'][name]})")
             continue
-        console.print(f"[bold]success ({name})[/]: {s['method']}; {s['attempts']} attempts")
+        # The after of an off-policy estimate rests on the matched attempts alone: often few.
+        matched = (
+            f", {s['matched']} of them on the model the new policy would choose" if "matched" in s else ""
+        )
+        console.print(f"[bold]success ({name})[/]: {s['method']}; {s['attempts']} attempts{matched}")
         for side in ("before", "after", "difference"):
             v = s.get(side)
             if v is None:

@@ -281,6 +281,10 @@ def test_policy_preview_of_an_edit(browser: Any, served: tuple[RunningRouter, li
     assert nano == 4  # alpha's three and beta's one: the edit takes local-nano away from "auto"
     assert [row.split() for row in rows(browser, "moves")] == [["local-nano", "->", "local-mini", str(nano)]]
     assert f"{nano} would move" in text(browser, "#preview-summary")
+    # Why a projection is missing, not "no data": this policy has no learned routing at all.
+    assert "(learned_model): n/a (the policy routes by cheapest, with no learned model of success)" in text(
+        browser, "#preview"
+    )
     assert "file on disk is the one running" in text(browser, "#rejected")  # nothing was applied
     box = browser.find_element(By.ID, "edit")
     browser.execute_script("arguments[0].value = arguments[1];", box, edited.replace("models:", "modelz:", 1))

@@ -157,6 +157,35 @@ def test_offpolicy_success_uses_the_outcomes(tmp_path: Path) -> None:
     assert p["success"]["learned_model"] is None  # no learned artifact in this policy
 
 
+def test_the_printed_success_says_what_it_rests_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Printed, the off-policy line said "44 attempts" and "after: 0.801" where 5 of the 44 had
+    # chosen what the new policy would (a move to a model no attempt had run), and a policy with no
+    # learned routing was "n/a (no data for it in the window)", as if the log lacked something.
+    from router.rollout.preview import render
+
+    vec = {"0": 1.0}
+    rows = [
+        row(i, "a" if i % 4 else "b", task=f"t{i}", task_features=vec, propensity=0.5) for i in range(1, 9)
+    ]
+    outcomes = [OutcomeRecord(f"t{i}", 1, True, None, "explicit", None, 2000.0, True) for i in range(1, 9)]
+    p = preview(rows, outcomes, runtime(tmp_path, ["b"]))
+    assert p["success"]["offpolicy"]["matched"] == 2
+    assert p["success_missing"] == {
+        "learned_model": "the policy routes by cheapest, with no learned model of success"
+    }
+    render(p)
+    out = capsys.readouterr().out
+    assert "8 attempts, 2 of them on the model the new policy would choose" in out
+    assert (
+        "success (learned_model): n/a (the policy routes by cheapest, with no learned model of success)"
+        in out
+    )
+    empty = preview([], [], runtime(tmp_path, ["b"], name="q"))
+    assert empty["success_missing"]["offpolicy"] == "no logged attempt with an outcome in the window"
+
+
 def learned_runtime(tmp_path: Path, trained: list[Any]):  # type: ignore[no-untyped-def]
     """A policy of models a and b that pins the artifact fitted on ``trained`` attempt rows."""
     import hashlib
