@@ -20,6 +20,7 @@ from router.protocols.common import (
     check_parts,
     error_message,
     event_json,
+    first_user_text,
     has_image,
     load_body,
     one_hour_writes,
@@ -119,7 +120,6 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
                 f"invalid request: messages.{i}.content: all messages must have non-empty content except for "
                 "the optional final assistant message", param="messages",
             )  # fmt: skip
-    first_user = next((m for m in messages if m.get("role") == "user"), None)
     thinking = req.thinking is not None and req.thinking.type != "disabled"
     user_id = (req.metadata or {}).get("user_id")
     return ClientRequest(
@@ -139,7 +139,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         reasoning_effort=_effort(body.get("output_config")),
         vision=vision,
         signed_blocks=signed,
-        first_user_text=text_of(first_user.get("content")) if first_user else "",
+        first_user_text=first_user_text(messages),
         system_text=text_of(body.get("system")),
         session_hint=session_from_user_id(user_id) if isinstance(user_id, str) else None,
     )

@@ -243,6 +243,32 @@ def allow(body: dict[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k in allowed}
 
 
+#: Gemini CLI and Qwen Code (its fork) open every session with a context turn before the task: a
+#: user message with the date, the system and the folder's listing, and a reply the client writes
+#: itself. Taken for the task's opening, it made every session in one folder on one day one task.
+_CONTEXT_TURN = "We are setting up the context for our chat."
+_CONTEXT_REPLY = "Got it. Thanks for the context!"
+
+
+def first_user_text(messages: list[Any]) -> str:
+    """The text of the message that opens the task: the first user message, or the one after a
+    client's context turn (``_CONTEXT_TURN`` answered by its canned ``_CONTEXT_REPLY``)."""
+    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        return ""
+    first = text_of(messages[users[0]].get("content"))
+    after = users[0] + 1
+    if (
+        len(users) > 1
+        and _CONTEXT_TURN in first[:200]
+        and isinstance(messages[after], dict)
+        and messages[after].get("role") == "assistant"
+        and text_of(messages[after].get("content")).strip() == _CONTEXT_REPLY
+    ):
+        return text_of(messages[users[1]].get("content"))
+    return first
+
+
 def text_of(content: Any) -> str:
     """Plain text of a message's content in any of the three protocols' shapes."""
     if isinstance(content, str):

@@ -21,6 +21,7 @@ from router.protocols.common import (
     check_service_tier,
     error_message,
     event_json,
+    first_user_text,
     has_image,
     load_body,
     not_json,
@@ -110,7 +111,6 @@ def parse(raw: bytes) -> ClientRequest:
                 check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
     messages = body["messages"]
     system = [m.get("content") for m in messages if m.get("role") in ("system", "developer")]
-    first_user = next((m for m in messages if m.get("role") == "user"), None)
     return ClientRequest(
         protocol=OPENAI_CHAT,
         encoded=encoded,
@@ -126,7 +126,7 @@ def parse(raw: bytes) -> ClientRequest:
         reasoning_effort=req.reasoning_effort,
         thinking=req.reasoning_effort not in (None, "none", "minimal"),
         vision=vision,
-        first_user_text=text_of(first_user.get("content")) if first_user else "",
+        first_user_text=first_user_text(messages),
         system_text="\n".join(text_of(content) for content in system),
         session_hint=body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None,
         include_usage=bool((req.stream_options or {}).get("include_usage")),

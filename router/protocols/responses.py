@@ -24,6 +24,7 @@ from router.protocols.common import (
     check_service_tier,
     error_message,
     event_json,
+    first_user_text,
     has_image,
     load_body,
     not_json,
@@ -104,7 +105,6 @@ def parse(raw: bytes) -> ClientRequest:
     check_responses_tools(req.tools)
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else body["input"]
     check_items(items)
-    first_user = next((i for i in items if i.get("role") == "user"), None)
     effort = req.reasoning.effort if req.reasoning else None
     return ClientRequest(
         protocol=OPENAI_RESPONSES,
@@ -121,7 +121,7 @@ def parse(raw: bytes) -> ClientRequest:
         reasoning_effort=effort,
         thinking=effort not in (None, "none", "minimal"),
         vision=any(has_image(i.get("content")) for i in items),
-        first_user_text=text_of(first_user.get("content")) if first_user else "",
+        first_user_text=first_user_text(items),
         system_text=text_of(req.instructions),
         session_hint=req.prompt_cache_key,
     )

@@ -113,6 +113,17 @@ def test_qwen_code_recipe(router: RunningRouter, npm_agents: Path, tmp_path: Pat
     assert blocks[1]["is_error"] is False
     rows = chat_rows(router, wait_for=2)
     assert one_task_has_turns(rows, 2), rows
+    # Qwen Code opens each session with the same context turn (the date, the OS, the folder's
+    # listing, a canned "Got it.") before the task: two sessions in one folder on one day were one
+    # task, and one attempt, whatever each was asked, until the task's own message counted.
+    run(
+        [str(npm_agents / "qwen"), "show me hello.py", "--output-format", "json"],
+        work,
+        agent_env(tmp_path, **env),
+    )
+    rows = chat_rows(router, wait_for=4)
+    tasks = {r["task_id"] for r in rows}
+    assert len(tasks) == 2 and all(sum(r["task_id"] == t for r in rows) == 2 for t in tasks), rows
 
 
 def test_aider_recipe(router: RunningRouter, upstream: FakeUpstream, tmp_path: Path) -> None:

@@ -211,3 +211,23 @@ def test_a_key_sent_as_the_task_id_is_not_taken_as_its_name(pasted: str) -> None
     # Names that only start alike are names.
     for name in ("sk-learn-upgrade-task-42", "task-sk-1", "AIza-migration"):
         assert task_id_of(req, name, "keyhash") == name
+
+
+def test_a_clients_context_turn_is_not_taken_for_the_task() -> None:
+    # Qwen Code (and Gemini CLI, which it forks) opens every session with the same context turn
+    # before the task: every session in one folder on one day was one task, one attempt and one
+    # task vector, whatever it was asked.
+    context = {"role": "user", "content": "This is the Qwen Code. We are setting up the context for our chat.\n"
+               "Today's date is Friday, December 4, 2026.\nMy operating system is: linux\n"
+               "I'm currently working in the directory: /tmp/work\n├───hello.py"}  # fmt: skip
+    ack = {"role": "assistant", "content": "Got it. Thanks for the context!"}
+    ask = [{"role": "user", "content": text} for text in ("add a docstring to hello.py", "list the files")]
+    first, second = (chat(context, ack, a) for a in ask)
+    assert first.first_user_text == "add a docstring to hello.py"
+    assert task_id_of(first, None, "k") != task_id_of(second, None, "k")
+    # The task's id holds as its conversation grows; an opening that only looks alike is the task.
+    assert task_id_of(chat(context, ack, ask[0], *TURN), None, "k") == task_id_of(first, None, "k")
+    assert (
+        chat(context, {"role": "assistant", "content": "Sure."}, ask[0]).first_user_text == context["content"]
+    )
+    assert chat(context).first_user_text == context["content"]
