@@ -202,6 +202,14 @@ def report(
         table.add_row(row["backend"], STANDS_FOR.get(row["backend"], "-"), str(row["tasks"]),
                       str(row["completed"]), rate, f"${row['spend_usd']:.6f}", per)  # fmt: skip
     tables.show(console, table)
+    for row in summary_rows(runs):
+        if row["backend"] not in STANDS_FOR and row["backend"] != "-":
+            # A model added to the demo's policy file: its tasks were routed, not labelled.
+            console.print(
+                f"{row['backend']} stands for no model of the shipped data: its {row['tasks']} tasks have no "
+                "outcome, so `router train` has no labelled attempt of it (the demo's backends: "
+                f"{', '.join(STANDS_FOR)})", highlight=False, soft_wrap=True,
+            )  # fmt: skip
     config, where = _shown(policy), "" if store == "sqlite:///router.db" else f" --store {store}"
     candidate = _shown(policy.with_suffix(".candidate.yaml"))  # the copy `router train` suggests
     console.print(
