@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping
 from router.errors import PayloadTooLarge, RateLimited
 from router.features.task.context import least
 from router.http.auth import Principal
-from router.policy.catalog import Catalog
 from router.policy.decide import Decision
 from router.shared import (
     BudgetExceeded,
@@ -257,29 +256,22 @@ def hold_of(decision: Decision) -> float:
     return held
 
 
-def worst_of(decision: Decision, catalog: Catalog, max_output: int | None) -> float:
-    """What a request may cost at most: its hold (``hold_of``) with the rest of the output its
-    backend may write (``max_output``, the client's limit, else the backend's), on the dearest
-    backend it may be served by.
+def worst_of(decision: Decision) -> float:
+    """What a request may cost at most (``Estimate.worst_usd``: the rest of the output its backend
+    may write, the most calls of its hosted tools), on the dearest backend it may be served by.
 
     The 90th percentile alone was held, and a reply may be as long as its backend allows: 40
     requests at once on a key with $0.10, each writing ~3,200 tokens where 1,024 were expected,
-    spent $0.287 (``test_money.py``). A request holds this much of what its key has left, so
-    that near a budget's end the requests in flight can pay for what they may write; a key with
-    room to spare runs as many at once as before."""
+    spent $0.287 (``test_money.py``); and the hosted tools' calls past the one held were left
+    out. A request holds this much of what its key has left, so that near a budget's end the
+    requests in flight can pay for what they may write; a key with room to spare runs as many at
+    once as before."""
     worst = 0.0
     for model in decision.order:
         est = decision.estimate(model)
-        if est is None:
-            continue
-        backend = catalog[model]
-        most = min(max_output or backend.max_output_tokens, backend.max_output_tokens)
-        held = est.hold_usd if est.hold_usd is not None else est.cost_usd
-        # The expected cost with the rest of the output written: the hold's own margin (its
-        # output's high quantile) is part of that rest, added to the hold it was counted twice,
-        # and fewer requests ran at once near a budget's end than it could pay for.
-        at_most = est.cost_usd + max(0, most - est.output_tokens) * backend.price.at(est.prompt_tokens).output
-        worst = max(worst, held, at_most)
+        if est is not None:
+            held = est.hold_usd if est.hold_usd is not None else est.cost_usd
+            worst = max(worst, held, est.worst_usd or 0.0)
     return worst
 
 

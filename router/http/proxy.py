@@ -154,7 +154,7 @@ class Proxy:
             if f.held is not None:
                 self.recorder.holding(f)
             if key_left is not None:
-                worst = worst_of(decision, f.rt.catalog, req.max_output_tokens)
+                worst = worst_of(decision)
                 f.held_worst = await self.admission.hold_worst(principal, decision, worst, key_left)
             phases.decide()
             f.execution = ex = Execution(tenant=principal.key_id or principal.name)

@@ -87,6 +87,11 @@ class Defaults(Strict):
     #: at the backend's per-call price: what one reply may call is not known before it. A tool
     #: the request caps lower (Anthropic's ``max_uses``) holds its cap.
     held_tool_calls: int = Field(default=1, ge=0)
+    #: Calls of each hosted tool a request declares without a cap of its own (``max_uses``) that
+    #: a key's budget holds for at most (``Estimate.worst_usd``): the provider may call it more
+    #: often than the one held, and near a budget's end requests in flight could together call
+    #: past it. A reply that calls more is charged what it called, past the worst case.
+    worst_tool_calls: int = Field(default=10, ge=0)
 
 
 class LearnedRef(Strict):

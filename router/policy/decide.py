@@ -112,7 +112,7 @@ def estimate(
     call hits or misses); anywhere else the whole prompt is new, and where the provider charges
     for cache writes (Anthropic) a switch pays them.
     ``hold_output``: the output a budget holds for (the cost at it is ``hold_usd``; without it, the
-    hold is the expected cost).
+    hold is the expected cost). ``worst_usd`` is the cost at the most output the call may write.
     """
     est = estimates or _PRIORS
     out = min(features.max_output_tokens or expected_output, expected_output, backend.max_output_tokens)
@@ -130,6 +130,8 @@ def estimate(
     if hold_output is not None:
         held = min(features.max_output_tokens or hold_output, hold_output, backend.max_output_tokens)
         e.hold_usd = cost + max(0, held - out) * price.output
+    most = min(features.max_output_tokens or backend.max_output_tokens, backend.max_output_tokens)
+    e.worst_usd = max(e.hold_usd or cost, cost + max(0, most - out) * price.output)
     return e
 
 
@@ -292,10 +294,14 @@ class Decider:
         e.output_cell = cell
         if features.hosted_tools:
             # Billed per call, whatever the tokens: a budget holds for the calls the policy says,
-            # or the fewer the request allows (the provider makes no more).
-            held, caps = self.policy.defaults.held_tool_calls, dict(features.hosted_max_uses)
+            # or the fewer the request allows (the provider makes no more); the worst case, for
+            # the calls the request allows, else the policy's most (none is known before the reply).
+            defaults, caps = self.policy.defaults, dict(features.hosted_max_uses)
+            held, most = defaults.held_tool_calls, max(defaults.worst_tool_calls, defaults.held_tool_calls)
             calls = {kind: min(held, caps.get(kind, held)) for kind in features.hosted_tools}
             e.hold_usd = (e.hold_usd if e.hold_usd is not None else e.cost_usd) + backend.price.tools(calls)
+            at_most = {kind: caps.get(kind, most) for kind in features.hosted_tools}
+            e.worst_usd = max(e.hold_usd, (e.worst_usd or e.cost_usd) + backend.price.tools(at_most))
         return e
 
     def size_matters(self, features: Features, low: int, high: int) -> bool:

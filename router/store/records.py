@@ -36,6 +36,9 @@ class Estimate:
     cost_per_completed_usd: float | None = None
     #: What a budget holds for this call: the cost at a high quantile of its output.
     hold_usd: float | None = None
+    #: What the call may cost at most: its whole output (the client's limit, else the backend's)
+    #: and the most calls of each hosted tool it declares; a key's budget holds up to this much.
+    worst_usd: float | None = None
     #: The output table's cell of the call (``turn_cell``), the warm prefix's whole cache blocks
     #: on this backend (``cached_tokens`` is the learned share of them) and the cache table's cell
     #: (``cache_cell``): logged for ``router train``.

@@ -465,6 +465,38 @@ def test_hosted_tool_calls_are_charged_and_held(
     assert spent <= budget, (spent, statuses)
 
 
+@pytest.mark.parametrize("protocol", list(HOSTED))
+def test_hosted_tools_without_a_cap_cannot_spend_past_a_key_budget(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str], protocol: str
+) -> None:
+    """A request holds one call of each hosted tool it declares (``defaults.held_tool_calls``),
+    and the provider may make more when the request sets no ``max_uses``. The key's worst-case
+    hold counted the tokens alone: a request searching four times ($0.04) held ~$0.01, and a
+    second was admitted beside it on a key with $0.05, both spending $0.08. The worst case now
+    counts the policy's most calls of an uncapped tool (``defaults.worst_tool_calls``, 10)."""
+    path, body = HOSTED[protocol]
+    r = router_factory(faulty(upstream, "hosted_calls=4,ttft_ms=1500", protocol), master_key=MASTER,
+                       timeouts=SLOW)  # fmt: skip
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
+    assert 0.01 <= seen["candidates"][0]["hold_usd"] < 0.02  # one search held
+    budget = 0.05
+    key = create_key(r, capsys, "--name", "searches", "--budget", str(budget))
+
+    def ask(task: str) -> httpx.Response:
+        return httpx.post(r.url + path, json=body, headers={"x-api-key": key["key"], "x-router-task-id": task},
+                          timeout=30)  # fmt: skip
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(ask, "first")
+        time.sleep(0.75)  # admitted: it holds while its backend thinks
+        second = ask("second")
+        assert first.result().status_code == 200
+    assert second.status_code == 429, "a second request was admitted beside one that may search ten times"
+    assert "held by requests in flight" in second.json()["error"]["message"]
+    rows = [row for row in r.records(3, timeout=10) if row["key_id"] == key["key_id"]]
+    assert sum(row["cost_usd"] or 0.0 for row in rows) <= budget
+
+
 def test_a_responses_failure_is_charged_the_usage_it_reports(
     router_factory: Factory, upstream: FakeUpstream
 ) -> None:

@@ -237,6 +237,32 @@ def test_a_hosted_tool_holds_the_policys_calls_or_the_fewer_the_request_allows()
     assert tools_held(hosted_max_uses=(("web_search", 5),)) == pytest.approx(3 * fee)
 
 
+def test_a_hosted_tools_worst_case_is_the_requests_cap_else_the_policys_most_calls() -> None:
+    """What a key's budget holds at most counts every call a hosted tool may make: its ``max_uses``,
+    or, uncapped, ``defaults.worst_tool_calls``; it counted the tokens alone, so a request that
+    searched four times held one search's fee in the key's budget."""
+    policy = parse_policy(POLICY + "defaults: {held_tool_calls: 3}\n", source="t.yaml", env={})
+    decider = Decider(policy, build_catalog(policy, lookup=lambda m: None))
+    fee = build_catalog(policy, lookup=lambda m: None)["cheap"].price.tools({"web_search": 1})
+    plain = decider.decide(feats()).estimate("cheap")
+    assert plain is not None and plain.worst_usd is not None
+
+    def tools_worst(**kw) -> float:  # type: ignore[no-untyped-def]
+        est = decider.decide(feats(hosted_tools=("web_search",), **kw)).estimate("cheap")
+        assert est is not None and est.worst_usd is not None and est.hold_usd is not None
+        assert est.hold_usd <= est.worst_usd
+        return est.worst_usd - plain.worst_usd  # type: ignore[operator]
+
+    assert tools_worst() == pytest.approx(10 * fee)
+    assert tools_worst(hosted_max_uses=(("web_search", 1),)) == pytest.approx(fee)
+    assert tools_worst(hosted_max_uses=(("web_search", 25),)) == pytest.approx(25 * fee)
+    fewer = parse_policy(POLICY + "defaults: {worst_tool_calls: 2}\n", source="t.yaml", env={})
+    decision = Decider(fewer, build_catalog(fewer, lookup=lambda m: None)).decide(
+        feats(hosted_tools=("web_search",))
+    )
+    assert decision.estimate("cheap").worst_usd == pytest.approx(plain.worst_usd + 2 * fee)  # type: ignore[union-attr]
+
+
 def test_a_switch_names_the_model_it_left_and_why(decider: Decider) -> None:
     # A tool loop on the pinned model: the next cheapest serves, and the reason says the switch
     # (the console showed only "cheapest ...", as if nothing had happened).
