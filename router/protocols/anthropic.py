@@ -29,6 +29,7 @@ from router.protocols.common import (
     validated,
 )
 from router.protocols.hosted import anthropic_calls, block_call, block_kind, counted, most, reported_calls
+from router.protocols.pausedgc import collector_paused
 from router.protocols.toolschema import check_schema
 
 #: Fields a provider may receive. ``context_management`` and ``output_config`` are what Claude
@@ -94,6 +95,7 @@ class _Request(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
+@collector_paused
 def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
     body, encoded = load_body(raw)
     if count_only and "max_tokens" not in body:

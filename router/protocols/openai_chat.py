@@ -31,6 +31,7 @@ from router.protocols.common import (
     text_of,
     validated,
 )
+from router.protocols.pausedgc import collector_paused
 from router.protocols.toolschema import check_schema
 
 #: Fields a provider may receive. Anything else a client sends is dropped, never forwarded.
@@ -91,6 +92,7 @@ class _Request(BaseModel):
     n: Annotated[int, Field(ge=1, le=1, strict=True)] | None = None
 
 
+@collector_paused
 def parse(raw: bytes) -> ClientRequest:
     body, encoded = load_body(raw)
     req = validated(_Request, body)

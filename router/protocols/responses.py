@@ -33,6 +33,7 @@ from router.protocols.common import (
     validated,
 )
 from router.protocols.hosted import counted, item_kind, most, responses_calls
+from router.protocols.pausedgc import collector_paused
 from router.protocols.toolschema import check_responses_tools
 
 ALLOWED = frozenset(
@@ -93,6 +94,7 @@ class _Request(BaseModel):
     prompt_cache_key: str | None = None
 
 
+@collector_paused
 def parse(raw: bytes) -> ClientRequest:
     body, encoded = load_body(raw)
     req = validated(_Request, body)
