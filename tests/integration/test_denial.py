@@ -195,7 +195,7 @@ def read_until_closed(s: socket.socket, timeout: float) -> tuple[bytes, float]:
     return got, time.monotonic() - started
 
 
-BODY_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+BODY_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
 
 
 def test_trickled_bodies_are_cut_and_free_their_connections(

@@ -374,7 +374,7 @@ def limited(router_factory: Factory, upstream: FakeUpstream) -> RunningRouter:
     return router_factory(local_policy(upstream.url), limits=TIGHT)
 
 
-REQUEST_LINE = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+REQUEST_LINE = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
 
 
 def test_huge_headers_are_refused(limited: RunningRouter) -> None:
