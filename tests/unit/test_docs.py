@@ -1,5 +1,6 @@
 """What the docs promise, checked: the settings they list against the code, every link between the
-README and docs/ (anchors too), the README's layout tree against router/, its test command against CI's."""
+README and docs/ (anchors too), the README's layout tree against router/, its test command against CI's;
+and every command and flag, ``ROUTER_*`` variable, metric, policy snippet and cited test they name."""
 
 from __future__ import annotations
 
@@ -133,3 +134,207 @@ def test_the_readmes_test_command_is_the_one_ci_runs() -> None:
     assert commands == ["make demo", "make test"]
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
     assert ci[-1] == "make test"
+
+
+def code_of(text: str) -> list[str]:
+    """The page's fenced blocks and inline code spans: where commands, variables and names are written."""
+    blocks = re.findall(r"^ {0,3}```[a-z]*\n(.*?)^ {0,3}```", text, re.S | re.M)
+    return blocks + re.findall(r"(?<!`)`([^`\n]+)`(?!`)", prose_with_spans(text))
+
+
+def prose_with_spans(text: str) -> str:
+    """The page without its fenced blocks (inline code kept)."""
+    return re.sub(r"^ {0,3}```[a-z]*\n.*?^ {0,3}```", "", text, flags=re.S | re.M)
+
+
+#: ``router CMD`` where a shell would run it: a line's or span's start, after a prompt, a path
+#: (.venv/bin/), a separator or a variable assignment; not "the router on local-nano".
+COMMAND = re.compile(r"(?:^|\$ |bin/|&& |; |\| |\(|\b[A-Z_]+=\S* )router ([a-z][a-z-]*)(.*)")
+
+
+def unknown_commands(text: str) -> list[str]:
+    """Each ``router CMD [ACTION] --flag`` of ``text`` that the CLI does not have."""
+    import argparse
+
+    from router.app.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        found: dict[str, argparse.ArgumentParser] = {}
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found |= action.choices
+        return found
+
+    top, unknown = build_parser(), []
+    for chunk in code_of(text):
+        for line in chunk.splitlines():
+            line = re.sub(r"(^|\s)#.*", "", line)  # a shell comment
+            for match in COMMAND.finditer(line):
+                name, rest = match.group(1), re.split(r"\s(?:\||;|&&|>)\s", match.group(2))[0]
+                parser = commands(top).get(name)
+                if parser is None:
+                    unknown.append(f"router {name}")
+                    continue
+                words = rest.split()
+                if words and not words[0].startswith("-") and words[0] in commands(parser):
+                    parser = commands(parser)[words[0]]  # router keys create
+                    name += f" {words[0]}"
+                flags = {f for a in parser._actions for f in a.option_strings}
+                unknown += [f"router {name} {f}" for f in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest)
+                            if f not in flags]  # fmt: skip
+    return unknown
+
+
+def test_the_command_check_finds_a_missing_command_and_flag() -> None:
+    page = (
+        "Run `router tasks --recent` and `router keys create --name ci --budget 5`, then\n"
+        "```sh\n$ router serve --config x.yaml --verbose   # the router on --nowhere\n"
+        ".venv/bin/router traine --out a.json\nROUTER_PORT=1 router keys create --nmae x | head\n```\n"
+        "the router on local-nano; `router report --since 1h --by arm`\n"
+    )
+    assert unknown_commands(page) == ["router serve --verbose", "router traine", "router keys create --nmae"]
+
+
+def test_every_command_and_flag_the_docs_name_exists() -> None:
+    """A command or flag renamed in the CLI, or misspelt in a page, is an error an operator meets
+    when pasting it."""
+    assert [f"{p.name}: {c}" for p in PAGES for c in unknown_commands(p.read_text())] == []
+
+
+def router_variables(text: str) -> set[str]:
+    """The ``ROUTER_*`` names ``text`` gives, ``ROUTER_LIMITS__A|B`` read as two."""
+    names: set[str] = set()
+    for head, tail in re.findall(r"\b(ROUTER_[A-Z0-9_]*?)(__[A-Z0-9_|]*)?(?![A-Z0-9_])", text):
+        parts = [p for p in tail[2:].split("|") if p]
+        names |= {f"{head}__{p}" for p in parts} if parts else {head + tail}
+    return names
+
+
+def variables_read() -> set[str]:
+    """Every ``ROUTER_*`` variable the router reads: its settings (nested ones, and their groups'
+    prefixes), the ones the CLI reads itself, and those the shipped policies interpolate."""
+    from pydantic import BaseModel
+
+    from router.app.settings import Settings
+
+    read: set[str] = set()
+    for name, field in Settings.model_fields.items():
+        nested = field.annotation
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            read |= {f"ROUTER_{name.upper()}__"} | {
+                f"ROUTER_{name.upper()}__{n.upper()}" for n in nested.model_fields
+            }
+        else:
+            read.add(f"ROUTER_{name.upper()}")
+    code = "\n".join(p.read_text() for p in (ROOT / "router").rglob("*.py"))
+    read |= set(re.findall(r"os\.environ(?:\.get\(|\[)\"(ROUTER_[A-Z0-9_]+)\"", code))
+    policies = "\n".join(p.read_text() for p in (ROOT / "policies").rglob("*.yaml"))
+    return read | set(re.findall(r"\$\{(ROUTER_[A-Z0-9_]+)", policies))
+
+
+#: Not the router's: the variable docs/agents.md has an agent read the router's key from.
+CLIENT_VARIABLES = {"ROUTER_KEY"}
+
+
+def test_the_variable_check_reads_groups_and_finds_a_misspelt_one() -> None:
+    assert router_variables("`ROUTER_LIMITS__MAX_HEADERS|KEEP_ALIVE_S` and ROUTER_LIMITS__, ROUTER_PORT=1") == {
+        "ROUTER_LIMITS__MAX_HEADERS", "ROUTER_LIMITS__KEEP_ALIVE_S", "ROUTER_LIMITS__", "ROUTER_PORT"}  # fmt: skip
+    assert router_variables("ROUTER_MAX_BODY_BYTE=1 ROUTER_LIMITS__MAX_HEADER") - variables_read() == {
+        "ROUTER_MAX_BODY_BYTE", "ROUTER_LIMITS__MAX_HEADER"}  # fmt: skip
+
+
+def test_every_router_variable_the_docs_name_is_read_by_the_router() -> None:
+    """An operator who sets a variable a page names expects it to change something; a misspelt or
+    retired one is silently ignored."""
+    read = variables_read() | CLIENT_VARIABLES
+    assert {f"{p.name}: {v}" for p in PAGES for v in router_variables(p.read_text()) - read} == set()
+
+
+def metrics_defined() -> set[str]:
+    """The metric families the router registers (their names are literals in the code)."""
+    code = "\n".join(p.read_text() for p in (ROOT / "router").rglob("*.py"))
+    return set(re.findall(r"\"(router_[a-z_]+)\"", code))
+
+
+def unknown_metrics(text: str, defined: set[str]) -> list[str]:
+    """Each ``router_*`` series ``text`` names that no family defines (``_total``, ``_bucket`` ... read
+    as the family's series)."""
+    unknown = []
+    for name in sorted(set(re.findall(r"\brouter_[a-z_]+", "\n".join(code_of(text))))):
+        family = re.sub(r"_(total|bucket|sum|count|info)$", "", name)
+        if name not in defined and family not in defined:
+            unknown.append(name)
+    return unknown
+
+
+def test_the_metric_check_finds_a_misspelt_series() -> None:
+    page = "`router_requests_total`, `router_ttft_seconds_bucket`, `rate(router_request_total[5m])`"
+    assert unknown_metrics(page, metrics_defined()) == ["router_request_total"]
+
+
+def test_every_metric_the_docs_name_is_exported() -> None:
+    """A dashboard or alert written from the docs queries these names; a wrong one graphs nothing."""
+    defined = metrics_defined()
+    assert [f"{p.name}: {m}" for p in PAGES for m in unknown_metrics(p.read_text(), defined)] == []
+
+
+def invalid_policy_snippets(text: str, name: str) -> list[str]:
+    """Each ```yaml block of ``text`` that a router would refuse: a whole policy (it has ``version``)
+    as it stands, a fragment laid over the demo policy (policies/examples/local.yaml), whose
+    backends the fragments name. An elided hash (``3f5c…``) stands for a whole one."""
+    import yaml
+
+    from router.errors import ConfigError
+    from router.policy.loading import parse_policy
+
+    base = yaml.safe_load((ROOT / "policies" / "examples" / "local.yaml").read_text())
+    refused = []
+    for i, block in enumerate(re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)):
+        block = re.sub(r"\b(sha256: *)([0-9a-f]+)…", lambda m: m.group(1) + m.group(2).ljust(64, "0"), block)
+        try:
+            fragment = yaml.safe_load(block)
+            whole = block if "version" in fragment else yaml.safe_dump({**base, **fragment})
+            parse_policy(whole, source=f"{name} yaml block {i + 1}", env={})
+        except (ConfigError, yaml.YAMLError, TypeError) as exc:
+            refused.append(str(exc).splitlines()[0])
+    return refused
+
+
+def test_the_snippet_check_finds_a_refused_field() -> None:
+    page = (
+        "```yaml\nguard: {min_tasks: 20}\n```\n```yaml\ncontrol: {share: 0.05, rout: {passthrough: local-large}}\n```\n"
+        "```yaml\nversion: 1\nmodels: [{id: m, litellm_model: openai/m, protocol: openai}]\nroutes: [{match: auto, "
+        "candidates: [n]}]\nlearned: {artifact: a.json, sha256: 3f5c…}\n```\n"
+    )
+    assert invalid_policy_snippets(page, "p.md") == [
+        "p.md yaml block 2: control.rout: unknown field (did you mean 'route'?)",
+        "p.md yaml block 3: routes[0] (match 'auto').candidates[0]: unknown model id 'n' (known: m)",
+    ]
+
+
+def test_every_policy_snippet_in_the_docs_validates() -> None:
+    """An operator copies these into a policy file: a field renamed in the code, or misspelt in a page,
+    must not be shown as working."""
+    assert [e for p in PAGES for e in invalid_policy_snippets(p.read_text(), p.name)] == []
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    """A page backs a claim with a test by name (``test_x.py::test_y``): a test renamed or removed
+    leaves the claim unbacked, and the reader looking for it finds nothing."""
+    paths = [*(ROOT / "tests").rglob("test_*.py"), *(ROOT / "benchmarks").rglob("test_*.py")]
+    files = {p.name for p in paths}
+    defined = {m for p in paths for m in re.findall(r"^\s*(?:async )?def (test_\w+)", p.read_text(), re.M)}
+    missing = []
+    for page in PAGES:
+        text = page.read_text()
+        for module, test in re.findall(r"\b(test_\w+\.py)::(test_\w+)", text):
+            owners = [p for p in (ROOT / "tests").rglob(module) if re.search(rf"def {test}\b", p.read_text())]
+            missing += [] if owners else [f"{page.name}: {module}::{test}"]
+        for name in set(re.findall(r"(?<![\w/:.])(test_\w+)(?![\w.])", text)):
+            if (
+                name not in defined
+                and f"{name}.py" not in files
+                and not any(f.startswith(name) for f in files)
+            ):
+                missing.append(f"{page.name}: {name}")
+    assert missing == []
