@@ -104,15 +104,14 @@ def parse(raw: bytes) -> ClientRequest:
         vision = any(has_image(m.get("content")) for m in body["messages"])
     else:
         vision = scanned[0]
-    _check_calls_and_content(body["messages"])
+    messages = body["messages"]
+    system = _read_messages(messages)
     for i, tool in enumerate(req.tools or ()):
         if tool.type == "function":
             if tool.function is None:
                 raise BadRequest(f"tools[{i}].function: a function tool needs its function", param="tools")
             if tool.function.parameters is not None:
                 check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
-    messages = body["messages"]
-    system = [m.get("content") for m in messages if m.get("role") in ("system", "developer")]
     return ClientRequest(
         protocol=OPENAI_CHAT,
         encoded=encoded,
@@ -230,20 +229,36 @@ def error_frame(err: RouterError) -> bytes:
     return b"data: " + orjson.dumps(err.openai_body()) + b"\n\n"
 
 
-def _check_calls_and_content(messages: list[dict[str, Any]]) -> None:
-    """What translation to another family reads and the shape checks leave open: forwarded, a
-    ``tool_calls`` of a number or a user message of no content failed in litellm (a TypeError or
-    KeyError, a 502 after every backend was tried)."""
+def _read_messages(messages: list[dict[str, Any]]) -> list[Any]:
+    """The system prompt's contents (system and developer messages), read in the walk that checks
+    what translation to another family (litellm's) reads and the shape checks leave open:
+    forwarded, a ``tool_calls`` of a number or a user message of no content failed in litellm (a
+    TypeError or KeyError, a 502 after every backend was tried). One walk, not two: a long agent
+    conversation passes here on every request."""
+    system = []
     for i, m in enumerate(messages):
         calls = m.get("tool_calls")
-        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
-            raise BadRequest(
-                f"invalid request: messages.{i}.tool_calls: must be a list of tool calls", param="messages"
-            )
-        if m.get("content") is None and m.get("role") not in ("assistant", "function"):
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise _bad_calls(i)
+            for c in calls:
+                if not isinstance(c, dict):
+                    raise _bad_calls(i)
+        role = m.get("role")
+        content = m.get("content")
+        if content is None and role not in ("assistant", "function"):
             raise BadRequest(
                 f"invalid request: messages.{i}.content: required for a {m['role']} message", param="messages"
             )
+        if role in ("system", "developer"):
+            system.append(content)
+    return system
+
+
+def _bad_calls(i: int) -> BadRequest:
+    return BadRequest(
+        f"invalid request: messages.{i}.tool_calls: must be a list of tool calls", param="messages"
+    )
 
 
 def untranslatable(body: dict[str, Any]) -> tuple[str, str] | None:
