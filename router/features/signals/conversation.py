@@ -195,8 +195,16 @@ def recent(
     """The tool calls of the last ``window`` messages and their results (``seen``: as for ``extract``)."""
     if not isinstance(messages, list | tuple) or window <= 0:
         return Recent([], [], max_chars)
-    start = max(0, len(messages) - window)
-    reads = [slot(messages, seen, i, max_chars) for i in range(start, len(messages))]
+    n = len(messages)
+    start = max(0, n - window)
+    if seen is None or len(seen) != n:
+        reads = [read(messages[i], max_chars) for i in range(start, n)]
+    else:
+        # ``slot`` inline: this runs on every request, for each message of the window.
+        reads = seen[start:]
+        for k, r in enumerate(reads):
+            if r is None:
+                reads[k] = seen[start + k] = read(messages[start + k], max_chars)
     pairs = [pair for r in reads for pair in r.events]
     calls = [e for e, _ in pairs if isinstance(e, ToolCall)]
     by_id = {c.call_id: c for c in calls if c.call_id}
