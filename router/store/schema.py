@@ -9,6 +9,7 @@ booleans are INTEGER 0/1, upserts use ``ON CONFLICT`` (SQLite >= 3.24, any suppo
 from __future__ import annotations
 
 import json
+import operator
 import types
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -51,9 +52,23 @@ class Table:
     since: int = 1  # schema version that created the table
     #: Column names, in order (derived).
     names: tuple[str, ...] = field(init=False)
+    #: Column kinds, in order (derived).
+    kinds: tuple[Kind, ...] = field(init=False, repr=False, compare=False)
+    _getter: operator.attrgetter[Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", tuple(c.name for c in self.columns))
+        object.__setattr__(self, "kinds", tuple(c.kind for c in self.columns))
+        # One C call reads a record's values (a request row has ~60 columns): a getattr a column
+        # in a comprehension cost several times that, on every request.
+        object.__setattr__(self, "_getter", operator.attrgetter(*self.names) if len(self.names) > 1 else None)
+
+    def values_of(self, record: Any) -> tuple[Any, ...]:
+        """``record``'s values in column order."""
+        if self._getter is None:
+            return tuple(getattr(record, n) for n in self.names)
+        values: tuple[Any, ...] = self._getter(record)
+        return values
 
 
 def _kind(annotation: Any) -> Kind:
@@ -259,19 +274,23 @@ def _encode(col: Column, value: Any) -> Any:
 
 def _encode_values(table: Table, values: Sequence[Any], key: str) -> tuple[Any, ...]:
     # Every request is encoded once, when it ends (after its reply): most values are None, or
-    # already what the driver takes (a short ASCII str, an int, a float), so those skip _encode.
-    out = []
-    for col, value in zip(table.columns, values, strict=True):
-        kind = col.kind
-        if (
-            value is None
-            or (kind == "float" and type(value) is float)
-            or (kind == "text" and type(value) is str and value.isascii() and "\x00" not in value)
-        ):
-            out.append(value)
+    # already what the driver takes (a short ASCII str, an int, a float), so those are kept as
+    # they are and only the rest go through _encode.
+    if len(values) != len(table.columns):
+        raise ValueError(f"{table.name} row {key!r}: {len(values)} values for {len(table.columns)} columns")
+    out = list(values)
+    kinds = table.kinds
+    for i, value in enumerate(values):
+        if value is None:
             continue
+        kind = kinds[i]
+        if (kind == "float" and type(value) is float) or (
+            kind == "text" and type(value) is str and value.isascii() and "\x00" not in value
+        ):
+            continue
+        col = table.columns[i]
         try:
-            out.append(_encode(col, value))
+            out[i] = _encode(col, value)
         except (TypeError, ValueError, OverflowError) as exc:
             raise StoreDataError(f"{table.name} row {key!r}: column {col.name}: {exc}") from exc
     return tuple(out)
@@ -279,7 +298,7 @@ def _encode_values(table: Table, values: Sequence[Any], key: str) -> tuple[Any, 
 
 def encode_request(rec: RequestRecord) -> tuple[Any, ...]:
     """The request's row, as ``Store.write_rows`` takes it; ``StoreDataError`` if a value cannot be stored."""
-    return _encode_values(REQUESTS, [getattr(rec, n) for n in REQUESTS.names], rec.request_id)
+    return _encode_values(REQUESTS, REQUESTS.values_of(rec), rec.request_id)
 
 
 _REQUEST_ID = REQUESTS.names.index("request_id")
@@ -302,11 +321,11 @@ def revoke_key_sql(dialect: Dialect) -> str:
 
 
 def encode_key(rec: KeyRecord) -> tuple[Any, ...]:
-    return _encode_values(KEYS, [getattr(rec, n) for n in KEYS.names], rec.key_id)
+    return _encode_values(KEYS, KEYS.values_of(rec), rec.key_id)
 
 
 def encode_outcome(rec: OutcomeRecord) -> tuple[Any, ...]:
-    values = [getattr(rec, n) for n in OUTCOMES.names]
+    values = list(OUTCOMES.values_of(rec))
     values[OUTCOMES.names.index("attempt")] = 0 if rec.attempt is None else rec.attempt
     return _encode_values(OUTCOMES, values, rec.task_id)
 
