@@ -57,8 +57,16 @@ def promote(
     except ConfigError:
         before = None  # a file no router would load: nothing worth going back to
     if before is not None and not force:
+        sized = list(learned.estimates.learned)
         if learned.models:
             _same_models(artifact, config, list(learned.models), list(before.policy.models))
+        elif sized and not set(sized) & set(before.policy.models):
+            # Sizes only, all of other models: pinned, nothing of it would apply.
+            raise ConfigError(
+                f"{artifact} does not match the models of {config}: models the policy does not have: "
+                f"{', '.join(sized)} (the sizes of a call it learned) — train on a log of this policy's models "
+                "(router train --config it), or pass --force to pin it anyway"
+            )
         elif isinstance(before.decider.scorer, LearnedScorer):
             # Training on a log with too few labels writes sizes only: pinned over a learned
             # routing it would silently put the policy back to the cheapest.

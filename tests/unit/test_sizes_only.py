@@ -133,3 +133,21 @@ def test_promote_keeps_a_learned_routing_from_being_replaced_by_sizes_only_unles
     assert load_active_policy(config).decider.scorer.name.startswith("learned:")
     assert main(["promote", str(sizes), "--config", str(config), "--force"]) == 0
     assert load_active_policy(config).decider.scorer.name.startswith("cheapest:")
+
+
+def test_promote_refuses_sizes_of_no_model_the_policy_has_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Sizes learned on the demo's log (local-nano, local-mini) were pinned in team-tiers.yaml
+    # (haiku, sonnet, mini) without a word: nothing of them applies there, and the README says
+    # promote refuses an artifact trained for other models than the policy's.
+    _, _, sizes = _trained(tmp_path)
+    other = tmp_path / "tiers.yaml"
+    other.write_bytes((LOCAL.parent / "team-tiers.yaml").read_bytes())
+    capsys.readouterr()
+    assert main(["promote", str(sizes), "--config", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"{sizes} does not match the models of {other}: " in err and "--force" in err, err
+    assert "models the policy does not have: local-nano, local-mini" in err and err.count("\n") == 1, err
+    assert "learned" not in other.read_text()
+    assert main(["promote", str(sizes), "--config", str(other), "--force"]) == 0
