@@ -338,3 +338,63 @@ def test_every_test_the_docs_cite_exists() -> None:
             ):
                 missing.append(f"{page.name}: {name}")
     assert missing == []
+
+
+def unlisted_modules(tree: str, package: Path) -> list[str]:
+    """The modules and subpackages of each folder of ``package`` whose name the folder's part of the
+    development page's ``tree`` (its line and the lines indented under it) does not give (``redis_*``
+    covers every ``redis_`` module)."""
+    import fnmatch
+
+    parts: dict[str, str] = {}
+    folder = None
+    for line in tree.splitlines():
+        if head := re.match(r"  ([a-z_]+)/\s", line):
+            folder = head.group(1)
+            parts[folder] = line
+        elif folder and line.startswith("   "):
+            parts[folder] += "\n" + line
+        else:
+            folder = None
+    unlisted = []
+    for folder, text in parts.items():
+        words = re.findall(r"[a-z_]+\*?", text)
+        for path in sorted((package / folder).iterdir()):
+            if path.name.startswith("__") or not (path.suffix == ".py" or (path / "__init__.py").exists()):
+                continue
+            if not any(fnmatch.fnmatch(path.stem, w) for w in words):
+                unlisted.append(f"{folder}/{path.name}")
+    return unlisted
+
+
+def test_the_module_check_finds_an_unlisted_module(tmp_path: Path) -> None:
+    for name in (
+        "app/cli.py",
+        "app/demo.py",
+        "app/sub/__init__.py",
+        "shared/redis_keys.py",
+        "shared/types.py",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    tree = "router/\n  app/          the cli\n    sub/        its part\n  shared/       in redis_*\n"
+    assert unlisted_modules(tree, tmp_path) == ["app/demo.py", "shared/types.py"]
+
+
+def test_the_development_tree_names_every_module() -> None:
+    """The README sends a reader to docs/development.md for "every module": a module added without a
+    word there is one a reader cannot place."""
+    tree = fenced_after((ROOT / "docs" / "development.md").read_text(), "## Layout")
+    assert unlisted_modules(tree, ROOT / "router") == []
+
+
+def test_the_reference_names_every_command() -> None:
+    """docs/reference.md is where a reader looks for the commands: one added to the CLI shows there."""
+    import argparse
+
+    from router.app.cli import build_parser
+
+    (commands,) = [a.choices for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    code = code_of((ROOT / "docs" / "reference.md").read_text())
+    named = {m for chunk in code for m in re.findall(r"(?:router |^)([a-z][a-z-]*)(?![\w-])", chunk)}
+    assert [c for c in commands if c not in named] == []
