@@ -398,3 +398,38 @@ def test_the_reference_names_every_command() -> None:
     code = code_of((ROOT / "docs" / "reference.md").read_text())
     named = {m for chunk in code for m in re.findall(r"(?:router |^)([a-z][a-z-]*)(?![\w-])", chunk)}
     assert [c for c in commands if c not in named] == []
+
+
+def missing_paths(text: str) -> list[str]:
+    """Each file (``router/…/x.py``, ``tests/…``, ``benchmarks/…``, ``deploy/…``: a name with an
+    extension, or a glob matching at least one) or package folder (``router/…/``) that ``text`` names
+    and is not there, and each ``path.py:name`` whose module defines no ``name``. Not a model name
+    (``router/auto``) or a folder a command writes (``benchmarks/results/``, ``benchmarks/.venv-…``)."""
+    missing = []
+    pattern = (
+        r"(?<![\w/.-])((?:router|tests|benchmarks|deploy)/[\w/*-]*(?:\.[a-z]+\b|\*|(?<=[a-z])/))(?::(\w+))?"
+    )
+    for path, name in re.findall(pattern, text):
+        if "/." in path or (path.endswith("/") and not path.startswith(("router/", "tests/"))):
+            continue
+        found = sorted(ROOT.glob(path.rstrip("/")))
+        if not found:
+            missing.append(path)
+        elif name and not re.search(
+            rf"^\s*(?:async def|def|class) {name}\b|^{name}\b", found[0].read_text(), re.M
+        ):
+            missing.append(f"{path}:{name}")
+    return missing
+
+
+def test_the_path_check_finds_a_moved_module() -> None:
+    page = (
+        "`router/policy/decide.py:estimate`, `router/policy/decide.py:guess`, tests/unit/test_*.py, router/gone.py.\n"
+        "router/features/signals/, router/nowhere/, model router/auto, /srv/router/policy.yaml, benchmarks/results/"
+    )
+    assert missing_paths(page) == ["router/policy/decide.py:guess", "router/gone.py", "router/nowhere/"]
+
+
+def test_every_path_the_docs_name_exists() -> None:
+    """The pages point readers at modules and tests by path: a module moved leaves them at nothing."""
+    assert [f"{p.name}: {m}" for p in PAGES for m in missing_paths(p.read_text())] == []
