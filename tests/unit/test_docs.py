@@ -433,3 +433,28 @@ def test_the_path_check_finds_a_moved_module() -> None:
 def test_every_path_the_docs_name_exists() -> None:
     """The pages point readers at modules and tests by path: a module moved leaves them at nothing."""
     assert [f"{p.name}: {m}" for p in PAGES for m in missing_paths(p.read_text())] == []
+
+
+def schema_fields() -> set[str]:
+    """Every field name a policy file may have, from its JSON Schema."""
+    from router.policy.loading import json_schema
+
+    names: set[str] = set()
+    stack: list[object] = [json_schema()]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            names |= set(node.get("properties", {})) if isinstance(node.get("properties"), dict) else set()
+            stack += node.values()
+        elif isinstance(node, list):
+            stack += node
+    return names
+
+
+def test_every_policy_field_is_documented() -> None:
+    """A field the policy file accepts but no page names is one an operator cannot find out about
+    (the README points to docs/policy.md for the file; fields are also explained where they act)."""
+    text = "\n".join(p.read_text() for p in PAGES)
+    fields = schema_fields()
+    assert {"max_calls_per_attempt", "key_share", "escalate_below"} <= fields  # the schema is read deeply
+    assert sorted(f for f in fields if not re.search(rf"(?<![\w$]){re.escape(f)}(?!\w)", text)) == []
