@@ -458,3 +458,13 @@ def test_every_policy_field_is_documented() -> None:
     fields = schema_fields()
     assert {"max_calls_per_attempt", "key_share", "escalate_below"} <= fields  # the schema is read deeply
     assert sorted(f for f in fields if not re.search(rf"(?<![\w$]){re.escape(f)}(?!\w)", text)) == []
+
+
+def test_every_log_column_is_in_the_accounting_page() -> None:
+    """docs/accounting.md is where an operator querying the log looks up a column: each of the
+    requests' and outcomes' tables is named there."""
+    from router.store import OutcomeRecord, RequestRecord
+
+    text = (ROOT / "docs" / "accounting.md").read_text()
+    columns = [*RequestRecord.columns(), *OutcomeRecord.columns()]
+    assert [c for c in columns if f"`{c}`" not in text] == []
