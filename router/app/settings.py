@@ -68,9 +68,9 @@ class Settings(BaseSettings):
     timeouts: Timeouts = Timeouts()
     #: What one client may hold of the server: header size and count, read timeouts, connections.
     limits: Limits = Limits()
-    #: Write a non-streamed request's log record before its reply is sent, so a hard crash
-    #: (kill -9) cannot lose an answered request's record; costs a store write per reply's latency
-    #: (docs/reliability.md). Off: records are written in batches, up to 0.25 s later.
+    #: Write a request's log record before its reply (a stream's before its final event) is sent, so
+    #: a hard crash (kill -9) cannot lose an answered request's record; costs a store write per
+    #: reply's latency (docs/reliability.md). Off: records are written in batches, up to 0.25 s later.
     durable_log: bool = False
     #: Load litellm (cross-protocol calls) and the tokenizer before serving: the first requests
     #: do not wait for them, and every start takes seconds longer. Off: loaded in the background
