@@ -315,6 +315,26 @@ async def test_the_task_page_shows_each_request_with_its_fallbacks_and_the_verdi
     assert "success (explicit)" in page.text and "sent by the client" in page.text
 
 
+async def test_a_budget_refusal_shows_what_each_candidate_holds(fake: FakeUpstream, tmp_path: Path) -> None:
+    # Codex CLI declares a web_search tool in every request: each candidate holds its $0.01 fee on
+    # top of tokens. Refused with a task budget of $0.01, the page said "no candidate fits the
+    # budget left ($0.010000)" above "a · est. $0.0000xx", a cost the budget plainly covers.
+    from router.protocols import OPENAI_RESPONSES
+
+    budget = {"objective": {"max_cost_per_task": 0.01}}
+    async with serving(tmp_path, [model("a", fake.url)], policy=budget) as r:
+        refused = await r.post(
+            OPENAI_RESPONSES, tools=[{"type": "web_search"}], headers={"x-router-task-id": "t1"}
+        )
+        assert refused.status_code == 403, refused.text
+        await r.s.writer.flush()
+        page = await r.client.get("/ui/tasks/t1")
+    row = page.text.split('<table id="requests">')[1]
+    assert "no candidate fits the budget left" in row
+    # $0.00202 of tokens (1,024 output at $2/M), and the search it may make.
+    assert 'est. $0.00202 · <span class="hold"' in row and ">holds $0.0120<" in row, row
+
+
 def test_a_verdict_says_what_it_rests_on() -> None:
     # The page said "failure (outcome_model) 0.25" for a run the label model put at 0.98: that a
     # tool loop overrode it was only in the outcome's details, in the log.
