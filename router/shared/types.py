@@ -162,8 +162,8 @@ class BudgetExceeded(PermissionDenied):
         # over the limit read "budget exceeded" with nothing spent, and no way to tell why.
         super().__init__(
             f"budget for {scope} has no room for this request: limit {_usd(limit_usd)}, spent "
-            f"{_usd(spent_usd)}, held by requests in flight {_usd(reserved_usd)}, this request's "
-            f"estimated cost {_usd(amount_usd)}",
+            f"{_usd(spent_usd)}, held by requests in flight {_usd(reserved_usd)}, this request would hold "
+            f"{_usd(amount_usd)} (its cost with a long reply, and the fees of any hosted tools it declares)",
             code="budget_exceeded",
         )
         self.scope = scope

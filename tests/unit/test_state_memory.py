@@ -147,9 +147,12 @@ async def check_budgets(state: SharedState, env: Env) -> None:
     assert (refused.scope, refused.limit_usd, refused.amount_usd) == ("task", 0.5, 0.3)
     assert (refused.spent_usd, refused.reserved_usd) == (pytest.approx(0.25), 0.0)
     # It said "budget exceeded for task: limit $0.5000", also to a first request with nothing spent.
+    # "estimated cost" was what it said of the hold: a Codex request whose tokens were estimated
+    # at $0.000813 read "this request's estimated cost $0.010813" (its web search's fee held too).
     assert str(refused) == (
         "budget for task has no room for this request: limit $0.5, spent $0.25, "
-        "held by requests in flight $0, this request's estimated cost $0.3"
+        "held by requests in flight $0, this request would hold $0.3 (its cost with a long reply, and "
+        "the fees of any hosted tools it declares)"
     )
 
     await b.reserve(["task"], 0.25, limits)  # exactly up to the limit
