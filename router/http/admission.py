@@ -139,16 +139,16 @@ class Admission:
             raise refusal(exc) from None
 
     async def hold_worst(
-        self, principal: Principal, decision: Decision, worst: float, key_left: float | None
+        self, principal: Principal, decision: Decision, key_left: float | None
     ) -> Reservation | None:
         """Hold more in the key's budget, after ``hold``: up to what the request may cost at most
-        (``worst``, ``worst_of``), as much as the key had left before it (``key_left``,
-        ``key_budget_left``). Settled at nothing: the spend is in ``hold``'s settle. In the key's
+        (``worst_of``), as much as the key had left before it (``key_left``, ``key_budget_left``;
+        None: nothing is held). Settled at nothing: the spend is in ``hold``'s settle. In the key's
         budget alone: a task's budget holds the 90th percentile (a task is rarely asked for many
         replies at once), and the key's worst case held there refused requests that fit it."""
         if not principal.key_id or principal.budget_usd is None or key_left is None:
             return None
-        more = min(worst, key_left) - hold_of(decision)
+        more = min(worst_of(decision), key_left) - hold_of(decision)
         if more <= 0:
             return None
         scope = f"key:{principal.key_id}"

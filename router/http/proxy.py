@@ -30,7 +30,7 @@ from router.forward.accounting import (
     written_tokens,
 )
 from router.forward.execute import CommittedStream, Execution, Executor, Try
-from router.http.admission import Admission, worst_of
+from router.http.admission import Admission
 from router.http.auth import Auth, Principal, presented_key
 from router.http.flight import Flight, prompt_text
 from router.http.recorder import Recorder
@@ -153,9 +153,7 @@ class Proxy:
             f.held = await self.admission.hold(principal, f.task_id, decision, task_budget)
             if f.held is not None:
                 self.recorder.holding(f)
-            if key_left is not None:
-                worst = worst_of(decision)
-                f.held_worst = await self.admission.hold_worst(principal, decision, worst, key_left)
+            f.held_worst = await self.admission.hold_worst(principal, decision, key_left)
             phases.decide()
             f.execution = ex = Execution(tenant=principal.key_id or principal.name)
             if f.held is not None:
