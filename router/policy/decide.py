@@ -131,7 +131,14 @@ def estimate(
         held = min(features.max_output_tokens or hold_output, hold_output, backend.max_output_tokens)
         e.hold_usd = cost + max(0, held - out) * price.output
     most = min(features.max_output_tokens or backend.max_output_tokens, backend.max_output_tokens)
-    e.worst_usd = max(e.hold_usd or cost, cost + max(0, most - out) * price.output)
+    # At most, the prompt's cache may also have missed: all of it new, and where the provider
+    # charges for writing it to the cache (Anthropic), written, at the dearer lifetime's price.
+    cold = prompt * price.input
+    if backend.protocol == "anthropic":
+        cold = max(cold, price.write_cost(prompt), price.write_cost(prompt, prompt))
+    e.worst_usd = max(
+        e.hold_usd or cost, cost + max(0, most - out) * price.output, cold + most * price.output
+    )
     return e
 
 
