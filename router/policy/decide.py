@@ -299,10 +299,13 @@ class Decider:
         mean, high = self.output(backend, features, cell)
         e = estimate(backend, features, mean, self.estimates, prompt, high)
         e.output_cell = cell
-        if features.hosted_tools:
+        if features.hosted_tools and backend.protocol != "openai":
             # Billed per call, whatever the tokens: a budget holds for the calls the policy says,
             # or the fewer the request allows (the provider makes no more); the worst case, for
             # the calls the request allows, else the policy's most (none is known before the reply).
+            # Not on a Chat Completions backend: its replies show no hosted call, so none is ever
+            # charged there (a Responses web_search reaches it as litellm's web_search_options,
+            # which only OpenAI's search models act on), and a hold for them only refused requests.
             defaults, caps = self.policy.defaults, dict(features.hosted_max_uses)
             held, most = defaults.held_tool_calls, max(defaults.worst_tool_calls, defaults.held_tool_calls)
             calls = {kind: min(held, caps.get(kind, held)) for kind in features.hosted_tools}

@@ -227,11 +227,11 @@ def test_a_hosted_tool_holds_the_policys_calls_or_the_fewer_the_request_allows()
     decider = Decider(policy, build_catalog(policy, lookup=lambda m: None))
 
     def tools_held(**kw) -> float:  # type: ignore[no-untyped-def]
-        est = decider.decide(feats(hosted_tools=("web_search", "web_fetch"), **kw)).estimate("cheap")
+        est = decider.decide(feats(hosted_tools=("web_search", "web_fetch"), **kw)).estimate("big")
         assert est is not None and est.hold_usd is not None
-        return est.hold_usd - decider.decide(feats()).estimate("cheap").hold_usd  # type: ignore[union-attr,operator]
+        return est.hold_usd - decider.decide(feats()).estimate("big").hold_usd  # type: ignore[union-attr,operator]
 
-    fee = build_catalog(policy, lookup=lambda m: None)["cheap"].price.tools({"web_search": 1})
+    fee = build_catalog(policy, lookup=lambda m: None)["big"].price.tools({"web_search": 1})
     assert tools_held() == pytest.approx(3 * fee)
     assert tools_held(hosted_max_uses=(("web_search", 1),)) == pytest.approx(fee)
     assert tools_held(hosted_max_uses=(("web_search", 5),)) == pytest.approx(3 * fee)
@@ -243,12 +243,12 @@ def test_a_hosted_tools_worst_case_is_the_requests_cap_else_the_policys_most_cal
     searched four times held one search's fee in the key's budget."""
     policy = parse_policy(POLICY + "defaults: {held_tool_calls: 3}\n", source="t.yaml", env={})
     decider = Decider(policy, build_catalog(policy, lookup=lambda m: None))
-    fee = build_catalog(policy, lookup=lambda m: None)["cheap"].price.tools({"web_search": 1})
-    plain = decider.decide(feats()).estimate("cheap")
+    fee = build_catalog(policy, lookup=lambda m: None)["big"].price.tools({"web_search": 1})
+    plain = decider.decide(feats()).estimate("big")
     assert plain is not None and plain.worst_usd is not None
 
     def tools_worst(**kw) -> float:  # type: ignore[no-untyped-def]
-        est = decider.decide(feats(hosted_tools=("web_search",), **kw)).estimate("cheap")
+        est = decider.decide(feats(hosted_tools=("web_search",), **kw)).estimate("big")
         assert est is not None and est.worst_usd is not None and est.hold_usd is not None
         assert est.hold_usd <= est.worst_usd
         return est.worst_usd - plain.worst_usd  # type: ignore[operator]
@@ -260,7 +260,19 @@ def test_a_hosted_tools_worst_case_is_the_requests_cap_else_the_policys_most_cal
     decision = Decider(fewer, build_catalog(fewer, lookup=lambda m: None)).decide(
         feats(hosted_tools=("web_search",))
     )
-    assert decision.estimate("cheap").worst_usd == pytest.approx(plain.worst_usd + 2 * fee)  # type: ignore[union-attr]
+    assert decision.estimate("big").worst_usd == pytest.approx(plain.worst_usd + 2 * fee)  # type: ignore[union-attr]
+
+
+def test_a_chat_completions_backend_holds_no_hosted_tools_fee(decider: Decider) -> None:
+    """Codex declares ``web_search`` in every request: each held its $0.01 fee on a Chat
+    Completions backend too, which runs no hosted tool and whose replies show none to charge, and
+    a task budget of $0.01 refused Codex's first request (a new user's first hour)."""
+    searching = decider.decide(feats(hosted_tools=("web_search",)))
+    plain = decider.decide(feats())
+    for model in ("cheap", "mid"):  # protocol: openai
+        assert searching.estimate(model) == plain.estimate(model)
+    big, bare = searching.estimate("big"), plain.estimate("big")  # Anthropic runs it
+    assert big is not None and bare is not None and big.hold_usd > bare.hold_usd  # type: ignore[operator]
 
 
 def test_a_switch_names_the_model_it_left_and_why(decider: Decider) -> None:

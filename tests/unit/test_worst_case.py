@@ -73,13 +73,15 @@ def situations(draw: st.DrawFn) -> tuple[Decider, Features]:
 def at_the_cap(backend: Backend, e: Estimate, features: Features, decider: Decider) -> float:
     """What the billing code charges a reply on ``backend`` that writes all the output it may and
     makes every hosted call the request allows (the policy's most where it sets no cap), with the
-    prompt cached as the estimate expects."""
+    prompt cached as ``e`` expects."""
     cap = min(features.max_output_tokens or backend.max_output_tokens, backend.max_output_tokens)
     defaults, caps = decider.policy.defaults, dict(features.hosted_max_uses)
     most = max(defaults.worst_tool_calls, defaults.held_tool_calls)
     writes = e.prompt_tokens - e.cached_tokens if backend.protocol == "anthropic" else 0
+    # A Chat Completions reply shows no hosted call: none is charged.
+    kinds = features.hosted_tools if backend.protocol != "openai" else ()
     usage = Usage(input_tokens=e.prompt_tokens, output_tokens=cap, cache_read_tokens=e.cached_tokens,
-                  cache_write_tokens=writes, tool_calls={k: caps.get(k, most) for k in features.hosted_tools})  # fmt: skip
+                  cache_write_tokens=writes, tool_calls={k: caps.get(k, most) for k in kinds})  # fmt: skip
     return cost_split(backend.price, usage).total
 
 
