@@ -468,3 +468,28 @@ def test_every_log_column_is_in_the_accounting_page() -> None:
     text = (ROOT / "docs" / "accounting.md").read_text()
     columns = [*RequestRecord.columns(), *OutcomeRecord.columns()]
     assert [c for c in columns if f"`{c}`" not in text] == []
+
+
+def unrunnable_modules(text: str) -> list[str]:
+    """Each ``python -m MODULE`` of ``text``, of this checkout (router, benchmarks, tests), that is no
+    module or has nothing to run (no ``__main__.py``, no ``if __name__ == "__main__"``)."""
+    unrunnable = []
+    for module in sorted(set(re.findall(r"python -m ((?:router|benchmarks|tests)(?:\.\w+)*)", text))):
+        base = ROOT.joinpath(*module.split("."))
+        main = base / "__main__.py" if base.is_dir() else base.with_suffix(".py")
+        if not main.exists() or (
+            main.name != "__main__.py" and '__name__ == "__main__"' not in main.read_text()
+        ):
+            unrunnable.append(module)
+    return unrunnable
+
+
+def test_the_module_check_finds_a_module_that_cannot_run() -> None:
+    page = "`python -m benchmarks.guard`, `python -m router.fakeupstream`, python -m benchmarks.gone, python -m router.ids"
+    assert unrunnable_modules(page) == ["benchmarks.gone", "router.ids"]
+
+
+def test_every_module_the_docs_run_can_run() -> None:
+    """The pages measure with ``python -m benchmarks.…`` and the like: a module renamed or moved
+    leaves the command a reader copies failing."""
+    assert [f"{p.name}: {m}" for p in PAGES for m in unrunnable_modules(p.read_text())] == []
