@@ -493,3 +493,30 @@ def test_every_module_the_docs_run_can_run() -> None:
     """The pages measure with ``python -m benchmarks.…`` and the like: a module renamed or moved
     leaves the command a reader copies failing."""
     assert [f"{p.name}: {m}" for p in PAGES for m in unrunnable_modules(p.read_text())] == []
+
+
+#: CamelCase names in the pages that are other software's: a cookie attribute, Apache's
+#: directive, Starlette's class.
+OTHERS_NAMES = {"HttpOnly", "MinRate", "StreamingResponse"}
+
+
+def unknown_classes(text: str, code: str) -> list[str]:
+    """Each CamelCase name in a code span of ``text`` (an error type such as ``UpstreamTimeout``, a
+    class) that ``code`` neither defines as a class nor writes as a string."""
+    names = (
+        set(re.findall(r"(?<!`)`([A-Z][a-z]+[A-Z][A-Za-z]+)`(?!`)", prose_with_spans(text))) - OTHERS_NAMES
+    )
+    return sorted(n for n in names if not re.search(rf"class {n}\b|[\"']{n}[\"']", code))
+
+
+def test_the_class_check_finds_a_renamed_error_type() -> None:
+    code = 'class UpstreamTimeout(Exception): ...\nerror_type = "AttemptStopped"\n'
+    page = "`UpstreamTimeout`, `AttemptStopped`, `UpstreamTimedOut`, `HttpOnly` and UnknownThing"
+    assert unknown_classes(page, code) == ["UpstreamTimedOut"]
+
+
+def test_every_error_type_and_class_the_docs_name_exists() -> None:
+    """The log's `error_type` and the console name errors by their class: an operator greps for the
+    name a page gives."""
+    code = "\n".join(p.read_text() for p in (ROOT / "router").rglob("*.py"))
+    assert [f"{p.name}: {n}" for p in PAGES for n in unknown_classes(p.read_text(), code)] == []
