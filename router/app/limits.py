@@ -198,6 +198,18 @@ class GuardedHttpTools(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this for whatever the parser refused, our own limits included.
         self._disarm()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # Refused bytes after a whole request that is still being answered (a wrong
+            # Content-Length, a broken pipelining client): its reply can no longer come first, and
+            # once the connection is half-closed its write raised ("Cannot call write() after
+            # write_eof()"), a traceback at ERROR for each such request. Dropped, as if the client
+            # had left; the refusal follows only what was sent whole.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self._linger()
+                return
         status, reason, message, kind = self._refusal or (
             400,
             "Bad Request",

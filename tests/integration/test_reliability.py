@@ -7,6 +7,7 @@ the client leaves, that failures are logged and reported truthfully, that budget
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import yaml
 
@@ -425,6 +427,34 @@ def test_malformed_http_and_wrong_methods_answer_in_the_protocol_shape(limited: 
     assert resp.status_code == 405 and resp.json()["type"] == "error"
     resp = httpx.get(limited.url + "/no/such/path", timeout=5)
     assert resp.status_code == 404 and "error" in resp.json()
+
+
+def test_malformed_http_after_a_request_is_refused_without_a_traceback(
+    limited: RunningRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes that are not HTTP after a whole request on the same connection (a wrong
+    Content-Length, a broken pipelining client): the parser's 400 went out and the connection was
+    half-closed while the first request was still being answered, whose reply then failed to write
+    ("Cannot call write() after write_eof()"): uvicorn's "Exception in ASGI application" traceback,
+    at ERROR, for every such request a client sends (found by the hostile probe). The first
+    request's reply is dropped (it can no longer come first); the 400 is all the client gets."""
+    body = orjson.dumps({"model": "auto", "messages": HI})
+    sent = REQUEST_LINE + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    # uvicorn's own loggers stop at "uvicorn" (its logging config): caught where they log.
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addHandler(caplog.handler)
+    try:
+        for _ in range(3):
+            reply, _ = exchange(limited, sent + body + b"NOT HTTP AT ALL\r\n\r\n")
+            status, err = error_of(reply)
+            assert status == 400 and err["type"] == "invalid_request_error", reply
+        assert wait_for(lambda: len(limited.records(wait_for=3)) >= 3)
+        time.sleep(0.5)  # the first requests' replies are written (or not) after the 400s
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert failures == [], [r.getMessage() for r in failures]
+    assert httpx.get(limited.url + "/healthz", timeout=5).status_code == 200
 
 
 def test_with_auth_on_only_health_and_metrics_are_open(
