@@ -520,3 +520,23 @@ def test_every_error_type_and_class_the_docs_name_exists() -> None:
     name a page gives."""
     code = "\n".join(p.read_text() for p in (ROOT / "router").rglob("*.py"))
     assert [f"{p.name}: {n}" for p in PAGES for n in unknown_classes(p.read_text(), code)] == []
+
+
+def unknown_headers(text: str, code: str) -> list[str]:
+    """Each ``x-router-*`` header ``text`` names (any case) that ``code`` neither reads nor sends."""
+    known = {h.lower() for h in re.findall(r"x-router-[a-z-]*[a-z]", code, re.I)}
+    return sorted({h.lower() for h in re.findall(r"x-router-[a-z-]*[a-z]", text, re.I)} - known)
+
+
+def test_the_header_check_finds_a_misspelt_header() -> None:
+    code = 'TASK = "x-router-task-id"\nresponse.headers["X-Router-Model"] = m\n'
+    assert unknown_headers("`X-Router-Task-Id`, `x-router-model`, `x-router-tasks`", code) == [
+        "x-router-tasks"
+    ]
+
+
+def test_every_router_header_the_docs_name_exists() -> None:
+    """Clients set and read the x-router-* headers as the pages spell them; a misspelt one is
+    silently ignored (a task never named, a cost never read)."""
+    code = "\n".join(p.read_text() for p in (ROOT / "router").rglob("*.py"))
+    assert [f"{p.name}: {h}" for p in PAGES for h in unknown_headers(p.read_text(), code)] == []
