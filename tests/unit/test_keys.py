@@ -384,7 +384,27 @@ def test_cli_list_says_what_each_key_has_spent(tmp_path: Path, capsys: pytest.Ca
         ("idle", 0.0, 1.0),
     ]
     lines = run_cli(capsys, "keys", "list", "--store", url)[1].splitlines()
-    assert lines[0].split()[4:6] == ["spent_usd", "budget_usd"] and lines[1].split()[4:6] == ["0.375", "1.0"]
+    assert lines[0].split()[4:6] == ["spent_usd", "budget_usd"] and lines[1].split()[4:6] == ["0.375", "1"]
+
+
+def test_cli_list_writes_small_sums_as_dollars(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A key that had spent $0.0000432 of a $0.00005 budget was listed as 4.3e-05 of 5e-05.
+    from router.store.records import RequestRecord
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    made = orjson.loads(run_cli(capsys, "keys", "create", "--name", "n", "--budget", "0.00005", "--store", url,
+                                "--json")[1])  # fmt: skip
+
+    async def spend() -> None:
+        store = SQLiteStore(str(tmp_path / "cli.db"))
+        await store.open()
+        await store.write_requests([RequestRecord(request_id="r", ts=1.0, task_id="t", key_id=made["key_id"],
+                                                  status=200, cost_usd=0.0000432)])  # fmt: skip
+        await store.close()
+
+    asyncio.run(spend())
+    lines = run_cli(capsys, "keys", "list", "--store", url)[1].splitlines()
+    assert lines[1].split()[4:6] == ["0.000043", "0.00005"]  # rounded to the micro-dollar, as --json
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import orjson
 from router.http.keys import new_key
 from router.store import KeyRecord, Store, open_store
 from router.store.window import opened
+from router.telemetry.ledger import usd
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9._:/*?\[\]@-]{1,256}")
 _TEAM = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -168,7 +169,9 @@ async def _list(store: Store, args: argparse.Namespace) -> int:
         "created",
         "revoked",
     )
-    table = [[_cell(r.get(c)) for c in cols] for r in rows]
+    # Dollars as dollars: a key's spend is often fractions of a cent, which str() wrote as 4.3e-05.
+    table = [[usd(v) if c.endswith("_usd") and isinstance(v := r.get(c), float) else _cell(r.get(c)) for c in cols]
+             for r in rows]  # fmt: skip
     widths = [max(len(c), *(len(row[i]) for row in table)) for i, c in enumerate(cols)]
     for line in [list(cols), *table]:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
