@@ -540,3 +540,13 @@ def test_every_router_header_the_docs_name_exists() -> None:
     silently ignored (a task never named, a cost never read)."""
     code = "\n".join(p.read_text() for p in (ROOT / "router").rglob("*.py"))
     assert [f"{p.name}: {h}" for p in PAGES for h in unknown_headers(p.read_text(), code)] == []
+
+
+def test_every_metric_the_router_exports_is_documented() -> None:
+    """The other way round: a family the router registers that no page names is one an operator
+    cannot find out about (``router_state_*`` and ``router_log_*`` were on none)."""
+    code = "\n".join(p.read_text() for p in (ROOT / "router").rglob("*.py"))
+    families = set(re.findall(r"(?:Counter|Gauge|Histogram|MetricFamily|hist)\(\s*\"(router_\w+)\"", code))
+    assert {"router_ttft_seconds", "router_state_fail_open", "router_policy"} <= families  # read them all
+    text = "\n".join(p.read_text() for p in PAGES)
+    assert sorted(f for f in families if not re.search(rf"\b{f}(_total|_info)?\b", text)) == []
