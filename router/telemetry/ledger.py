@@ -5,7 +5,8 @@ input (uncached), output, cache read, cache write and hosted tools' calls at the
 when each request ran (the split is stored per request; rows logged before it existed count as ``unsplit``). The
 verdict on a task is an explicit outcome if there is one, else the latest inferred signal of an
 attempt whose latest request a backend answered (``credible``), else, for a task whose latest
-main-loop request no backend answered, a failure: "unanswered" (``ended_unanswered``).
+main-loop request no backend answered, a failure: "unanswered" (``ended_unanswered``); a request
+refused before it was part of any attempt (no decision: an unknown model, a malformed body) ends none.
 
 Cost per completed task is the spend on every task that has a verdict, divided by the tasks
 that succeeded: failed tasks, those the router refused or no backend answered included, are part
@@ -57,7 +58,10 @@ def latest_main(
     answered it successfully (``into``: a mapping to add these requests to, as a log is read)."""
     out = {} if into is None else into
     for r in requests:
-        if r.task_id and not r.side_call:
+        # One refused before it was part of an attempt (an unknown model, a malformed body: no
+        # decision) is none of the task's: a fresh demo's dashboard read "0.0% success (0 of 1)",
+        # its only verdict the failure of the unknown-model example it sends to show a 404.
+        if r.task_id and not r.side_call and (r.attempt is not None or _ok(r)):
             key = (r.task_id, r.attempt or 0)
             seen = out.get(key)
             if seen is None or r.ts >= seen[0]:

@@ -487,3 +487,25 @@ def test_the_arms_and_the_ledger_judge_each_task_alike() -> None:
         assert by[arm].tasks == len(tasks)
         assert by[arm].success == [arms.success_value(verdicts[t]) for t in counted], arm
         assert by[arm].cost == [pytest.approx(0.01 * sum(r.task_id == t for r in requests)) for t in counted]
+
+
+def test_a_request_refused_before_any_attempt_ends_no_task() -> None:
+    # `router demo --serve` shows its unknown-model example (a 404 before any routing: no decision,
+    # no attempt) and the dashboard it opens said "0.0% success rate (0 of 1)": that 404 was the
+    # only verdict on a fresh log, a failed task. A client's misnamed model is no attempt of a task.
+    typo = [
+        RequestRecord(f"x{i}", BASE + i, task_id="typo", attempt=None, status=404, error_type="UnknownModel",
+                      chosen_model=None, cost_usd=None)
+        for i in range(2)
+    ]  # fmt: skip
+    served = [
+        RequestRecord("s1", BASE, task_id="s", attempt=1, status=200, chosen_model="alpha", cost_usd=0.01),
+        RequestRecord("s2", BASE + 1, task_id="s", attempt=None, status=404, error_type="UnknownModel"),
+    ]
+    label = OutcomeRecord("s", 1, True, 0.9, LABEL_MODEL, None, BASE + 0.5, False)
+    verdicts = task_verdicts([*typo, *served], [label])
+    assert "typo" not in verdicts and verdicts["s"].success is True
+    ledgers = task_ledgers([*typo, *served], [label])
+    assert summary(ledgers)["tasks"] == 2 and [x["completed"] for x in ledgers if x["task_id"] == "typo"] == [
+        None
+    ]
