@@ -251,3 +251,17 @@ def test_every_log_column_is_in_the_accounting_page() -> None:
     text = (ROOT / "docs" / "accounting.md").read_text()
     columns = [*RequestRecord.columns(), *OutcomeRecord.columns()]
     assert [c for c in columns if f"`{c}`" not in text] == []
+
+
+def test_the_policy_page_lists_the_rule_fields_and_operators_the_rules_take() -> None:
+    """docs/policy.md gives the fields a rule may test and its operators as a closed list: a field
+    added to the rules or renamed must show there."""
+    from router.features.request import RULE_FIELDS
+    from router.policy import rules
+
+    text = (ROOT / "docs" / "policy.md").read_text()
+    listed = re.search(r"Fields: (.*?)\. No eval", text, re.S)
+    operators = re.search(r"fixed operator set: `([^`]*)`", text)
+    assert listed and operators
+    assert set(re.findall(r"`([^`]+)`", listed.group(1))) == {*RULE_FIELDS, "headers.<lower-case-name>"}
+    assert operators.group(1).split() == [*rules._FIELD_OPS, *rules._LOGICAL_OPS]
