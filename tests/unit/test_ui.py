@@ -316,13 +316,14 @@ async def test_the_task_page_shows_each_request_with_its_fallbacks_and_the_verdi
 
 
 async def test_a_budget_refusal_shows_what_each_candidate_holds(fake: FakeUpstream, tmp_path: Path) -> None:
-    # Codex CLI declares a web_search tool in every request: each candidate holds its $0.01 fee on
-    # top of tokens. Refused with a task budget of $0.01, the page said "no candidate fits the
-    # budget left ($0.010000)" above "a · est. $0.0000xx", a cost the budget plainly covers.
+    # Codex CLI declares a web_search tool in every request: each candidate that runs it (a
+    # Responses or Anthropic backend) holds its $0.01 fee on top of tokens. Refused with a task
+    # budget of $0.01, the page said "no candidate fits the budget left ($0.010000)" above
+    # "a · est. $0.0000xx", a cost the budget plainly covers.
     from router.protocols import OPENAI_RESPONSES
 
     budget = {"objective": {"max_cost_per_task": 0.01}}
-    async with serving(tmp_path, [model("a", fake.url)], policy=budget) as r:
+    async with serving(tmp_path, [model("a", fake.url, protocol=OPENAI_RESPONSES)], policy=budget) as r:
         refused = await r.post(
             OPENAI_RESPONSES, tools=[{"type": "web_search"}], headers={"x-router-task-id": "t1"}
         )
