@@ -276,3 +276,23 @@ def test_every_router_header_the_docs_name_exists() -> None:
     silently ignored (a task never named, a cost never read)."""
     code = router_code()
     assert [f"{p.name}: {h}" for p in PAGES for h in unknown_headers(p.read_text(), code)] == []
+
+
+def unknown_make_targets(text: str, makefile: str) -> list[str]:
+    """Each ``make TARGET`` in the code of ``text`` that ``makefile`` has no rule for."""
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, re.M))
+    named = {t for chunk in code_of(text) for t in re.findall(r"(?:^|\s|\()make ([a-z][\w-]*)", chunk, re.M)}
+    return sorted(named - targets)
+
+
+def test_the_make_check_finds_a_missing_target() -> None:
+    makefile = "demo: $(BIN)/.installed\n\t$(BIN)/router demo\ntest: lint\n\tpytest\n"
+    page = "```sh\nmake demo    # the demo\nmake tests\n```\nthen `make test`, or make bench in prose"
+    assert unknown_make_targets(page, makefile) == ["tests"]
+
+
+def test_every_make_target_the_docs_name_exists() -> None:
+    """``make demo``, ``make test``, ``make unit``, ``make bench`` ...: the commands the README
+    starts a reader with are Makefile rules."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert [f"{p.name}: make {t}" for p in PAGES for t in unknown_make_targets(p.read_text(), makefile)] == []
