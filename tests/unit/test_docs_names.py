@@ -296,3 +296,30 @@ def test_every_make_target_the_docs_name_exists() -> None:
     starts a reader with are Makefile rules."""
     makefile = (ROOT / "Makefile").read_text()
     assert [f"{p.name}: make {t}" for p in PAGES for t in unknown_make_targets(p.read_text(), makefile)] == []
+
+
+def unknown_endpoints(text: str, code: str) -> list[str]:
+    """Each ``METHOD /path`` of ``text`` whose path (its ``{parameters}`` aside) no route string of
+    ``code`` has."""
+
+    def shape(path: str) -> str:
+        return re.sub(r"\{[^}]*\}", "{}", path.rstrip("/."))
+
+    routes = {shape(r) for r in re.findall(r"[\"'](/[\w/{}:._-]*)[\"']", code)}
+    named = re.findall(r"\b(?:GET|POST|DELETE|PUT|PATCH) (/[\w/{}._-]*)", text)
+    return sorted({p.rstrip(".") for p in named if shape(p) not in routes})
+
+
+def test_the_endpoint_check_finds_a_renamed_endpoint() -> None:
+    code = (
+        'app.add_api_route("/v1/tasks/{task_id:path}", task)\napp.add_api_route("/v1/outcomes", outcomes)\n'
+    )
+    page = "`GET /v1/tasks/{id}` and POST /v1/outcomes. Then POST /v1/outcome."
+    assert unknown_endpoints(page, code) == ["/v1/outcome"]
+
+
+def test_every_endpoint_the_docs_name_is_served() -> None:
+    """Clients and scripts call the endpoints as the pages write them (``POST /v1/outcomes``,
+    ``GET /v1/tasks/{id}``, the fake provider's ``/_control/behaviour``)."""
+    code = router_code()
+    assert [f"{p.name}: {e}" for p in PAGES for e in unknown_endpoints(p.read_text(), code)] == []
