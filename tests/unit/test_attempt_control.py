@@ -3,6 +3,7 @@ orders under it (checked against the replay), and what `learn` keeps."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -383,3 +384,30 @@ def test_eval_takes_test_trajectories_apart_from_the_ones_fitted_on(
     assert sum(setup["trajectories_replayed"]) == 15
     assert sum(30 - n for n in setup["trajectories_fitted"]) == 30
     assert main([*args, "--test-trajectories", str(tmp_path / "none.jsonl")]) == 2
+
+
+def test_a_noisy_run_says_what_the_policys_order_resolves_on_the_true_outcomes(tiny: Dataset) -> None:
+    """Under a noisy verifier the policy reads verdicts; the report sets its estimate of its order
+    beside what that order resolves on the training tasks' true outcomes (judged by the verifier,
+    in expectation) and the most any fixed order reaches there. Worked by hand on t1 (both
+    models right) and t2 (only the strong one), verifier 0.3, 0.2: strong alone resolves both;
+    strong → cheap resolves t1 and 0.8 of t2; cheap → strong t1 and 0.7 of t2; cheap alone t1."""
+    from router.learning.evals import attempts, controlview
+
+    by_hand = {
+        ("strong",): 1.0, ("strong", "cheap"): 0.9, ("cheap", "strong"): 0.85, ("cheap",): 0.5,
+    }  # fmt: skip
+    s = attempts.ControlSettings(
+        retries=1, folds=3, targets=(0.6,), reference_attempts=1, workers=1, noise=(0.3, 0.2)
+    )
+    fold = attempts.evaluate_fold(tiny, ["t1", "t2"], ["t3"], {}, s)
+    seen = fold.learned["0.60"]["on_training"]
+    plan = tuple(fold.chosen["policy@60%"].split(" → "))
+    assert seen["best_fixed"] == pytest.approx(1.0)
+    assert seen["true"] == pytest.approx(by_hand[plan])
+    assert 0.0 <= seen["estimated"] <= 1.0
+    result = attempts.cross_validate(tiny, {}, s)
+    assert "on their true outcomes (the best fixed order there: " in controlview.table(result)
+    # An exact verifier's policy reads the outcomes themselves: nothing to set beside them.
+    exact = attempts.evaluate_fold(tiny, ["t1", "t2"], ["t3"], {}, dataclasses.replace(s, noise=(0.0, 0.0)))
+    assert "on_training" not in exact.learned["0.60"]

@@ -188,6 +188,20 @@ def evaluate_fold(
         o = control.orders(tbl, length)
         return o.names(o.best(target))
 
+    def on_true_outcomes(plan: Sequence[str], ctrls: Mapping[str, AttemptControl]) -> float:
+        """The share of the training tasks ``plan`` resolves on their true outcomes, judged by the
+        verifier (in expectation): what the policy, reading verdicts, estimated it at."""
+        tbl = control.table(true_train, train_ids, ctrls, judging, exact_noise=s.noise)
+        return control.scored(tbl, [tbl.models.index(m) for m in plan])[0]
+
+    # Under a noisy verifier, the most any fixed order of up to n resolves on the training tasks'
+    # true outcomes: where the verdicts put a target within reach and it is out of it, the policy
+    # buys the cheapest order that seems to reach it while the cascade chosen on the outcomes (the
+    # reference of target (d)) resolves all it can. The report says which happened, per fold.
+    reachable = None
+    if noisy:
+        every = control.orders(control.table(true_train, train_ids, {}, judging, exact_noise=s.noise), n)
+        reachable = float(every.resolved.max()) if len(every.resolved) else 0.0
     rows: dict[str, dict[str, Any]] = {}
     chosen: dict[str, str] = {}
     learned_out: dict[str, Any] = {}
@@ -243,6 +257,12 @@ def evaluate_fold(
             "longest": learned.longest,
             "held_out": {f"{k}@{m:.3f}": r for (k, m), r in learned.held_out.items()},
         }
+        if reachable is not None:
+            learned_out[f"{target:.2f}"]["on_training"] = {
+                "estimated": learned.resolved,
+                "true": on_true_outcomes(learned.plan, learned.controls),
+                "best_fixed": reachable,
+            }
     return Fold(rows, chosen, learned_out, sweep, frozenset(train_known), frozenset(test_known))
 
 

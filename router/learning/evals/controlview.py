@@ -72,7 +72,15 @@ def table(result: Mapping[str, Any]) -> str:
                 if margin is not None
                 else ""
             )
-            lines.append(f"- fold {i}, target {float(target):.0%}: caps {caps}; stop-loss {stops}{chosen_at}"
+            # Under a noisy verifier: what the verdicts made of the order, against the outcomes.
+            seen = got.get("on_training")
+            read = (
+                f"; its order resolves {seen['estimated']:.1%} of the training tasks by the verdicts, "
+                f"{seen['true']:.1%} on their true outcomes (the best fixed order there: {seen['best_fixed']:.1%})"
+                if seen
+                else ""
+            )
+            lines.append(f"- fold {i}, target {float(target):.0%}: caps {caps}; stop-loss {stops}{chosen_at}{read}"
                          + (f" (tried {tried})" if tried else ""))  # fmt: skip
     return "\n".join(lines) + "\n"
 
