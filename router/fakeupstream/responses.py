@@ -21,7 +21,7 @@ from router.fakeupstream.reply import (
     sign_thinking,
     sse,
 )
-from router.protocols.hosted import declared
+from router.protocols.hosted import declared, max_uses
 
 #: Items that carry a tool's output back to the model (Codex sends both kinds).
 _TOOL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
@@ -106,6 +106,7 @@ class Responses:
             else None,
             reasoning_effort=effort if isinstance(effort, str) and effort != "none" else None,
             hosted=declared(tools or ()),
+            max_uses=max_uses(tools or (), body.get("max_tool_calls")),
         )
 
     def _output(self, reply: FakeReply, body: Mapping[str, Any], ids: Ids) -> list[dict[str, Any]]:

@@ -202,6 +202,8 @@ def request_features(
         turn_chars=(new, reply),
         turn_verb=verb,
         hosted_tools=declared(req.tools) if req.tools else (),
-        hosted_max_uses=tuple(max_uses(req.tools).items()) if req.tools else (),
+        hosted_max_uses=tuple(max_uses(req.tools, req.body.get("max_tool_calls")).items())
+        if req.tools
+        else (),
         **extra,
     )

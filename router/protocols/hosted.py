@@ -56,10 +56,14 @@ def declared(tools: Iterable[Any]) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def max_uses(tools: Iterable[Any]) -> dict[str, int]:
+def max_uses(tools: Iterable[Any], total: int | None = None) -> dict[str, int]:
     """The most calls of each hosted kind the provider makes for one reply, where the request
     caps every tool of that kind (Anthropic's server tools' ``max_uses``; a kind declared twice
-    is capped at the sum). A kind some tool leaves uncapped is not named."""
+    is capped at the sum), or caps them all together (``total``: the Responses API's
+    ``max_tool_calls``, which then caps each kind too). A kind nothing caps is not named."""
+    if total is not None:
+        own = max_uses(tools)
+        return {kind: min(own.get(kind, total), total) for kind in declared(tools)}
     caps: dict[str, int] = {}
     uncapped: set[str] = set()
     for tool in tools:

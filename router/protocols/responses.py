@@ -40,7 +40,7 @@ ALLOWED = frozenset(
     {
         "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "reasoning",
         "max_output_tokens", "temperature", "top_p", "text", "stream", "store", "include",
-        "prompt_cache_key", "truncation", "user", "metadata", "service_tier",
+        "prompt_cache_key", "truncation", "user", "metadata", "service_tier", "max_tool_calls",
     }
 )  # fmt: skip
 
@@ -92,6 +92,8 @@ class _Request(BaseModel):
     reasoning: _Reasoning | None = None
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
+    #: The most calls of hosted tools the reply may make, all kinds together.
+    max_tool_calls: Annotated[int, Field(ge=0, strict=True)] | None = None
 
 
 @collector_paused

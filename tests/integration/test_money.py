@@ -497,6 +497,24 @@ def test_hosted_tools_without_a_cap_cannot_spend_past_a_key_budget(
     assert sum(row["cost_usd"] or 0.0 for row in rows) <= budget
 
 
+def test_a_responses_max_tool_calls_reaches_the_provider_and_caps_what_is_held(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    """A Responses request may cap its hosted calls, all kinds together (``max_tool_calls``). The
+    router dropped the field: the provider searched three times where one was allowed, $0.03
+    billed for $0.01, and the key's worst case counted ten searches (``worst_tool_calls``)."""
+    path, body = HOSTED["openai_responses"]
+    r = router_factory(faulty(upstream, "hosted_calls=3", "openai_responses"))
+    capped = {**body, "max_tool_calls": 1}
+    resp = httpx.post(r.url + path, json=capped, timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert r.records(1)[-1]["cost_tools_usd"] == pytest.approx(0.01)  # the provider stopped at one
+    free, one = (
+        httpx.post(r.url + "/v1/route", json=b, timeout=30).json()["candidates"][0] for b in (body, capped)
+    )
+    assert free["worst_usd"] - one["worst_usd"] == pytest.approx(9 * 0.01)
+
+
 def test_a_responses_failure_is_charged_the_usage_it_reports(
     router_factory: Factory, upstream: FakeUpstream
 ) -> None:

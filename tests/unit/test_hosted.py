@@ -34,6 +34,16 @@ def test_a_requests_max_uses_caps_each_kind_it_caps_everywhere() -> None:
     assert max_uses([{"type": "web_search_20250305", "max_uses": 0}]) == {"web_search": 0}
 
 
+def test_the_responses_max_tool_calls_caps_every_hosted_kind() -> None:
+    """``max_tool_calls`` caps a Responses reply's hosted calls, all kinds together: no kind makes
+    more than it, nor more than its own cap; a client tool is no hosted kind."""
+    tools = [{"type": "web_search"}, {"type": "image_generation"}, {"type": "function", "name": "f"},
+             {"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 1}]  # fmt: skip
+    assert max_uses(tools, 2) == {"web_search": 2, "image_generation": 2, "web_fetch": 1}
+    assert max_uses(tools, 0) == {"web_search": 0, "image_generation": 0, "web_fetch": 0}
+    assert max_uses(tools) == {"web_fetch": 1}
+
+
 def test_a_responses_reply_counts_its_hosted_calls() -> None:
     output = [
         {"type": "web_search_call", "id": "ws_1"}, {"type": "web_search_call", "id": "ws_2"},

@@ -178,6 +178,9 @@ def refused(parse: Any, raw: bytes) -> str:
         (openai_chat.parse, {"messages": [{"role": "user", "content": "x"}]}, "model"),
         (anthropic.parse, {"model": "claude-x", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         (responses.parse, {"model": "auto"}, "input"),
+        (responses.parse, {"model": "auto", "input": "hi", "max_tool_calls": -1}, "max_tool_calls"),
+        (responses.parse, {"model": "auto", "input": "hi", "max_tool_calls": "3"}, "max_tool_calls"),
+        (responses.parse, {"model": "auto", "input": "hi", "max_tool_calls": True}, "max_tool_calls"),
     ],
 )  # fmt: skip
 def test_a_field_that_fails_validation_is_the_errors_param(parse, body: dict[str, Any], param: str) -> None:  # type: ignore[no-untyped-def]
@@ -208,6 +211,13 @@ def test_a_field_of_two_shapes_is_told_in_the_clients_words(parse, body: dict[st
     with pytest.raises(BadRequest) as exc:
         parse(orjson.dumps(body))
     assert str(exc.value) == f"invalid request: {said}"
+
+
+def test_a_responses_cap_on_hosted_tool_calls_is_forwarded() -> None:
+    """``max_tool_calls`` was not on the allow-list: the router dropped it, and the provider made
+    as many hosted calls (each billed) as it liked."""
+    body = {"model": "auto", "input": "hi", "tools": [{"type": "web_search"}], "max_tool_calls": 1}
+    assert responses.parse(orjson.dumps(body)).body["max_tool_calls"] == 1
 
 
 def test_an_unknown_responses_item_is_refused_naming_it() -> None:
