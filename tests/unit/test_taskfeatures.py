@@ -213,6 +213,24 @@ def test_a_key_sent_as_the_task_id_is_not_taken_as_its_name(pasted: str) -> None
         assert task_id_of(req, name, "keyhash") == name
 
 
+@pytest.mark.parametrize(
+    "pasted",
+    ["sk-proj-" + "Ab3" * 20, "sk-ant-api03-" + "x9Y" * 30, "AIza" + "Sy1" * 12, "mine/sk-" + "q7" * 24],
+)
+def test_a_key_sent_as_the_session_is_not_taken_for_the_tasks_name(pasted: str) -> None:
+    # A key in OpenAI's prompt_cache_key (or Responses') made the task "session-sk-proj-…" in the
+    # log, the console and the reply's x-router-task-id, past the header's check (hostile probe).
+    req = openai_chat.parse(
+        json.dumps({"model": "auto", "messages": [OPEN], "prompt_cache_key": pasted}).encode()
+    )
+    derived = task_id_of(req, None, "keyhash")
+    assert pasted not in derived and derived == task_id_of(chat(OPEN), None, "keyhash")
+    named = openai_chat.parse(
+        json.dumps({"model": "auto", "messages": [OPEN], "prompt_cache_key": "sk-learn-sess-1"}).encode()
+    )
+    assert task_id_of(named, None, "keyhash") == "session-sk-learn-sess-1"
+
+
 def test_a_clients_context_turn_is_not_taken_for_the_task() -> None:
     # Qwen Code (and Gemini CLI, which it forks) opens every session with the same context turn
     # before the task: every session in one folder on one day was one task, one attempt and one

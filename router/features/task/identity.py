@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import TypeGuard
 
 from router.protocols.common import ClientRequest
 
@@ -33,13 +34,17 @@ def client_key_hash(presented_key: str) -> str:
     return hashlib.sha256(("router-key:" + presented_key).encode()).hexdigest()[:16]
 
 
+def _a_name(text: str | None) -> TypeGuard[str]:
+    return text is not None and _CLIENT_TASK_ID.match(text) is not None and not _KEY_LIKE.search(text)
+
+
 def task_id_of(req: ClientRequest, header_value: str | None, key_hash: str) -> str:
     """The client's name for the task, else a session id, else a hash of the opening. A name that
     is not one (too long, odd characters, a key) is ignored as if not sent: the reply's
     ``x-router-task-id`` says the id the router used."""
-    if header_value and _CLIENT_TASK_ID.match(header_value) and not _KEY_LIKE.search(header_value):
+    if _a_name(header_value):
         return header_value
-    if req.session_hint and _CLIENT_TASK_ID.match(req.session_hint):
+    if _a_name(req.session_hint):  # OpenAI's prompt_cache_key, Claude Code's session: keys too
         return f"session-{req.session_hint}"
     h = hashlib.sha256()
     h.update(key_hash.encode())
