@@ -208,7 +208,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     ).register(app)  # fmt: skip
     Metrics(s.telemetry).register(app)
     Ops(
-        auth=s.auth, store=s.store, tasks=tasks, runtime=runtime, history=s.history,
+        auth=s.auth, store=s.store, writer=s.writer, tasks=tasks, runtime=runtime, history=s.history,
         max_body_bytes=s.settings.max_body_bytes, max_window_requests=s.settings.max_window_requests,
     ).register(app)  # fmt: skip
     Dashboard(

@@ -9,6 +9,8 @@ spend, and the policy names files and models, so they take the master key when o
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 
 from fastapi import FastAPI
@@ -106,11 +108,12 @@ class Ops:
     """The task ledger and the policy's revisions and preview, for callers with a key."""
 
     def __init__(
-        self, *, auth: Auth, store: Store, tasks: TaskContext, runtime: ActivePolicyHolder, history: PolicyHistory,
-        max_body_bytes: int, max_window_requests: int,
+        self, *, auth: Auth, store: Store, writer: LogWriter, tasks: TaskContext, runtime: ActivePolicyHolder,
+        history: PolicyHistory, max_body_bytes: int, max_window_requests: int,
     ) -> None:  # fmt: skip
         self.auth = auth
         self.store = store
+        self.writer = writer
         self.tasks = tasks
         self.runtime = runtime
         self.history = history
@@ -141,6 +144,12 @@ class Ops:
                 code="task_id_required", param="task_id",
             )  # fmt: skip
         scoped_id = scoped(principal.key_id, task_id)
+        # The writer stores records in batches: read straight after a reply (a harness checking what
+        # its task cost), the task was a 404 or lacked its latest request. A store that fails or hangs
+        # leaves the ledger to what it already holds.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await self.writer.flush()
         ledger = await load_task(self.store, scoped_id, self.max_window_requests)
         if ledger is None:
             raise TaskNotFound(task_id)

@@ -144,3 +144,18 @@ async def test_a_restricted_key_gets_no_decision_for_a_model_it_may_not_use(
     assert refused.status_code == proxied.status_code == 403
     assert refused.json()["error"]["type"] == "permission_error" and "chosen" not in refused.json()
     assert allowed.status_code == 200 and allowed.json()["chosen"] == "a"
+
+
+async def test_a_tasks_ledger_counts_the_request_just_answered(fake: FakeUpstream, tmp_path: Path) -> None:
+    # The ledger read the store alone, which the log's writer fills in batches (every 0.1 s): read
+    # right after a reply (a harness checking what its task cost), the task was a 404 "no request
+    # of task", or its ledger lacked the latest request and its cost.
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        costs = []
+        for _ in range(3):
+            reply = await r.post(headers={"x-router-task-id": "t-now", **AS_MASTER})
+            costs.append(float(reply.headers["x-router-cost-usd"]))
+            ledger = await r.client.get("/v1/tasks/t-now", headers=AS_MASTER)
+            assert ledger.status_code == 200, ledger.text
+            assert ledger.json()["requests"] == len(costs)
+            assert abs(ledger.json()["cost_usd"]["total"] - sum(costs)) < 1e-9
