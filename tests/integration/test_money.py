@@ -594,8 +594,10 @@ def test_requests_whose_tries_time_out_cannot_spend_past_a_key_budget(
     estimate, and the next backend then serves: two calls paid, one held. With the client's
     max_tokens capping the output, the hold is the dearest backend's cost at that cap, so 40
     requests at once on a key with room for about two and a half holds spent past it."""
-    quick = Timeouts(connect=1.0, first_token=1.0, idle=10.0, overall=30.0)
-    r = router_factory(faulty(upstream, "ttft_ms=3000"), timeouts=quick, master_key=MASTER)
+    # Two seconds to the first token: forty requests at once on a loaded two-core machine took
+    # the good backend's first token past one second, and nothing was served to spend.
+    quick = Timeouts(connect=1.0, first_token=2.0, idle=10.0, overall=30.0)
+    r = router_factory(faulty(upstream, "ttft_ms=6000"), timeouts=quick, master_key=MASTER)
     body = {"model": "auto", "messages": HI, "reasoning_effort": "high", "max_tokens": 600, "stream": True}
     seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
     assert seen["order"] == ["faulty", "good"]
