@@ -17,7 +17,14 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from router.errors import AttemptStopped, PayloadTooLarge, RouterError, UpstreamError, redact_key
+from router.errors import (
+    AttemptStopped,
+    PayloadTooLarge,
+    RouterError,
+    UnknownModel,
+    UpstreamError,
+    redact_key,
+)
 from router.features.task.identity import client_key_hash, scoped, task_id_of
 from router.forward.accounting import (
     CostSplit,
@@ -69,10 +76,24 @@ def rule_headers(headers: Mapping[str, str], principal: Principal) -> dict[str, 
     return principal.own_team({k: v for k, v in headers.items() if k not in SECRET_HEADERS})
 
 
-def task_of(req: ClientRequest, key_id: str | None, all_headers: Mapping[str, str]) -> str:
-    """The request's task, as stored for its caller (``identity.scoped``)."""
+#: The master key has no format ``redact_key``'s patterns could find: sent as the model name, it
+#: was kept in plain text in the log, the console line and the spans.
+_MASTER_AS_MODEL = (
+    "the model name is the router's master key (ROUTER_MASTER_KEY), not a model: GET /v1/models lists them"
+)
+
+
+def task_of(
+    req: ClientRequest, key_id: str | None, all_headers: Mapping[str, str], secret: Callable[[str], bool]
+) -> str:
+    """The request's task, as stored for its caller (``identity.scoped``). A name that is a
+    ``secret`` (the master key, which no pattern finds) is not one: as the task's name or its
+    session, it was kept in the log, the console and the reply's ``x-router-task-id``."""
     key_hash = client_key_hash(presented_key(all_headers))
-    return scoped(key_id, task_id_of(req, all_headers.get("x-router-task-id"), key_hash))
+    named = all_headers.get("x-router-task-id")
+    if req.session_hint is not None and secret(req.session_hint):
+        req.session_hint = None
+    return scoped(key_id, task_id_of(req, None if named is None or secret(named) else named, key_hash))
 
 
 def header_dict(request: Request) -> dict[str, str]:
@@ -135,12 +156,15 @@ class Proxy:
             principal = await self.auth.check(request)
             f.key_id = principal.key_id
             raw = await read_body(request, self.max_body_bytes)
-            f.req = req = wire.parse(raw)
+            req = wire.parse(raw)
+            if self.auth.is_master(req.model):  # refused before the flight keeps it for the log
+                raise UnknownModel(_MASTER_AS_MODEL)
+            f.req = req
             principal.authorize_model(req.model)
             if self.log_prompts:
                 f.prompt = prompt_text(req)
             headers = rule_headers(all_headers, principal)
-            f.task_id = task_of(req, principal.key_id, all_headers)
+            f.task_id = task_of(req, principal.key_id, all_headers, self.auth.is_master)
             key_left = await self.admission.key_budget_left(principal)
             f.decided = decided = await self.pipeline.decide(
                 f.rt, req, f.task_id, f.key_id, headers, all_headers.get("x-router-attempt"), len(raw),
@@ -181,7 +205,7 @@ class Proxy:
         """The decision this request would get now, without calling any backend or remembering it."""
         key_id = principal.key_id
         return await self.pipeline.preview(
-            self.runtime.current, req, task_of(req, key_id, all_headers), key_id,
+            self.runtime.current, req, task_of(req, key_id, all_headers, self.auth.is_master), key_id,
             rule_headers(all_headers, principal), all_headers.get("x-router-attempt"), body_bytes,
             await self.admission.key_budget_left(principal),
         )  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import sqlite3
@@ -428,3 +429,25 @@ def test_cli_revoke_json_gives_the_revoked_key(tmp_path: Path, capsys: pytest.Ca
     assert "key" not in revoked and "key_hash" not in revoked
     code, out, err = run_cli(capsys, "keys", "revoke", made["key_id"], "--store", url, "--json")
     assert code == 1 and not out and "already revoked" in err
+
+
+async def test_the_master_key_sent_where_a_name_goes_is_kept_nowhere(tmp_path, caplog, fake) -> None:  # type: ignore[no-untyped-def]
+    # The master key has no format a pattern could find (sk-, rk-): sent as the model name, the
+    # X-Router-Task-Id or the session (prompt_cache_key), it was kept in plain text in the log, the
+    # console line and the reply's x-router-task-id (found by the hostile probe).
+    from tests.unit.inprocess import MASTER, serving
+    from tests.unit.requestpath import model
+
+    with caplog.at_level(logging.INFO):
+        async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+            as_model = await r.post(key=MASTER, model=MASTER)
+            assert as_model.status_code == 404, as_model.text
+            assert MASTER not in as_model.text and "master key" in as_model.json()["error"]["message"]
+            for sent in ({"headers": {"x-router-task-id": MASTER}}, {"prompt_cache_key": MASTER}):
+                served = await r.post(key=MASTER, **sent)  # type: ignore[arg-type]
+                assert served.status_code == 200, served.text
+                assert MASTER not in served.headers["x-router-task-id"]
+            rows = await r.records()
+    assert len(rows) == 3
+    assert not [row for row in rows if MASTER in repr(dataclasses.asdict(row))]
+    assert not [m for m in caplog.messages if MASTER in m]
