@@ -11,6 +11,10 @@ refused before it was part of any attempt (no decision: an unknown model, a malf
 Cost per completed task is the spend on every task that has a verdict, divided by the tasks
 that succeeded: failed tasks, those the router refused or no backend answered included, are part
 of what a success costs. Tasks with no verdict yet are left out of it, and counted.
+
+A "task" of side calls alone (``side_only``: opencode titles each session with a call of its own
+prompt, which hashes to a task of its own) awaits no verdict: none will come, as no label is read
+of a side call. It is listed, and its spend is summed, but it is not counted as a task.
 """
 
 from __future__ import annotations
@@ -184,6 +188,17 @@ def final_outcome(outcomes: Iterable[OutcomeRecord]) -> dict[str, Any] | None:
     }
 
 
+def side_only(requests: Iterable[RequestRecord], verdicts: Mapping[str, object]) -> set[str]:
+    """The tasks of ``requests`` made of side calls alone and without a verdict (``verdicts``: by
+    task): not tasks of their own, so counted in no task count (their spend still is)."""
+    side: set[str] = set()
+    main: set[str] = set()
+    for r in requests:
+        if r.task_id:
+            (side if r.side_call else main).add(r.task_id)
+    return {t for t in side - main if verdicts.get(t) is None}
+
+
 def _costs(requests: Sequence[RequestRecord]) -> dict[str, float]:
     out = {"total": _usd(sum(r.cost_usd or 0.0 for r in requests))}
     for part, cost in COSTS.items():
@@ -215,6 +230,7 @@ def task_ledger(
         b["cost_usd"] = _usd(b["cost_usd"] + (r.cost_usd or 0.0))
     side = [r for r in requests if r.side_call]
     outcome = final_outcome([] if judged is None else [judged])
+    alone = bool(side_only(requests, {task_id: judged}))
     return {
         "task_id": task_id,
         "first_ts": requests[0].ts if requests else None,
@@ -225,6 +241,7 @@ def task_ledger(
         "fallbacks": sum(1 for r in requests if tries.fallen_back_from(r.tries)),
         "retries": sum(len(tries.retried(r.tries)) for r in requests),
         "side_calls": {"requests": len(side), "cost_usd": _usd(sum(r.cost_usd or 0.0 for r in side))},
+        "side_only": alone,
         "attempts": [
             {
                 "attempt": a,
@@ -259,16 +276,20 @@ def task_ledgers(
 
 
 def summary(ledgers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Across tasks: how many ended how, and the cost per completed task."""
+    """Across tasks: how many ended how, and the cost per completed task. Tasks of side calls alone
+    (``side_only``) are counted apart, in ``side_only``; their spend is in ``cost_usd``."""
     judged = [x for x in ledgers if x["completed"] is not None]
     completed = sum(1 for x in judged if x["completed"])
     judged_cost = _usd(sum(x["cost_usd"]["total"] for x in judged))
+    alone = [x for x in ledgers if x["side_only"]]
+    tasks = len(ledgers) - len(alone)
     return {
-        "tasks": len(ledgers),
+        "tasks": tasks,
         "with_outcome": len(judged),
         "completed": completed,
         "failed": len(judged) - completed,
-        "without_outcome": len(ledgers) - len(judged),
+        "without_outcome": tasks - len(judged),
+        "side_only": {"tasks": len(alone), "cost_usd": _usd(sum(x["cost_usd"]["total"] for x in alone))},
         "cost_usd": _usd(sum(x["cost_usd"]["total"] for x in ledgers)),
         "cost_of_judged_tasks_usd": judged_cost,
         "cost_per_completed_task_usd": _usd(judged_cost / completed) if completed else None,
@@ -340,7 +361,10 @@ def render_recent(ledgers: Sequence[Mapping[str, Any]]) -> None:
         print("no task in this window (try --since 7d)")
     for x in ledgers:
         o = x["outcome"]
-        verdict = "no verdict" if o is None else f"{'success' if o['success'] else 'failure'} ({o['source']})"
+        verdict = (
+            "side calls only" if x["side_only"] else
+            "no verdict" if o is None else f"{'success' if o['success'] else 'failure'} ({o['source']})"
+        )  # fmt: skip
         last = time.strftime("%Y-%m-%d %H:%M", time.localtime(x["last_end_ts"] or 0))
         n = x["requests"]
         print(
@@ -361,7 +385,10 @@ def render(result: Mapping[str, Any]) -> None:
         table.add_column(col, justify="left" if col in ("task", "backends", "outcome") else "right")
     for x in result["tasks"]:
         t, c, o = x["tokens"], x["cost_usd"], x["outcome"]
-        verdict = "—" if o is None else f"{'done' if o['success'] else 'failed'} ({o['source']})"
+        verdict = (
+            "— (side calls only)" if x["side_only"] else
+            "—" if o is None else f"{'done' if o['success'] else 'failed'} ({o['source']})"
+        )  # fmt: skip
         table.add_row(
             x["task_id"], str(len(x["attempts"])), f"{x['requests']} ({x['side_calls']['requests']})",
             ", ".join(f"{b} x{v['requests']}" for b, v in x["backends"].items()),
@@ -374,6 +401,14 @@ def render(result: Mapping[str, Any]) -> None:
     per_task = s["cost_per_completed_task_usd"]
     console.print(
         f"{s['tasks']} task{'s' * (s['tasks'] != 1)}: {s['completed']} completed, {s['failed']} failed, {s['without_outcome']} without "
-        f"an outcome; spent ${usd(s['cost_usd'])}; cost per completed task: "
+        f"an outcome{side_only_text(s)}; spent ${usd(s['cost_usd'])}; cost per completed task: "
         + (f"${usd(per_task)}" if per_task is not None else "n/a (no completed task with an outcome)")
     )
+
+
+def side_only_text(s: Mapping[str, Any]) -> str:
+    """The summary's tasks of side calls alone, said after the task counts ("" when none)."""
+    n = s["side_only"]["tasks"]
+    if not n:
+        return ""
+    return f" (and {n} of side calls alone, such as a session's title: no verdict awaited)"

@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from router.store import OutcomeRecord, RequestRecord
 from router.telemetry import tries
-from router.telemetry.ledger import task_verdicts
+from router.telemetry.ledger import side_only, task_verdicts
 
 Read = Callable[[RequestRecord], Any]
 
@@ -110,7 +111,9 @@ def _group(
     rows: Sequence[RequestRecord],
     verdicts: Mapping[str, OutcomeRecord | None],
     seconds: float | None,
+    alone: AbstractSet[str] = frozenset(),
 ) -> dict[str, Any]:
+    """``alone``: the tasks of side calls alone (``ledger.side_only``), not counted as tasks."""
     n = len(rows)
     ok = [r for r in rows if is_ok(r)]
     timed = [r for r in ok if r.total_ms is not None]
@@ -126,7 +129,7 @@ def _group(
     n_ok = len(ok) or 1
     inputs = sum(r.input_tokens or 0 for r in rows)
     cost = sum(r.cost_usd or 0.0 for r in rows)
-    tasks = {r.task_id for r in rows if r.task_id}
+    tasks = {r.task_id for r in rows if r.task_id and r.task_id not in alone}
     judged = {t for t in tasks if verdicts.get(t) is not None}
     completed = sum(1 for t in judged if (v := verdicts[t]) is not None and v.success)
     judged_cost = sum(r.cost_usd or 0.0 for r in rows if r.task_id in judged)
@@ -171,6 +174,7 @@ def build_report(
     end = max((_end(r) for r in requests), default=None)
     seconds = (end - start) if start is not None and end is not None and end > start else None
     verdicts = task_verdicts(requests, outcomes)
+    alone = side_only(requests, verdicts)
     groups: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
         groups[group_of(r) or "(none)"].append(r)
@@ -189,7 +193,7 @@ def build_report(
             if seconds
             else None,
         },
-        "groups": [_group(k, rows, verdicts, seconds) for k, rows in ordered],
+        "groups": [_group(k, rows, verdicts, seconds, alone) for k, rows in ordered],
     }
 
 

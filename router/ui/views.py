@@ -181,7 +181,7 @@ def task_rows(
     for x in ledgers:
         client = clients[x["task_id"]].most_common(1)[0][0] if clients[x["task_id"]] else ""
         repo = repos.get(x["task_id"], "")
-        verdict = verdict_text(x["outcome"])
+        verdict = "side calls only" if x["side_only"] else verdict_text(x["outcome"])
         haystack = " ".join([x["task_id"], repo, client, verdict, *x["backends"]]).lower()
         if q and q not in haystack:
             continue

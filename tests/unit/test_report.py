@@ -213,7 +213,7 @@ def test_task_ledger(store_url: str, capsys: pytest.CaptureFixture[str]) -> None
     result = run_json(capsys, "tasks", "--store", store_url, "--since", "1h", "--json")
     assert result["summary"] == {
         "tasks": 3, "with_outcome": 2, "completed": 1, "failed": 1, "without_outcome": 1,
-        "cost_usd": pytest.approx(0.105), "cost_of_judged_tasks_usd": pytest.approx(0.1),
+        "side_only": {"tasks": 0, "cost_usd": 0}, "cost_usd": pytest.approx(0.105), "cost_of_judged_tasks_usd": pytest.approx(0.1),
         "cost_per_completed_task_usd": pytest.approx(0.1),
     }  # fmt: skip
     tasks = {t["task_id"]: t for t in result["tasks"]}
@@ -509,3 +509,34 @@ def test_a_request_refused_before_any_attempt_ends_no_task() -> None:
     assert summary(ledgers)["tasks"] == 2 and [x["completed"] for x in ledgers if x["task_id"] == "typo"] == [
         None
     ]
+
+
+def test_a_task_of_side_calls_alone_awaits_no_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    # opencode titles each session with a call of its own prompt, a task of its own (another hash)
+    # that no label is ever read of: `router tasks` and the dashboard said "2 tasks (1 with a
+    # verdict)" for one opencode run, the title "no verdict yet" forever.
+    title = RequestRecord("t1", BASE, task_id="title", attempt=1, status=200, chosen_model="alpha",
+                          side_call=True, cost_usd=0.001)  # fmt: skip
+    run = [
+        RequestRecord(f"m{i}", BASE + 1 + i, task_id="run", attempt=1, status=200, chosen_model="alpha",
+                      side_call=i == 2, cost_usd=0.01)
+        for i in range(3)
+    ]  # fmt: skip
+    label = OutcomeRecord("run", 1, True, 0.9, LABEL_MODEL, None, BASE + 4, False)
+    requests = [title, *run]
+    ledgers = task_ledgers(requests, [label])
+    s = summary(ledgers)
+    assert (s["tasks"], s["with_outcome"], s["without_outcome"]) == (1, 1, 0)
+    assert s["side_only"] == {"tasks": 1, "cost_usd": pytest.approx(0.001)}
+    assert s["cost_usd"] == pytest.approx(0.031)  # its spend is still spend
+    assert [x["side_only"] for x in ledgers] == [False, True]  # listed, most recent first
+    [group] = build_report(requests, [label])["groups"]
+    assert group["tasks"] == {"count": 1, "with_outcome": 1, "completed": 1}
+    render({"summary": s, "tasks": ledgers})
+    out = capsys.readouterr().out
+    assert "1 task: 1 completed, 0 failed, 0 without an outcome (and 1 of side calls alone" in out
+    assert "side calls only" in out
+    # An explicit outcome makes it a task like any other.
+    said = OutcomeRecord("title", 1, False, None, "explicit", None, BASE + 5, True)
+    s = summary(task_ledgers(requests, [label, said]))
+    assert (s["tasks"], s["with_outcome"], s["side_only"]["tasks"]) == (2, 2, 0)

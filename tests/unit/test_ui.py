@@ -121,6 +121,21 @@ def test_overview_totals_and_timeline() -> None:
     assert o["timeline"]["requests"][-1][0] == "now"
 
 
+def test_a_task_of_side_calls_alone_is_no_task_awaiting_a_verdict() -> None:
+    # opencode's session title is a side call that hashes to a task of its own: the headline read
+    # "2 tasks (1 with a verdict)" for one opencode run, the task list "no verdict yet" for the title.
+    requests = [_row("title", 10.0, "cheap", 0.25, side_call=True), _row("run", 11.0, "cheap", 0.5)]
+    o = views.overview(requests, [_verdict("run", True, 20.0)], since=0.0, until=100.0)
+    assert (o["tasks"]["tasks"], o["tasks"]["with_outcome"], o["spend_usd"]) == (1, 1, 0.75)
+    [group] = o["groupings"][0]["groups"]
+    assert group["tasks"]["count"] == 1
+    rows = views.task_rows(requests, [_verdict("run", True, 20.0)])
+    assert [(t["task_id"], t["verdict"]) for t in rows["tasks"]] == [
+        ("run", "success (explicit)"),
+        ("title", "side calls only"),
+    ]
+
+
 def test_window_labels() -> None:
     assert views.window_seconds("1h") == ("1h", 3600)
     assert views.window_seconds("1y") == (views.DEFAULT_WINDOW, views.WINDOWS[views.DEFAULT_WINDOW])
