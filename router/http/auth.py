@@ -131,6 +131,9 @@ class Auth:
         self._browsers = browsers or Browsers()
         self._cache: OrderedDict[str, tuple[float, KeyRecord | None]] = OrderedDict()
         self._keys_exist = False
+        #: The mode has been said (``start``): from then on, keys found end an open mode this
+        #: process served, which is worth a warning; found at startup, they are just its mode.
+        self._announced = False
         self._mode_checked = float("-inf")
         self._refreshing: asyncio.Task[None] | None = None
 
@@ -166,6 +169,7 @@ class Auth:
         """Decide the mode (the store must be open) and say which it is."""
         await self._refresh_mode()
         self.announce()
+        self._announced = True
 
     def announce(self) -> None:
         if self.open:
@@ -196,7 +200,7 @@ class Auth:
         except Exception as exc:  # the mode stays as it was until the store answers again
             log.warning("auth: cannot read virtual keys from the store: %s", type(exc).__name__)
             return
-        if self._keys_exist:
+        if self._keys_exist and self._announced:
             log.warning("auth: virtual keys exist now; open mode has ended")
 
     def _refreshed(self, _: asyncio.Task[None]) -> None:

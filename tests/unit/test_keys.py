@@ -210,6 +210,41 @@ async def test_creating_a_key_ends_open_mode_within_the_ttl(store: SQLiteStore) 
     assert not auth.open
 
 
+async def test_open_mode_is_said_to_end_only_where_this_process_served_open(
+    store: SQLiteStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `router keys create`, then `router serve` without ROUTER_MASTER_KEY: startup warned "virtual
+    # keys exist now; open mode has ended" of a process that never was open.
+    _, rec = keys.new_key("before")
+    await store.create_key(rec)
+    caplog.set_level(logging.INFO, logger="router.http.auth")
+    await Auth(None, store).start()
+    assert [r.getMessage() for r in caplog.records] == [
+        "auth: virtual keys mode - callers need a virtual key (no master key is set)"
+    ]
+    # A key created while a process served open does end its open mode, and it says so.
+    caplog.clear()
+    clock = Clock()
+    empty = SQLiteStore(str(tmp_path / "empty.db"))
+    await empty.open()
+    try:
+        auth = Auth(None, empty, ttl=30, clock=clock)
+        await auth.start()
+        await empty.create_key(keys.new_key("late")[1])
+        clock.now += 31
+        await auth.check(request())
+        async with asyncio.timeout(5):
+            while auth.open:  # noqa: ASYNC110 - polling a flag the background refresh sets
+                await asyncio.sleep(0.01)
+    finally:
+        await empty.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        said[0].startswith("auth: OPEN MODE")
+        and said[1] == "auth: virtual keys exist now; open mode has ended"
+    )
+
+
 async def test_master_key_mode(store: SQLiteStore) -> None:
     auth = Auth(SecretStr("the-master-key"), store)
     await auth.start()
