@@ -9,7 +9,8 @@ request no backend answered (the router refused it, or every backend failed; its
 cost per completed task). An explicit verdict counts 1 or 0; a label of the label model counts
 its calibrated P(success) (its confidence), so an unsure label moves a rate less; a label of the
 older hand-weighted signals counts 1 or 0. Tasks without a verdict count in ``tasks`` but not in
-the rates.
+the rates, save a task of side calls alone, which awaits none (``ledger.side_only``: an opencode
+session's title) and counts in neither.
 
 Intervals are 95%: Wilson's for the success rate; for cost per completed task (a ratio of two
 means over tasks, total cost / completed) the delta method.
@@ -69,6 +70,8 @@ class TaskTally:
         #: Per (task, attempt), its latest main-loop request's start and whether a backend
         #: answered it: only an attempt so answered has an inferred verdict.
         self.latest: dict[tuple[str, int], tuple[float, bool]] = {}
+        #: Tasks with a main-loop request: one of side calls alone is no task (``ledger.side_only``).
+        self.main: set[str] = set()
 
     def add(self, requests: Iterable[RequestRecord]) -> None:
         for r in requests:
@@ -85,6 +88,8 @@ class TaskTally:
             self.arm_of.setdefault(task, arm)
             self.key_of.setdefault(task, r.key_id)
             self.cost[task] += r.cost_usd or 0.0
+            if not r.side_call:
+                self.main.add(task)
             latest_main((r,), self.latest)
             if self.latency is not None and r.status == 200 and r.total_ms is not None:
                 self.latency[self.arm_of[task]].append(r.total_ms)
@@ -101,9 +106,11 @@ class TaskTally:
         verdicts = self.verdicts(outcomes)
         arms: dict[str, ArmTasks] = defaultdict(ArmTasks)
         for task, arm in self.arm_of.items():
+            v = verdicts.get(task)
+            if v is None and task not in self.main:
+                continue
             a = arms[arm]
             a.tasks += 1
-            v = verdicts.get(task)
             if v is not None:
                 a.success.append(success_value(v))
                 a.cost.append(self.cost[task])

@@ -26,6 +26,7 @@ from router.telemetry.ledger import (
     final_outcome,
     load_task,
     render,
+    side_only,
     summary,
     task_ledger,
     task_ledgers,
@@ -481,8 +482,11 @@ def test_the_arms_and_the_ledger_judge_each_task_alike() -> None:
     tally.add(requests[5:])
     assert tally.verdicts(outcomes) == {t: v for t, v in verdicts.items() if t in ledgers}
     by = tally.arms(outcomes)
+    # A task of side calls alone awaits no verdict: counted as a task by neither.
+    alone = side_only(requests, verdicts)
+    assert alone == {"side"} and sum(x["side_only"] for x in task_ledgers(requests, outcomes)) == 1
     for arm in ("treated", "control"):
-        tasks = list(dict.fromkeys(r.task_id for r in requests if r.arm == arm))
+        tasks = [t for t in dict.fromkeys(r.task_id for r in requests if r.arm == arm) if t not in alone]
         counted = [t for t in tasks if t in verdicts]
         assert by[arm].tasks == len(tasks)
         assert by[arm].success == [arms.success_value(verdicts[t]) for t in counted], arm
