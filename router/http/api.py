@@ -100,7 +100,9 @@ class Api:
         listed = self.model_list(principal)
         found = next((m for m in listed if m["id"] == model_id), None)
         if found is None:
-            names = ", ".join(m["id"] for m in listed)
+            # The list gives backends no route serves too (for their limits): asking for one is a 404.
+            policy = self.runtime.current.policy
+            names = ", ".join(m["id"] for m in listed if policy.route_for(m["id"]) is not None)
             raise UnknownModel(f"model {model_id!r} is not served here; ask for one of: {names}")
         return json_reply(found)
 

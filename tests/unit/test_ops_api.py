@@ -88,6 +88,22 @@ async def test_a_model_the_list_gives_can_be_retrieved(fake: FakeUpstream, tmp_p
         assert (await r.client.get("/v1/models/a")).status_code == 401
 
 
+async def test_a_missing_models_404_suggests_only_names_a_route_serves(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    # It suggested every listed name, backends no route serves among them, and asking for one of
+    # those was a 404 of its own ("no route serves that name").
+    routes = {"routes": [{"match": "auto", "candidates": ["a", "b"]}, {"match": "b", "passthrough": "b"}]}
+    models = [model("a", fake.url), model("b", fake.url)]
+    async with serving(tmp_path, models, policy=routes, master_key=MASTER) as r:
+        missing = await r.client.get("/v1/models/nope", headers=AS_MASTER)
+        message = str(error_of(missing, 404)["message"])
+        suggested = message.split("ask for one of: ")[1].split(", ")
+        asked = [await r.post(model=name, headers=AS_MASTER) for name in suggested]
+    assert suggested == ["auto", "b"], message
+    assert [a.status_code for a in asked] == [200, 200]
+
+
 async def test_models_are_created_when_the_catalog_was_loaded(fake: FakeUpstream, tmp_path: Path) -> None:
     # `created` was the process's start, and Anthropic's `created_at` the epoch, whatever reloads did.
     import dataclasses
