@@ -397,8 +397,11 @@ def render(p: Mapping[str, Any]) -> None:
         console.print(f"[red]unroutable under the new policy[/]: {p['unroutable']}")
     before, after = p["cost_usd_before"], p["cost_usd_after"]
     change = f" ({(after - before) / before:+.1%})" if before else ""
-    console.print(f"[bold]cost[/]: ${before:.6f} logged → ${after:.6f} projected{change}; "
-                  f"of which ${p['cache_switch_usd']:+.6f} from prompt caching after the moves")  # fmt: skip
+    # Where the moves change no cache read, "$+0.000000" from caching was noise beside the figures.
+    switch = round(p["cache_switch_usd"], 6)
+    caching = (f"; of which {'-' if switch < 0 else '+'}${abs(switch):.6f} from prompt caching after the moves"
+               if switch else "")  # fmt: skip
+    console.print(f"[bold]cost[/]: ${before:.6f} logged → ${after:.6f} projected{change}{caching}")
     for name, s in p["success"].items():
         if s is None:
             console.print(f"[bold]success ({name})[/]: n/a ({p['success_missing'][name]})")

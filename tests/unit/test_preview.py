@@ -281,3 +281,22 @@ def test_a_task_of_side_calls_alone_counts_its_attempt(tmp_path: Path) -> None:
     # Its second attempt too, and an attempt counts once however many side calls it had.
     more = [*rows, row(4, "a", task="t2", attempt=2, side_call=True), row(5, "a", task="t2", side_call=True)]
     assert preview(more, [], runtime(tmp_path, ["a", "b"], name="q"))["attempts"] == 3
+
+
+def test_the_printed_cost_says_what_caching_changes_as_dollars_or_not_at_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It printed "of which $+0.000000 from prompt caching" where caching changed nothing (the demo's
+    # preview, in docs/policy.md), a sign between the dollar and its digits unlike the figures beside it.
+    from router.rollout.preview import render
+
+    p = preview([row(1, "a")], [], runtime(tmp_path, ["b"]))
+    printed = {}
+    for switch in (0.0, 2e-7, 0.0004321, -0.012):
+        render({**p, "cache_switch_usd": switch})
+        printed[switch] = next(
+            line for line in capsys.readouterr().out.splitlines() if line.startswith("cost:")
+        )
+    assert printed[0.0] == printed[2e-7] and "caching" not in printed[0.0]
+    assert printed[0.0004321].endswith("; of which +$0.000432 from prompt caching after the moves")
+    assert printed[-0.012].endswith("; of which -$0.012000 from prompt caching after the moves")
