@@ -60,6 +60,8 @@ class Api:
     async def count_tokens(self, request: Request, principal: Principal) -> Response:
         raw = await read_body(request, self.max_body_bytes)
         req = anthropic_protocol.parse(raw, count_only=True)
+        # As /v1/messages would refuse it: a key restricted with --models gets nothing for another.
+        principal.authorize_model(req.model)
         # Off the event loop unless short: a large prompt's count would stall every client.
         if len(raw) <= INLINE_CHARS:
             return json_reply({"input_tokens": self.counter.count_request(req)})

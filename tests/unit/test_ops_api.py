@@ -175,3 +175,24 @@ async def test_a_tasks_ledger_counts_the_request_just_answered(fake: FakeUpstrea
             assert ledger.status_code == 200, ledger.text
             assert ledger.json()["requests"] == len(costs)
             assert abs(ledger.json()["cost_usd"]["total"] - sum(costs)) < 1e-9
+
+
+async def test_a_restricted_key_gets_no_token_count_for_a_model_it_may_not_use(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    # POST /v1/messages/count_tokens counted for any model, where /v1/messages refuses the key (403).
+    policy = {"routes": [{"match": "auto", "candidates": ["a"]}, {"match": "big", "passthrough": "b"}]}
+    async with serving(
+        tmp_path, [model("a", fake.url), model("b", fake.url)], policy=policy, master_key=MASTER
+    ) as r:
+        key, _ = await r.key(models=["auto"])
+        body = {"model": "big", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+        as_key = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+        counted = await r.client.post("/v1/messages/count_tokens", json=body, headers=as_key)
+        proxied = await r.client.post("/v1/messages", json=body, headers=as_key)
+        allowed = await r.client.post(
+            "/v1/messages/count_tokens", json={**body, "model": "auto"}, headers=as_key
+        )
+    assert counted.status_code == proxied.status_code == 403, counted.text
+    assert counted.json() == proxied.json() and counted.json()["error"]["type"] == "permission_error"
+    assert allowed.status_code == 200 and allowed.json()["input_tokens"] > 0
