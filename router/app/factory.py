@@ -212,7 +212,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         max_body_bytes=s.settings.max_body_bytes, max_window_requests=s.settings.max_window_requests,
     ).register(app)  # fmt: skip
     Dashboard(
-        store=s.store, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config,
+        store=s.store, writer=s.writer, auth=s.auth, runtime=lambda: runtime.current, history=s.history, config=s.settings.config,
         max_requests=s.settings.max_window_requests,
     ).register(app)  # fmt: skip
     # Routes are labelled by the policy in force, which a reload may replace.

@@ -9,8 +9,6 @@ spend, and the policy names files and models, so they take the master key when o
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
 from fastapi import FastAPI
@@ -144,12 +142,9 @@ class Ops:
                 code="task_id_required", param="task_id",
             )  # fmt: skip
         scoped_id = scoped(principal.key_id, task_id)
-        # The writer stores records in batches: read straight after a reply (a harness checking what
-        # its task cost), the task was a 404 or lacked its latest request. A store that fails or hangs
-        # leaves the ledger to what it already holds.
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(1.0):
-                await self.writer.flush()
+        # Read straight after a reply (a harness checking what its task cost), the task was a 404 or
+        # lacked its latest request.
+        await self.writer.flush_for_reader()
         ledger = await load_task(self.store, scoped_id, self.max_window_requests)
         if ledger is None:
             raise TaskNotFound(task_id)

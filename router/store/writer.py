@@ -278,6 +278,15 @@ class LogWriter:
         """Store everything buffered now; raises the store's error if it fails (records are kept)."""
         await self._write_pending()
 
+    async def flush_for_reader(self, within: float = 1.0) -> None:
+        """Store what is buffered now, for a read of the log straight after a reply (a task's ledger
+        or its dashboard page), which the batches would miss for up to their interval. Waits at most
+        ``within`` seconds: a store that fails or hangs leaves the reader to what it already holds
+        (the records stay buffered)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(within):
+                await self.flush()
+
     async def close(self, timeout: float) -> None:  # noqa: ASYNC109 - records left at the deadline are counted
         """Stop the loop and store what is left, retrying until ``timeout``; the rest count as dropped."""
         self._closed = True

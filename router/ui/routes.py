@@ -32,6 +32,7 @@ from router.policy.active import ActivePolicy, PolicyHistory
 from router.rollout.preview import preview_posted
 from router.store import OutcomeRecord, RequestRecord, Store
 from router.store.window import latest_requests
+from router.store.writer import LogWriter
 from router.telemetry.ledger import tokens
 from router.ui import charts, policyview, session, views
 
@@ -132,10 +133,11 @@ class Dashboard:
     window a page reads (the latest)."""
 
     def __init__(
-        self, *, store: Store, auth: Auth, runtime: Callable[[], ActivePolicy], history: PolicyHistory, config: Path,
-        max_requests: int,
+        self, *, store: Store, writer: LogWriter, auth: Auth, runtime: Callable[[], ActivePolicy],
+        history: PolicyHistory, config: Path, max_requests: int,
     ) -> None:  # fmt: skip
         self.store = store
+        self.writer = writer
         self.auth = auth
         self.runtime = runtime
         self.history = history
@@ -217,6 +219,8 @@ class Dashboard:
         most = self.max_requests
         # A task of many thousand requests is read as far as a window is, and laid out on a
         # worker thread: one look at it must not hold every client's replies (as /v1/tasks/{id}).
+        # Opened straight after a reply, the page missed the request (the writer's batch).
+        await self.writer.flush_for_reader()
         requests = await self.store.requests_for_task(task_id, most + 1)
         if not requests:
             return self.render(request, "missing.html", 404, task_id=task_id)

@@ -407,3 +407,16 @@ async def test_the_window_pages_read_the_same_without_the_columns_they_leave_unr
     assert views.task_rows(shown, outcomes) == views.task_rows(everything, outcomes)
     assert views.latency(shown, outcomes) == views.latency(everything, outcomes)
     assert policyview.arms(shown, outcomes, "rev") == policyview.arms(everything, outcomes, "rev")
+
+
+async def test_the_task_page_shows_the_request_just_answered(fake: FakeUpstream, tmp_path: Path) -> None:
+    # The page read the store alone, which the log's writer fills in batches (every 0.1 s): opened
+    # right after a reply it was "no such task", or lacked the latest request (as GET /v1/tasks/{id}
+    # was before f6e3128).
+    async with serving(tmp_path, [model("a", fake.url)]) as r:
+        for n in range(1, 4):
+            answer = await r.post(headers={"x-router-task-id": "t-now"})
+            assert answer.status_code == 200, answer.text
+            page = await r.client.get("/ui/tasks/t-now")
+            assert page.status_code == 200, page.text
+            assert page.text.split('<table id="requests">')[1].count("<strong>a</strong>") == n
