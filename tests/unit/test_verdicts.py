@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from router.learning.training import control, verdicts
+from router.learning.training import margin as margins
 
 
 def _world(
@@ -67,3 +68,42 @@ def test_orders_read_across_models_are_nearer_the_truth_than_each_runs_verdict()
     assert np.mean(err_across) < 0.85 * np.mean(err_run)
     # The order chosen on each run's verdict looked better than it is, by more.
     assert np.mean(got_across) > np.mean(got_run) + 0.03
+
+
+def _flipped(
+    judged: control.Runs, tasks: set[str], noise: tuple[float, float]
+) -> dict[str, dict[str, control.Run]]:
+    """Every model's verdict on ``tasks`` the other way round."""
+    fa, fr = noise
+    return {
+        m: {t: control.Run(not r.resolved, r.cost, r.calls, p_right=(float(not r.resolved) - fa) / (1.0 - fa - fr))
+            if t in tasks else r for t, r in by.items()}
+        for m, by in judged.items()
+    }  # fmt: skip
+
+
+def test_an_inner_folds_orders_read_none_of_its_left_out_tasks_verdicts() -> None:
+    """The inner cross-validation that picks the margin chooses each inner fold's orders on rows
+    read on that fold's training tasks alone: turning the left-out tasks' verdicts round cannot
+    change the orders they are scored on. Read once on every training task (as the margin was
+    chosen before), the same change does."""
+    noise = (0.3, 0.2)
+    ids, runs = _world(1, tasks=120, models=6)
+    judged = _judged(runs, noise, 1)
+    held, *_ = margins.inner_folds(ids, margins.INNER_FOLDS, seed=0)
+    fit = np.setdiff1d(np.arange(len(ids)), held)
+    flipped = _flipped(judged, {ids[i] for i in held}, noise)
+    choices = [(k, float(t)) for k in (1, 2, 3) for t in np.arange(0.40, 0.95, 0.01)]
+
+    def per_fold(j: control.Runs) -> list[list[int]]:
+        return [
+            list(s) for s in verdicts.chooser(verdicts.per_fold(j, ids, noise), {}, noise, 3)(fit, choices)
+        ]
+
+    def read_once(j: control.Runs) -> list[list[int]]:
+        every = verdicts.rows(j, ids, noise)
+        read = lambda f: every.of([ids[i] for i in f])  # noqa: E731
+        return [list(s) for s in verdicts.chooser(read, {}, noise, 3)(fit, choices)]
+
+    assert per_fold(judged) == per_fold(flipped)
+    assert read_once(judged) != read_once(flipped)

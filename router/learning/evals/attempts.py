@@ -174,6 +174,13 @@ def evaluate_fold(
         if any(s.noise) and judging is None
         else verdicts.plain(policy_train, train_ids)
     )
+    # The inner cross-validation reads each inner fold's verdicts apart (no left-out task's
+    # verdict shapes the order it is scored on).
+    inner = (
+        verdicts.inner_margin(policy_train, train_ids, s.noise, n, seed=s.seed)
+        if any(s.noise) and judging is None
+        else None
+    )
     known_test = {(t, m): r for m, by in test_runs.items() for t, r in by.items() if r.call_costs is not None}
 
     def run(plan: Sequence[str], execution: Execution) -> dict[str, Any]:
@@ -211,7 +218,7 @@ def evaluate_fold(
     for target in sorted({*s.targets, *SWEEP}):
         learned = control.learn(
             planned.runs, planned.ids, n, target, judging, s.noise, seed=s.seed, weights=planned.weights,
-            task_of=planned.task_of,
+            task_of=planned.task_of, inner=inner,
         )  # fmt: skip
         caps = {m: AttemptControl(max_calls=c.max_calls) for m, c in learned.controls.items()}
         plans = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -338,12 +338,15 @@ def learn(
     caps: bool = True, stop_loss: bool = True, cap_factors: Sequence[float] = CAP_FACTORS,
     thresholds: Sequence[float] = THRESHOLDS, seed: int = 0, weights: np.ndarray | None = None,
     task_of: Mapping[str, str] | None = None, inner_folds: int = margins.INNER_FOLDS,
+    inner: Callable[[Mapping[str, AttemptControl], float], margins.Margin] | None = None,
 ) -> Learned:  # fmt: skip
     """Caps, stop-loss thresholds and the order chosen under them, on ``tasks`` (training only;
     ``weights``: how much each counts, for rows standing for a task's likely difficulties, and
     ``task_of`` the task each row stands for). With a target, the order is chosen at the target
     plus the margin an inner cross-validation on ``tasks`` finds it needs to reach the target on
-    tasks it was not chosen on (``inner_folds`` = 0: at the target itself).
+    tasks it was not chosen on (``inner_folds`` = 0: at the target itself); ``inner``: that
+    cross-validation (given the controls and the target) where it must read the tasks otherwise
+    than as ``runs`` (``router.learning.training.verdicts.inner_margin``).
 
     Greedy, on the models of the order chosen so far (a control on a model no order uses changes
     nothing): each keeps a cap or a threshold only where the order chosen under it costs less per
@@ -405,7 +408,10 @@ def learn(
     # The trials searched the shortlist; the order itself is chosen among every model.
     _, o, i = score(controls, among=everyone)
     chosen = margins.Margin(0.0, None, {})
-    if target is not None and inner_folds:
+    if target is not None and inner is not None:
+        chosen = inner(controls, target)
+        i = o.best(chosen.at(target), chosen.longest)
+    elif target is not None and inner_folds:
         tbl = _stack(everyone, [col(m, controls[m]) for m in everyone])
         groups = [task_of.get(t, t) if task_of is not None else t for t in tasks]
         chosen = inner_margin(tbl, groups, weights, target, max_len, folds=inner_folds, seed=seed)

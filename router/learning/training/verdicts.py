@@ -20,11 +20,14 @@ would look better than it is).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from router.features.task.attempt import AttemptControl
+from router.learning.training import control
+from router.learning.training import margin as margins
 from router.learning.training.control import Run
 
 #: Difficulty values a task may take (logit shifts).
@@ -130,3 +133,60 @@ def rows(judged: Mapping[str, Mapping[str, Run]], tasks: Sequence[str], noise: t
             for j, m in enumerate(models):
                 out[m][row] = replace(judged[m][t], p_right=float(post.right[i, g, j]))
     return Rows(out, ids, np.array(weights), task_of)
+
+
+#: (the controls, the target) → the margin and longest order to choose the target's order at.
+InnerMargin = Callable[[Mapping[str, AttemptControl], float], margins.Margin]
+
+
+def inner_margin(
+    judged: Mapping[str, Mapping[str, Run]], tasks: Sequence[str], noise: tuple[float, float], max_len: int,
+    *, folds: int = margins.INNER_FOLDS, seed: int = 0,
+) -> InnerMargin:  # fmt: skip
+    """The inner cross-validation (``control.inner_margin``) under a noisy verifier: each inner
+    fold's orders are chosen on rows read again on its own training tasks' verdicts alone, and its
+    left-out tasks scored on their verdicts corrected by the verifier's rates (``judged``'s
+    ``p_right``, unbiased for any order). Read once on every training task, the rows would let the
+    left-out tasks' own verdicts shape the order scored on them, and the inner folds could not see
+    a choice that rode on them."""
+    read = per_fold(judged, tasks, noise)
+
+    def margin(controls: Mapping[str, AttemptControl], target: float) -> margins.Margin:
+        held_tbl = control.table(judged, tasks, controls, exact_noise=noise)
+        return margins.learn(
+            tasks, np.ones(len(tasks)), target, max_len, chooser(read, controls, noise, max_len),
+            lambda held, seq: control.scored(control.subset(held_tbl, held), seq), folds=folds, seed=seed,
+        )  # fmt: skip
+
+    return margin
+
+
+def per_fold(
+    judged: Mapping[str, Mapping[str, Run]], tasks: Sequence[str], noise: tuple[float, float]
+) -> Callable[[np.ndarray], Rows]:
+    """An inner fold's training tasks (indices into ``tasks``) → their rows, read on their own
+    verdicts alone (each fold's read once: the targets share them)."""
+    read_for: dict[bytes, Rows] = {}
+
+    def read(fit: np.ndarray) -> Rows:
+        key = fit.tobytes()
+        if key not in read_for:
+            read_for[key] = rows(judged, [tasks[i] for i in fit], noise)
+        return read_for[key]
+
+    return read
+
+
+def chooser(
+    read: Callable[[np.ndarray], Rows], controls: Mapping[str, AttemptControl], noise: tuple[float, float],
+    max_len: int,
+) -> margins.Choose:  # fmt: skip
+    """An inner fold's choice of order at each (longest, target), on the rows ``read`` gives for
+    its training tasks (indices into the tasks)."""
+
+    def choose(fit: np.ndarray, choices: Sequence[tuple[int, float]]) -> list[list[int]]:
+        r = read(fit)
+        o = control.orders(control.table(r.runs, r.ids, controls, exact_noise=noise), max_len, r.weights)
+        return [[j for j in o.seqs[o.best(t, k)].tolist() if j >= 0] for k, t in choices]
+
+    return choose
