@@ -9,8 +9,9 @@ browser is the way in, twice over:
 * **DNS rebinding**: a site that rebinds its name to 127.0.0.1 calls the router *same-origin*, so
   it reads the replies too, and its GETs carry no ``Origin`` at all (the dashboard, the task
   ledger, the policy were its to read). What it cannot change is the ``Host`` its browser sends,
-  its own name; so only a loopback name or address, or a host the operator names
-  (``ROUTER_ALLOWED_HOSTS``: a LAN name, ``*.lan``), is answered.
+  its own name; so only ``localhost``, an IP address (rebinding needs a name; another site's page
+  calling the router by its address sends its ``Origin``, refused as above), or a host the operator names (``ROUTER_ALLOWED_HOSTS``:
+  a LAN name, ``*.lan``), is answered.
 
 Agents, SDKs and scripts call the address they were given and send no ``Origin``: they are served
 as before.
@@ -50,6 +51,16 @@ def _loopback(name: str) -> bool:
         return False
 
 
+def _address(name: str) -> bool:
+    """An IP address, not a name: no site can rebind it (the router reached by its LAN address, a
+    container's published port by IP); another site's page calling it sends its ``Origin``."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def allowed_hosts(given: str | Iterable[str]) -> tuple[str, ...]:
     """The operator's list, from ``a.lan, *.corp.example`` or a list: lower-cased, blanks dropped."""
     names = given.split(",") if isinstance(given, str) else given
@@ -67,9 +78,13 @@ class Browsers:
         name = _hostname(host)
         if name is None:
             return False
-        return _loopback(name) or any(
-            pattern == "*" or name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:]))
-            for pattern in self.allowed
+        return (
+            _loopback(name)
+            or _address(name)
+            or any(
+                pattern == "*" or name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:]))
+                for pattern in self.allowed
+            )
         )
 
     def refusal(self, headers: Mapping[str, str]) -> str | None:
@@ -80,7 +95,7 @@ class Browsers:
             shown = host if len(host) <= _QUOTED else host[:_QUOTED] + "…"
             return (
                 f"host {shown!r} is refused in open mode: a web site that points its name at this "
-                "machine could read and spend through this router. Call it as localhost or 127.0.0.1, "
+                "machine could read and spend through this router. Call it as localhost or by its address, "
                 "name the host in ROUTER_ALLOWED_HOSTS (--allowed-hosts), or set ROUTER_MASTER_KEY"
             )
         origin = headers.get("origin")
