@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
 from router.features.request import Features
@@ -29,11 +29,10 @@ from router.ids import IdMaker
 from router.policy.budget import budget_left, held, within_budget
 from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
-from router.policy.estimates import Estimates, cache_cell, turn_cell
+from router.policy.estimates import Estimates, turn_cell
+from router.policy.pricing import PRIORS, estimate, with_hosted_tools
 from router.policy.window import over_window, wanted_output
 from router.store.records import Estimate
-
-_PRIORS: Final = Estimates()
 
 
 @dataclass(slots=True)
@@ -100,48 +99,6 @@ class CheapestScorer:
 _CHEAPEST = CheapestScorer()
 
 
-def estimate(
-    backend: Backend, features: Features, expected_output: int, estimates: Estimates | None = None,
-    prompt: int | None = None, hold_output: int | None = None,
-) -> Estimate:  # fmt: skip
-    """Tokens and dollars of this call on ``backend``, prompt caching included.
-
-    ``prompt``: the prompt in the backend's tokens (default ``features.prompt_tokens``). The task's
-    prefix is warm only on the backend it last used, within that provider's cache lifetime; the
-    provider caches it in whole blocks, and the share of those ``estimates`` learned (a mean: a
-    call hits or misses); anywhere else the whole prompt is new, and where the provider charges
-    for cache writes (Anthropic) a switch pays them.
-    ``hold_output``: the output a budget holds for (the cost at it is ``hold_usd``; without it, the
-    hold is the expected cost). ``worst_usd`` is the cost at the most output the call may write.
-    """
-    est = estimates or _PRIORS
-    out = min(features.max_output_tokens or expected_output, expected_output, backend.max_output_tokens)
-    prompt = features.prompt_tokens if prompt is None else prompt
-    warm = min(features.warm_tokens, prompt) if features.warm_model == backend.id else 0
-    cacheable = est.cacheable(backend.provider, warm)
-    cell = cache_cell(backend.provider, cacheable, features.warm_cached)
-    cached = round(cacheable * est.cache_share(backend.id, cell))
-    fresh = prompt - cached
-    writes = fresh if backend.protocol == "anthropic" else 0
-    price = backend.price.at(prompt)
-    cost = price.cost(fresh - writes, out, cached, writes)
-    e = Estimate(backend.id, prompt, out, cached, cost, hold_usd=cost, cacheable_tokens=cacheable or None)
-    e.cache_cell = cell
-    if hold_output is not None:
-        held = min(features.max_output_tokens or hold_output, hold_output, backend.max_output_tokens)
-        e.hold_usd = cost + max(0, held - out) * price.output
-    most = min(features.max_output_tokens or backend.max_output_tokens, backend.max_output_tokens)
-    # At most, the prompt's cache may also have missed: all of it new, and where the provider
-    # charges for writing it to the cache (Anthropic), written, at the dearer lifetime's price.
-    cold = prompt * price.input
-    if backend.protocol == "anthropic":
-        cold = max(cold, price.write_cost(prompt), price.write_cost(prompt, prompt))
-    e.worst_usd = max(
-        e.hold_usd or cost, cost + max(0, most - out) * price.output, cold + most * price.output
-    )
-    return e
-
-
 class Decider:
     def __init__(
         self, policy: Policy, catalog: Catalog, scorer: Scorer | None = None, rng: random.Random | None = None,
@@ -155,7 +112,7 @@ class Decider:
         self.catalog = catalog
         self.scorer = scorer or CheapestScorer()
         #: Per-backend provider tokens, output and cache share: given, the learned artifact's, or priors.
-        self.estimates: Estimates = estimates or getattr(self.scorer, "estimates", None) or _PRIORS
+        self.estimates: Estimates = estimates or getattr(self.scorer, "estimates", None) or PRIORS
         self.epsilon = policy.objective.exploration.epsilon
         self._rng = rng or random.Random(policy.objective.exploration.seed)
         self._new_id = IdMaker()
@@ -299,20 +256,8 @@ class Decider:
         mean, high = self.output(backend, features, cell)
         e = estimate(backend, features, mean, self.estimates, prompt, high)
         e.output_cell = cell
-        if features.hosted_tools and backend.protocol != "openai":
-            # Billed per call, whatever the tokens: a budget holds for the calls the policy says,
-            # or the fewer the request allows (the provider makes no more); the worst case, for
-            # the calls the request allows, else the policy's most (none is known before the reply).
-            # Not on a Chat Completions backend: its replies show no hosted call, so none is ever
-            # charged there (a Responses web_search reaches it as litellm's web_search_options,
-            # which only OpenAI's search models act on), and a hold for them only refused requests.
-            defaults, caps = self.policy.defaults, dict(features.hosted_max_uses)
-            held, most = defaults.held_tool_calls, max(defaults.worst_tool_calls, defaults.held_tool_calls)
-            calls = {kind: min(held, caps.get(kind, held)) for kind in features.hosted_tools}
-            e.hold_usd = (e.hold_usd if e.hold_usd is not None else e.cost_usd) + backend.price.tools(calls)
-            at_most = {kind: caps.get(kind, most) for kind in features.hosted_tools}
-            e.worst_usd = max(e.hold_usd, (e.worst_usd or e.cost_usd) + backend.price.tools(at_most))
-        return e
+        defaults = self.policy.defaults
+        return with_hosted_tools(e, backend, features, defaults.held_tool_calls, defaults.worst_tool_calls)
 
     def size_matters(self, features: Features, low: int, high: int) -> bool:
         """Whether a prompt of ``low`` and one of ``high`` tokens could be decided differently.

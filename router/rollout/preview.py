@@ -36,9 +36,10 @@ from router.forward.accounting import cost_split
 from router.learning.training import dataset, offpolicy
 from router.policy.active import ActivePolicy, build_active_policy
 from router.policy.catalog import Backend
-from router.policy.decide import Decider, estimate
+from router.policy.decide import Decider
 from router.policy.estimates import turn_of_cell
 from router.policy.learned import LearnedScorer
+from router.policy.pricing import estimate
 from router.policy.scopes import logged_facts
 from router.policy.window import over_window
 from router.protocols.common import Usage

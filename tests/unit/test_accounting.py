@@ -277,8 +277,8 @@ def test_a_long_prompt_is_charged_the_long_context_price() -> None:
     spent about twice what its budget and the log counted. The estimate a budget holds prices the
     long prompt the same way."""
     from router.policy.catalog import build_catalog, bundled_cost_map
-    from router.policy.decide import estimate
     from router.policy.loading import load_policy
+    from router.policy.pricing import estimate
     from tests.unit.test_decide import feats
 
     backend = build_catalog(load_policy(Path(__file__).parents[2] / "policies/default.yaml", env={}))[
