@@ -101,7 +101,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_preview(args: argparse.Namespace) -> int:
-    from router.rollout.preview import run_preview
+    from router.app.commands.preview import run_preview
 
     return run_preview(args)
 

@@ -163,7 +163,7 @@ def test_the_printed_success_says_what_it_rests_on(
     # Printed, the off-policy line said "44 attempts" and "after: 0.801" where 5 of the 44 had
     # chosen what the new policy would (a move to a model no attempt had run), and a policy with no
     # learned routing was "n/a (no data for it in the window)", as if the log lacked something.
-    from router.rollout.preview import render
+    from router.app.commands.preview import render
 
     vec = {"0": 1.0}
     rows = [
@@ -246,9 +246,9 @@ def test_a_preview_warns_when_success_falls_for_sure(
 ) -> None:
     # a completes 7 tasks of 12 at a 50th of b's cost, b all 12: the learned policy moves
     # every logged request from b to a, for less success. The preview said only "risks: none".
+    from router.app.commands.preview import render
     from router.features.task.vector import task_vector, to_json
     from router.learning.training import dataset
-    from router.rollout.preview import render
 
     vec = task_vector("fix the race condition")
     cost = {"a": 0.001, "b": 0.05}
@@ -288,7 +288,7 @@ def test_the_printed_cost_says_what_caching_changes_as_dollars_or_not_at_all(
 ) -> None:
     # It printed "of which $+0.000000 from prompt caching" where caching changed nothing (the demo's
     # preview, in docs/policy.md), a sign between the dollar and its digits unlike the figures beside it.
-    from router.rollout.preview import render
+    from router.app.commands.preview import render
 
     p = preview([row(1, "a")], [], runtime(tmp_path, ["b"]))
     printed = {}
