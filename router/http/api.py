@@ -21,6 +21,7 @@ from router.http.endpoints import keyed
 from router.http.proxy import Proxy, header_dict, read_body
 from router.http.replies import error_reply, json_reply
 from router.policy.active import ActivePolicyHolder
+from router.policy.config import Route
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, PROXIED, WIRES
 from router.protocols import anthropic as anthropic_protocol
 
@@ -101,35 +102,46 @@ class Api:
     async def model(self, request: Request, principal: Principal, model_id: str) -> Response:
         listed = self.model_list(principal)
         found = next((m for m in listed if m["id"] == model_id), None)
+        policy = self.runtime.current.policy
+        route = policy.route_for(model_id)
+        if found is None and route is not None and principal.may_use(model_id):
+            # A name a pattern route serves (claude-* and claude-sonnet-4-5) is served by POST, and
+            # was a 404 here: it is described with its route's limits.
+            found = self._entry(model_id, self._route_limits(route))
         if found is None:
             # The list gives backends no route serves too (for their limits): asking for one is a 404.
-            policy = self.runtime.current.policy
             names = ", ".join(m["id"] for m in listed if policy.route_for(m["id"]) is not None)
             raise UnknownModel(f"model {model_id!r} is not served here; ask for one of: {names}")
         return json_reply(found)
 
-    def model_list(self, principal: Principal) -> list[dict[str, Any]]:
-        policy, catalog = self.runtime.current.policy, self.runtime.current.catalog
-        # One list that both SDKs accept: OpenAI reads id/object/owned_by, Anthropic type/id/display_name.
-        # Limits in the fields clients read (OpenRouter's context_length, litellm's max_*_tokens):
-        # a route gets the largest of its models', since the router sends what fits to one that takes it.
-        limits = {b.id: (b.context_window, b.max_output_tokens) for b in catalog.backends.values()}
-        for r in policy.routes:
-            if not any(c in r.match for c in "*?["):
-                ids = [*r.candidates, *([r.passthrough] if r.passthrough else []), *r.fallbacks]
-                limits.setdefault(r.match, (max(limits[i][0] for i in ids), max(limits[i][1] for i in ids)))
-        names = [r.match for r in policy.routes if r.match in limits]
-        names += [b for b in catalog.backends if b not in names]
-        names = [n for n in names if principal.may_use(n)]
+    def _route_limits(self, route: Route) -> tuple[int, int]:
+        """A route's context window and output limit: the largest of its models', since the router
+        sends what fits to one that takes it."""
+        catalog = self.runtime.current.catalog
+        ids = [*route.candidates, *([route.passthrough] if route.passthrough else []), *route.fallbacks]
+        backends = [catalog.backends[i] for i in ids]
+        return max(b.context_window for b in backends), max(b.max_output_tokens for b in backends)
+
+    def _entry(self, name: str, limits: tuple[int, int]) -> dict[str, Any]:
+        """One model as both SDKs accept it: OpenAI reads id/object/owned_by, Anthropic
+        type/id/display_name; its limits in the fields clients read (OpenRouter's context_length,
+        litellm's max_*_tokens)."""
         # When this catalog was loaded: a reload that changes the models changes their date.
         loaded = self.runtime.current.applied_at
         created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(loaded))
-        return [
-            {"id": n, "object": "model", "type": "model", "display_name": n, "owned_by": "router",
-             "created": int(loaded), "created_at": created_at, "context_length": limits[n][0],
-             "max_input_tokens": limits[n][0], "max_output_tokens": limits[n][1]}
-            for n in names
-        ]  # fmt: skip
+        return {"id": name, "object": "model", "type": "model", "display_name": name, "owned_by": "router",
+                "created": int(loaded), "created_at": created_at, "context_length": limits[0],
+                "max_input_tokens": limits[0], "max_output_tokens": limits[1]}  # fmt: skip
+
+    def model_list(self, principal: Principal) -> list[dict[str, Any]]:
+        policy, catalog = self.runtime.current.policy, self.runtime.current.catalog
+        limits = {b.id: (b.context_window, b.max_output_tokens) for b in catalog.backends.values()}
+        for r in policy.routes:
+            if not any(c in r.match for c in "*?["):
+                limits.setdefault(r.match, self._route_limits(r))
+        names = [r.match for r in policy.routes if r.match in limits]
+        names += [b for b in catalog.backends if b not in names]
+        return [self._entry(n, limits[n]) for n in names if principal.may_use(n)]
 
     @keyed()
     async def route(self, request: Request, principal: Principal) -> Response:

@@ -60,7 +60,9 @@ async def test_a_model_the_list_gives_can_be_retrieved(fake: FakeUpstream, tmp_p
     import openai
 
     auth = {"authorization": f"Bearer {MASTER}"}
-    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+    # No catch-all route: under "*" every name is served, and retrieved as such.
+    routes = {"routes": [{"match": "auto", "candidates": ["a"]}, {"match": "a", "passthrough": "a"}]}
+    async with serving(tmp_path, [model("a", fake.url)], policy=routes, master_key=MASTER) as r:
         listed = (await r.client.get("/v1/models", headers=auth)).json()["data"]
         for entry in listed:
             one = await r.client.get(f"/v1/models/{entry['id']}", headers=auth)
@@ -102,6 +104,21 @@ async def test_a_missing_models_404_suggests_only_names_a_route_serves(
         asked = [await r.post(model=name, headers=AS_MASTER) for name in suggested]
     assert suggested == ["auto", "b"], message
     assert [a.status_code for a in asked] == [200, 200]
+
+
+async def test_a_name_a_pattern_route_serves_is_a_model_too(fake: FakeUpstream, tmp_path: Path) -> None:
+    # claude-sonnet-4-5 under a claude-* route was served by POST and a 404 on GET /v1/models/{id}
+    # (an SDK's models.retrieve before its first call); it has its route's largest limits.
+    routes = {"routes": [{"match": "claude-*", "candidates": ["a", "b"]}]}
+    models = [model("a", fake.url, window=8_000), model("b", fake.url, window=32_000)]
+    async with serving(tmp_path, models, policy=routes, master_key=MASTER) as r:
+        one = await r.client.get("/v1/models/claude-sonnet-4-5", headers=AS_MASTER)
+        served = await r.post(model="claude-sonnet-4-5", headers=AS_MASTER)
+        other = await r.client.get("/v1/models/gpt-5", headers=AS_MASTER)
+    assert one.status_code == 200, one.text
+    assert (one.json()["id"], one.json()["context_length"]) == ("claude-sonnet-4-5", 32_000)
+    assert served.status_code == 200
+    error_of(other, 404)
 
 
 async def test_models_are_created_when_the_catalog_was_loaded(fake: FakeUpstream, tmp_path: Path) -> None:
