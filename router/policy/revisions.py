@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,11 +66,18 @@ class Rejected:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    # A watching router reads the old file or the new one, never half of one.
+    # A watching router reads the old file or the new one, never half of one. The temporary file
+    # is the writer's own: named by the process id, replicas in one process (or each its container's
+    # pid 1 on a shared volume) wrote one, and a revision's meta could be cut or lost.
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    # (Not mkstemp: its 0600 would be the policy file's mode after a rollback.)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 #: What a revision looks like (``revision_of``): nothing else names a folder of the archive.

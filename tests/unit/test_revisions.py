@@ -213,3 +213,34 @@ def test_a_label_model_changed_under_its_pin_is_noticed_by_the_watcher(tmp_path:
     bump(labels)
     assert watcher.check(first) is False
     assert history.last_rejected is not None and "sha256 mismatch" in history.last_rejected.error
+
+
+def test_replicas_writing_one_archive_file_at_once_leave_it_whole(tmp_path: Path) -> None:
+    # Two replicas applying the same revision write its meta.json at once. The temporary file was
+    # named by the process id alone: replicas in one process (or one per container, each its pid
+    # 1, on a shared volume) wrote one temporary file, one's rename failed ('not archived') and the
+    # other's file could be cut, the revision then missing from the history (the guard's test saw
+    # a rollback refused as 'already in force').
+    import threading
+
+    from router.policy.revisions import _atomic_write
+
+    target = tmp_path / "meta.json"
+    payloads = [bytes([65 + i]) * 200_000 for i in range(6)]
+    errors: list[BaseException] = []
+
+    def write(data: bytes) -> None:
+        try:
+            for _ in range(40):
+                _atomic_write(target, data)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(p,)) for p in payloads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert target.read_bytes() in payloads
+    assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]  # no temporary file left behind
