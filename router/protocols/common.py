@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Annotated, Any, TypeVar
 
 import orjson
@@ -253,7 +254,10 @@ _CONTEXT_REPLY = "Got it. Thanks for the context!"
 def first_user_text(messages: list[Any]) -> str:
     """The text of the message that opens the task: the first user message, or the one after a
     client's context turn (``_CONTEXT_TURN`` answered by its canned ``_CONTEXT_REPLY``)."""
-    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    # The first two user messages only: a long agent conversation passes here on every request.
+    users = list(
+        islice((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), 2)
+    )
     if not users:
         return ""
     first = text_of(messages[users[0]].get("content"))
