@@ -45,7 +45,7 @@ def _cut(text: str) -> str:
     return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1].rstrip() + "…"
 
 
-def _printable(line: str) -> str:
+def printable(line: str) -> str:
     """``line`` with its control characters escaped (``\\n``, ``\\x1b``): a client names the model
     and its text reaches the line, so a newline in it forged log lines, and an escape sequence
     was written to the operator's terminal."""
@@ -55,7 +55,7 @@ def _printable(line: str) -> str:
 
 
 def request_line(rec: RequestRecord) -> str:
-    return _printable(_request_line(rec))
+    return printable(_request_line(rec))
 
 
 def _request_line(rec: RequestRecord) -> str:

@@ -16,10 +16,21 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from router.telemetry.console import printable
+
 INDENT = "  "
 GAP = "   "
 #: Wide enough that rich measures each column at its natural size, never at the terminal's.
 _UNBOUNDED = 1_000_000
+
+
+def literal(text: str) -> Text:
+    """``text`` as a cell or a line shows it: never read as rich's markup, its control characters
+    escaped. What the log keeps of a client (the model it asked for, its ``reasoning_effort``) is
+    printed by the commands: ``[/]`` in one stopped ``router report`` with a ``MarkupError`` for the
+    whole window, ``[link=…]`` made a link, and a newline or an escape sequence reached the
+    operator's terminal."""
+    return Text(printable(text))
 
 
 def fits(console: Console, table: Table) -> bool:

@@ -544,3 +544,32 @@ def test_a_task_of_side_calls_alone_awaits_no_verdict(capsys: pytest.CaptureFixt
     said = OutcomeRecord("title", 1, False, None, "explicit", None, BASE + 5, True)
     s = summary(task_ledgers(requests, [label, said]))
     assert (s["tasks"], s["with_outcome"], s["side_only"]["tasks"]) == (2, 2, 0)
+
+
+def test_a_clients_strings_are_printed_as_text_never_markup_or_control_codes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The model a client asked for and its reasoning_effort are the log's, and any key may send
+    them: '[/]' as one stopped `router report` (every --by) with rich's MarkupError for as long as the
+    request was in the window, and a newline or an escape sequence reached the operator's terminal;
+    '$…$' in a model stopped --plot with matplotlib's TeX parser."""
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    model = "[/bold]x[link=http://evil.example]y\n2026 INFO FORGED \x1b[31m$\\fracc{x$"
+    records = [rec(0, "alpha", "T1"), rec(1, "alpha", "T2", requested_model=model, reasoning_effort="[/]")]
+
+    async def fill() -> None:
+        store = open_store(url)
+        await store.open()
+        await store.write_requests(records)
+        await store.close()
+
+    asyncio.run(fill())
+    shown = {}
+    for by in ("backend", "route"):
+        capsys.readouterr()
+        assert main(["report", "--store", url, "--by", by, "--plot", str(tmp_path / f"{by}.png")]) == 0
+        shown[by] = out = capsys.readouterr().out
+        assert "\x1b" not in out and "\n2026 INFO FORGED" not in out
+    assert "alpha: reasoning_effort differs within the group: unset x1, [/] x1" in shown["backend"]
+    out = shown["route"]
+    assert "[/bold]x[link=http://evil.example]y\\n2026 INFO FORGED \\x1b[31m$\\fracc{x$" in out

@@ -36,6 +36,7 @@ def _num(x: float | None, fmt: str = "{:.1f}") -> str:
 def render(report: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from router.telemetry import tables
 
@@ -59,7 +60,7 @@ def render(report: Mapping[str, Any]) -> None:
         else:
             per_task_text = usd(per_task)
         summary.add_row(
-            g["key"], str(g["requests"]), _num(g["load"]["rps"], "{:.3f}"),
+            tables.literal(g["key"]), str(g["requests"]), _num(g["load"]["rps"], "{:.3f}"),
             _num(g["load"]["concurrency"], "{:.2f}"), _pct(g["error_rate"]), _pct(g["retry_rate"]),
             _pct(g["fallback_rate"]), _pct(g["cached_input_share"]), usd(g["cost_usd"]), usd(g["cost_per_request_usd"] or 0.0), per_task_text,
             _num(g["prefill_tok_s"]["p50"], "{:.0f}"), _num(g["decode_tok_s"]["p50"], "{:.1f}"),
@@ -70,14 +71,15 @@ def render(report: Mapping[str, Any]) -> None:
         phases.add_column(col, justify="left" if col in ("group", "phase") else "right")
     for g in groups:
         for i, (phase, s) in enumerate(g["phases_ms"].items()):
-            phases.add_row(g["key"] if i == 0 else "", phase.removesuffix("_ms"), str(s["n"]), _ms(s["p50"]),
+            phases.add_row(tables.literal(g["key"] if i == 0 else ""), phase.removesuffix("_ms"), str(s["n"]), _ms(s["p50"]),
                            _ms(s["p95"]), _ms(s["p99"]), _pct(s.get("share")),
                            end_section=i == len(g["phases_ms"]) - 1)  # fmt: skip
     tables.show(console, phases)
     for g in groups:
         for name, values in g["settings_differ"].items():
             shown = ", ".join(f"{v[:12]} x{n}" for v, n in list(values.items())[:5])
-            console.print(f"[yellow]{g['key']}[/]: {name} differs within the group: {shown}")
+            said = tables.literal(f"{name} differs within the group: {shown}")
+            console.print(Text.assemble((tables.literal(g["key"]).plain, "yellow"), ": ", said))
     if len(report["groups"]) > len(groups):
         console.print(f"… {len(report['groups']) - len(groups)} more groups (all of them are in --json)")
 
@@ -101,6 +103,9 @@ def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str
 
     groups = report["groups"][:MAX_TABLE_GROUPS]
     keys = [g["key"] for g in groups]
+    # Drawn as matplotlib reads text, "$...$" is TeX: a model named "$\\fracc{x$" (a client's
+    # string) stopped the plot with a ParseSyntaxException. Its dollars are drawn as they are.
+    labels = {k: k.replace("$", r"\$") for k in keys}
     group_of = GROUPS[report["by"]]
     rows: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
@@ -112,7 +117,7 @@ def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str
     left = [0.0] * len(keys)
     for part in PARTS:
         widths = [g["mean_parts_ms"][part] for g in groups]
-        ax.barh(keys, widths, left=left, label=part.replace("_", " "))
+        ax.barh([labels[k] for k in keys], widths, left=left, label=part.replace("_", " "))
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel("mean ms per successful request")
@@ -124,7 +129,9 @@ def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str
         present = [(k, d) for k, d in zip(keys, data, strict=True) if d]
         if present:
             values = [[max(v, 0.01) for v in d] for _, d in present]  # a log axis cannot show 0
-            sub.boxplot(values, orientation="horizontal", tick_labels=[k for k, _ in present], whis=(1, 99))
+            sub.boxplot(
+                values, orientation="horizontal", tick_labels=[labels[k] for k, _ in present], whis=(1, 99)
+            )
             sub.invert_yaxis()
             lo, hi = min(min(v) for v in values), max(max(v) for v in values)
             if hi / lo > 20:  # tails over orders of magnitude: only a log axis shows both ends
