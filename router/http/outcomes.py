@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Annotated, Any
 
+import orjson
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.requests import Request
@@ -46,6 +47,11 @@ from router.store.records import OutcomeRecord, RequestRecord
 EXPLICIT = "explicit"
 #: The task's latest requests an outcome reads (its attempt, route, scope and failed models).
 OUTCOME_ROWS = 1_000
+#: The most an outcome's ``details`` may take, as JSON. They were kept whatever their size (up to
+#: the body cap, 32 MiB): a key that served a few calls of a cent's thousandth could store gigabytes,
+#: and every view of the dashboard read each outcome of its window into the router's memory (six of
+#: 10 MB took /ui seven seconds and 70 MB).
+MAX_DETAILS_BYTES = 64 * 1024
 
 
 class OutcomeIn(BaseModel):
@@ -88,6 +94,12 @@ class Outcomes:
             out = OutcomeIn.model_validate(body)
         except ValidationError as exc:  # a 400 like every other endpoint's (FastAPI's default is 422)
             raise BadRequest(validation_message(exc)) from None
+        if out.details and (size := len(orjson.dumps(out.details))) > MAX_DETAILS_BYTES:
+            raise BadRequest(
+                f"invalid request: details: {size} bytes of JSON, over the {MAX_DETAILS_BYTES} an outcome "
+                "keeps; send a summary (counts, a link to the log) rather than the log itself",
+                param="details",
+            )  # fmt: skip
         # Another key's task is not found, not forbidden: its existence is not for this key to learn.
         out.task_id = scoped(principal.key_id, out.task_id)
         state = self.tasks.peek(out.task_id)

@@ -41,6 +41,22 @@ async def test_a_malformed_outcome_is_a_400_like_the_rest(fake: FakeUpstream, tm
     assert set(error_of(other, 400)) == set(error_of(wrong, 400))  # the same shape as the rest
 
 
+async def test_an_outcomes_details_are_capped(fake: FakeUpstream, tmp_path: Path) -> None:
+    # Kept whatever their size (up to the 32 MiB body cap): one key's few cheap tasks could fill the
+    # disk, and each dashboard view read every outcome of its window into the router's memory.
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        assert (await r.post(headers={"x-router-task-id": "t1", **AS_MASTER})).status_code == 200
+        huge = {"task_id": "t1", "success": False, "details": {"log": "x" * 1_000_000}}
+        refused = await r.client.post("/v1/outcomes", json=huge, headers=AS_MASTER)
+        fits = {"task_id": "t1", "success": False, "details": {"log": "x" * 60_000, "failed": 3}}
+        kept = await r.client.post("/v1/outcomes", json=fits, headers=AS_MASTER)
+        stored = await r.s.store.outcomes_since(0)
+    error = error_of(refused, 400)
+    assert error["param"] == "details" and "1000010 bytes" in str(error["message"])
+    assert kept.status_code == 200, kept.text
+    assert [o.details for o in stored] == [fits["details"]]
+
+
 async def test_tasks_without_an_id_says_one_is_needed(fake: FakeUpstream, tmp_path: Path) -> None:
     # GET /v1/tasks redirected (307) to /v1/tasks/, which answered "no request of task ''".
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
