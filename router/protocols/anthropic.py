@@ -77,7 +77,9 @@ class _Tool(BaseModel):
 class _Thinking(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = None
+    # Bounded like max_tokens: the log keeps it, and 2**64 - 1 made a served request's row one the
+    # store refused (64 bits), its spend then missing from the ledgers and the budgets read back.
+    budget_tokens: MaxTokens | None = None
 
 
 class _Request(BaseModel):

@@ -214,6 +214,22 @@ async def test_bad_input_is_logged_and_answered_in_the_protocols_shape(
     assert row.status == 400 and row.cost_usd is None
 
 
+@pytest.mark.parametrize("budget", [2**64 - 1, 2**63, -5, "2048", 1.5])
+async def test_a_thinking_budget_is_a_number_of_tokens_or_a_400(
+    fake: FakeUpstream, tmp_path: Path, budget: Any
+) -> None:
+    # 2**64 - 1 was forwarded and served, and the log store refused the request's row (an integer
+    # column holds 64 bits): its spend was in no ledger, and not in a key's spend read back from the
+    # log after a restart.
+    async with serving(tmp_path, [model("a", fake.url, protocol="anthropic")]) as r:
+        thinking = {"type": "enabled", "budget_tokens": budget}
+        answer = await r.post(ANTHROPIC, max_tokens=4096, thinking=thinking)
+        (row,) = await r.records()
+    assert answer.status_code == 400, answer.text
+    assert "thinking.budget_tokens" in answer.json()["error"]["message"]
+    assert row.status == 400 and row.cost_usd is None
+
+
 async def test_what_the_provider_cached_of_a_call_keys_the_next_calls_cache_cell(
     fake: FakeUpstream, tmp_path: Path
 ) -> None:
