@@ -209,7 +209,12 @@ class Dashboard:
         q = request.query_params.get("q", "")
         page = request.query_params.get("page", "1")
         rows = await asyncio.to_thread(
-            views.task_rows, requests, outcomes, q, int(page) if page.isdigit() else 1
+            # ASCII and short: '³' or 5,000 digits passed isdigit() and were a 500 from int().
+            views.task_rows,
+            requests,
+            outcomes,
+            q,
+            int(page) if page.isascii() and page.isdigit() and len(page) < 10 else 1,
         )
         return self.render(request, "tasks.html", window=label, q=q, t=rows, **self.shown(capped, requests))
 

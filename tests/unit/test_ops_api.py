@@ -57,6 +57,26 @@ async def test_an_outcomes_details_are_capped(fake: FakeUpstream, tmp_path: Path
     assert [o.details for o in stored] == [fits["details"]]
 
 
+async def test_numbers_a_client_sends_in_a_header_or_a_query_are_read_or_ignored_never_a_500(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    # '³' (a latin-1 byte in a header, '%C2%B3' in a query) and 5,000 nines passed str.isdigit() and
+    # were a 500 with a traceback from int(): X-Router-Attempt on every proxied endpoint and
+    # POST /v1/route, and the dashboard's page number.
+    async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:
+        for sent, attempt in (("\xb3".encode("latin-1"), 1), ("9" * 5000, 1000), ("0002", 2)):
+            headers = {**AS_MASTER, "x-router-task-id": "t1", "x-router-attempt": sent}
+            served = await r.post(headers=headers)  # type: ignore[dict-item]
+            assert served.status_code == 200, served.text
+            body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+            decided = await r.client.post("/v1/route", json=body, headers=headers)
+            assert decided.status_code == 200 and decided.json()["attempt"] == attempt, decided.text
+    (tmp_path / "open").mkdir()
+    async with serving(tmp_path / "open", [model("a", fake.url)]) as r:
+        for page in ("%C2%B3", "9" * 5000):
+            assert (await r.client.get(f"/ui/tasks?page={page}")).status_code == 200
+
+
 async def test_tasks_without_an_id_says_one_is_needed(fake: FakeUpstream, tmp_path: Path) -> None:
     # GET /v1/tasks redirected (307) to /v1/tasks/, which answered "no request of task ''".
     async with serving(tmp_path, [model("a", fake.url)], master_key=MASTER) as r:

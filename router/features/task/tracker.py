@@ -20,6 +20,8 @@ from router.protocols.common import ClientRequest, text_of
 from router.shared import AttemptMark
 
 _SYSTEM_ROLES = ("system", "developer")
+#: The highest attempt ``X-Router-Attempt`` may name (larger numbers are taken as this).
+MAX_ATTEMPT = 1000
 _SIDE_CALL_TEXT = re.compile(
     r"\b(title|summar(y|ize|ise)|compact|topic|one[- ]line|commit message|quota check)\b", re.IGNORECASE
 )
@@ -170,8 +172,15 @@ class TaskTracker:
 
     @staticmethod
     def _advance(state: TaskState, req: ClientRequest, attempt_header: str | None) -> TaskState:
-        if attempt_header and attempt_header.isdigit():
-            n = max(1, min(int(attempt_header), 1000))
+        if attempt_header and attempt_header.isascii() and attempt_header.isdigit():
+            # ASCII digits alone ('³' is a digit to isdigit(), not to int()), and no more of them
+            # than the cap has (int() refuses 4,300): both were a 500 with a traceback.
+            digits = attempt_header.lstrip("0")
+            n = (
+                MAX_ATTEMPT
+                if len(digits) > len(str(MAX_ATTEMPT))
+                else max(1, min(int(digits or "0"), MAX_ATTEMPT))
+            )
             if n != state.attempt:
                 _new_attempt(state, n)
         elif state.failed_open and is_restart(req):
