@@ -189,7 +189,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     pipeline = Pipeline(s.sizer, tasks, s.background)
     proxy = Proxy(
         s.auth, pipeline, admission, s.executor,
-        Recorder(pipeline, admission, s.writer, s.telemetry, s.background), runtime,
+        Recorder(pipeline, admission, s.writer, s.telemetry, s.background, s.auth.is_master), runtime,
         max_body_bytes=s.settings.max_body_bytes, log_prompts=s.settings.log_prompts,
         durable_log=s.settings.durable_log,
     )  # fmt: skip

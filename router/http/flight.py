@@ -8,6 +8,7 @@ ended, ``record`` assembles the one log row from them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import overload
 
@@ -103,14 +104,32 @@ def _unquoted(text: str | None) -> str | None:
     return text if text is None else redact_key(text, None)
 
 
+@overload
+def _kept(text: str, secret: Callable[[str], bool]) -> str: ...
+@overload
+def _kept(text: None, secret: Callable[[str], bool]) -> None: ...
+@overload
+def _kept(text: str | None, secret: Callable[[str], bool]) -> str | None: ...
+def _kept(text: str | None, secret: Callable[[str], bool]) -> str | None:
+    """A string of the client's choosing (a header, its user agent) as the log keeps it: cut
+    (``capped``), without what looks like a key (``_unquoted``), and nothing of it if it is a
+    ``secret`` (the master key, which no pattern finds). Sent as the repository, the user agent or
+    a header a rule reads, a key was kept in plain text in the log, the console line and the spans."""
+    if text is None:
+        return None
+    return "[redacted]" if secret(text.strip()) else capped(_unquoted(text))
+
+
 def prompt_text(req: ClientRequest) -> str:
     return orjson.dumps({"system": req.system, "messages": req.messages}).decode()
 
 
-def record(f: Flight, phases: Phases) -> RequestRecord:
-    """The request's log row, from what its stages returned."""
+def record(f: Flight, phases: Phases, secret: Callable[[str], bool]) -> RequestRecord:
+    """The request's log row, from what its stages returned; ``secret``: whether a string is the
+    master key (``Auth.is_master``)."""
     rec = RequestRecord(
-        request_id=f.request_id, ts=f.ts, protocol=f.protocol, endpoint=f.endpoint, client=f.client,
+        request_id=f.request_id, ts=f.ts, protocol=f.protocol, endpoint=f.endpoint,
+        client=_kept(f.client, secret),
         key_id=f.key_id, task_id=f.task_id, chosen_model=f.model, status=f.status,
         error_type=f.error_type, error_message=_unquoted(f.error_message), prompt=f.prompt,
     )  # fmt: skip
@@ -119,19 +138,21 @@ def record(f: Flight, phases: Phases) -> RequestRecord:
     if (req := f.req) is not None:
         rec.requested_model, rec.stream = capped(_unquoted(req.model)), req.stream
         rec.temperature, rec.top_p, rec.max_tokens = req.temperature, req.top_p, req.max_output_tokens
-        rec.reasoning_effort, rec.thinking_budget = capped(req.reasoning_effort), req.thinking_budget
+        rec.reasoning_effort, rec.thinking_budget = _kept(req.reasoning_effort, secret), req.thinking_budget
         rec.tools_sha256, rec.system_sha256 = req.tools_sha256(), req.system_sha256()
         rec.n_messages, rec.n_tools = len(req.messages), len(req.tools)
     if (decided := f.decided) is not None:
         task, feats, decision = decided.task, decided.features, decided.decision
         rec.attempt, rec.side_call, rec.p_success = task.attempt, task.side_call, task.p_success
         if task.new_vector and task.vector is not None:
-            rec.task_features, rec.repo = to_json(task.vector), capped(task.repo)
+            rec.task_features, rec.repo = to_json(task.vector), _kept(task.repo, secret)
         rec.prompt_tokens_est = feats.prompt_tokens
         rec.policy_revision, rec.arm = f.rt.revision, decided.arm
         logged = f.rt.logged_headers
         if logged:
-            rec.rule_headers = {h: capped(v) for h in logged if (v := feats.headers.get(h)) is not None}
+            rec.rule_headers = {
+                h: _kept(v, secret) for h in logged if (v := feats.headers.get(h)) is not None
+            }
         rec.decision_id, rec.policy = decision.decision_id, decision.policy
         rec.decision_reason, rec.propensity = decision.reason, decision.propensity
         rec.candidates = list(decision.candidates)

@@ -5,6 +5,7 @@ the log record, metrics and the console line."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from router.background import Background
 from router.http.admission import Admission
@@ -16,10 +17,14 @@ from router.telemetry.phases import Phases
 
 
 class Recorder:
+    """``secret``: whether a string is the master key (``Auth.is_master``), which the log keeps
+    nothing of wherever the client put it."""
+
     def __init__(
         self, pipeline: Pipeline, admission: Admission, writer: LogWriter, telemetry: Telemetry,
-        background: Background,
+        background: Background, secret: Callable[[str], bool],
     ) -> None:  # fmt: skip
+        self.secret = secret
         self.pipeline = pipeline
         self.admission = admission
         self.writer = writer
@@ -62,7 +67,7 @@ class Recorder:
             self.background.spawn(
                 self.admission.recount(f.key_id, f.rate_tokens, used), name="recount-tokens"
             )
-        rec = record(f, phases)
+        rec = record(f, phases, self.secret)
         self.writer.submit(rec)
         self.telemetry.finished(rec, phases)
         console.log_request(rec)

@@ -486,3 +486,35 @@ async def test_the_master_key_sent_where_a_name_goes_is_kept_nowhere(tmp_path, c
     assert len(rows) == 3
     assert not [row for row in rows if MASTER in repr(dataclasses.asdict(row))]
     assert not [m for m in caplog.messages if MASTER in m]
+
+
+async def test_a_key_sent_in_a_header_the_log_keeps_is_kept_nowhere(tmp_path, caplog, fake) -> None:  # type: ignore[no-untyped-def]
+    # The repository header, the user agent and a header a rule reads are kept in the log as the
+    # client sent them (cut at 256 characters): a provider's key, a virtual key or the master key
+    # there was kept in plain text in the log, its console line and the spans (found by the hostile
+    # probe). The model name, the task id and the session were already guarded.
+    from tests.unit.inprocess import MASTER, serving
+    from tests.unit.requestpath import model
+
+    provider = "sk-proj-" + "Q" * 48
+    rule = {"name": "tier", "when": {"headers.x-router-tier": "premium"}, "prefer": ["a"]}
+    with caplog.at_level(logging.INFO):
+        async with serving(
+            tmp_path, [model("a", fake.url)], master_key=MASTER, policy={"rules": [rule]}
+        ) as r:
+            virtual, _ = await r.key()
+            for n, secret in enumerate((MASTER, provider, virtual)):
+                for header in ("x-router-repo", "user-agent", "x-router-tier"):
+                    served = await r.post(
+                        key=MASTER,
+                        headers={header: secret},
+                        messages=[{"role": "user", "content": f"{n} {header}"}],
+                    )
+                    assert served.status_code == 200, served.text
+            rows = await r.records()
+    assert len(rows) == 9
+    kept = [repr(dataclasses.asdict(row)) for row in rows]
+    assert all("[redacted]" in row for row in kept)
+    for secret in (MASTER, provider, virtual):
+        assert not [row for row in kept if secret in row]
+        assert not [m for m in caplog.messages if secret in m]
