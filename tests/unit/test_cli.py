@@ -355,7 +355,9 @@ def test_train_says_the_promote_command_whole_with_the_policy_it_trained_for(
     assert f"  router promote {artifact} --config {config}" in lines, lines
     # A preview on a copy first: it said only to promote into the policy routers serve.
     candidate = Path(config).with_suffix(".candidate.yaml")
-    at = lines.index(f"  router preview --config {candidate} --since 7d")
+    at = lines.index(
+        f"  router preview --config {candidate} --since 7d --store sqlite:///{tmp_path / 'log.db'}"
+    )
     assert lines[at - 1] == f"  router promote {artifact} --config {candidate}"
     assert lines.index(f"  router promote {artifact} --config {config}") > at
 

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def _no_routing(
 
 def _sizes_only(
     requests: list[RequestRecord], catalog: list[str], config: str, out: str, console: Console,
-    why: tuple[str, str],
+    why: tuple[str, str], store_url: str,
 ) -> Trained:  # fmt: skip
     """An artifact of what needs no labels: each backend's sizes of a call (output mean and 90th
     percentile, turn and cache cells, provider/o200k ratio), which would otherwise stay at the
@@ -114,7 +115,7 @@ def _sizes_only(
     console.print("the artifact holds each backend's sizes of a call only: promoted, the policy routes as with no "
                   "artifact (its rules, then the cheapest expected cost), priced and held by them", highlight=False)  # fmt: skip
     _print_estimates(console, artifact)
-    _print_written(console, path, sha, config)
+    _print_written(console, path, sha, config, store_url)
     return Trained(path, sha, artifact, {})
 
 
@@ -159,6 +160,7 @@ def train(
     trajectories: str | None = None,
 ) -> Trained:  # fmt: skip
     console = console or Console()
+    _check_paths(out, trajectories)
     policy = load_policy(config)
     requests, outcomes = asyncio.run(read_log(store_url, since))
     rows = dataset.build(requests, outcomes, abandon_after_s=policy.spec.tasks.abandon_after_s)
@@ -175,7 +177,7 @@ def train(
         console.print(line, highlight=False)
     why = _no_routing(rows, counts, min_attempts, force, catalog, config)
     if why is not None:
-        return _sizes_only(requests, catalog, config, out, console, why)
+        return _sizes_only(requests, catalog, config, out, console, why, store_url)
     fitted = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
                  scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
@@ -205,7 +207,7 @@ def train(
     ope = {"logged": _est(old), "new_snips": _est(new), "new_ips": _est(ips)}
     artifact = dataclasses.replace(fitted, report={**fitted.report, "offpolicy": ope})
     path, sha = _write(artifact, out)
-    _print(console, artifact, path, sha, config)
+    _print(console, artifact)
     console.print(prior_line(scorer), highlight=False)
     console.print(callcaps.line(caps), highlight=False)
     console.print(stoploss.line(stops, source), highlight=False)
@@ -213,7 +215,21 @@ def train(
     labels = fromlog.train(outcomes, policy.label_model, path.with_name(path.stem + ".labels.json"))
     for line in fromlog.lines(labels):
         console.print(line, highlight=False)
+    # Last: what to run next was in the middle, above the objective's, caps', stop-loss's and
+    # label model's lines, off the top of a terminal by the time training ended.
+    _print_written(console, path, sha, config, store_url)
     return Trained(path, sha, artifact, labels)
+
+
+def _check_paths(out: str, trajectories: str | None) -> None:
+    """Said before the log is read and fitted, not after: `--out policies/learned/` failed with
+    "Is a directory" once training had taken its 45 seconds."""
+    if Path(out).is_dir():
+        raise ConfigError(
+            f"--out {out} is a directory: name the artifact's file, e.g. --out {Path(out) / 'v1.json'}"
+        )
+    if trajectories is not None and not Path(trajectories).exists():
+        raise ConfigError(f"--trajectories {trajectories}: no such trajectory file or directory")
 
 
 def _stop_losses(
@@ -276,7 +292,7 @@ def _est(e: offpolicy.OffPolicyEstimate) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _print(console: Console, a: Artifact, path: Path, sha: str, config: str) -> None:
+def _print(console: Console, a: Artifact) -> None:
     d, m = a.report["data"], a.report["metrics"]
     console.print(f"[bold]data[/]: {d['attempts']} attempts of {d['tasks']} tasks, "
                   f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(d['from_ts']))} → "
@@ -310,7 +326,6 @@ def _print(console: Console, a: Artifact, path: Path, sha: str, config: str) -> 
     for r in a.report.get("scope_report") or []:
         console.print(_scope_line(r), highlight=False, soft_wrap=True)  # one line each, for grep
     _print_estimates(console, a)
-    _print_written(console, path, sha, config)
 
 
 def _print_estimates(console: Console, a: Artifact) -> None:
@@ -323,7 +338,7 @@ def _print_estimates(console: Console, a: Artifact) -> None:
     tables.show(console, est)
 
 
-def _print_written(console: Console, path: Path, sha: str, config: str) -> None:
+def _print_written(console: Console, path: Path, sha: str, config: str, store_url: str) -> None:
     # The hash on a line of its own: after the path, an 80-column terminal broke it in two.
     console.print(
         f"wrote {path}\n  sha256 {sha}\npreview it on a copy of the policy, then promote it:", highlight=False
@@ -332,8 +347,12 @@ def _print_written(console: Console, path: Path, sha: str, config: str) -> None:
     # artifact whose preview said success falls. Each command on a line of its own, never
     # wrapped: broken in two it no longer pastes as one.
     candidate = str(Path(config).with_suffix(".candidate.yaml"))
+    # The preview reads the log it is told to: the default one, while training read --store's.
+    where = (
+        "" if store_url == os.environ.get("ROUTER_STORE", "sqlite:///router.db") else f" --store {store_url}"
+    )
     for command in (f"cp {config} {candidate}", f"router promote {path} --config {candidate}",
-                    f"router preview --config {candidate} --since 7d", f"router promote {path} --config {config}"):  # fmt: skip
+                    f"router preview --config {candidate} --since 7d{where}", f"router promote {path} --config {config}"):  # fmt: skip
         console.print(f"  {command}", highlight=False, soft_wrap=True)
 
 
