@@ -136,6 +136,10 @@ def _test(control: Moments, treated: Moments, spec: GuardSpec) -> tuple[Verdict,
                              f"{spec.max_success_drop:.1%} worse (mSPRT Λ={success_lr:.3g} ≥ {threshold:g})",
                        success_lr, None, nc, nt), evidence  # fmt: skip
     cost_lr = None
+    # What no rollback rests on, with the arms' figures: a bare "no significant harm" was all it
+    # said while control completed 66% of tasks and the treated arm 37%, not yet significant.
+    said = [_short("success", f"{pt:.1%} treated vs {pc:.1%} control", d, success_lr, threshold,
+                   f"{spec.max_success_drop:.1%} worse")]  # fmt: skip
     rc, rt = control.cost_per_completed(), treated.cost_per_completed()
     if rc is not None and rt is not None and rc[0] > 0 and rt[0] > 0:
         margin = math.log1p(spec.max_cost_per_completed_increase)
@@ -149,7 +153,16 @@ def _test(control: Moments, treated: Moments, spec: GuardSpec) -> tuple[Verdict,
             return Verdict(True, f"cost per completed task ${rt[0]:.5f} treated vs ${rc[0]:.5f} control: more "
                                  f"than {spec.max_cost_per_completed_increase:.0%} higher "
                                  f"(mSPRT Λ={cost_lr:.3g} ≥ {threshold:g})", success_lr, cost_lr, nc, nt), evidence  # fmt: skip
-    return Verdict(False, "no significant harm", success_lr, cost_lr, nc, nt), evidence
+        said.append(_short("cost per completed task", f"${rt[0]:.5f} treated vs ${rc[0]:.5f} control", d_cost,
+                           cost_lr, threshold, f"{spec.max_cost_per_completed_increase:.0%} higher"))  # fmt: skip
+    return Verdict(False, "no significant harm: " + "; ".join(said), success_lr, cost_lr, nc, nt), evidence
+
+
+def _short(what: str, figures: str, d: float, lr: float, threshold: float, beyond: str) -> str:
+    """One test that found no harm: within the tolerance, or beyond it without the evidence yet."""
+    if d <= 0:
+        return f"{what} {figures}, within the tolerance"
+    return f"{what} {figures}: more than {beyond}, not yet significant (mSPRT Λ={lr:.3g} < {threshold:g})"
 
 
 def _by_key(a: ArmTasks) -> dict[str | None, Moments]:

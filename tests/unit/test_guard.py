@@ -58,7 +58,22 @@ def test_all_failures_against_all_successes_still_has_a_variance() -> None:
 
 def test_a_drop_within_the_tolerance_is_not_harm() -> None:
     v = judge(arm([True] * 800 + [False] * 200), arm([True] * 790 + [False] * 210), SPEC)
-    assert not v.worse and v.reason == "no significant harm"
+    assert not v.worse and v.reason == (
+        "no significant harm: success 79.0% treated vs 80.0% control, within the tolerance; "
+        "cost per completed task $1.26582 treated vs $1.25000 control, within the tolerance"
+    )
+
+
+def test_no_rollback_yet_says_the_arms_figures() -> None:
+    # It said "no significant harm" alone, on GET /v1/policy and /ui/policy, while control completed
+    # 66% of the demo's tasks and the treated arm 37% (the learned policy, on 150 tasks each).
+    v = judge(arm([True] * 99 + [False] * 51, 0.008), arm([True] * 55 + [False] * 95, 0.002), SPEC)
+    assert not v.worse and v.success_lr is not None
+    assert v.reason == (
+        "no significant harm: success 36.7% treated vs 66.0% control: more than 3.0% worse, not yet "
+        f"significant (mSPRT Λ={v.success_lr:.3g} < 40); cost per completed task $0.00545 treated vs "
+        "$0.01212 control, within the tolerance"
+    )
 
 
 def test_a_dearer_cost_per_completed_task_rolls_back() -> None:
