@@ -192,7 +192,21 @@ def run_demo(
             _serve_on(console, live, request_log, "the tasks above" if tasks else "the requests above")
     if not tasks:
         _print_log(console, store)
+        if not keep_serving:
+            _print_next(console, store)
     return 0
+
+
+def _print_next(console: Console, store: str) -> None:
+    """What a first run leads to: it ended on the log's table, and `make demo` leaves no shell
+    with the virtualenv active to guess the next command in."""
+    where = "" if store == "sqlite:///router.db" else f" --store {store}"
+    console.print(
+        "Next (README, five minutes):\n"
+        f"  router demo --serve{where}        # keep it running: the dashboard, and agents pointed at it\n"
+        f"  router demo --tasks 300{where}    # 300 SWE-bench tasks through it, a log `router train` learns from",
+        highlight=False, soft_wrap=True,  # a command broken at 80 columns no longer pastes as one
+    )  # fmt: skip
 
 
 def routed_table() -> Table:

@@ -50,6 +50,14 @@ def test_demo_runs_with_the_master_key_exported(tmp_path: Path) -> None:
     assert re.search(
         r"^router on http://\S+, policy local\.yaml\nlocal upstream on http://\S+$", done.stdout, re.M
     ), done.stdout
+    # It ended on the log's table, with nothing said of what comes next.
+    store = f"sqlite:///{tmp_path / 'demo.db'}"
+    assert done.stdout.splitlines()[-3:] == [
+        "Next (README, five minutes):",
+        f"  router demo --serve --store {store}        # keep it running: the dashboard, and agents pointed at it",
+        f"  router demo --tasks 300 --store {store}    # 300 SWE-bench tasks through it, a log `router train` "
+        "learns from",
+    ], done.stdout
 
 
 def test_demo_tasks_label_each_task_with_the_shipped_outcome_of_the_model_that_served_it(
