@@ -1,7 +1,8 @@
 """OpenAI Responses: request validation, usage, stream observation, error events.
 
 Only the stateless mode (``store: false`` or no reliance on stored responses) is served: the
-router keeps no responses, so ``previous_response_id`` is refused with a 400 that says so.
+router keeps no responses, so ``previous_response_id`` (and an ``item_reference`` input item, a
+stored item by its id) is refused with a 400 that says so.
 """
 
 from __future__ import annotations
@@ -146,6 +147,16 @@ def check_items(items: list[dict[str, Any]]) -> None:
             raise BadRequest(
                 f"invalid request: input.{i}.type: unknown item type {shown(kind)}", param="input"
             )
+        if kind == "item_reference":
+            # An item the provider stored from an earlier response, as previous_response_id names
+            # one: the router sees none of its tokens, so it neither sized the prompt for the
+            # window nor held its price in the budgets (a reference to a long reply, repeated,
+            # was a prompt of any size held as a few tokens).
+            raise BadRequest(
+                f"invalid request: input.{i}: item_reference is not supported: this router keeps no "
+                "responses (stateless mode) and cannot see or price what one refers to; send the item itself",
+                param="input",
+            )  # fmt: skip
         if (kind is None or kind == "message") and (
             not isinstance(role := item.get("role"), str) or role not in ROLES
         ):

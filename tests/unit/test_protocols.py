@@ -236,6 +236,16 @@ def test_an_unknown_responses_item_is_refused_naming_it() -> None:
     assert "…" in refused(responses.parse, items({"type": "x" * 500}))  # never echoed whole
 
 
+def test_a_stored_item_referenced_by_id_is_refused_as_previous_response_id_is() -> None:
+    # The provider's stored item was sent on unseen: the router sized and held a prompt of a few
+    # tokens, whatever the item held (a long reply, referenced many times over).
+    ok = {"role": "user", "content": "hi"}
+    said = refused(responses.parse, items(ok, {"type": "item_reference", "id": "msg_abc"}))
+    assert said.startswith("invalid request: input.1: item_reference is not supported")
+    previous = orjson.dumps({"model": "auto", "input": "hi", "previous_response_id": "r"})
+    assert "stateless" in refused(responses.parse, previous)
+
+
 def test_a_responses_message_with_content_of_no_known_shape_is_refused() -> None:
     # Forwarded, it failed in translation on every backend as an upstream error (502), and a
     # handful of such requests opened every backend's breaker for everyone.
