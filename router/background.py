@@ -26,6 +26,9 @@ class Background:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._workers = worker_pool("router-worker")  # its threads start on first use
+        # At the loop's own priority, unlike the pool: its work holds the GIL (pure Python, orjson),
+        # and a thread held back by the scheduler while it holds the GIL holds the loop back too.
+        self._large = ThreadPoolExecutor(1, thread_name_prefix="router-large")
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -43,6 +46,12 @@ class Background:
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on a worker thread, awaited (by a task that is itself tracked)."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, fn, *args)
+
+    async def for_large(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` for one large request (its parse, its sizing), on a worker thread of its
+        own, awaited: the event loop serves the other requests meanwhile. Large requests wait for
+        each other there, never for the pool that the other requests' token counts need."""
+        return await asyncio.get_running_loop().run_in_executor(self._large, fn, *args)
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from router.background import Background
 from router.errors import AttemptStopped
@@ -23,6 +23,12 @@ from router.policy.decide import Decider, Decision
 from router.policy.scopes import scope_facts
 from router.protocols.common import ClientRequest
 from router.protocols.hosted import declared, max_uses
+
+#: A request body this long or longer is parsed and sized on a thread of its own
+#: (``Background.for_large``), not on the event loop: a body of many small JSON values (tens of
+#: thousands of tools or messages) takes seconds to parse and size, and every other request in
+#: flight waited for as long. Agents' bodies are far below it (the replayed runs' largest: 280 KB).
+LARGE_BODY_BYTES: Final = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,10 @@ class Pipeline:
         secrets); ``body_bytes``: the raw body's size, the memory the conversation memo charges for
         it; ``key_budget_left``: what the key may still spend (candidates that would not fit are
         excluded before ranking and exploration)."""
-        size = self.sizer.measure(req, task_id, body_bytes)
+        if body_bytes < LARGE_BODY_BYTES:
+            size = self.sizer.measure(req, task_id, body_bytes)
+        else:
+            size = await self.background.for_large(self.sizer.measure, req, task_id, body_bytes)
         repo = headers.get("x-router-repo")
         view = await self.tasks.enter(
             rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo, size.facts
@@ -90,7 +99,10 @@ class Pipeline:
         attempt_header: str | None, body_bytes: int, key_budget_left: float | None = None,
     ) -> Decided:  # fmt: skip
         """The decision ``decide`` would make now, on the exact prompt size, remembering nothing."""
-        size = self.sizer.measure(req, None, body_bytes)
+        if body_bytes < LARGE_BODY_BYTES:
+            size = self.sizer.measure(req, None, body_bytes)
+        else:
+            size = await self.background.for_large(self.sizer.measure, req, None, body_bytes)
         if not size.settled:
             await self._settle(size)
         repo = headers.get("x-router-repo")
@@ -98,6 +110,10 @@ class Pipeline:
         feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
         return Decided(feats, view, decider.decide(feats, explore=False), arm=arm)
+
+    async def parse_large(self, parse: Callable[[bytes], ClientRequest], raw: bytes) -> ClientRequest:
+        """``parse(raw)`` for a body of ``LARGE_BODY_BYTES`` or more, on its thread (``Background.for_large``)."""
+        return await self.background.for_large(_parsed_with_digests, parse, raw)
 
     async def _settle(self, size: PromptSize) -> int:
         """``sizer.settle`` for a request that waits for it: on a worker thread unless the pending
@@ -141,6 +157,15 @@ class Pipeline:
             )  # fmt: skip
         if decided.label is not None:
             decided.label()
+
+
+def _parsed_with_digests(parse: Callable[[bytes], ClientRequest], raw: bytes) -> ClientRequest:
+    """The request, its tools' and system prompt's digests made too: the task's identity and the log
+    record read them on the event loop, where encoding 20 MB of tools took 0.2 s."""
+    req = parse(raw)
+    req.tools_sha256()
+    req.system_sha256()
+    return req
 
 
 def stopped(view: TaskView, decider: Decider, features: Features) -> AttemptStopped:

@@ -30,6 +30,11 @@ OPENAI_RESPONSES = "openai_responses"
 FAMILY = {OPENAI_CHAT: "openai", ANTHROPIC: "anthropic", OPENAI_RESPONSES: "openai_responses"}
 
 MAX_TOKENS_CAP = 10_000_000
+#: The most tools a request may offer. OpenAI refuses more than 128 (``array_above_max_length``),
+#: and clients with many MCP servers have sent 150-400; every tool is validated, sized, hashed and
+#: read for hosted kinds, and 120,000 of them (20 MB) held the event loop, or the thread that
+#: parses large bodies, for seconds (pydantic validates the list in one call that never lets go).
+MAX_TOOLS = 4096
 # Strict: the body is forwarded as the client sent it, so a value the router reads as a number
 # or a flag must already be one ("1000" or true for max_tokens would reach the provider as such).
 MaxTokens = Annotated[int, Field(gt=0, le=MAX_TOKENS_CAP, strict=True)]
@@ -73,9 +78,15 @@ class ClientRequest:
     encoded: dict[str, tuple[Any, bytes]] = field(default_factory=dict)
     #: ``system_sha256``, once made: the task's identity and the log record both read it.
     _system_sha256: str | None = field(default=None, init=False, repr=False, compare=False)
+    #: ``tools_sha256``, once made (for a large body, on the thread that parsed it).
+    _tools_sha256: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def tools_sha256(self) -> str | None:
-        return sha256_json(self.tools) if self.tools else None
+        if not self.tools:
+            return None
+        if self._tools_sha256 is None:
+            self._tools_sha256 = sha256_json(self.tools)
+        return self._tools_sha256
 
     def system_sha256(self) -> str | None:
         if not self.system:
@@ -137,6 +148,9 @@ def load_body(raw: bytes) -> tuple[dict[str, Any], dict[str, tuple[Any, bytes]]]
         raise BadRequest(f"request body is not valid JSON: {exc.args[0]}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    tools = body.get("tools")
+    if type(tools) is list and len(tools) > MAX_TOOLS:
+        raise BadRequest(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}", param="tools")
     encoded = {}
     try:
         # The body is encoded again on its way to a provider, and orjson writes at most 255 levels

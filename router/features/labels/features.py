@@ -137,12 +137,23 @@ def _tallied(seen: list[Any] | None, n_messages: int) -> tuple[int, Tally]:
     return 0, NO_TALLY
 
 
-def unread(seen: list[Any] | None, n_messages: int) -> int:
-    """How many of a conversation's messages ``features`` would read anew (not in their slots)."""
+def unread(seen: list[Any] | None, n_messages: int, past: int | None = None) -> int:
+    """How many of a conversation's messages ``features`` would read anew (not in their slots),
+    or any number over ``past`` once more than ``past`` are: those after the latest tally, walked
+    back from the last. A large body's conversation nothing has read yet was walked whole twice,
+    on the event loop, to learn that it was more than a few."""
     if seen is None or len(seen) != n_messages:
         return n_messages
-    start, _ = _tallied(seen, n_messages)
-    return sum(1 for r in seen[start:] if r is None or not isinstance(r.label, Facts))
+    n = 0
+    for j in range(n_messages - 1, -1, -1):
+        r = seen[j]
+        if r is not None and r.tally is not None:
+            break
+        if r is None or not isinstance(r.label, Facts):
+            n += 1
+            if past is not None and n > past:
+                break
+    return n
 
 
 @dataclass(frozen=True, slots=True)

@@ -264,7 +264,7 @@ class TaskContext:
         resent: bool, seen: list[Any] | None, recent: signals.Recent | None,
     ) -> None:  # fmt: skip
         read = partial(weak_label, req, rules.loop_threshold, resent, seen, rules.label_model, recent)
-        if labels.unread(seen, len(req.messages)) <= INLINE_MESSAGES:
+        if labels.unread(seen, len(req.messages), INLINE_MESSAGES) <= INLINE_MESSAGES:
             # Earlier turns read the rest: the new messages cost less here, once the reply is out,
             # than handing them to a worker thread (and the GIL back and forth while replies wait).
             try:
