@@ -115,7 +115,8 @@ def _sizes_only(
     console.print("the artifact holds each backend's sizes of a call only: promoted, the policy routes as with no "
                   "artifact (its rules, then the cheapest expected cost), priced and held by them", highlight=False)  # fmt: skip
     _print_estimates(console, artifact)
-    _print_written(console, path, sha, config, store_url)
+    _print_wrote(console, path, sha)
+    _print_next(console, path, config, store_url)
     return Trained(path, sha, artifact, {})
 
 
@@ -208,6 +209,8 @@ def train(
     artifact = dataclasses.replace(fitted, report={**fitted.report, "offpolicy": ope})
     path, sha = _write(artifact, out)
     _print(console, artifact)
+    # Said as soon as it is written: a Ctrl-C during the label model's fit leaves the artifact whole.
+    _print_wrote(console, path, sha)
     console.print(prior_line(scorer), highlight=False)
     console.print(callcaps.line(caps), highlight=False)
     console.print(stoploss.line(stops, source), highlight=False)
@@ -217,7 +220,7 @@ def train(
         console.print(line, highlight=False)
     # Last: what to run next was in the middle, above the objective's, caps', stop-loss's and
     # label model's lines, off the top of a terminal by the time training ended.
-    _print_written(console, path, sha, config, store_url)
+    _print_next(console, path, config, store_url)
     return Trained(path, sha, artifact, labels)
 
 
@@ -338,11 +341,13 @@ def _print_estimates(console: Console, a: Artifact) -> None:
     tables.show(console, est)
 
 
-def _print_written(console: Console, path: Path, sha: str, config: str, store_url: str) -> None:
+def _print_wrote(console: Console, path: Path, sha: str) -> None:
     # The hash on a line of its own: after the path, an 80-column terminal broke it in two.
-    console.print(
-        f"wrote {path}\n  sha256 {sha}\npreview it on a copy of the policy, then promote it:", highlight=False
-    )
+    console.print(f"wrote {path}\n  sha256 {sha}", highlight=False)
+
+
+def _print_next(console: Console, path: Path, config: str, store_url: str) -> None:
+    console.print("preview it on a copy of the policy, then promote it:", highlight=False)
     # The preview first: it only said to promote, straight into the policy routers serve, an
     # artifact whose preview said success falls. Each command on a line of its own, never
     # wrapped: broken in two it no longer pastes as one.
