@@ -32,6 +32,10 @@ def promote(
     art = Path(artifact).resolve()
     try:
         raw = art.read_bytes()
+    except FileNotFoundError:
+        # Promoting before training (README step 8 before step 6): say what makes one.
+        raise ConfigError(f"artifact {artifact}: no such file; `router train --config {config} --out "
+                          f"{artifact}` writes it from the log") from None  # fmt: skip
     except OSError as exc:
         raise ConfigError(f"artifact {artifact}: {exc.strerror}") from None
     learned = Artifact.from_json(raw, source=str(art), expected_sha256=None)  # refuse a broken artifact now

@@ -503,6 +503,9 @@ def test_promote_a_missing_artifact_is_one_line(tmp_path: Path, capsys: pytest.C
     assert main(["promote", str(tmp_path / "nope.json"), "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("router promote: ") and "nope.json" in err and err.count("\n") == 1
+    # Promoting before training said "No such file or directory" and no more.
+    assert err.endswith(f"no such file; `router train --config {config} --out {tmp_path / 'nope.json'}` writes "
+                        "it from the log\n"), err  # fmt: skip
 
 
 def test_promote_to_a_missing_policy_file_is_one_line(
