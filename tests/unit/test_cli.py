@@ -388,6 +388,33 @@ def test_rollback_undoes_a_promotion_with_no_router_serving(
     assert config.read_bytes() == original
 
 
+def test_rollback_to_a_revision_the_guard_took_out_says_why_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `router rollback --to` the revision the guard had rolled back put it back without a word of why.
+    from router.policy.revisions import Archive
+    from router.rollout.rollback import rollback
+
+    config, artifact = _trained(tmp_path)
+    assert main(["promote", str(artifact), "--config", str(config), "--force"]) == 0
+    archive = Archive(config)
+    reason = "guard: success 0.0% treated vs 83.3% control: more than 5.0% worse (mSPRT Λ=838 ≥ 40)"
+    done = rollback(archive, None, reason, time.time())
+    assert done is not None
+    worse, _ = done
+    capsys.readouterr()
+    assert main(["rollback", "--config", str(config), "--to", worse]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith(f"note: {worse} had been rolled back at "), lines
+    assert lines[-1].endswith(f" ({reason}); a guard judges it again from now, on new tasks only"), lines
+    # A revision never rolled back is put back without a note.
+    (tmp_path / "b").mkdir()
+    config, artifact = _trained(tmp_path / "b")
+    assert main(["promote", str(artifact), "--config", str(config), "--force"]) == 0
+    assert main(["rollback", "--config", str(config)]) == 0
+    assert "note:" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -31,7 +31,10 @@ def rollback(args: argparse.Namespace) -> int:
     from router.rollout.promote import publish
 
     config = config_given(args.config)
-    done = rolling.rollback(Archive(Path(config)), args.to, "router rollback", time.time())
+    archive = Archive(Path(config))
+    # Read before: putting a revision back clears the mark of its own rollback.
+    undone = ((archive.meta(args.to) or {}).get("rolled_back") or {}) if args.to else {}
+    done = rolling.rollback(archive, args.to, "router rollback", time.time())
     assert done is not None  # without ``expect`` it rolls back or raises
     old, new = done
     load_active_policy(config)  # the restored files load as they did when that revision was applied
@@ -39,4 +42,9 @@ def rollback(args: argparse.Namespace) -> int:
     if redis:
         asyncio.run(publish(redis, os.environ.get("ROUTER_REDIS_PREFIX", "router:"), new))
     print(f"{config}: rolled back from revision {old} to {new}; routers serving it reload it within a second")
+    if undone.get("reason"):
+        # `--to` a revision the guard (or a hand) took out said nothing of why it had been.
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(undone.get("at") or 0)))
+        print(f"note: {new} had been rolled back at {when} ({undone['reason']}); a guard judges it again "
+              "from now, on new tasks only")  # fmt: skip
     return 0
