@@ -332,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     rb = command("rollback", "put an earlier policy revision back (routers reload it)",
                  "router rollback --config policies/default.yaml")  # fmt: skip
     rb.add_argument("--config", help=CONFIG_HELP)
-    rb.add_argument("--to", metavar="REVISION", help="the revision (default: the one applied before)")
+    rb.add_argument("--to", metavar="REVISION", help="the revision, or a prefix of its id (default: the one applied before)")
     rb.add_argument("--redis", help=REDIS_HELP)
     rb.set_defaults(func=cmd_rollback)
 

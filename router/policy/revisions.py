@@ -184,6 +184,21 @@ class Archive:
             if m["revision"] != current and not (skip_rolled_back and m.get("rolled_back"))
         ]  # fmt: skip
 
+    def resolve(self, given: str) -> str:
+        """The archived revision ``given`` names: itself, or the one revision whose id starts with it
+        (at least 4 characters, as git takes a commit's); typing all 12 was the only way."""
+        if self.meta(given) is not None:
+            return given
+        ids = [str(m["revision"]) for m in self.history()]
+        found = [r for r in ids if len(given) >= 4 and r.startswith(given)]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise ConfigError(f"{self.policy_path}: revision {given!r} is ambiguous: {', '.join(found)}")
+        raise ConfigError(
+            f"{self.policy_path}: no archived policy revision {given!r} (known: {', '.join(ids) or 'none'})"
+        )
+
     def restore(self, revision: str) -> None:
         """Put an archived revision's files back where they were; the policy file goes last, so a
         watching router never sees a policy that pins an artifact not yet written."""

@@ -403,7 +403,8 @@ def test_rollback_to_a_revision_the_guard_took_out_says_why_it_was(
     assert done is not None
     worse, _ = done
     capsys.readouterr()
-    assert main(["rollback", "--config", str(config), "--to", worse]) == 0
+    # A prefix of the id names it, as git's do (all twelve characters were needed).
+    assert main(["rollback", "--config", str(config), "--to", worse[:5]]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith(f"note: {worse} had been rolled back at "), lines
     assert lines[-1].endswith(f" ({reason}); a guard judges it again from now, on new tasks only"), lines

@@ -32,9 +32,10 @@ def rollback(args: argparse.Namespace) -> int:
 
     config = config_given(args.config)
     archive = Archive(Path(config))
+    to = archive.resolve(args.to) if args.to else None
     # Read before: putting a revision back clears the mark of its own rollback.
-    undone = ((archive.meta(args.to) or {}).get("rolled_back") or {}) if args.to else {}
-    done = rolling.rollback(archive, args.to, "router rollback", time.time())
+    undone = ((archive.meta(to) or {}).get("rolled_back") or {}) if to else {}
+    done = rolling.rollback(archive, to, "router rollback", time.time())
     assert done is not None  # without ``expect`` it rolls back or raises
     old, new = done
     load_active_policy(config)  # the restored files load as they did when that revision was applied
