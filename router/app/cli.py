@@ -55,6 +55,12 @@ def cmd_upstream(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from router.app.demo import run_demo
 
+    env = os.environ.get("ROUTER_STORE")
+    if env and env != args.store:
+        # Kept apart on purpose (the demo's traffic is not a production log's), but `train`,
+        # `tasks` and `preview` read ROUTER_STORE: without a word they read another log than this.
+        print(f"note: router demo logs to {args.store} (its --store), not ROUTER_STORE ({env}); give "
+              f"router train, tasks and preview --store {args.store} to read what it logs", file=sys.stderr)  # fmt: skip
     return run_demo(store=args.store, keep_serving=args.serve, port=args.port, upstream_port=args.upstream_port,
                     tasks=args.tasks, data=args.data, concurrency=args.concurrency)  # fmt: skip
 
@@ -332,7 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     rb = command("rollback", "put an earlier policy revision back (routers reload it)",
                  "router rollback --config policies/default.yaml")  # fmt: skip
     rb.add_argument("--config", help=CONFIG_HELP)
-    rb.add_argument("--to", metavar="REVISION", help="the revision, or a prefix of its id (default: the one applied before)")
+    rb.add_argument(
+        "--to",
+        metavar="REVISION",
+        help="the revision, or a prefix of its id (default: the one applied before)",
+    )
     rb.add_argument("--redis", help=REDIS_HELP)
     rb.set_defaults(func=cmd_rollback)
 

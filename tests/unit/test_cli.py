@@ -666,3 +666,23 @@ def test_demo_on_a_log_with_virtual_keys_and_no_master_key_says_why_before_start
         and "export ROUTER_MASTER_KEY" in err
         and "--store sqlite:///demo.db" in err
     )
+
+
+def test_demo_says_it_does_not_log_to_router_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `export ROUTER_STORE=...; router demo --tasks 300; router train` trained on another log than
+    # the demo's, without a word (the new-user pass).
+    monkeypatch.delenv("ROUTER_MASTER_KEY", raising=False)
+    store = f"sqlite:///{tmp_path / 'router.db'}"
+    monkeypatch.setenv("ROUTER_STORE", f"sqlite:///{tmp_path / 'other.db'}")
+    assert main(["keys", "create", "--name", "ci", "--store", store]) == 0  # stops the demo at once
+    capsys.readouterr()
+    ports = ["--port", str(closed_port()), "--upstream-port", str(closed_port())]
+    assert main(["demo", "--store", store, *ports]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"note: router demo logs to {store} (its --store), not ROUTER_STORE"), first
+    assert first.endswith(f"give router train, tasks and preview --store {store} to read what it logs")
+    monkeypatch.setenv("ROUTER_STORE", store)  # the same log: nothing to say
+    assert main(["demo", "--store", store, *ports]) == 2
+    assert "note:" not in capsys.readouterr().err
