@@ -32,6 +32,7 @@ from router.shared import (
     StateUnavailable,
 )
 from router.shared.memory import MemoryBudgets
+from router.shared.types import to_nano
 from router.store import Store
 
 log = logging.getLogger("router.http.admission")
@@ -75,12 +76,13 @@ class Admission:
         return max(0.0, principal.budget_usd - used.spent - used.reserved)
 
     async def admit(
-        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
-    ) -> Reservation | None:
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
+        key_left: float | None = None,
+    ) -> Reservation | None:  # fmt: skip
         """Check the key's rate limits and hold the decision's estimated cost in every budget that
         applies (``limit_rate``, then ``hold``)."""
         await self.limit_rate(principal, decision)
-        return await self.hold(principal, task_id, decision, task_budget)
+        return await self.hold(principal, task_id, decision, task_budget, key_left)
 
     async def limit_rate(self, principal: Principal, decision: Decision) -> int:
         """Count the request against its key's rate limits, or refuse it (429; 413 when its
@@ -120,54 +122,66 @@ class Admission:
             await self.limits.adjust(key_id, used - counted)
 
     async def hold(
-        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
-    ) -> Reservation | None:
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
+        key_left: float | None = None,
+    ) -> Reservation | None:  # fmt: skip
         """Hold the decision's estimated cost in every budget that applies (``task_budget``: the
         policy's per-task limit, from the request's runtime; a scope that decided the request may
-        set a lower one, ``Decision.task_budget``)."""
+        set a lower one, ``Decision.task_budget``), and in the key's, in the same step, more: up
+        to what the request may cost at most (``worst_of``), as much as the key had left before it
+        (``key_left``, ``key_budget_left``; None: no more).
+
+        The key's worst case is held with the rest, not after it: held apart, the first requests
+        near a budget's end each held their one try and were then refused their worst case, or
+        were admitted without it and refused the money a given-up try cost in the middle, none
+        served (``test_money.py``). In the key's budget alone: a task's holds the 90th percentile
+        (a task is rarely asked for many replies at once), and the key's worst case held there
+        refused requests that fit it."""
         limits = _limits(principal, task_id, decision, task_budget)
         if not limits:
             return None
         amount = hold_of(decision)
+        key = _key_scope(principal)
+        worst = 0.0 if key is None or key_left is None else min(worst_of(decision), key_left) - amount
+        more = {key: worst} if key is not None and worst > 0 else {}
         if self._unsettled:
             await self.land_unsettled()  # StateUnavailable (a 503) while they cannot land
         if self.log is not None and isinstance(self.budgets, MemoryBudgets):
             await recall_spend(self.budgets, self.log, limits)
         try:
-            return await self.budgets.reserve(list(limits), amount, limits)
+            return await self.budgets.reserve(list(limits), amount, limits, more=more)
         except BudgetExceeded as exc:
-            raise refusal(exc) from None
+            # Refused for its worst case where its one try would fit: the key's left, read before
+            # the decision, was spent or held since; asked again, it holds less.
+            raise refusal(exc, amount) from None
 
-    async def hold_worst(
-        self, principal: Principal, decision: Decision, key_left: float | None
-    ) -> Reservation | None:
-        """Hold more in the key's budget, after ``hold``: up to what the request may cost at most
-        (``worst_of``), as much as the key had left before it (``key_left``, ``key_budget_left``;
-        None: nothing is held). Settled at nothing: the spend is in ``hold``'s settle. In the key's
-        budget alone: a task's budget holds the 90th percentile (a task is rarely asked for many
-        replies at once), and the key's worst case held there refused requests that fit it."""
-        if not principal.key_id or principal.budget_usd is None or key_left is None:
-            return None
-        more = min(worst_of(decision), key_left) - hold_of(decision)
-        if more <= 0:
-            return None
-        scope = f"key:{principal.key_id}"
-        try:
-            return await self.budgets.reserve([scope], more, {scope: principal.budget_usd})
-        except BudgetExceeded as exc:
-            raise refusal(exc) from None
-
-    async def hold_more(
+    async def hold_billed(
         self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
-        amount: float,
+        owed: float, held: Reservation | None, more: Iterable[Reservation],
     ) -> Reservation | None:  # fmt: skip
-        """Hold ``amount`` more in the budgets ``admit`` held in: what a request's tries were billed
-        without serving, before its next try (``Execution.hold_billed``). Refused as ``admit`` is."""
+        """Before a request's next try, hold ``owed`` (what its tries so far were billed without
+        serving: ``Execution.hold_billed``) in each budget ``hold`` held it in (``held``), where
+        it does not hold that much already beyond the serving try's hold: in the key's budget, the
+        given-up try its worst case counts (``given_up_of``) of what ``hold`` held there on top,
+        and in every budget what this held before (``more``). Refused as ``admit`` is.
+
+        A given-up try's cost was always held anew: near a key budget's end the requests in flight
+        held the rest, and each was refused its next try after paying for one."""
         limits = _limits(principal, task_id, decision, task_budget)
-        if not limits or amount <= 0:
+        if held is None or not limits:
+            return None
+        key, more = _key_scope(principal), list(more)
+        short: dict[str, float] = {}
+        for scope in limits:
+            covered = sum(r.held_in(scope) for r in more)
+            if scope == key:
+                covered += min(held.more.get(scope, 0.0), given_up_of(decision))
+            if to_nano(owed) > to_nano(covered):
+                short[scope] = owed - covered
+        if not short:
             return None
         try:
-            return await self.budgets.reserve(list(limits), amount, limits)
+            return await self.budgets.reserve(list(short), 0.0, limits, more=short)
         except BudgetExceeded as exc:
             raise refusal(exc) from None
 
@@ -228,14 +242,21 @@ class Admission:
             self._retrying = False
 
 
+def _key_scope(principal: Principal) -> str | None:
+    """The budget scope of the caller's key, if it has a budget."""
+    if principal.key_id and principal.budget_usd is not None:
+        return f"key:{principal.key_id}"
+    return None
+
+
 def _limits(
     principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
 ) -> dict[str, float]:
     """The budgets a request is held in, by scope: its key's, and its task's (``task_budget``,
     the policy's, or a lower one of the scope that decided)."""
     limits: dict[str, float] = {}
-    if principal.key_id and principal.budget_usd is not None:
-        limits[f"key:{principal.key_id}"] = principal.budget_usd
+    if (key := _key_scope(principal)) is not None and principal.budget_usd is not None:
+        limits[key] = principal.budget_usd
     task_budget = least(task_budget, decision.task_budget)
     if task_budget is not None and task_id:
         limits[f"task:{task_id}"] = task_budget
@@ -257,22 +278,31 @@ def hold_of(decision: Decision) -> float:
 
 
 def worst_of(decision: Decision) -> float:
-    """What a request may cost at most (``Estimate.worst_usd``: the rest of the output its backend
-    may write, the most calls of its hosted tools), on the dearest backend it may be served by.
+    """What a request may cost at most: ``Estimate.worst_usd`` (the rest of the output its backend
+    may write, the most calls of its hosted tools) on the dearest backend it may be served by,
+    and one try given up before it (``given_up_of``).
 
     The 90th percentile alone was held, and a reply may be as long as its backend allows: 40
     requests at once on a key with $0.10, each writing ~3,200 tokens where 1,024 were expected,
     spent $0.287 (``test_money.py``); and the hosted tools' calls past the one held were left
     out. A request holds this much of what its key has left, so that near a budget's end the
-    requests in flight can pay for what they may write; a key with room to spare runs as many at
-    once as before."""
+    requests in flight can pay for what they may write, and for a try that timed out before the
+    one that serves (``Admission.hold_billed``); a key with room to spare runs as many at once as
+    before."""
     worst = 0.0
     for model in decision.order:
         est = decision.estimate(model)
         if est is not None:
             held = est.hold_usd if est.hold_usd is not None else est.cost_usd
             worst = max(worst, held, est.worst_usd or 0.0)
-    return worst
+    return worst + given_up_of(decision)
+
+
+def given_up_of(decision: Decision) -> float:
+    """What a try given up by a timeout may be billed, on the dearest backend the request may try:
+    its estimate, as ``accounting.given_up`` charges one (a stream of a model that does not
+    reason, given up before its first token, is charged its prompt alone: less)."""
+    return max((e.cost_usd for m in decision.order if (e := decision.estimate(m)) is not None), default=0.0)
 
 
 #: What a client refused for money held by requests in flight is told to wait: they settle in
@@ -280,10 +310,11 @@ def worst_of(decision: Decision) -> float:
 HELD_RETRY_AFTER_S = 1.0
 
 
-def refusal(exc: BudgetExceeded) -> RateLimited | BudgetExceeded:
-    """A 403 only when the spend itself leaves no room for this request: when it is the holds of
-    requests in flight that do, the money may come back, so it is a 429 with Retry-After."""
-    if exc.spent_usd + exc.amount_usd <= exc.limit_usd:
+def refusal(exc: BudgetExceeded, need: float | None = None) -> RateLimited | BudgetExceeded:
+    """A 403 only when the spend itself leaves no room for this request (``need``: the least it
+    must hold, default what it asked for): when it is the holds of requests in flight that do,
+    the money may come back, so it is a 429 with Retry-After."""
+    if exc.spent_usd + (exc.amount_usd if need is None else need) <= exc.limit_usd:
         err = RateLimited(
             f"budget for {exc.scope} is held by requests in flight (limit ${exc.limit_usd:.4f}, "
             f"spent ${exc.spent_usd:.4f}, held ${exc.reserved_usd:.4f}); retry shortly",

@@ -44,9 +44,6 @@ class Flight:
     held: Reservation | None = None
     #: Held on top of ``held`` for tries billed without serving (``Proxy._hold_billed``); settled at 0.
     held_more: list[Reservation] = field(default_factory=list)
-    #: Held in the key's budget on top of ``held`` for what the request may cost at most
-    #: (``Admission.hold_worst``); settled at 0.
-    held_worst: Reservation | None = None
     #: Renews the holds while the request runs (``Recorder.holding``), cancelled when it ends.
     renewal: asyncio.Task[None] | None = None
     #: Tokens counted against the key's tokens per minute at admission (its estimate), until
@@ -74,7 +71,7 @@ class Flight:
 
     def holds(self) -> list[Reservation | None]:
         """Every hold the request has made in the budgets."""
-        return [self.held, self.held_worst, *self.held_more]
+        return [self.held, *self.held_more]
 
     def ended(self, status: int, error_type: str | None = None, error_message: str | None = None) -> None:
         self.status, self.error_type, self.error_message = status, error_type, error_message

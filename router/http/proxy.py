@@ -174,10 +174,9 @@ class Proxy:
             decision = decided.decision
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
             f.rate_tokens = await self.admission.limit_rate(principal, decision)
-            f.held = await self.admission.hold(principal, f.task_id, decision, task_budget)
+            f.held = await self.admission.hold(principal, f.task_id, decision, task_budget, key_left)
             if f.held is not None:
                 self.recorder.holding(f)
-            f.held_worst = await self.admission.hold_worst(principal, decision, key_left)
             phases.decide()
             f.execution = ex = Execution(tenant=principal.key_id or principal.name)
             if f.held is not None:
@@ -333,14 +332,18 @@ class Proxy:
     async def _hold_billed(
         self, f: Flight, principal: Principal, task_budget: float | None, tries: list[Try]
     ) -> None:
-        """Hold what the tries that did not serve were billed, on top of the request's hold (which
-        is one try's), before the next try: a try given up at a timeout and another that serves
-        were two calls paid on one hold, 40 requests at once on a key spending 9% past it."""
-        owed = self._unserved(f, tries).total - sum(r.amount_usd for r in f.held_more)
-        if owed > 0 and (decided := f.decided) is not None:
-            more = await self.admission.hold_more(principal, f.task_id, decided.decision, task_budget, owed)
-            if more is not None:
-                f.held_more.append(more)
+        """Hold what the tries that did not serve were billed, before the next try, where the
+        request's holds do not cover it already (``Admission.hold_billed``): a try given up at a
+        timeout and another that serves were two calls paid on one hold, 40 requests at once on a
+        key spending 9% past it."""
+        if (decided := f.decided) is None:
+            return
+        owed = self._unserved(f, tries).total
+        more = await self.admission.hold_billed(
+            principal, f.task_id, decided.decision, task_budget, owed, f.held, f.held_more
+        )
+        if more is not None:
+            f.held_more.append(more)
 
     def _error(self, wire: Wire, err: RouterError, f: Flight) -> _Reply:
         f.ended(err.status, err.kind, err.message[:500])

@@ -59,7 +59,7 @@ class Recorder:
         if f.held is not None:
             cost = f.charge.split.total if f.charge is not None else None
             self.background.spawn(self.admission.settle(f.held, cost), name="settle-budget")
-        for more in [*f.held_more, *filter(None, [f.held_worst])]:  # the spend is all in ``held``'s settle
+        for more in f.held_more:  # the spend is all in ``held``'s settle
             self.background.spawn(self.admission.settle(more, 0.0), name="settle-budget")
         if f.rate_tokens and f.key_id is not None:
             u = f.charge.usage if f.charge is not None else None

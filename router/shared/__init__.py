@@ -148,10 +148,12 @@ class Budgets(Protocol):
         limits: Mapping[str, float],
         *,
         ttl_s: float | None = None,
+        more: Mapping[str, float] | None = None,
     ) -> Reservation:
-        """Hold ``amount_usd`` in every scope at once, or raise ``BudgetExceeded`` naming the first
-        scope it would take over ``limits[scope]``; scopes absent from ``limits`` are unlimited
-        but still counted. The hold lapses after ``ttl_s`` unless settled or released first."""
+        """Hold ``amount_usd`` in every scope at once, and ``more[scope]`` on top of it in the
+        scopes ``more`` names, or raise ``BudgetExceeded`` naming the first scope it would take
+        over ``limits[scope]``; scopes absent from ``limits`` are unlimited but still counted. The
+        hold lapses after ``ttl_s`` unless settled or released first."""
         ...
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:

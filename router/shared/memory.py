@@ -180,20 +180,24 @@ class MemoryBudgets:
         limits: Mapping[str, float],
         *,
         ttl_s: float | None = None,
+        more: Mapping[str, float] | None = None,
     ) -> Reservation:
-        amount = to_nano(amount_usd)
+        more = dict(more or {})
         ttl = _positive_ttl(self._default_ttl if ttl_s is None else ttl_s)
         names = unique_scopes(scope_keys)
         scopes = [self._scope(n) for n in names]
-        for name, scope in zip(names, scopes, strict=True):
+        amounts = [to_nano(amount_usd + more.get(n, 0.0)) for n in names]
+        for name, scope, amount in zip(names, scopes, amounts, strict=True):
             limit = limits.get(name)
             if limit is not None and scope.spent + scope.reserved() + amount > to_nano(limit):
-                raise BudgetExceeded(name, limit, scope.spent / NANO, scope.reserved() / NANO, amount_usd)
+                raise BudgetExceeded(
+                    name, limit, scope.spent / NANO, scope.reserved() / NANO, amount_usd + more.get(name, 0.0)
+                )
         rid = uuid.uuid4().hex
         expiry = self._clock() + ttl
-        for scope in scopes:
+        for scope, amount in zip(scopes, amounts, strict=True):
             scope.holds[rid] = (amount, expiry)
-        return Reservation(rid, names, amount_usd, expiry, ttl)
+        return Reservation(rid, names, amount_usd, expiry, ttl, more=more)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:
         actual = to_nano(actual_usd)

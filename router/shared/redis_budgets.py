@@ -66,34 +66,33 @@ end
 """
 
 # KEYS: the restored marker, then (spent hash, exp zset, amt hash) per scope.
-# ARGV: amount, reservation id, ttl ms, then one limit per scope (-1 = no limit), then one idle
-# lifetime in ms per scope ('0': kept, the scope lasts).
+# ARGV: reservation id, ttl ms, then per scope its amount (a scope may hold more than another),
+# its limit (-1 = no limit) and its idle lifetime in ms ('0': kept, the scope lasts).
 # Returns {1} when reserved, {2} when the counts must first be restored from the log, else
 # {0, scope index (1-based), spent, reserved}.
 RESERVE = (
     _PRELUDE
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {2} end
-local amount = tonumber(ARGV[1])
 local n = (#KEYS - 1) / 3
 for i = 1, n do
   local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
   purge(h, z, a)
-  local limit = tonumber(ARGV[3 + i])
+  local limit = tonumber(ARGV[3*i + 1])
   if limit >= 0 then
     local spent = tonumber(redis.call('HGET', h, 'spent') or '0')
     local reserved = tonumber(redis.call('HGET', h, 'reserved') or '0')
-    if spent + reserved + amount > limit then
+    if spent + reserved + tonumber(ARGV[3*i]) > limit then
       return {0, i, string.format('%d', spent), string.format('%d', reserved)}
     end
   end
 end
 for i = 1, n do
   local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
-  redis.call('HINCRBY', h, 'reserved', ARGV[1])
-  redis.call('ZADD', z, now + tonumber(ARGV[3]), ARGV[2])
-  redis.call('HSET', a, ARGV[2], ARGV[1])
-  touch(h, z, a, ARGV[3 + n + i])
+  redis.call('HINCRBY', h, 'reserved', ARGV[3*i])
+  redis.call('ZADD', z, now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('HSET', a, ARGV[1], ARGV[3*i])
+  touch(h, z, a, ARGV[3*i + 2])
 end
 return {1}
 """
@@ -221,17 +220,24 @@ class RedisBudgets:
         limits: Mapping[str, float],
         *,
         ttl_s: float | None = None,
+        more: Mapping[str, float] | None = None,
     ) -> Reservation:
-        amount = to_nano(amount_usd)
+        more = dict(more or {})
         ttl = self._default_ttl if ttl_s is None else ttl_s
         if not ttl > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl!r}")
         scopes = unique_scopes(scope_keys)
         rid = uuid.uuid4().hex
         if not scopes:
-            return Reservation(rid, scopes, amount_usd, time.time() + ttl, ttl)
-        lims = [str(to_nano(limits[s])) if limits.get(s) is not None else "-1" for s in scopes]
-        args: list[Any] = [str(amount), rid, str(int(ttl * 1000)), *lims, *self._idles(scopes)]
+            return Reservation(rid, scopes, amount_usd, time.time() + ttl, ttl, more=more)
+        args: list[Any] = [rid, str(int(ttl * 1000))]
+        for scope, idle in zip(scopes, self._idles(scopes), strict=True):
+            limit = limits.get(scope)
+            args += [
+                str(to_nano(amount_usd + more.get(scope, 0.0))),
+                str(to_nano(limit)) if limit is not None else "-1",
+                idle,
+            ]
         keys = [self._keys.budget_restored, *self._triples(scopes)]
         result = await self._guard.fail_closed("budgets", "budget check", lambda: self._reserve(keys, args))
         if int(result[0]) == 2:
@@ -244,9 +250,11 @@ class RedisBudgets:
         if int(result[0]) != 1:
             i = int(result[1]) - 1
             spent, reserved = int(result[2]) / NANO, int(result[3]) / NANO
-            raise BudgetExceeded(scopes[i], limits[scopes[i]], spent, reserved, amount_usd)
+            raise BudgetExceeded(
+                scopes[i], limits[scopes[i]], spent, reserved, amount_usd + more.get(scopes[i], 0.0)
+            )
         # Timed from the answer: a restore before it may have taken a while.
-        return Reservation(rid, scopes, amount_usd, time.time() + ttl, ttl)
+        return Reservation(rid, scopes, amount_usd, time.time() + ttl, ttl, more=more)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:
         """Raises ``StateUnavailable`` if Redis is down: the reservation stays open, so the same

@@ -90,6 +90,12 @@ class Reservation:
     #: The hold's lifetime: it lapses this long after it was made or last renewed (``extend``).
     ttl_s: float
     closed: bool = False
+    #: Held on top of ``amount_usd`` in some of the scopes (``Budgets.reserve``'s ``more``).
+    more: Mapping[str, float] = field(default_factory=dict)
+
+    def held_in(self, scope: str) -> float:
+        """What this reservation holds in ``scope`` (0 in a scope it does not hold in)."""
+        return self.amount_usd + self.more.get(scope, 0.0) if scope in self.scopes else 0.0
 
 
 @dataclass(frozen=True, slots=True)

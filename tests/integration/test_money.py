@@ -616,6 +616,34 @@ def test_requests_whose_tries_time_out_cannot_spend_past_a_key_budget(
     assert spent <= budget, (spent, budget, statuses)
 
 
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_requests_whose_tries_time_out_at_a_key_budgets_end_are_served(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str], store: str
+) -> None:
+    """Forty requests at once on a key with room for two and a half holds, each first try given
+    up at the first-token timeout (and billed) before the next backend serves: the first admitted
+    held the key whole between them, each was then refused the money its given-up try cost (held
+    by the others) and none of forty was served, though each admitted one paid a try. A request
+    now holds, of what its key has left, a given-up try besides its serving one, the first
+    admitted as one hold: it pays the try out of that, and the later ones are refused before
+    they pay anything."""
+    quick = Timeouts(connect=1.0, first_token=2.0, idle=10.0, overall=30.0)
+    shared: dict[str, Any] = {}
+    if store == "redis":
+        shared = {"redis_url": f"redis://127.0.0.1:{REDIS_PORT}/0", "redis_timeout_s": 2.0,
+                  "redis_prefix": f"test:{uuid.uuid4().hex[:8]}:"}  # fmt: skip
+    r = router_factory(faulty(upstream, "ttft_ms=6000"), timeouts=quick, master_key=MASTER, **shared)
+    body = {"model": "auto", "messages": HI, "reasoning_effort": "high", "max_tokens": 600, "stream": True}
+    seen = httpx.post(r.url + "/v1/route", json=body, headers={"x-api-key": MASTER}, timeout=30).json()
+    assert seen["order"] == ["faulty", "good"]
+    hold = max(c.get("hold_usd", c["cost_usd"]) for c in seen["candidates"])
+    budget = 2.5 * hold
+    key = create_key(r, capsys, "--name", "at-the-end", "--budget", str(budget))
+    statuses, spent = forty_at_once(r, key, body)
+    assert 200 in statuses, statuses
+    assert spent <= budget + 1e-9, (spent, budget, statuses)  # the budgets count nano-dollars
+
+
 def test_the_client_is_told_the_cost_of_the_tries_given_up_streamed_or_not(
     router_factory: Factory, upstream: FakeUpstream
 ) -> None:

@@ -29,6 +29,7 @@ from tests.unit.test_state_memory import (
     check_breaker,
     check_breaker_suspects,
     check_budgets,
+    check_more_in_some_scopes,
     check_no_overspend,
     check_policy_watch,
     check_rate_limits,
@@ -109,6 +110,10 @@ async def test_attempts_written_by_one_replica_are_read_by_another(make_state: M
 
 async def test_budgets(make_state: MakeState) -> None:
     await check_budgets(make_state(), REAL)
+
+
+async def test_more_in_some_scopes(make_state: MakeState) -> None:
+    await check_more_in_some_scopes(make_state())
 
 
 async def test_reservation_of_a_dead_replica_expires(make_state: MakeState) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from router.errors import RateLimited
 from router.fakeupstream import FakeUpstream
+from router.forward.timeouts import Timeouts
 from router.http import admission
 from router.http.admission import Admission
 from router.http.auth import Principal
@@ -26,7 +27,7 @@ from router.shared import BudgetExceeded, MemoryState, Reservation, Spend, State
 from router.store import RequestRecord, open_store
 from tests.polling import eventually
 from tests.unit.inprocess import MASTER, Router, serving
-from tests.unit.requestpath import called, closed_port, model
+from tests.unit.requestpath import BODIES, called, closed_port, model
 
 #: Small enough that a short prompt plus this many output tokens is ~110 estimated tokens.
 MAX_TOKENS = 100
@@ -404,24 +405,101 @@ async def test_a_budget_holds_the_90th_percentile_of_the_cost_not_its_mean() -> 
     assert (await state.budgets.spent("key:k")).reserved == pytest.approx(0.008)
 
 
-async def test_tries_billed_without_serving_are_held_on_top_in_every_scope() -> None:
-    """A try given up at a timeout is billed, and the next one spends again: what the first cost
-    is held on top of the request's hold, in the key's and the task's budgets, and refused as a
-    request is when it does not fit; settled at 0, it gives the money back."""
+async def test_tries_billed_without_serving_are_held_on_top_of_the_serving_try() -> None:
+    """A try given up at a timeout is billed, and the next one spends again. A request holds in
+    its key's budget, in one step with its hold, a given-up try besides (its expected cost, of
+    what the key has left); a billed try is paid out of that, and what it does not cover is held
+    on top in every scope (a task's holds the serving try alone), refused as a request is when it
+    does not fit; settled at 0, it gives the money back."""
     state = MemoryState()
     adm = Admission(state.limits, state.budgets)
     decision = Decision("d", "p", ["a"], [Estimate("a", 100, 50, 0, 0.001, hold_usd=0.004)], "why")
+    assert admission.worst_of(decision) == pytest.approx(0.005)  # its hold, and one given-up try
     principal = Principal(key_id="k", name="k", budget_usd=0.01)
-    assert await adm.admit(principal, "t", decision, 0.02) is not None
-    more = await adm.hold_more(principal, "t", decision, 0.02, 0.003)
-    assert more is not None and more.amount_usd == 0.003
-    for scope in ("key:k", "task:t"):
-        assert (await state.budgets.spent(scope)).reserved == pytest.approx(0.007)
-    with pytest.raises(RateLimited):  # 0.007 held, 0.004 more does not fit the key's 0.01
-        await adm.hold_more(principal, "t", decision, 0.02, 0.004)
-    await adm.settle(more, 0.0)
-    assert await state.budgets.spent("key:k") == Spend(0.0, pytest.approx(0.004))
-    assert await adm.hold_more(Principal(key_id=None, name="open"), None, decision, None, 0.003) is None
+    held = await adm.admit(principal, "t", decision, 0.02, key_left=0.01)
+    assert (
+        held is not None and held.held_in("key:k") == pytest.approx(0.005) and held.held_in("task:t") == 0.004
+    )
+
+    async def reserved() -> list[float]:
+        return [(await state.budgets.spent(scope)).reserved for scope in ("key:k", "task:t")]
+
+    # One try given up: the key pays it out of what it holds, the task holds it on top.
+    first = await adm.hold_billed(principal, "t", decision, 0.02, 0.001, held, [])
+    assert first is not None and first.scopes == ("task:t",)
+    assert await reserved() == [pytest.approx(0.005), pytest.approx(0.005)]
+    # Another, billed $0.002: held on top in both.
+    second = await adm.hold_billed(principal, "t", decision, 0.02, 0.003, held, [first])
+    assert second is not None and second.scopes == ("key:k", "task:t")
+    assert await reserved() == [pytest.approx(0.007), pytest.approx(0.007)]
+    with pytest.raises(RateLimited):  # $0.004 more does not fit the key's $0.01 beside the $0.007
+        await adm.hold_billed(principal, "t", decision, 0.02, 0.007, held, [first, second])
+    assert await adm.hold_billed(principal, "t", decision, 0.02, 0.003, held, [first, second]) is None
+    await adm.settle(second, 0.0)
+    assert await reserved() == [pytest.approx(0.005), pytest.approx(0.005)]
+    open_mode = Principal(key_id=None, name="open")
+    assert await adm.hold_billed(open_mode, None, decision, None, 0.003, None, []) is None
+
+
+async def test_a_keys_worst_case_is_held_in_one_step_with_the_hold() -> None:
+    """Near a key budget's end a request's worst case is held with its hold or not at all: held
+    after it, two requests each held their one try and then neither had room for its worst case
+    (both refused), or one was admitted without it. Refused for its worst case where its hold
+    alone would fit, it is told to retry shortly (429), never that the budget is spent (403)."""
+    state = MemoryState()
+    adm = Admission(state.limits, state.budgets)
+    decision = Decision("d", "p", ["a"], [Estimate("a", 100, 50, 0, 0.001, hold_usd=0.004)], "why")
+    principal = Principal(key_id="k", name="k", budget_usd=0.008)
+    first = await adm.admit(principal, None, decision, None, key_left=0.008)
+    assert first is not None and first.held_in("key:k") == pytest.approx(0.005)
+    with pytest.raises(RateLimited) as held:  # read $0.008 left before the first held: wants $0.005
+        await adm.admit(principal, None, decision, None, key_left=0.008)
+    assert held.value.code == "budget_held"
+    await adm.settle(first, 0.004)
+    # $0.004 left: one that read $0.008 before wants $0.005; its hold alone fits, so it may retry.
+    with pytest.raises(RateLimited) as stale:
+        await adm.admit(principal, None, decision, None, key_left=0.008)
+    assert stale.value.code == "budget_held"
+    # Asked again, it holds what is left, its hold, and the next is refused for good.
+    second = await adm.admit(principal, None, decision, None, key_left=0.004)
+    assert second is not None and second.held_in("key:k") == pytest.approx(0.004)
+    await adm.settle(second, 0.004)
+    with pytest.raises(BudgetExceeded):
+        await adm.admit(principal, None, decision, None, key_left=0.0)
+
+
+async def test_requests_whose_first_tries_time_out_near_a_key_budgets_end_are_served(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """Requests at once on a key with room for two and a half holds, each first try given up at
+    the first-token timeout (billed) before the dearer backend serves: the first two held the
+    dearer backend's cost, a third the rest, and each was then refused what its given-up try cost
+    (429: the others held it), none served. The first now holds a given-up try too, in one step
+    with its hold, and pays the try out of it; the others are refused before they pay. Four keys
+    at once, eight requests each: the interleaving that starved a key came about now and then."""
+    models = [
+        model("faulty", fake.url, "ttft_ms=1500"),
+        model("good", fake.url, prices={"input": 2.0, "output": 4.0}),
+    ]
+    quick = Timeouts(connect=1.0, first_token=0.5, idle=5.0, overall=10.0)
+    body = {"reasoning_effort": "high", "max_tokens": 600, "stream": True}
+    async with serving(tmp_path, models, master_key=MASTER, timeouts=quick) as r:
+        seen = (await r.client.post("/v1/route", json={**BODIES[OPENAI_CHAT], **body},
+                                    headers={"x-api-key": MASTER})).json()  # fmt: skip
+        assert seen["order"] == ["faulty", "good"]
+        budget = 2.5 * max(c["hold_usd"] for c in seen["candidates"])
+        keys = [await r.key(f"k{k}", budget_usd=budget) for k in range(4)]
+        answers = await asyncio.gather(
+            *(
+                r.post(key=key, headers={"x-router-task-id": f"t{i}"}, **body)
+                for key, _ in keys
+                for i in range(8)
+            )
+        )
+        used = [await settled(r, f"key:{key_id}") for _, key_id in keys]
+    statuses = [[a.status_code for a in answers[8 * k : 8 * k + 8]] for k in range(4)]
+    assert all(200 in of_key for of_key in statuses), statuses
+    assert all(u.spent <= budget for u in used), (used, budget, statuses)
 
 
 async def test_a_running_requests_holds_are_renewed_until_they_close() -> None:

@@ -167,6 +167,25 @@ async def check_budgets(state: SharedState, env: Env) -> None:
         await b.reserve(["key"], -1.0, limits)
 
 
+async def check_more_in_some_scopes(state: SharedState) -> None:
+    """A reservation may hold more in some of its scopes than in the others, all or nothing: a
+    request's worst case in its key's budget, in one step with its hold in its task's."""
+    b = state.budgets
+    limits = {"key": 1.0, "task": 0.5}
+    r1 = await b.reserve(["key", "task"], 0.2, limits, more={"key": 0.5})
+    assert (r1.held_in("key"), r1.held_in("task"), r1.held_in("other")) == (0.7, 0.2, 0.0)
+    assert [await b.spent(s) for s in ("key", "task")] == [Spend(0.0, 0.7), Spend(0.0, 0.2)]
+    with pytest.raises(BudgetExceeded) as info:  # 0.2 more fits the task, 0.2 + 0.2 not the key
+        await b.reserve(["key", "task"], 0.2, limits, more={"key": 0.2})
+    assert (info.value.scope, info.value.amount_usd) == ("key", pytest.approx(0.4))
+    assert [await b.spent(s) for s in ("key", "task")] == [Spend(0.0, 0.7), Spend(0.0, 0.2)]
+    r2 = await b.reserve(["key", "task"], 0.0, limits, more={"key": 0.3, "task": 0.1})
+    assert [await b.spent(s) for s in ("key", "task")] == [Spend(0.0, 1.0), Spend(0.0, pytest.approx(0.3))]
+    await b.settle(r1, 0.1)  # the spend is the same in every scope; each hold goes
+    await b.release(r2)
+    assert [await b.spent(s) for s in ("key", "task")] == [Spend(0.1, 0.0), Spend(0.1, 0.0)]
+
+
 async def check_reservation_expiry(state: SharedState, env: Env, ttl: float) -> None:
     """A hold nobody settles (its replica died) stops counting after its TTL."""
     b = state.budgets
@@ -421,6 +440,10 @@ async def test_attempts(clock: FakeClock, env: Env) -> None:
 
 async def test_budgets(clock: FakeClock, env: Env) -> None:
     await check_budgets(memory(clock), env)
+
+
+async def test_more_in_some_scopes(clock: FakeClock) -> None:
+    await check_more_in_some_scopes(memory(clock))
 
 
 async def test_reservation_expiry(clock: FakeClock, env: Env) -> None:
