@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (env ROUTER_PORT; default 8080)")
     serve.add_argument("--store", help=STORE_HELP)
     serve.add_argument("--allowed-hosts", metavar="NAMES",
-                       help="open mode: names answered besides localhost and IP addresses, comma-separated (devbox.lan,*.lan; "
+                       help="open mode: names answered besides localhost and IP addresses, comma-separated or a JSON list (devbox.lan,*.lan; "
                             "env ROUTER_ALLOWED_HOSTS); a request for another Host is refused")  # fmt: skip
     serve.add_argument(
         "--redis", help="shared state for replicas (env ROUTER_REDIS_URL; default: in-process)"

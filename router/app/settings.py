@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     log_prompts: bool = False
     #: In open mode, the hosts answered besides localhost and loopback addresses (a request for any
     #: other ``Host`` is refused: a site rebinding its name to this machine): names, ``*.lan`` for a
-    #: name's subdomains, ``*`` for any. Comma-separated in ``ROUTER_ALLOWED_HOSTS``.
+    #: name's subdomains, ``*`` for any. Comma-separated or a JSON list in ``ROUTER_ALLOWED_HOSTS``.
     allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     #: Master key for the management API and, when set, for the proxy (virtual keys come later).
     master_key: SecretStr | None = None

@@ -24,10 +24,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import orjson
+
 #: Characters a ``Host`` header never holds (a URL's other parts, credentials, a path).
 _NOT_IN_A_HOST = frozenset("/?#@\\ \t")
 #: A ``Host`` quoted back longer than this is cut: it is the client's text.
 _QUOTED = 100
+#: Characters no allowed host's name or pattern holds: JSON's, a URL's other parts, blanks.
+_NOT_IN_A_PATTERN = _NOT_IN_A_HOST | frozenset("\"'{},")
 
 
 def _hostname(netloc: str) -> str | None:
@@ -62,9 +66,25 @@ def _address(name: str) -> bool:
 
 
 def allowed_hosts(given: str | Iterable[str]) -> tuple[str, ...]:
-    """The operator's list, from ``a.lan, *.corp.example`` or a list: lower-cased, blanks dropped."""
-    names = given.split(",") if isinstance(given, str) else given
-    return tuple(n.strip().lower().rstrip(".") for n in names if n.strip())
+    """The operator's list, from ``a.lan, *.corp.example``, a JSON list (``["a.lan", "*.lan"]``,
+    how pydantic-settings reads a list from the environment) or a list: lower-cased, blanks
+    dropped. Read comma by comma, a JSON list allowed '["a.lan"' and so nothing; an entry that
+    cannot be a host's name or pattern is a ``ValueError`` naming it."""
+    names: Iterable[object] = given.split(",") if isinstance(given, str) else given
+    if isinstance(given, str) and given.lstrip().startswith("["):
+        try:
+            names = orjson.loads(given)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON list of host names ({exc})") from None
+    if isinstance(names, str | bytes | Mapping) or not isinstance(names, Iterable):
+        raise ValueError('host names are needed, comma-separated or as a JSON list: ["devbox.lan", "*.lan"]')
+    hosts = []
+    for name in names:
+        if not isinstance(name, str) or any(c in _NOT_IN_A_PATTERN for c in name.strip()):
+            raise ValueError(f"{str(name)[:_QUOTED]!r} is not a host name, '*.' and a name, nor '*'")
+        if name.strip():
+            hosts.append(name.strip().lower().rstrip("."))
+    return tuple(hosts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
+from router.app.settings import Settings
 from router.http.browsers import Browsers, allowed_hosts
 
 
@@ -61,3 +63,25 @@ def test_a_page_of_the_routers_own_origin_is_its_own() -> None:
     assert b.refusal({"host": "devbox.lan:8080", "origin": "http://localhost:3000"}) is None
     for origin in ("http://devbox.lan:8081", "http://evil.example:8080", "null", "http://devbox.lan:8080@x"):
         assert b.refusal({"host": "devbox.lan:8080", "origin": origin}) is not None, origin
+
+
+@pytest.mark.parametrize(
+    "given",
+    ['["DevBox.lan", "*.corp.example"]', " devbox.lan , *.corp.example", '[ "devbox.lan","*.corp.example" ]'],
+)
+def test_allowed_hosts_from_the_environment_as_a_json_list_or_with_commas(
+    given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pydantic-settings reads a list-valued setting as JSON, and the router read this one comma by
+    comma alone: ``["devbox.lan"]`` allowed the host '["devbox.lan"]', which never matches."""
+    monkeypatch.setenv("ROUTER_ALLOWED_HOSTS", given)
+    assert Settings().allowed_hosts == ("devbox.lan", "*.corp.example")
+
+
+@pytest.mark.parametrize("given", ['["devbox.lan", 5]', '["devbox.lan"', '{"host": "devbox.lan"}'])
+def test_allowed_hosts_that_are_not_a_list_of_names_are_refused_saying_so(
+    given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROUTER_ALLOWED_HOSTS", given)
+    with pytest.raises(ValidationError, match="allowed_hosts"):
+        Settings()
