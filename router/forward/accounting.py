@@ -129,7 +129,8 @@ def cost_split(price: Price, usage: Usage) -> CostSplit:
         output=round((usage.output_tokens or 0) * price.output, 10),
         cache_read=round(read * price.cache_read, 10),
         cache_write=round(price.write_cost(write, usage.cache_write_1h_tokens or 0), 10),
-        tools=round(price.tools(usage.tool_calls), 10),
+        # A fee billed for every call (a search model's search) is the hosted tools' too.
+        tools=round(price.tools(usage.tool_calls) + price.per_request, 10),
     )
 
 

@@ -53,6 +53,9 @@ class Price:
     #: 1.25 times for five minutes); None: priced as ``cache_write``.
     cache_write_1h: float | None = None
     per_call: Mapping[str, float] = field(default_factory=lambda: HOSTED_TOOL_FEES)
+    #: USD billed for every call whatever it writes (a search model's search), with the hosted
+    #: tools' fees in ``CostSplit.tools``.
+    per_request: float = 0.0
     #: Dearer prices for long prompts, by threshold: a call whose prompt has more than a tier's
     #: tokens is billed at its prices (the last such tier's), the whole call (OpenAI's gpt-5.4 and
     #: 5.5 above 272k tokens, Gemini above 200k). Empty: one price.
@@ -228,6 +231,14 @@ def _tiered(price: Price, given: list[Tier]) -> Price:
     return dataclasses.replace(price, tiers=tuple(tiers))
 
 
+def _per_request(known: Mapping[str, Any] | None) -> float:
+    """litellm's fee per call for the model (``input_cost_per_request``), else none. Its
+    ``search_context_cost_per_query`` is no such fee: gpt-4.1 and gpt-5 have one too, for the
+    web search tool a request may declare; only the search models search on every call."""
+    value = (known or {}).get("input_cost_per_request")
+    return float(value) if isinstance(value, int | float) and value >= 0 else 0.0
+
+
 def _pick(prices: Mapping[str, Any], name: str, below: float) -> float:
     value = prices.get(name)
     return float(value) if isinstance(value, int | float) else below
@@ -263,6 +274,7 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
             p.cache_write_1h, "cache_creation_input_token_cost_above_1hr", "cache_write_1h", 2 * input_price
         ),
         per_call=MappingProxyType({**HOSTED_TOOL_FEES, **p.per_call}) if p.per_call else HOSTED_TOOL_FEES,
+        per_request=p.per_request if p.per_request is not None else _per_request(known),
     )
     # The map's tiers only with the map's prices: an operator's own prices stand alone.
     if p.long_context is not None:

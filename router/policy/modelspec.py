@@ -46,6 +46,11 @@ class Prices(Strict):
     per_call: dict[
         Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")], Annotated[float, Field(ge=0)]
     ] = Field(default_factory=dict)
+    #: USD the provider bills for every call on top of its tokens, whatever it writes: a search
+    #: model behind Chat Completions (gpt-5-search-api, gpt-4o-search-preview) searches on each
+    #: call and bills the search ($0.01, $0.025), a reply that shows no call of it. Omitted:
+    #: litellm's ``input_cost_per_request`` for the model, else none.
+    per_request: float | None = Field(default=None, ge=0)
     #: Prices by prompt length (Anthropic's Sonnet above 200k tokens, ...); given, they replace
     #: the tiers litellm's map has for the model; omitted, the map's apply when the base prices
     #: come from it.

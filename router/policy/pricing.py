@@ -45,7 +45,8 @@ def estimate(
     fresh = prompt - cached
     writes = fresh if backend.protocol == "anthropic" else 0
     price = backend.price.at(prompt)
-    cost = price.cost(fresh - writes, out, cached, writes)
+    # A fee billed for every call (a search model's search) is part of every figure below.
+    cost = price.cost(fresh - writes, out, cached, writes) + price.per_request
     e = Estimate(backend.id, prompt, out, cached, cost, hold_usd=cost, cacheable_tokens=cacheable or None)
     e.cache_cell = cell
     if hold_output is not None:
@@ -57,6 +58,7 @@ def estimate(
     cold = prompt * price.input
     if backend.protocol == "anthropic":
         cold = max(cold, price.write_cost(prompt), price.write_cost(prompt, prompt))
+    cold += price.per_request
     e.worst_usd = max(
         e.hold_usd or cost, cost + max(0, most - out) * price.output, cold + most * price.output
     )

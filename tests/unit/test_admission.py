@@ -502,6 +502,27 @@ async def test_requests_whose_first_tries_time_out_near_a_key_budgets_end_are_se
     assert all(u.spent <= budget for u in used), (used, budget, statuses)
 
 
+async def test_a_model_billed_on_every_call_is_charged_and_held_its_fee(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """A search model behind Chat Completions bills a search on every call ($0.01 for
+    gpt-5-search-api) and its reply shows none: priced by its tokens alone, a key with $0.015
+    would be served a hundred calls of ~$0.0001 each billed ~$0.0101. With ``prices.per_request``
+    the charge, the hold and the log have the fee: the second call does not fit."""
+    searching = model("a", fake.url, prices={"input": 1.0, "output": 2.0, "per_request": 0.01})
+    async with serving(tmp_path, [searching], master_key=MASTER) as r:
+        key, key_id = await r.key(budget_usd=0.015)
+        served = await r.post(key=key, max_tokens=MAX_TOKENS)
+        await settled(r, f"key:{key_id}")
+        refused = await r.post(key=key, max_tokens=MAX_TOKENS)
+        rows = await r.records()
+    assert served.status_code == 200 and refused.status_code == 403, refused.text
+    row = rows[0]
+    assert row.cost_tools_usd == pytest.approx(0.01)
+    assert row.cost_usd == pytest.approx(hand_cost(row) + 0.01)
+    assert float(served.headers["x-router-cost-usd"]) == pytest.approx(row.cost_usd)
+
+
 async def test_a_running_requests_holds_are_renewed_until_they_close() -> None:
     """``keep`` renews every hold it is given, read again each time (a request makes more as it
     runs), for as long as any is open, and ends by itself once they all are closed."""

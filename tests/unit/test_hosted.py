@@ -9,10 +9,12 @@ import pytest
 from router.errors import ConfigError
 from router.forward.accounting import cost_split
 from router.policy.catalog import HOSTED_TOOL_FEES, build_catalog
+from router.policy.pricing import estimate
 from router.protocols import anthropic, responses
 from router.protocols.common import Usage
 from router.protocols.hosted import declared, max_uses
 from tests.unit.test_config import BASE, parse
+from tests.unit.test_decide import feats
 
 
 def test_the_declared_hosted_tools_are_named_by_kind() -> None:
@@ -125,4 +127,34 @@ def test_the_catalog_prices_hosted_calls_by_default_and_as_a_policy_says() -> No
     )
     for bad in ("per_call: {web_search: -1}", "per_call: {Web-Search: 1}", "per_calls: {web_search: 1}"):
         with pytest.raises(ConfigError, match="per_call"):
+            parse(BASE.replace("prices: {input: 1, output: 2}", f"prices: {{input: 1, output: 2, {bad}}}"))
+
+
+def test_a_model_that_bills_every_call_is_charged_and_estimated_its_fee() -> None:
+    """A search model behind Chat Completions (gpt-5-search-api) searches on every call and bills
+    the search, $0.01, while its reply shows no hosted call: neither the charge, nor the estimate
+    the decision ranks by, nor the hold and the worst case a budget keeps had it. The policy says
+    so (``prices.per_request``); litellm's ``input_cost_per_request`` where the map prices it."""
+    text = BASE.replace("prices: {input: 1, output: 2}", "prices: {input: 1, output: 2, per_request: 0.01}")
+    searching = build_catalog(parse(text))["a"]
+    plain = build_catalog(parse(BASE))["a"]
+    assert (searching.price.per_request, plain.price.per_request) == (0.01, 0.0)
+    usage = Usage(input_tokens=1000, output_tokens=10)
+    split = cost_split(searching.price, usage)
+    assert split.tools == pytest.approx(0.01)
+    assert split.total == pytest.approx(cost_split(plain.price, usage).total + 0.01)
+    features = feats(prompt=100)
+    with_fee, without = (
+        estimate(searching, features, 50, hold_output=200),
+        estimate(plain, features, 50, hold_output=200),
+    )
+    for figure in ("cost_usd", "hold_usd", "worst_usd"):
+        assert getattr(with_fee, figure) == pytest.approx(getattr(without, figure) + 0.01), figure
+    # From litellm's map, with the rest of the model's prices, not past the policy's own.
+    mapped = BASE.replace("prices: {input: 1, output: 2}", "prices: {output: 2}")
+    known = {"input_cost_per_token": 1e-6, "input_cost_per_request": 0.005}
+    assert build_catalog(parse(mapped), lookup=lambda m: known)["a"].price.per_request == 0.005
+    assert build_catalog(parse(text), lookup=lambda m: known)["a"].price.per_request == 0.01
+    for bad in ("per_request: -1", "per_request: cheap"):
+        with pytest.raises(ConfigError, match="per_request"):
             parse(BASE.replace("prices: {input: 1, output: 2}", f"prices: {{input: 1, output: 2, {bad}}}"))
