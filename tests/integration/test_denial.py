@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
+import orjson
 import pytest
 
 from router.app.limits import Limits
@@ -42,12 +43,17 @@ class Probe:
         """The loop was held for less than half of ``took``, the hostile request's time (0.5 s at least)."""
         assert self.answers > 5, what
         assert self.worst < max(0.5, took / 2), (
-            f"{what}: /healthz waited {self.worst:.2f}s (it took {took:.2f}s)"
+            f"{what}: the probe waited {self.worst:.2f}s (it took {took:.2f}s)"
         )
 
 
+def healthz(client: httpx.Client) -> None:
+    assert client.get("/healthz").status_code == 200
+
+
 @contextmanager
-def stall_probe(url: str) -> Iterator[Probe]:
+def stall_probe(url: str, ask: Callable[[httpx.Client], None] = healthz) -> Iterator[Probe]:
+    """``ask`` (``/healthz`` unless said) over and over on a connection of its own."""
     probe = Probe()
     stop = threading.Event()
 
@@ -55,7 +61,7 @@ def stall_probe(url: str) -> Iterator[Probe]:
         with httpx.Client(base_url=url, timeout=60) as client:
             while not stop.is_set():
                 started = time.monotonic()
-                assert client.get("/healthz").status_code == 200
+                ask(client)
                 probe.worst = max(probe.worst, time.monotonic() - started)
                 probe.answers += 1
                 stop.wait(0.01)
@@ -109,6 +115,40 @@ def test_a_large_prompt_is_counted_off_the_event_loop(
         # Answered (a prompt that no window holds is a 400), not failed.
         assert resp.status_code in (200, 400), (path, resp.text[:300])
         probe.assert_not_held(took, f"{path}, a large prompt")
+
+
+# -- a body of many small JSON values, parsed and sized -------------------------------------------
+
+
+def small_streamed_chat(client: httpx.Client) -> None:
+    """Another client's request, streamed: served, whole, to its last event."""
+    body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        assert b"[DONE]" in b"".join(resp.iter_bytes())
+
+
+def test_a_body_of_many_small_values_is_parsed_and_sized_off_the_event_loop(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    """200,000 messages (9 MB): their parse and their sizing took seconds, all of it on the event loop,
+    and every other client's stream waited for as long (found by the hostile probe; 20-30 MB of
+    tools or messages held the others 1.5-8 s). Now a thread of its own does both."""
+    r = router_factory(local_policy(upstream.url))
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"step {i}"} for i in range(200_000)
+    ]
+    raw = orjson.dumps({"model": "auto", "max_tokens": 10, "messages": messages})
+    assert len(raw) > 8_000_000
+    with stall_probe(r.url, small_streamed_chat) as probe:
+        time.sleep(0.2)
+        started = time.monotonic()
+        resp = httpx.post(r.url + "/v1/chat/completions", content=raw, timeout=120,
+                          headers={"content-type": "application/json"})  # fmt: skip
+        took = time.monotonic() - started
+        time.sleep(0.2)
+    assert resp.status_code in (200, 400), resp.text[:300]  # a prompt no window holds is a 400
+    probe.assert_not_held(took, "200,000 messages")
 
 
 # -- item 11: the body of POST /v1/outcomes ------------------------------------------------------
