@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -22,8 +23,10 @@ from router.http.proxy import Proxy, header_dict, read_body
 from router.http.replies import error_reply, json_reply
 from router.policy.active import ActivePolicyHolder
 from router.policy.config import Route
+from router.policy.pipeline import parse_body
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, PROXIED, WIRES
 from router.protocols import anthropic as anthropic_protocol
+from router.protocols.common import ClientRequest
 
 
 class Api:
@@ -60,7 +63,7 @@ class Api:
     @keyed(ANTHROPIC)
     async def count_tokens(self, request: Request, principal: Principal) -> Response:
         raw = await read_body(request, self.max_body_bytes)
-        req = anthropic_protocol.parse(raw, count_only=True)
+        req = await parse_body(self.background, partial(anthropic_protocol.parse, count_only=True), raw)
         # As /v1/messages would refuse it: a key restricted with --models gets nothing for another.
         principal.authorize_model(req.model)
         # Off the event loop unless short: a large prompt's count would stall every client.
@@ -147,10 +150,13 @@ class Api:
     async def route(self, request: Request, principal: Principal) -> Response:
         """The decision the proxy would make for this body now, without calling any backend."""
         raw = await read_body(request, self.max_body_bytes)
-        protocol = request.query_params.get("protocol") or _detect(raw, request)
-        if protocol not in WIRES:
-            raise BadRequest(f"unknown protocol {protocol!r}; use one of {', '.join(WIRES)}")
-        req = WIRES[protocol].parse(raw)
+        given = request.query_params.get("protocol")
+        if given is not None and given not in WIRES:
+            raise BadRequest(f"unknown protocol {given!r}; use one of {', '.join(WIRES)}")
+        anthropic_version = bool(request.headers.get("anthropic-version"))
+        # Detected with the parse, off the loop for a large body: reading it is most of the parse.
+        req = await parse_body(self.background, partial(_parse_detected, given, anthropic_version), raw)
+        protocol = req.protocol
         # As the proxy would refuse it: the decision names the backends and prices of a model the
         # key was restricted from, which GET /v1/models keeps from it.
         principal.authorize_model(req.model)
@@ -214,13 +220,18 @@ def _proxied(proxy: Proxy, protocol: str) -> Callable[[Request], Awaitable[Respo
     return endpoint
 
 
-def _detect(raw: bytes, request: Request) -> str:
+def _parse_detected(given: str | None, anthropic_version: bool, raw: bytes) -> ClientRequest:
+    """``raw`` parsed in the protocol ``given``, else the one its shape says."""
+    return WIRES[given or _detect(raw, anthropic_version)].parse(raw)
+
+
+def _detect(raw: bytes, anthropic_version: bool) -> str:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return OPENAI_CHAT  # parsing reports the error in detail
     if isinstance(body, dict) and "input" in body:
         return OPENAI_RESPONSES
-    if request.headers.get("anthropic-version") or (isinstance(body, dict) and "system" in body):
+    if anthropic_version or (isinstance(body, dict) and "system" in body):
         return ANTHROPIC
     return OPENAI_CHAT

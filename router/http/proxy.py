@@ -45,7 +45,7 @@ from router.http.replies import error_reply
 from router.ids import IdMaker
 from router.policy.active import ActivePolicyHolder
 from router.policy.catalog import Backend
-from router.policy.pipeline import LARGE_BODY_BYTES, Decided, Pipeline
+from router.policy.pipeline import Decided, Pipeline
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
 from router.protocols.openai_chat import is_usage_only, usage_frame_with_cost
 from router.telemetry.phases import Phases
@@ -156,10 +156,7 @@ class Proxy:
             principal = await self.auth.check(request)
             f.key_id = principal.key_id
             raw = await read_body(request, self.max_body_bytes)
-            if len(raw) < LARGE_BODY_BYTES:
-                req = wire.parse(raw)
-            else:  # a thread of its own parses it: the loop serves the others meanwhile
-                req = await self.pipeline.parse_large(wire.parse, raw)
+            req = await self.pipeline.parse(wire.parse, raw)
             if self.auth.is_master(req.model):  # refused before the flight keeps it for the log
                 raise UnknownModel(_MASTER_AS_MODEL)
             f.req = req

@@ -111,9 +111,9 @@ class Pipeline:
         arm, decider = _decider(rt, req, task_id, key_id, headers)
         return Decided(feats, view, decider.decide(feats, explore=False), arm=arm)
 
-    async def parse_large(self, parse: Callable[[bytes], ClientRequest], raw: bytes) -> ClientRequest:
-        """``parse(raw)`` for a body of ``LARGE_BODY_BYTES`` or more, on its thread (``Background.for_large``)."""
-        return await self.background.for_large(_parsed_with_digests, parse, raw)
+    async def parse(self, parse: Callable[[bytes], ClientRequest], raw: bytes) -> ClientRequest:
+        """``parse(raw)`` (``parse_body``)."""
+        return await parse_body(self.background, parse, raw)
 
     async def _settle(self, size: PromptSize) -> int:
         """``sizer.settle`` for a request that waits for it: on a worker thread unless the pending
@@ -157,6 +157,16 @@ class Pipeline:
             )  # fmt: skip
         if decided.label is not None:
             decided.label()
+
+
+async def parse_body(
+    background: Background, parse: Callable[[bytes], ClientRequest], raw: bytes
+) -> ClientRequest:
+    """``parse(raw)``: on the event loop, or for a body of ``LARGE_BODY_BYTES`` or more on a thread
+    of its own (``Background.for_large``), the loop serving the others meanwhile."""
+    if len(raw) < LARGE_BODY_BYTES:
+        return parse(raw)
+    return await background.for_large(_parsed_with_digests, parse, raw)
 
 
 def _parsed_with_digests(parse: Callable[[bytes], ClientRequest], raw: bytes) -> ClientRequest:

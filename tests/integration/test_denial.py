@@ -128,12 +128,14 @@ def small_streamed_chat(client: httpx.Client) -> None:
         assert b"[DONE]" in b"".join(resp.iter_bytes())
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/route", "/v1/messages/count_tokens"])
 def test_a_body_of_many_small_values_is_parsed_and_sized_off_the_event_loop(
-    router_factory: Factory, upstream: FakeUpstream
+    router_factory: Factory, upstream: FakeUpstream, path: str
 ) -> None:
     """200,000 messages (9 MB): their parse and their sizing took seconds, all of it on the event loop,
     and every other client's stream waited for as long (found by the hostile probe; 20-30 MB of
-    tools or messages held the others 1.5-8 s). Now a thread of its own does both."""
+    tools or messages held the others 1.5-8 s). Now a thread of its own does both, for the
+    proxy and for the endpoints that read a body as it does (they parsed it on the loop still)."""
     r = router_factory(local_policy(upstream.url))
     messages = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"step {i}"} for i in range(200_000)
@@ -143,7 +145,7 @@ def test_a_body_of_many_small_values_is_parsed_and_sized_off_the_event_loop(
     with stall_probe(r.url, small_streamed_chat) as probe:
         time.sleep(0.2)
         started = time.monotonic()
-        resp = httpx.post(r.url + "/v1/chat/completions", content=raw, timeout=120,
+        resp = httpx.post(r.url + path, content=raw, timeout=120,
                           headers={"content-type": "application/json"})  # fmt: skip
         took = time.monotonic() - started
         time.sleep(0.2)
