@@ -64,10 +64,7 @@ class Pipeline:
         secrets); ``body_bytes``: the raw body's size, the memory the conversation memo charges for
         it; ``key_budget_left``: what the key may still spend (candidates that would not fit are
         excluded before ranking and exploration)."""
-        if body_bytes < LARGE_BODY_BYTES:
-            size = self.sizer.measure(req, task_id, body_bytes)
-        else:
-            size = await self.background.for_large(self.sizer.measure, req, task_id, body_bytes)
+        size = await self._measure(req, task_id, body_bytes)
         repo = headers.get("x-router-repo")
         view = await self.tasks.enter(
             rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo, size.facts
@@ -99,10 +96,7 @@ class Pipeline:
         attempt_header: str | None, body_bytes: int, key_budget_left: float | None = None,
     ) -> Decided:  # fmt: skip
         """The decision ``decide`` would make now, on the exact prompt size, remembering nothing."""
-        if body_bytes < LARGE_BODY_BYTES:
-            size = self.sizer.measure(req, None, body_bytes)
-        else:
-            size = await self.background.for_large(self.sizer.measure, req, None, body_bytes)
+        size = await self._measure(req, None, body_bytes)
         if not size.settled:
             await self._settle(size)
         repo = headers.get("x-router-repo")
@@ -110,6 +104,13 @@ class Pipeline:
         feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
         return Decided(feats, view, decider.decide(feats, explore=False), arm=arm)
+
+    async def _measure(self, req: ClientRequest, task_id: str | None, body_bytes: int) -> PromptSize:
+        """``sizer.measure``: on the event loop, or for a body of ``LARGE_BODY_BYTES`` or more on
+        its thread (``Background.for_large``)."""
+        if body_bytes < LARGE_BODY_BYTES:
+            return self.sizer.measure(req, task_id, body_bytes)
+        return await self.background.for_large(self.sizer.measure, req, task_id, body_bytes)
 
     async def parse(self, parse: Callable[[bytes], ClientRequest], raw: bytes) -> ClientRequest:
         """``parse(raw)`` (``parse_body``)."""
