@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import NoReturn
 
+from router.digits import whole_number
 from router.errors import ConfigError
 
 
@@ -80,13 +81,18 @@ class Node:
         return tuple(n.number() for n in self.items(size))
 
 
+#: A retry limit read from a key: far above any real one, a bound for int().
+MAX_ATTEMPTS_KEY = 1_000_000
+
+
 def attempts_key(key: str, node: Node) -> int:
     """A retry limit used as the key of ``node`` (JSON keys are strings: ``"2"``)."""
-    if not key.isdigit() or int(key) < 1:
+    limit = whole_number(key, MAX_ATTEMPTS_KEY)
+    if not limit:
         raise ConfigError(
             f"{node.source}: {node.path}: expected a retry limit (a whole number ≥ 1) as the key"
         )
-    return int(key)
+    return limit
 
 
 def _brief(value: object) -> str:

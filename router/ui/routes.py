@@ -25,6 +25,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
+from router.digits import whole_number
 from router.errors import ConfigError, PayloadTooLarge, PermissionDenied
 from router.http.auth import Auth
 from router.http.proxy import read_body
@@ -38,6 +39,7 @@ from router.ui import charts, policyview, session, views
 
 MAX_FORM_BYTES = 4096
 MAX_POLICY_BYTES = 1024 * 1024
+MAX_PAGE = 10**9
 #: The policy page's default window (its arms' numbers and the preview): a revision's arms
 #: gather tasks for days.
 POLICY_WINDOW = "7d"
@@ -209,12 +211,7 @@ class Dashboard:
         q = request.query_params.get("q", "")
         page = request.query_params.get("page", "1")
         rows = await asyncio.to_thread(
-            # ASCII and short: '³' or 5,000 digits passed isdigit() and were a 500 from int().
-            views.task_rows,
-            requests,
-            outcomes,
-            q,
-            int(page) if page.isascii() and page.isdigit() and len(page) < 10 else 1,
+            views.task_rows, requests, outcomes, q, whole_number(page, MAX_PAGE) or 1
         )
         return self.render(request, "tasks.html", window=label, q=q, t=rows, **self.shown(capped, requests))
 

@@ -14,6 +14,8 @@ import secrets
 import time
 from collections.abc import Mapping
 
+from router.digits import whole_number
+
 COOKIE = "router_ui"
 TTL_S = 12 * 3600
 
@@ -65,9 +67,9 @@ def _parse(token: str | None) -> tuple[int, str, str] | None:
     if not token or len(token) > 200 or not token.isascii():
         return None
     parts = token.split(".")
-    if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 12:
+    if len(parts) != 3 or len(parts[0]) > 12 or (expires := whole_number(parts[0], 10**12)) is None:
         return None
-    return int(parts[0]), parts[1], parts[2]
+    return expires, parts[1], parts[2]
 
 
 def _mac(secret: bytes, expires: int, nonce: str) -> str:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: features read the request, policy decides, forward answers; learning fits offline what rollout
 #: puts into service; http, ui and the fake provider are the edges; app assembles them all.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "ids", "background", "jsondoc"),
+    ("errors", "ids", "digits", "background", "jsondoc"),
     ("protocols", "store"),
     ("shared",),
     ("telemetry", "features"),

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from router.digits import whole_number
 from router.protocols.common import ClientRequest, text_of
 from router.shared import AttemptMark
 
@@ -172,15 +173,8 @@ class TaskTracker:
 
     @staticmethod
     def _advance(state: TaskState, req: ClientRequest, attempt_header: str | None) -> TaskState:
-        if attempt_header and attempt_header.isascii() and attempt_header.isdigit():
-            # ASCII digits alone ('³' is a digit to isdigit(), not to int()), and no more of them
-            # than the cap has (int() refuses 4,300): both were a 500 with a traceback.
-            digits = attempt_header.lstrip("0")
-            n = (
-                MAX_ATTEMPT
-                if len(digits) > len(str(MAX_ATTEMPT))
-                else max(1, min(int(digits or "0"), MAX_ATTEMPT))
-            )
+        if (given := whole_number(attempt_header, MAX_ATTEMPT)) is not None:
+            n = max(1, given)
             if n != state.attempt:
                 _new_attempt(state, n)
         elif state.failed_open and is_restart(req):
