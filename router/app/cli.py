@@ -146,7 +146,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 STORE_HELP = "log store URL (env ROUTER_STORE; default sqlite:///router.db)"
 CONFIG_HELP = "policy YAML (env ROUTER_CONFIG; default policies/default.yaml)"
-REDIS_HELP = "also tell every replica sharing this Redis (env ROUTER_REDIS_URL)"
+REDIS_HELP = "also tell every replica sharing this Redis (env ROUTER_REDIS_URL; their key prefix: env ROUTER_REDIS_PREFIX)"
 
 
 def _version() -> str:

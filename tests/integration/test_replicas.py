@@ -172,6 +172,35 @@ def test_policy_promoted_on_a_is_used_by_b_within_a_second(pair, tmp_path: Path)
     assert httpx.post(b.url + "/v1/route", json=route_body).json()["chosen"] == "local-large"
 
 
+def test_router_promote_tells_the_replicas_of_its_redis_prefix(
+    tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`router promote --redis` published under the default prefix (`router:`) whatever
+    ROUTER_REDIS_PREFIX said, as `router rollback` did not: replicas of another prefix never heard
+    it (they reloaded at their next poll of the file) and a deployment on the default prefix was
+    told of a policy not its own."""
+    from router.app.cli import main
+
+    config = tmp_path / "policy.yaml"
+    config.write_text(yaml.safe_dump(local_policy(upstream.url)))
+    artifact = tmp_path / "learned.json"
+    synthetic_artifact(artifact)
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    keys = Keys(prefix)
+    monkeypatch.setenv("ROUTER_REDIS_PREFIX", prefix)
+    url = f"redis://127.0.0.1:{REDIS_PORT}/0"
+    with redis.Redis(port=REDIS_PORT) as shared, shared.pubsub() as sub:
+        sub.subscribe(keys.policy_channel)
+        assert sub.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+        try:
+            assert main(["promote", str(artifact), "--config", str(config), "--redis", url, "--force"]) == 0
+            message = sub.get_message(ignore_subscribe_messages=True, timeout=5)
+            assert message is not None, f"nothing published on {keys.policy_channel}"
+            assert shared.get(keys.policy_version) == message["data"]
+        finally:
+            shared.delete(keys.policy_version)
+
+
 def test_redis_outage_fails_budgets_closed_and_the_rest_open(pair, upstream, router_factory) -> None:  # type: ignore[no-untyped-def]
     proxy = TcpProxy(REDIS_PORT).start()
     policy = local_policy(upstream.url)

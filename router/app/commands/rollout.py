@@ -13,9 +13,12 @@ from pathlib import Path
 def promote(args: argparse.Namespace) -> int:
     from router.rollout import promote as promoting
 
+    # The replicas' prefix, as `router rollback` publishes under: with the default alone, replicas
+    # of another prefix heard nothing (they reloaded at their next poll of the file).
     sha = promoting.promote(
-        args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"), force=args.force
-    )
+        args.artifact, args.config, args.redis or os.environ.get("ROUTER_REDIS_URL"),
+        os.environ.get("ROUTER_REDIS_PREFIX", "router:"), force=args.force,
+    )  # fmt: skip
     # "running routers reload it" read as if every router would, also for a candidate no router serves.
     print(
         f"{args.config}: now pins {args.artifact} (sha256 {sha}); routers serving it reload it within a second"
