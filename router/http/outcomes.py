@@ -160,7 +160,7 @@ def deciding(runtime: ActivePolicy, task_id: str, rows: list[RequestRecord]) -> 
     route = decider.policy.route_for(latest.requested_model or "")
     if route is None:
         return decider, list(decider.policy.models)
-    return decider, [route.passthrough] if route.passthrough else list(route.candidates)
+    return decider, route.chosen_among
 
 
 def _known(

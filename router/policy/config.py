@@ -48,6 +48,11 @@ class Targets(Strict):
             )
         return self
 
+    @property
+    def chosen_among(self) -> list[str]:
+        """The backends a decision ranks: the candidates, or the passthrough model alone."""
+        return [self.passthrough] if self.passthrough else list(self.candidates)
+
 
 class Route(Targets):
     """Maps a requested model name (exact, or a glob such as ``claude-*``) to backends."""

@@ -138,7 +138,7 @@ class Decider:
             # what to ask for without a second request.
             asked = ", ".join(r.match for r in self.policy.routes)
             raise UnknownModel(f"model {name!r} is not served here; ask for one of: {asked} (GET /v1/models)")
-        names = [route.passthrough] if route.passthrough else list(route.candidates)
+        names = route.chosen_among
         applied: list[str] = []
         excluded: dict[str, str] = {}
         preferred: list[str] = []
@@ -276,7 +276,7 @@ class Decider:
             for rule in self._sized_rules:
                 if rule.condition.matches(small) != rule.condition.matches(large):
                     return True
-        names = [route.passthrough] if route.passthrough else list(route.candidates)
+        names = route.chosen_among
         for names_, reserved in ((names, True), (route.fallbacks, False)):
             for n in names_:
                 backend = self.catalog[n]
@@ -399,7 +399,7 @@ def _allowed(policy: Policy, requested: str, facts: dict[str, Any]) -> set[str]:
     route = policy.route_for(requested)
     if route is None:
         return set()
-    names = [route.passthrough] if route.passthrough else list(route.candidates)
+    names = route.chosen_among
     for rule in policy.rules:
         if rule.condition.matches(facts):
             names = [n for n in names if (rule.only is None or n in rule.only) and n not in rule.exclude]

@@ -39,7 +39,7 @@ def after_stop(decider: Decider, features: Features) -> dict[str, Any]:
     if features.pinned is not None and features.pinned not in failed:
         failed.append(features.pinned)
     route = decider.policy.route_for(features.requested_model)
-    models = [] if route is None else [route.passthrough] if route.passthrough else list(route.candidates)
+    models = [] if route is None else route.chosen_among
     learned = planned(decider, models, features.task_vector, features.attempt, failed)
     if learned is not None:
         return learned
