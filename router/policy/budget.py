@@ -18,9 +18,10 @@ def budget_left(features: Features) -> float | None:
     return min(lefts) if lefts else None
 
 
-def within_budget(features: Features, eligible: list[Estimate]) -> bool:
-    """Exclude the eligible candidates whose estimate exceeds the budget left, so that neither the
-    ranking nor exploration picks one while a cheaper one fits. False (nothing excluded) when none fits."""
+def exclude_over_budget(features: Features, eligible: list[Estimate]) -> bool:
+    """Exclude the eligible candidates whose estimate exceeds the budget left (their ``excluded``
+    set), so that neither the ranking nor exploration picks one while a cheaper one fits; return
+    whether any fits. False (nothing excluded) when none fits."""
     left = budget_left(features)
     if left is None:
         return True

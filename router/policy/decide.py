@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from router.errors import BadRequest, ContextTooLarge, UnknownModel
 from router.features.request import Features
 from router.ids import IdMaker
-from router.policy.budget import budget_left, held, within_budget
+from router.policy.budget import budget_left, exclude_over_budget, held
 from router.policy.catalog import Backend, Catalog
 from router.policy.config import Policy
 from router.policy.estimates import Estimates, turn_cell
@@ -176,9 +176,10 @@ class Decider:
         eligible = [e for e in estimates if e.excluded is None]
         if not eligible:
             raise self._nothing_fits(features, estimates)
-        broke = not within_budget(features, eligible)
+        broke = not exclude_over_budget(features, eligible)
         # The one place side calls (titles, summaries) are sent to the cheapest model that fits.
         scorer = _CHEAPEST if features.side_call or broke else self.scorer
+        # The eligible but those exclude_over_budget has just taken out.
         ranked, propensity, reason = scorer.rank(features, [e for e in eligible if e.excluded is None])
         order = [e.model for e in ranked]
         failed = [m for m in order if m in features.failed_models]
