@@ -105,6 +105,7 @@ class CommittedStream:
 class Execution:
     tries: list[Try] = field(default_factory=list)
     backend: Backend | None = None
+    #: Retries on the same backend, for the tests: the log counts them from ``tries`` (``tries.retried``).
     retries: int = 0
     #: Called before a try that follows tries the provider bills without their serving (given up
     #: by a timeout, or failed with their usage reported), with the tries so far: the budgets
@@ -152,15 +153,13 @@ class Executor:
         upstream: Upstream,
         catalog: Catalog,
         timeouts: Timeouts,
-        breakers: Breakers | None = None,
+        breakers: Breakers,
         retry_budget: RetryBudget | None = None,
         backoff_s: float = 0.25,
     ) -> None:
-        from router.shared.memory import MemoryState
-
         self.upstream = upstream
         self.timeouts = timeouts
-        self.breakers: Breakers = breakers or MemoryState().breakers
+        self.breakers = breakers
         self.retry_budget = retry_budget or RetryBudget()
         self.backoff_s = backoff_s
         self.use(catalog)
