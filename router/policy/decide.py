@@ -139,24 +139,8 @@ class Decider:
             asked = ", ".join(r.match for r in self.policy.routes)
             raise UnknownModel(f"model {name!r} is not served here; ask for one of: {asked} (GET /v1/models)")
         names = route.chosen_among
-        applied: list[str] = []
-        excluded: dict[str, str] = {}
-        preferred: list[str] = []
-        preferring: dict[str, str] = {}
         facts = features.for_rules()
-        for rule in self.policy.rules:
-            if not rule.condition.matches(facts):
-                continue
-            applied.append(rule.name)
-            for n in names:
-                if n in excluded:
-                    continue
-                if (rule.only is not None and n not in rule.only) or n in rule.exclude:
-                    excluded[n] = f"rule {rule.name}"
-            for p in rule.prefer:
-                if p not in preferred:  # the first rule to prefer a model is the one the reason names
-                    preferred.append(p)
-                    preferring[p] = rule.name
+        applied, excluded, preferring = self._rules(names, facts)
         allowed = _allowed(self.bound, features.requested_model, facts) if self.bound is not None else None
         if allowed is not None:
             for n in names:
@@ -213,7 +197,7 @@ class Decider:
         elif pinned is not None and any(e.model == pinned and e.excluded == left_for for e in estimates):
             # Named: the console said only "cheapest ..." when a loop had just moved the task.
             reason = f"left {pinned} ({features.switch_reason}); then {reason}"
-        front = [p for p in preferred if p in order and not broke]
+        front = [p for p in preferring if p in order and not broke]
         if front:
             order = front + [m for m in order if m not in front]
             # Named: "preferred by rule" left the reader to guess which (console, log, /ui).
@@ -227,18 +211,8 @@ class Decider:
         if route.passthrough is not None:
             # One model named: nothing was ranked, explored, pinned or preferred, whatever the scorer says.
             reason, propensity = "passthrough route", 1.0
-        fallbacks = []
-        left = budget_left(features)
-        for fb in route.fallbacks:
-            if fb in order or fb in excluded or (allowed is not None and fb not in allowed):
-                continue
-            e = self._estimate(self.catalog[fb], features, cell)
-            # A fallback the budget left cannot hold is dropped: held or not, it could spend past it.
-            if not self._hard_constraint(self.catalog[fb], features, 0, e.prompt_tokens) and (
-                left is None or held(e) <= left
-            ):
-                order.append(fb)
-                fallbacks.append(e)
+        fallbacks = self._fallbacks(route.fallbacks, order, excluded, allowed, features, cell)
+        order += [e.model for e in fallbacks]
         return Decision(
             decision_id=self._new_id(),
             policy=f"{self.policy.name}/{self.scorer.name}",
@@ -251,6 +225,49 @@ class Decider:
             task_budget=self.policy.objective.max_cost_per_task,
             fallbacks=fallbacks,
         )
+
+    def _rules(
+        self, names: list[str], facts: dict[str, Any]
+    ) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """The policy's rules that match: their names, the candidates they exclude (each with the
+        first rule that does), and the models they prefer, in order (each with the first rule that
+        prefers it, the one the reason names)."""
+        applied: list[str] = []
+        excluded: dict[str, str] = {}
+        preferring: dict[str, str] = {}
+        for rule in self.policy.rules:
+            if not rule.condition.matches(facts):
+                continue
+            applied.append(rule.name)
+            for n in names:
+                if n not in excluded and (
+                    (rule.only is not None and n not in rule.only) or n in rule.exclude
+                ):
+                    excluded[n] = f"rule {rule.name}"
+            for p in rule.prefer:
+                preferring.setdefault(p, rule.name)
+        return applied, excluded, preferring
+
+    def _fallbacks(
+        self, names: list[str], order: list[str], excluded: dict[str, str], allowed: set[str] | None,
+        features: Features, cell: str | None,
+    ) -> list[Estimate]:  # fmt: skip
+        """The estimates of the route's fallbacks the request may reach after ``order``: not in it,
+        not excluded by a rule or a scope's bound, fitting their window and the budget left."""
+        fallbacks: list[Estimate] = []
+        left = budget_left(features)
+        reached = set(order)
+        for fb in names:
+            if fb in reached or fb in excluded or (allowed is not None and fb not in allowed):
+                continue
+            e = self._estimate(self.catalog[fb], features, cell)
+            # A fallback the budget left cannot hold is dropped: held or not, it could spend past it.
+            if not self._hard_constraint(self.catalog[fb], features, 0, e.prompt_tokens) and (
+                left is None or held(e) <= left
+            ):
+                reached.add(fb)
+                fallbacks.append(e)
+        return fallbacks
 
     def _estimate(self, backend: Backend, features: Features, cell: str | None) -> Estimate:
         prompt = self.prompt_tokens(backend, features.prompt_tokens, features)
