@@ -121,7 +121,7 @@ class Api:
         """A route's context window and output limit: the largest of its models', since the router
         sends what fits to one that takes it."""
         catalog = self.runtime.current.catalog
-        ids = [*route.candidates, *([route.passthrough] if route.passthrough else []), *route.fallbacks]
+        ids = [*route.chosen_among, *route.fallbacks]
         backends = [catalog.backends[i] for i in ids]
         return max(b.context_window for b in backends), max(b.max_output_tokens for b in backends)
 
