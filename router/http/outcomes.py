@@ -137,9 +137,8 @@ class Outcomes:
                 # The router stopped this attempt and told the agent what comes next: the same here.
                 result["next"] = state.stop_next
             else:
-                known = _known(state, rows, attempt)
+                vec, failed = _known(state, rows, attempt)
                 decider, allowed = deciding(self.runtime.current, out.task_id, rows)
-                vec, failed = known if known is not None else (None, [])
                 result["next"] = following.planned(decider, allowed, vec, attempt, failed)
         return json_reply(result)
 
@@ -165,8 +164,9 @@ def deciding(runtime: ActivePolicy, task_id: str, rows: list[RequestRecord]) -> 
 
 def _known(
     state: TaskState | None, rows: list[RequestRecord], attempt: int
-) -> tuple[Mapping[int, float], list[str]] | None:
-    """The task's vector and the models that failed it up to ``attempt``, from memory or the log."""
+) -> tuple[Mapping[int, float] | None, list[str]]:
+    """The task's vector and the models that failed it up to ``attempt``, from memory or the log
+    (None and none where neither has the vector)."""
     if state is not None and state.vector is not None:
         failed = list(state.failed_models)
         if state.pinned and state.attempt == attempt and state.pinned not in failed:
@@ -175,6 +175,6 @@ def _known(
     main = [(r, r.chosen_model) for r in rows if not r.side_call and r.chosen_model]
     features = next((r.task_features for r, _ in main if r.task_features), None)
     if features is None:
-        return None
+        return None, []
     failed = list(dict.fromkeys(model for r, model in main if (r.attempt or 1) <= attempt))
     return taskfeatures.from_json(features), failed
