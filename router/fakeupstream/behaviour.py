@@ -45,7 +45,6 @@ Overrides = Mapping[str, Any]
 
 #: Header that carries a behaviour for one request.
 HEADER = "x-fake-behaviour"
-EMPTY: Overrides = MappingProxyType({})
 
 
 class BehaviourError(ValueError):

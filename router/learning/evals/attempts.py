@@ -41,7 +41,6 @@ from router.learning.training import control, verdicts
 TARGETS = (0.75, 0.80)
 #: Targets of the frontier plot (each row re-chosen on the training folds for each).
 SWEEP = (0.7, 0.75, 0.8)
-VERIFIERS = ("exact", "labels")
 
 
 @dataclass(frozen=True)

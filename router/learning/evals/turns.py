@@ -40,10 +40,6 @@ class Turns:
     def calls(self) -> int:
         return len(self.costs)
 
-    def spent_before(self, k: int) -> float:
-        """USD of the first ``k`` calls."""
-        return float(sum(self.costs[:k]))
-
 
 def read(
     messages: Sequence[dict[str, object]],
