@@ -21,4 +21,14 @@ def redact(text: str, url: str) -> str:
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***").replace(unquote(secret), "***")
+            # A driver reads an unescaped "@" as the password's end and quotes the rest as the
+            # host: "failed to resolve host 'RETPW99@127.0.0.1'" for the password SEC@RETPW99.
+            for piece in secret.split("@")[1:]:
+                if len(piece) >= _PIECE:
+                    text = text.replace(piece, "***")
     return mask_url(text)
+
+
+#: The shortest piece of a password around an "@" taken out of a message: a shorter one is as
+#: likely to be any other word's letters, and tells little of the password.
+_PIECE = 4

@@ -540,6 +540,17 @@ def test_redact_removes_the_password_anywhere() -> None:
     assert redact("nothing secret", "postgresql://h/db") == "nothing secret"
 
 
+def test_redact_removes_what_a_driver_quotes_of_a_password_with_an_unescaped_at() -> None:
+    """psycopg ends the password at its first "@" and quotes the rest as the host it could not
+    resolve: `router keys list --store postgresql://u:SEC@RETPW99@127.0.0.1:1/test` printed
+    "failed to resolve host 'RETPW99@127.0.0.1'"."""
+    url = "postgresql://u:SEC@RETPW99@127.0.0.1:1/test"
+    said = redact("failed to resolve host 'RETPW99@127.0.0.1': Name or service not known", url)
+    assert "RETPW99" not in said
+    assert said == "failed to resolve host '***@127.0.0.1': Name or service not known"
+    assert redact("port 5432 failed", "postgresql://u:p@ss@h/db") == "port 5432 failed"
+
+
 def test_mask_url() -> None:
     assert (
         mask_url("postgresql://u:p%40ss@h:5432/db?sslmode=require")
