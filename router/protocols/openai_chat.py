@@ -197,7 +197,15 @@ class StreamObserver:
             if choice.get("finish_reason"):
                 self.usage.finish_reasons.append(choice["finish_reason"])
             delta = choice.get("delta") or {}
-            if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+            # "reasoning" is what OpenAI-compatible servers (vLLM, OpenRouter, Groq) call DeepSeek's
+            # reasoning_content: a stream cut while a model thought is charged for the thought.
+            if (
+                delta.get("content")
+                or delta.get("tool_calls")
+                or delta.get("reasoning_content")
+                or delta.get("reasoning")
+                or delta.get("refusal")
+            ):
                 content = True
                 self.written.append(delta)
         return content

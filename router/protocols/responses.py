@@ -201,13 +201,21 @@ def _ended_because(response: dict[str, Any]) -> Any:
     return response.get("status") if response.get("status") != "in_progress" else None
 
 
+#: The events that carry what the model writes (each a ``delta``): a stream cut before its usage
+#: is charged for what they carried. A custom tool's input (Codex's apply_patch), a code
+#: interpreter's code and a shell call's command are written output too: left out, a stream cut
+#: while a patch was written was charged none of it.
 _CONTENT_EVENTS = frozenset(
     {
         "response.output_text.delta",
         "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+        "response.code_interpreter_call_code.delta",
+        "response.shell_call_command.delta",
         "response.reasoning_summary_text.delta",
         "response.reasoning_text.delta",
         "response.refusal.delta",
+        "response.audio.transcript.delta",
     }
 )
 

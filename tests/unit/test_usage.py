@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 
+from router.forward.accounting import streamed_tokens
 from router.protocols import anthropic, openai_chat, responses
 
 
@@ -58,3 +59,26 @@ def test_responses_say_how_they_ended() -> None:
     assert (obs.usage.response_id, obs.usage.finish_reasons) == ("resp_3", [])
     obs.observe("response.completed", orjson.dumps({"response": {"id": "resp_3", "status": "completed"}}))
     assert (obs.usage.response_id, obs.usage.finish_reasons) == ("resp_3", ["completed"])
+
+
+def test_a_cut_stream_is_charged_for_every_kind_of_output_its_events_carried() -> None:
+    """What a stream cut before its usage is charged comes from its content events: a custom
+    tool's input (Codex's apply_patch), a code interpreter's code or a shell command the model
+    wrote in a Responses stream, and a Chat delta that carries only reasoning (as vLLM, OpenRouter
+    and Groq name it) or a refusal, were no content, so a stream cut while a 2,000-token patch was
+    written was charged for none of it."""
+    patch = "*** Begin Patch\n*** Update File: a.py\n" + "+print('line')\n" * 400
+    events = [
+        ("response.custom_tool_call_input.delta", patch),
+        ("response.code_interpreter_call_code.delta", "import os\nprint(os.listdir())"),
+        ("response.shell_call_command.delta", "ls -la"),
+    ]
+    for name, delta in events:
+        obs = responses.StreamObserver()
+        assert obs.observe(name, orjson.dumps({"type": name, "delta": delta})), name
+        assert streamed_tokens(obs.written) > len(delta) // 8, name
+    obs = openai_chat.StreamObserver()
+    chunks = [{"choices": [{"delta": {"reasoning": "let me think " * 100}}]},
+              {"choices": [{"delta": {"refusal": "I cannot help with that."}}]}]  # fmt: skip
+    assert [obs.observe(None, orjson.dumps(c)) for c in chunks] == [True, True]
+    assert streamed_tokens(obs.written) > 200
