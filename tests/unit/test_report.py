@@ -210,6 +210,22 @@ def test_a_plot_that_cannot_be_written_is_one_line(
     assert err.count("\n") == 1
 
 
+def test_a_plot_in_a_format_it_cannot_write_is_one_line_and_one_without_a_suffix_is_named(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--plot report.txt ended in matplotlib's ValueError and its traceback; --plot report wrote
+    report.png and said "plot written to report"."""
+    txt = tmp_path / "report.txt"
+    assert main(["report", "--store", store_url, "--plot", str(txt)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"router report: --plot {txt}: Format 'txt' is not supported"), err
+    assert err.count("\n") == 1 and not txt.exists()
+    bare = tmp_path / "report"
+    assert main(["report", "--store", store_url, "--plot", str(bare)]) == 0
+    assert f"plot written to {bare}.png\n" in capsys.readouterr().out
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_task_ledger(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     result = run_json(capsys, "tasks", "--store", store_url, "--since", "1h", "--json")
     assert result["summary"] == {

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from pathlib import PurePath
 from typing import Any
 
 from router.errors import ConfigError
@@ -94,8 +95,9 @@ def log_axis(sub: Any) -> None:
     sub.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
-def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str) -> None:
-    """Stacked mean phases per group, and each phase's distribution per group, as a PNG."""
+def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str) -> str:
+    """Stacked mean phases per group, and each phase's distribution per group, as a PNG (or the
+    format ``path``'s suffix names); returns the file written."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display; must precede pyplot
@@ -144,8 +146,13 @@ def plot(report: Mapping[str, Any], requests: Sequence[RequestRecord], path: str
         fig.savefig(path, dpi=110)
     except OSError as exc:
         raise ConfigError(f"--plot {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a format it cannot write ("report.txt"): a traceback before
+        raise ConfigError(f"--plot {path}: {exc}") from None
     finally:
         plt.close(fig)
+    # Without a suffix matplotlib writes a PNG and adds ".png": said as written, the plot was not
+    # where the line said.
+    return path if PurePath(path).suffix else f"{path}.png"
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -161,12 +168,11 @@ def run_report(args: argparse.Namespace) -> int:
         since=window.since,
         until=window.until,
     )
-    if args.plot:
-        plot(report, window.requests, args.plot)
+    written = plot(report, window.requests, args.plot) if args.plot else None
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:
         render(report)
-        if args.plot:
-            print(f"plot written to {args.plot}")
+        if written:
+            print(f"plot written to {written}")
     return 0
