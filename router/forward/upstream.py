@@ -31,7 +31,7 @@ from router.errors import RouterError, UpstreamError, UpstreamTimeout, from_upst
 from router.forward.timeouts import Timeouts
 from router.forward.translate.target import Target
 from router.policy.catalog import Backend
-from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, WIRES, ClientRequest, sse
+from router.protocols import ANTHROPIC, OPENAI_CHAT, WIRES, ClientRequest, sse
 from router.protocols.common import FAMILY
 
 DEFAULT_BASES = {
@@ -343,4 +343,4 @@ def _error_text(raw: bytes, key: str | None, limit: int = 300) -> str:
     return redact_key(str(msg), key)[:limit] if msg else "no message"
 
 
-__all__ = ["OPENAI_RESPONSES", "Upstream", "provider_body", "provider_json", "relay_base"]
+__all__ = ["Upstream", "provider_body", "provider_json", "relay_base"]
