@@ -1,8 +1,9 @@
 """Telemetry: OpenTelemetry traces and Prometheus metrics of proxied requests.
 
-The proxy calls two hooks and nothing else: ``started(request)`` when a request arrives and
-``finished(record, phases)`` once its log record is complete. Spans are built after the fact
-from the recorded phase timestamps, so tracing adds no work between the client and the backend.
+The request path calls three hooks and nothing else (through ``router.http.recorder``):
+``started(request)`` when a request arrives, ``prompt_sized`` once its prompt has been sized, and
+``finished(record, phases)`` once its log record is complete. Spans are built after the fact from
+the recorded phase timestamps, so tracing adds no work between the client and the backend.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class RoutedPolicy(Protocol):
 class Telemetry:
     """The no-op base: what runs when neither tracing nor metrics are configured."""
 
-    def started(self, request: StartedRequest | None = None) -> None:
+    def started(self, request: StartedRequest) -> None:
         pass
 
     def finished(self, record: RequestRecord, phases: Phases) -> None:
@@ -65,8 +66,9 @@ class Telemetry:
 class RouterTelemetry(Telemetry):
     """Metrics always (in-process counters, cheap); spans only when a tracer is configured.
 
-    Telemetry must never fail a request: the hooks run in the proxy's ``finally`` blocks, so
-    an exception here is logged, not raised.
+    Telemetry must never fail a request: the hooks run inside its handling (``finished`` in
+    ``Recorder.close``, the reply's or the stream's last step), so an exception here is logged, not
+    raised.
     """
 
     def __init__(self, metrics: RequestMetrics, tracer: RequestTracer | None = None) -> None:
@@ -74,9 +76,8 @@ class RouterTelemetry(Telemetry):
         self.tracer = tracer
         self._failed_once = False
 
-    def started(self, request: StartedRequest | None = None) -> None:
-        if request is not None:
-            self._guard(self.metrics.started, request)
+    def started(self, request: StartedRequest) -> None:
+        self._guard(self.metrics.started, request)
 
     def finished(self, record: RequestRecord, phases: Phases) -> None:
         self._guard(self.metrics.finished, record, phases)
