@@ -65,17 +65,19 @@ class Pipeline:
         it; ``key_budget_left``: what the key may still spend (candidates that would not fit are
         excluded before ranking and exploration)."""
         size = await self._measure(req, task_id, body_bytes)
+        arm, decider = _decider(rt, req, task_id, key_id, headers)
         repo = headers.get("x-router-repo")
         view = await self.tasks.enter(
-            rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo, size.facts
-        )
+            rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo, size.facts,
+            decider.policy.objective.max_cost_per_task,
+        )  # fmt: skip
         if view.stopped is not None:
-            feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
-            raise stopped(view, _decider(rt, req, task_id, key_id, headers)[1], feats)
+            raise stopped(
+                view, decider, request_features(req, size.tokens, headers, view, size, key_budget_left)
+            )
         label = self.tasks.label_reader(rt.policy.task_rules, req, view, size.repeat, size.facts)
         try:
             feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
-            arm, decider = _decider(rt, req, task_id, key_id, headers)
             # A hard limit is never decided on a guess, and a short prompt nothing anchors (a
             # conversation's first request) is counted: once, and its o200k count converts well.
             counted = not size.settled and (
@@ -99,10 +101,13 @@ class Pipeline:
         size = await self._measure(req, None, body_bytes)
         if not size.settled:
             await self._settle(size)
-        repo = headers.get("x-router-repo")
-        view = await self.tasks.preview(rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo)
-        feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
         arm, decider = _decider(rt, req, task_id, key_id, headers)
+        repo = headers.get("x-router-repo")
+        view = await self.tasks.preview(
+            rt.policy.task_rules, req, task_id, attempt_header, size.tokens, repo,
+            decider.policy.objective.max_cost_per_task,
+        )  # fmt: skip
+        feats = request_features(req, size.tokens, headers, view, size, key_budget_left)
         return Decided(feats, view, decider.decide(feats, explore=False), arm=arm)
 
     async def _measure(self, req: ClientRequest, task_id: str | None, body_bytes: int) -> PromptSize:

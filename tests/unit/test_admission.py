@@ -209,6 +209,21 @@ async def test_a_side_call_within_the_task_budget_is_served_by_a_candidate_it_af
     assert row.side_call and row.chosen_model == "cheap"
 
 
+async def test_a_scopes_task_budget_leaves_out_the_candidates_it_cannot_hold(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    # The same side call, the budget a scope's: the decision read the policy's budget alone (none),
+    # so the dear candidate stayed in the order and admission held it against the scope's budget (403).
+    dear = {**model("dear", fake.url), "prices": {"input": 100.0, "output": 200.0}}
+    scope = {"name": "acme", "match": {"repo": "acme/*"}, "objective": {"max_cost_per_task": 0.05}}
+    async with serving(tmp_path, [model("cheap", fake.url), dear], policy={"scopes": [scope]}) as r:
+        headers = {"x-router-task-id": "titled", "x-router-repo": "acme/api"}
+        side = await r.post(headers=headers, max_tokens=1000)
+        (row,) = await r.records()
+    assert side.status_code == 200, side.text
+    assert row.side_call and row.chosen_model == "cheap" and "/acme/" in (row.policy or "")
+
+
 async def test_open_mode_without_limits_holds_nothing(fake: FakeUpstream, tmp_path: Path) -> None:
     async with serving(tmp_path, [model("a", fake.url)]) as r:
         answer = await r.post(max_tokens=MAX_TOKENS)
