@@ -28,7 +28,9 @@ whole reply waits that long per output token the request allows, ``max_tokens`` 
 provider writing a reply that long sends nothing of it before it is done), ``window_holds_output``
 (with ``context_window``, the prompt and the output the request allows must both fit, as
 Anthropic's models before Claude 4.5 require: a 400 otherwise; without it only the prompt must,
-as for the models that stop at their window, ``router.policy.window``).
+as for the models that stop at their window, ``router.policy.window``), ``fetched_tokens`` (each
+part the request names by a URL or a file id, a document the provider would fetch or keep, bills
+that many prompt tokens, as the provider bills what it read: ``router.protocols.fetched``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Behaviour:
     failed_event: bool = False
     ms_per_max_token: float = 0.0
     window_holds_output: bool = False
+    fetched_tokens: int = 0
 
     def overrides(self) -> Overrides:
         """The fields that differ from the defaults: what this behaviour adds on top of another."""
@@ -171,6 +174,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "failed_event": _flag,
     "ms_per_max_token": _non_negative_float,
     "window_holds_output": _flag,
+    "fetched_tokens": _non_negative_int,
 }
 KEYS = tuple(_CONVERTERS)
 

@@ -39,6 +39,12 @@ def parts_text(value: Any, part_type: str) -> str:
     return ""
 
 
+def fetched_parts(item: bytes) -> int:
+    """Parts of a serialized message the provider would read from elsewhere: a source by URL, a
+    file by its id or URL."""
+    return item.count(b'"type":"url"') + item.count(b'"file_id"') + item.count(b'"file_url"')
+
+
 def sign_thinking(thinking: str) -> str:
     """A stable fake signature: the same thinking text always gets the same signature."""
     digest = hashlib.sha256(b"fake-upstream-thinking:" + thinking.encode()).digest()
@@ -240,6 +246,8 @@ class Planner:
         for item in prompt.items:
             lengths.append(lengths[-1] + len(item))
         total = lengths[-1] // 4
+        if behaviour.fetched_tokens:
+            total += behaviour.fetched_tokens * sum(fetched_parts(item) for item in prompt.items)
         seen = self.prefixes.longest_seen(prompt.model, prompt)
         if behaviour.cached is not None:
             cached = min(behaviour.cached, total)

@@ -78,6 +78,9 @@ class Features:
     #: The most calls of those kinds the request allows, (kind, calls), where it caps them
     #: (``hosted.max_uses``).
     hosted_max_uses: tuple[tuple[str, int], ...] = ()
+    #: The prompt names a part the provider fetches or keeps (``router.protocols.fetched``): its
+    #: size is not in ``prompt_tokens``, and may be up to a backend's whole window.
+    unseen: bool = False
 
     def for_rules(self) -> dict[str, Any]:
         """The mapping that rule conditions read (names as in the policy file)."""

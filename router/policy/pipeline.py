@@ -236,6 +236,7 @@ def request_features(
         n_tools=len(req.tools),
         thinking=req.thinking,
         vision=req.vision,
+        unseen=req.unseen,
         stream=req.stream,
         n_messages=len(req.messages),
         headers=headers,

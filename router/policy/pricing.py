@@ -54,13 +54,17 @@ def estimate(
         e.hold_usd = cost + max(0, held - out) * price.output
     most = min(features.max_output_tokens or backend.max_output_tokens, backend.max_output_tokens)
     # At most, the prompt's cache may also have missed: all of it new, and where the provider
-    # charges for writing it to the cache (Anthropic), written, at the dearer lifetime's price.
-    cold = prompt * price.input
+    # charges for writing it to the cache (Anthropic), written, at the dearer lifetime's price. A
+    # prompt naming a document the provider fetches may fill the window: a key with $0.01 held
+    # $0.000225 for each of such requests at once, which the provider bills up to $0.60 each.
+    whole = max(prompt, backend.context_window) if features.unseen else prompt
+    at_most = backend.price.at(whole)
+    cold = whole * at_most.input
     if backend.protocol == "anthropic":
-        cold = max(cold, price.write_cost(prompt), price.write_cost(prompt, prompt))
-    cold += price.per_request
+        cold = max(cold, at_most.write_cost(whole), at_most.write_cost(whole, whole))
+    cold += at_most.per_request
     e.worst_usd = max(
-        e.hold_usd or cost, cost + max(0, most - out) * price.output, cold + most * price.output
+        e.hold_usd or cost, cost + max(0, most - out) * price.output, cold + most * at_most.output
     )
     return e
 

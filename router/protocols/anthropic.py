@@ -28,6 +28,7 @@ from router.protocols.common import (
     text_of,
     validated,
 )
+from router.protocols.fetched import names_unseen
 from router.protocols.hosted import anthropic_calls, block_call, block_kind, counted, most, reported_calls
 from router.protocols.pausedgc import collector_paused
 from router.protocols.toolschema import check_schema
@@ -142,6 +143,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ClientRequest:
         thinking_budget=req.thinking.budget_tokens if req.thinking and thinking else None,
         reasoning_effort=_effort(body.get("output_config")),
         vision=vision,
+        unseen=names_unseen(encoded.get("messages")),
         signed_blocks=signed,
         first_user_text=first_user_text(messages),
         system_text=text_of(body.get("system")),

@@ -59,6 +59,9 @@ class ClientRequest:
     thinking_budget: int | None = None
     thinking: bool = False
     vision: bool = False
+    #: The conversation names a part the provider fetches or keeps, which the router cannot size
+    #: (``router.protocols.fetched``).
+    unseen: bool = False
     #: The first user message's text: with the system prompt, the default task identity.
     first_user_text: str = ""
     #: The system prompt's text, whatever its protocol's shape (a string, blocks, system messages).

@@ -31,6 +31,7 @@ from router.protocols.common import (
     text_of,
     validated,
 )
+from router.protocols.fetched import names_unseen
 from router.protocols.pausedgc import collector_paused
 from router.protocols.toolschema import check_schema
 
@@ -127,6 +128,7 @@ def parse(raw: bytes) -> ClientRequest:
         reasoning_effort=req.reasoning_effort,
         thinking=req.reasoning_effort not in (None, "none", "minimal"),
         vision=vision,
+        unseen=names_unseen(encoded.get("messages")),
         first_user_text=first_user_text(messages),
         system_text="\n".join(text_of(content) for content in system),
         session_hint=body.get("prompt_cache_key") if isinstance(body.get("prompt_cache_key"), str) else None,

@@ -33,6 +33,7 @@ from router.protocols.common import (
     text_of,
     validated,
 )
+from router.protocols.fetched import names_unseen
 from router.protocols.hosted import counted, item_kind, most, responses_calls
 from router.protocols.pausedgc import collector_paused
 from router.protocols.toolschema import check_responses_tools
@@ -126,6 +127,7 @@ def parse(raw: bytes) -> ClientRequest:
         reasoning_effort=effort,
         thinking=effort not in (None, "none", "minimal"),
         vision=any(has_image(i.get("content")) for i in items),
+        unseen=names_unseen(encoded.get("input")),
         first_user_text=first_user_text(items),
         system_text=text_of(req.instructions),
         session_hint=req.prompt_cache_key,

@@ -724,3 +724,35 @@ def test_replies_longer_than_expected_cannot_spend_past_a_key_budget_at_once(
     statuses, spent = forty_at_once(r, key, body)
     assert 200 in statuses and 429 in statuses
     assert spent <= budget + 4096 * 10e-6, (spent, budget, statuses)
+
+
+def test_documents_the_provider_fetches_cannot_spend_past_a_key_budget_at_once(
+    router_factory: Factory, upstream: FakeUpstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A document named by its URL (or a file by its id) is read by the provider, which bills all
+    its pages, while the router sized the request by the name alone (20 tokens): a key's budget
+    held at worst $0.000225 for such a request with max_tokens 1, so 40 at once on a key with
+    $0.05 were all served, each billed $0.30 (a hostile probe; the fake provider bills each
+    fetched document 100,000 tokens). Such a prompt is now held at worst as its backend's whole
+    window: near a budget's end one runs at a time, and what it spends past it is one request."""
+    policy = local_policy(upstream.url)
+    policy["models"][3]["litellm_model"] = "anthropic/claude-local@fetched_tokens=100000"
+    policy["routes"][1]["candidates"] = ["local-claude"]
+    policy["rules"] = []
+    r = router_factory(policy, master_key=MASTER)
+    document = {"type": "document", "source": {"type": "url", "url": "https://example.com/report.pdf"}}
+    body = {
+        "model": "claude-sonnet-4-5", "max_tokens": 1,
+        "messages": [{"role": "user", "content": [document, {"type": "text", "text": "summarise it"}]}],
+    }  # fmt: skip
+    headers = {"x-api-key": MASTER, "anthropic-version": "2023-06-01"}
+    one = httpx.post(r.url + "/v1/messages", json=body, headers=headers, timeout=30)
+    assert one.status_code == 200, one.text
+    cost = float(one.headers["x-router-cost-usd"])
+    assert 0.29 < cost < 0.31  # what the provider billed is what the router charges
+    budget = 0.05
+    key = create_key(r, capsys, "--name", "documents", "--budget", str(budget))
+
+    statuses, spent = forty_at_once(r, key, body, "/v1/messages")
+    assert 200 in statuses and 429 in statuses, statuses
+    assert spent <= budget + cost, (spent, budget, statuses)
