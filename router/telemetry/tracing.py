@@ -172,26 +172,26 @@ class RequestTracer:
             root.set_status(Status(StatusCode.ERROR, rec.error_type or f"HTTP {rec.status}"))
         parent = trace.set_span_in_context(root)
 
-        def child(name: str, start: float, stop: float, kind: SpanKind = SpanKind.INTERNAL,
+        def child(name: str, start: float, kind: SpanKind = SpanKind.INTERNAL,
                   under: otel_context.Context = parent) -> Span:  # fmt: skip
             span = self._tracer.start_span(name, context=under, kind=kind, start_time=ns(start))
             span.set_attribute("openinference.span.kind", "CHAIN")
             return span
 
         if phases.decided is not None:
-            child("routing", phases.arrival, phases.decided).end(ns(phases.decided))
+            child("routing", phases.arrival).end(ns(phases.decided))
         first, last = phases.first_upstream_start, phases.upstream_start
         if first is not None and last is not None:
             queued = phases.decided if phases.decided is not None else phases.arrival
-            child("queue", queued, first).end(ns(first))
+            child("queue", queued).end(ns(first))
             reached = [(i, t) for i, t in enumerate(rec.tries or [], 1) if t.start_ms is not None]
             if last != first:
-                retry = child("retry", first, last)
+                retry = child("retry", first)
                 under = trace.set_span_in_context(retry, parent)
                 for i, t in reached[:-1]:
                     start = phases.arrival + (t.start_ms or 0.0) / 1000
                     stop = start + (t.ms or 0.0) / 1000
-                    up = child("upstream", start, stop, SpanKind.CLIENT, under)
+                    up = child("upstream", start, SpanKind.CLIENT, under)
                     up.set_attributes(self._try_attributes(i, t))
                     up.set_status(Status(StatusCode.ERROR, tries_.reason(t)))
                     up.end(ns(stop))
@@ -201,7 +201,7 @@ class RequestTracer:
             up_end = phases.last_byte or phases.last_token or end
             if failed and phases.first_token is None and (ms := final[1].ms) is not None:
                 up_end = last + ms / 1000  # the try failed: its span ends with it
-            up = child("upstream", last, up_end, SpanKind.CLIENT)
+            up = child("upstream", last, SpanKind.CLIENT)
             up.set_attributes(self._try_attributes(*final))
             up.set_attributes(_serving_attributes(rec))
             if phases.first_token is not None:
@@ -212,7 +212,7 @@ class RequestTracer:
                 up.set_status(Status(StatusCode.ERROR, rec.error_type or f"HTTP {rec.status}"))
             up.end(ns(up_end))
         if phases.last_byte is not None and phases.done is not None:
-            child("delivery", phases.last_byte, phases.done).end(ns(phases.done))
+            child("delivery", phases.last_byte).end(ns(phases.done))
         root.end(ns(end))
 
     def _try_attributes(self, number: int, t: TryRecord) -> dict[str, AttributeValue]:
