@@ -101,12 +101,12 @@ class TaskContext:
         attempt_header: str | None,
         prompt_tokens: int,
         repo: str | None,
-        seen: list[Any] | None = None,
-        task_budget: float | None = None,
+        seen: list[Any] | None,
+        task_budget: float | None,
     ) -> TaskView:
         """``seen``: per-message slots kept with the conversation, where the signals' reading of each
-        message is remembered (from ``router.features.memo``); ``task_budget``: a lower per-task
-        budget than the policy's (the scope's that decides the request)."""
+        message is remembered (from ``router.features.memo``); ``task_budget``: the per-task budget
+        of the policy that decides the request (a scope's may be lower than ``rules``' own)."""
         side = is_side_call(req, rules.side_call_max_tokens)
         mark = await self._mark(task_id, side)
         state = self.tracker.begin(task_id, req, attempt_header, mark)
@@ -178,7 +178,7 @@ class TaskContext:
 
     async def preview(
         self, rules: TaskRules, req: ClientRequest, task_id: str, attempt_header: str | None,
-        prompt_tokens: int, repo: str | None, task_budget: float | None = None,
+        prompt_tokens: int, repo: str | None, task_budget: float | None,
     ) -> TaskView:  # fmt: skip
         """What ``enter`` would return, leaving the tracker and the log as they are."""
         side = is_side_call(req, rules.side_call_max_tokens)
@@ -190,7 +190,7 @@ class TaskContext:
 
     async def _view(
         self, rules: TaskRules, req: ClientRequest, task_id: str, state: TaskState, side: bool, prompt_tokens: int,
-        repo: str | None, seen: list[Any] | None, task_budget: float | None = None, mark: AttemptMark | None = None,
+        repo: str | None, seen: list[Any] | None, task_budget: float | None, mark: AttemptMark | None,
     ) -> TaskView:  # fmt: skip
         if not side and state.pinned is None and self.shared is not None and _pin_is_current(state, mark):
             # Another replica may have started this task: its pin and warm prefix are shared.
