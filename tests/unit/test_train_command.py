@@ -3,11 +3,17 @@ next, for the log it read, as its last lines."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 
 from router.app.cli import main
+from router.app.commands.train import train
+from tests.unit.test_cli import _log as _tasks_log
 from tests.unit.test_cli import _trained
 from tests.unit.test_sizes_only import LOCAL, _log
 
@@ -89,3 +95,65 @@ def test_a_learned_policys_next_commands_come_after_the_label_models_lines(
     # interrupted fit leaves it whole).
     labels = next(i for i, line in enumerate(lines) if line.startswith("label model:"))
     assert lines.index(f"wrote {artifact}") < labels
+
+
+class _CtrlC(Console):
+    """A terminal whose user presses Ctrl-C as the line starting with ``at`` is printed."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__(file=io.StringIO())
+        self.at = at
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        if objects and str(objects[0]).startswith(self.at):
+            raise KeyboardInterrupt
+        super().print(*objects, **kwargs)
+
+
+def _labelled_log(tmp_path: Path) -> str:
+    """Six labelled tasks, as `_trained` trains on (forced: too few to train on otherwise)."""
+    store = _tasks_log(
+        tmp_path / "labelled.db", {f"t{i}": ["local-nano" if i % 3 else "local-large"] for i in range(6)}
+    )
+    for i in range(6):
+        assert main(["outcome", f"t{i}", "--success" if i % 2 else "--failure", "--store", store]) == 0
+    return store
+
+
+def test_ctrl_c_before_the_artifact_is_written_says_so_and_leaves_the_old_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A Ctrl-C said nothing at all (exit 130): whether --out held a new artifact, the old one or
+    # half of one was left to guess.
+    store, config, out = _labelled_log(tmp_path), _policy(tmp_path), tmp_path / "v1.json"
+    out.write_text("the artifact from before")
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        train(store, str(config), str(out), console=_CtrlC("labelled attempts per model"), force=True)
+    assert capsys.readouterr().err == (
+        f"router train: interrupted while reading the log: {out} was not written (the file there is the one "
+        "from before); run the same command again to train\n"
+    )
+    assert out.read_text() == "the artifact from before"
+
+
+def test_ctrl_c_after_the_artifact_is_written_says_it_is_whole_and_what_to_run_next(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ROUTER_STORE", raising=False)
+    store, config, out = _labelled_log(tmp_path), _policy(tmp_path), tmp_path / "v1.json"
+    console = _CtrlC("prior plan")
+    with pytest.raises(KeyboardInterrupt):
+        train(store, str(config), str(out), console=console, force=True)
+    sha = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert capsys.readouterr().err == (
+        f"router train: interrupted while fitting the label model: {out} is whole (sha256 {sha}), preview and "
+        f"promote it as below; the label model ({tmp_path / 'v1.labels.json'}) was not refitted\n"
+    )
+    assert isinstance(console.file, io.StringIO)
+    said = console.file.getvalue().splitlines()
+    assert said[-1] == f"  router promote {out} --config {config}"
+    assert (
+        f"  router preview --config {config.with_suffix('.candidate.yaml')} --since 7d --store {store}"
+        in said
+    )

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,10 @@ def _write(artifact: Artifact, out: str) -> tuple[Path, str]:
     raw = artifact.to_json()
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(raw)
+    # Whole or not at all, so that what a Ctrl-C says of --out (written or not) holds.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(raw)
+    os.replace(tmp, path)
     return path, hashlib.sha256(raw).hexdigest()
 
 
@@ -154,6 +158,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclasses.dataclass
+class _Progress:
+    """How far `router train` got, for what a Ctrl-C says: it said nothing (exit 130), so whether
+    --out held the new artifact, an old one or half of one was anyone's guess."""
+
+    out: str
+    stage: str = "reading the log"
+    wrote: tuple[Path, str] | None = None
+
+    def interrupted(self) -> str:
+        if self.wrote is None:
+            return (f"router train: interrupted while {self.stage}: {self.out} was not written"
+                    f"{' (the file there is the one from before)' if Path(self.out).exists() else ''}; "
+                    "run the same command again to train")  # fmt: skip
+        path, sha = self.wrote
+        labels = path.with_name(path.stem + ".labels.json")
+        return (f"router train: interrupted while {self.stage}: {path} is whole (sha256 {sha}), preview and "
+                f"promote it as below; the label model ({labels}) was not refitted")  # fmt: skip
+
+
 def train(
     store_url: str, config: str, out: str, since: float = 0.0, console: Console | None = None, *,
     min_attempts: int = MIN_ATTEMPTS_PER_MODEL, force: bool = False,
@@ -162,6 +186,22 @@ def train(
 ) -> Trained:  # fmt: skip
     console = console or Console()
     _check_paths(out, trajectories)
+    progress = _Progress(out)
+    try:
+        return _train(store_url, config, out, since, console, progress, min_attempts=min_attempts, force=force,
+                      min_scope_attempts=min_scope_attempts, max_key_share=max_key_share,
+                      trajectories=trajectories)  # fmt: skip
+    except KeyboardInterrupt:
+        print(progress.interrupted(), file=sys.stderr, flush=True)
+        if progress.wrote is not None:
+            _print_next(console, progress.wrote[0], config, store_url)
+        raise  # the CLI exits 130, as a program stopped by SIGINT
+
+
+def _train(
+    store_url: str, config: str, out: str, since: float, console: Console, progress: _Progress, *,
+    min_attempts: int, force: bool, min_scope_attempts: int, max_key_share: float, trajectories: str | None,
+) -> Trained:  # fmt: skip
     policy = load_policy(config)
     requests, outcomes = asyncio.run(read_log(store_url, since))
     rows = dataset.build(requests, outcomes, abandon_after_s=policy.spec.tasks.abandon_after_s)
@@ -179,6 +219,7 @@ def train(
     why = _no_routing(rows, counts, min_attempts, force, catalog, config)
     if why is not None:
         return _sizes_only(requests, catalog, config, out, console, why, store_url)
+    progress.stage = "fitting the routing model"
     fitted = fit(rows, max_attempts=policy.spec.objective.max_attempts, target=policy.spec.objective.target,
                  scopes=policy.spec.scopes, min_scope_attempts=min_scope_attempts)  # fmt: skip
     dominant_keys = [{"key": d.key, "share": round(d.share, 6), "scale": round(d.scale, 6)} for d in dominant]
@@ -208,6 +249,7 @@ def train(
     ope = {"logged": _est(old), "new_snips": _est(new), "new_ips": _est(ips)}
     artifact = dataclasses.replace(fitted, report={**fitted.report, "offpolicy": ope})
     path, sha = _write(artifact, out)
+    progress.wrote, progress.stage = (path, sha), "fitting the label model"
     _print(console, artifact)
     # Said as soon as it is written: a Ctrl-C during the label model's fit leaves the artifact whole.
     _print_wrote(console, path, sha)
