@@ -36,6 +36,7 @@ from router.forward.accounting import cost_split
 from router.learning.training import dataset, offpolicy
 from router.policy.active import ActivePolicy, build_active_policy
 from router.policy.catalog import Backend
+from router.policy.config import ObjectiveSpec
 from router.policy.decide import Decider
 from router.policy.estimates import turn_of_cell
 from router.policy.learned import LearnedScorer
@@ -344,7 +345,7 @@ def preview(
         "cache_switch_usd": round(tally.cache_switch, 6) + 0.0,
         "success": success,
         "success_missing": {name: why[name] for name, s in success.items() if s is None},
-        "warnings": _warnings(success),
+        "warnings": _warnings(success, policy.spec.objective),
         "risks": {"counts": dict(tally.risks), "examples": tally.risk_examples},
         "not_replayed": [
             "headers that no rule of the logging policy read",
@@ -356,19 +357,32 @@ def preview(
     }
 
 
-def _warnings(success: Mapping[str, Any]) -> list[str]:
+def _warnings(success: Mapping[str, Any], objective: ObjectiveSpec) -> list[str]:
     """What a reader must not miss before promoting: success that falls for sure. On a demo log of
     60 tasks, a policy learned with ``--force`` moved every request to the cheapest model, the
     learned model expecting -0.096 [-0.147, -0.050] per attempt, and the preview said only
-    "risks: none" (its risks are about fit)."""
+    "risks: none" (its risks are about fit). It ends with what to do about it: it said no more, and
+    the demo's learned policy, made for the least cost per completed task, always warns."""
     learned = success.get("learned_model")
     diff = learned.get("difference") if learned else None
     if not diff or not diff.get("ci95") or diff["ci95"][1] >= 0:
         return []
     lo, hi = diff["ci95"]
+    if objective.target_success is not None:
+        asked = (f"objective.target_success {objective.target_success:g} of tasks, over up to "
+                 f"{objective.max_attempts} attempts")  # fmt: skip
+        hold = "raise objective.target_success"
+    elif objective.value_per_completed_usd is not None:
+        asked = f"objective.value_per_completed_usd ${objective.value_per_completed_usd:g}"
+        hold = "raise objective.value_per_completed_usd"
+    else:
+        asked = "the least cost per completed task: no objective.target_success or value_per_completed_usd"
+        hold = "set objective.target_success (the share of tasks to complete)"
     return [
         f"success falls: the learned model expects {diff['mean']:+.3f} per attempt [{lo:+.3f}, {hi:+.3f}] "
-        "under the new policy, the whole 95% interval below 0"
+        f"under the new policy, the whole 95% interval below 0. Its objective ({asked}) trades that success "
+        f"for cost; to hold success, {hold} in the policy file and train again for it, or keep the running "
+        "policy (promote nothing)"
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,7 @@ def test_a_preview_warns_when_success_falls_for_sure(
 ) -> None:
     # a completes 7 tasks of 12 at a 50th of b's cost, b all 12: the learned policy moves
     # every logged request from b to a, for less success. The preview said only "risks: none".
-    from router.app.commands.preview import render
+    from router.app.commands.preview import _retrain, render
     from router.features.task.vector import task_vector, to_json
     from router.learning.training import dataset
 
@@ -261,8 +262,29 @@ def test_a_preview_warns_when_success_falls_for_sure(
     assert p["success"]["learned_model"]["difference"]["ci95"][1] < 0
     (warning,) = p["warnings"]
     assert warning.startswith("success falls: the learned model expects -")
-    render(p)
-    assert "warning: success falls" in capsys.readouterr().out
+    # It said no more: what to do about it was left to guess, and the demo's learned policy warns.
+    assert warning.endswith(
+        "Its objective (the least cost per completed task: no objective.target_success or "
+        "value_per_completed_usd) trades that success for cost; to hold success, set objective.target_success "
+        "(the share of tasks to complete) in the policy file and train again for it, or keep the running "
+        "policy (promote nothing)"
+    )
+    config = tmp_path / "p.yaml"
+    args = argparse.Namespace(config=str(config), store="sqlite:///elsewhere.db", since="7d")
+    render(p, _retrain(args, tmp_path / "learned.json"))
+    out = capsys.readouterr().out
+    assert "warning: success falls" in out
+    assert out.splitlines()[-5:-2] == [
+        f"  router train --config {config} --out {tmp_path / 'learned.next.json'} --store sqlite:///elsewhere.db",
+        f"  router promote {tmp_path / 'learned.next.json'} --config {config}",
+        f"  router preview --config {config} --since 7d --store sqlite:///elsewhere.db",
+    ]
+    # A policy with a target is told to raise it.
+    targeted = runtime(tmp_path, ["a", "b"], name="t", objective={"target_success": 0.6},
+                       learned={"artifact": "learned.json", "sha256": rt.policy.spec.learned.sha256})  # fmt: skip
+    (warning,) = preview(rows, [], targeted)["warnings"]
+    assert "Its objective (objective.target_success 0.6 of tasks, over up to 3 attempts)" in warning
+    assert "to hold success, raise objective.target_success in the policy file" in warning
     # A move that does not lower success says nothing.
     assert (
         preview([row(i, "a", task=f"t{i}", task_features=to_json(vec)) for i in range(1, 6)], [], rt)[

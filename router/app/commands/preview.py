@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 
-def render(p: Mapping[str, Any]) -> None:
+def render(p: Mapping[str, Any], retrain: list[str] | None = None) -> None:
+    """``retrain``: the commands that train the policy file again, said under a warning."""
     from rich.console import Console
     from rich.table import Table
 
@@ -56,6 +58,10 @@ def render(p: Mapping[str, Any]) -> None:
             console.print(f"  {side}: {'n/a' if point is None else f'{point:.3f}'}{ci_text}")
     for warning in p.get("warnings", ()):
         console.print(f"[yellow]warning[/]: {warning}")
+    if p.get("warnings") and retrain:
+        console.print("to train it again once its objective is edited:", highlight=False)
+        for command in retrain:  # each whole on its line, to paste
+            console.print(f"  {command}", highlight=False)
     risks = p["risks"]
     if risks["counts"]:
         console.print(
@@ -84,5 +90,25 @@ def run_preview(args: Any) -> int:
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:
-        render(report)
+        render(report, _retrain(args, runtime.policy.learned_path))
     return 0
+
+
+def _retrain(args: Any, artifact: Path | None) -> list[str]:
+    """`router train` for the previewed file, then the promote into it and this preview again."""
+    import os
+
+    out = artifact.with_name(f"{artifact.stem}.next.json") if artifact else Path("policies/learned/next.json")
+    if out.is_relative_to(Path.cwd()):  # as the other paths are typed: the resolved one runs off the line
+        out = out.relative_to(Path.cwd())
+    # The log this preview read, which train reads too only when it is ROUTER_STORE's.
+    store = (
+        ""
+        if args.store == os.environ.get("ROUTER_STORE", "sqlite:///router.db")
+        else f" --store {args.store}"
+    )
+    return [
+        f"router train --config {args.config} --out {out}{store}",
+        f"router promote {out} --config {args.config}",
+        f"router preview --config {args.config} --since {args.since}{store}",
+    ]
