@@ -262,7 +262,12 @@ def _serve_on(console: Console, live: Live, request_log: logging.Logger, what: s
     console.print(f"\nDashboard: [bold]{live.base}/ui[/] ({what} are on it){login}\n"
                   f"Serving until Ctrl-C. Point agents at it (the README has a recipe per agent):\n"
                   f"  ANTHROPIC_BASE_URL={live.base} ANTHROPIC_API_KEY={k} claude\n"
-                  f"  OPENAI_BASE_URL={live.base}/v1 OPENAI_API_KEY={k}   # and model \"auto\"",
+                  f"  OPENAI_BASE_URL={live.base}/v1 OPENAI_API_KEY={k}   # and model \"auto\"\n"
+                  # A Claude Code session here was "success (outcome_model)" on the dashboard, at
+                  # P 0.98, for fake replies that did nothing: nothing said it was a guess.
+                  "Their tasks are done or failed by the router's guess (inferred) until you say how one "
+                  "ended: router outcome TASK_ID --success|--failure (ids: router tasks --recent). On this "
+                  "fake provider, whose replies do nothing, the guess means little.",
                   highlight=False, soft_wrap=True)  # fmt: skip
     request_log.setLevel(logging.NOTSET)
     with contextlib.suppress(KeyboardInterrupt):

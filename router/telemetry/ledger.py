@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from router.errors import ConfigError
+from router.features.labels.model import SOURCE as LABEL_MODEL
 from router.store import OutcomeRecord, RequestRecord, Store, mask_url
 from router.telemetry import tries
 
@@ -186,6 +187,19 @@ def final_outcome(outcomes: Iterable[OutcomeRecord]) -> dict[str, Any] | None:
         "attempt": best.attempt,
         "ts": best.ts,
     }
+
+
+def said_by(outcome: Mapping[str, Any]) -> str:
+    """Whose verdict it is, shown beside it: the client's ("explicit"), "unanswered", or the
+    router's own guess with how sure it is. "done (outcome_model)" said neither that it was a guess
+    nor that `router outcome` overrides it, and on the demo's fake provider, whose replies do
+    nothing, the guess is a success at P 0.98 for a Claude Code session."""
+    source = str(outcome.get("source") or "unknown")
+    if outcome.get("explicit") or source == UNANSWERED:
+        return source
+    score = outcome.get("score")
+    p = f", P(success) {score:.2f}" if isinstance(score, int | float) and not isinstance(score, bool) else ""
+    return f"inferred{p}" if source == LABEL_MODEL else f"inferred from {source}{p}"
 
 
 def side_only(requests: Iterable[RequestRecord], verdicts: Mapping[str, object]) -> set[str]:
@@ -363,7 +377,7 @@ def render_recent(ledgers: Sequence[Mapping[str, Any]]) -> None:
         o = x["outcome"]
         verdict = (
             "side calls only" if x["side_only"] else
-            "no verdict" if o is None else f"{'success' if o['success'] else 'failure'} ({o['source']})"
+            "no verdict" if o is None else f"{'success' if o['success'] else 'failure'} ({said_by(o)})"
         )  # fmt: skip
         last = time.strftime("%Y-%m-%d %H:%M", time.localtime(x["last_end_ts"] or 0))
         n = x["requests"]
@@ -387,7 +401,7 @@ def render(result: Mapping[str, Any]) -> None:
         t, c, o = x["tokens"], x["cost_usd"], x["outcome"]
         verdict = (
             "— (side calls only)" if x["side_only"] else
-            "—" if o is None else f"{'done' if o['success'] else 'failed'} ({o['source']})"
+            "—" if o is None else f"{'done' if o['success'] else 'failed'} ({said_by(o)})"
         )  # fmt: skip
         table.add_row(
             x["task_id"], str(len(x["attempts"])), f"{x['requests']} ({x['side_calls']['requests']})",

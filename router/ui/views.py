@@ -16,7 +16,7 @@ from router.features.labels.infer import LOOPING_P
 from router.policy.decide import was_explored
 from router.store import OutcomeRecord, RequestRecord
 from router.store.records import TryRecord
-from router.telemetry.ledger import final_outcome, summary, task_ledger, task_ledgers
+from router.telemetry.ledger import final_outcome, said_by, summary, task_ledger, task_ledgers
 from router.telemetry.report import GROUPS, PHASES, build_report, is_ok, phase_values, stats
 
 #: The windows offered on every page, label → seconds.
@@ -196,7 +196,7 @@ def task_rows(
 def verdict_text(outcome: Mapping[str, Any] | None) -> str:
     if outcome is None:
         return "no verdict yet"
-    return f"{'success' if outcome['success'] else 'failure'} ({outcome.get('source') or 'unknown'})"
+    return f"{'success' if outcome['success'] else 'failure'} ({said_by(outcome)})"
 
 
 @dataclass(frozen=True, slots=True)

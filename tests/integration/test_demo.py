@@ -130,10 +130,17 @@ def test_demo_serve_in_open_mode_says_to_send_a_key(tmp_path: Path) -> None:
                 break
     finally:
         shown.send_signal(signal.SIGINT)
+        assert shown.stdout is not None
+        # Printed with the lines above, before the Ctrl-C (and already read ahead with them).
+        said.append(shown.stdout.readline())
         shown.communicate(timeout=60)
     claude = next(line for line in said if "ANTHROPIC_BASE_URL=" in line)
     assert re.fullmatch(r"  ANTHROPIC_BASE_URL=http://\S+ ANTHROPIC_API_KEY=anything claude\n", claude), said
-    assert re.fullmatch(r"  OPENAI_BASE_URL=http://\S+/v1 OPENAI_API_KEY=anything .*auto.*\n", said[-1]), said
+    assert re.fullmatch(r"  OPENAI_BASE_URL=http://\S+/v1 OPENAI_API_KEY=anything .*auto.*\n", said[-2]), said
+    # The router's guess at an agent's task is no verdict on the fake provider's replies: a Claude
+    # Code session was "success (outcome_model)" at P 0.98, and nothing said how to set it.
+    assert said[-1].startswith("Their tasks are done or failed by the router's guess (inferred)"), said
+    assert "router outcome TASK_ID --success|--failure" in said[-1] and "the guess means little" in said[-1]
 
 
 def test_demo_tasks_without_the_data_say_where_they_looked(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from router.telemetry.ledger import (
     final_outcome,
     load_task,
     render,
+    render_recent,
     side_only,
     summary,
     task_ledger,
@@ -33,6 +34,7 @@ from router.telemetry.ledger import (
     task_verdicts,
 )
 from router.telemetry.report import build_report, quantile
+from router.ui.views import verdict_text
 
 NOW = time.time()
 BASE = NOW - 600
@@ -589,3 +591,33 @@ def test_a_clients_strings_are_printed_as_text_never_markup_or_control_codes(
     assert "alpha: reasoning_effort differs within the group: unset x1, [/] x1" in shown["backend"]
     out = shown["route"]
     assert "[/bold]x[link=http://evil.example]y\\n2026 INFO FORGED \\x1b[31m$\\fracc{x$" in out
+
+
+def test_a_verdict_says_whether_the_client_sent_it_or_the_router_guessed_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A Claude Code session against the demo's fake provider, whose replies do nothing, was
+    # "success (outcome_model)" in `router tasks --recent` and on /ui/tasks: the label model's guess
+    # at P 0.98, in a name that said neither that it was a guess nor how sure.
+    def task(name: str) -> RequestRecord:
+        return RequestRecord(f"{name}1", BASE, task_id=name, attempt=1, status=200, chosen_model="alpha")
+
+    outcomes = [
+        OutcomeRecord("guessed", 1, True, 0.983963, LABEL_MODEL, None, BASE + 1, False),
+        OutcomeRecord("signalled", 1, False, 0.2, "tests_failed", None, BASE + 1, False),
+        OutcomeRecord("told", 1, False, None, "explicit", None, BASE + 1, True),
+    ]
+    ledgers = task_ledgers([task("guessed"), task("signalled"), task("told")], outcomes)
+    render_recent(ledgers)
+    said = {line.split()[0]: line.split("  ")[-1] for line in capsys.readouterr().out.splitlines()}
+    assert said == {
+        "guessed": "success (inferred, P(success) 0.98)",
+        "signalled": "failure (inferred from tests_failed, P(success) 0.20)",
+        "told": "failure (explicit)",
+    }
+    render({"summary": summary(ledgers), "tasks": ledgers})
+    assert "done (inferred, P(success) 0.98)" in capsys.readouterr().out
+    # The dashboard's task list and task page say it the same way.
+    assert [verdict_text(x["outcome"]) for x in ledgers if x["task_id"] == "guessed"] == [
+        "success (inferred, P(success) 0.98)"
+    ]
