@@ -157,3 +157,22 @@ def test_ctrl_c_after_the_artifact_is_written_says_it_is_whole_and_what_to_run_n
         f"  router preview --config {config.with_suffix('.candidate.yaml')} --since 7d --store {store}"
         in said
     )
+
+
+def test_trained_for_a_candidate_it_says_to_preview_that_file_and_promote_into_the_live_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Training with --config the candidate (its objective edited after a preview's warning) said
+    # "cp policy.candidate.yaml policy.candidate.candidate.yaml" and ended promoting into the copy.
+    monkeypatch.delenv("ROUTER_STORE", raising=False)
+    store = _log(tmp_path / "log.db")
+    candidate, out = tmp_path / "policy.candidate.yaml", tmp_path / "sizes.json"
+    candidate.write_bytes(LOCAL.read_bytes())
+    assert main(["train", "--store", store, "--config", str(candidate), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-4:] == [
+        "preview it on a copy of the policy, then promote it:",
+        f"  router promote {out} --config {candidate}",
+        f"  router preview --config {candidate} --since 7d --store {store}",
+        f"  router promote {out} --config {tmp_path / 'policy.yaml'}",
+    ]

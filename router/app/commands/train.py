@@ -393,13 +393,18 @@ def _print_next(console: Console, path: Path, config: str, store_url: str) -> No
     # The preview first: it only said to promote, straight into the policy routers serve, an
     # artifact whose preview said success falls. Each command on a line of its own, never
     # wrapped: broken in two it no longer pastes as one.
-    candidate = str(Path(config).with_suffix(".candidate.yaml"))
+    candidate, live = str(Path(config).with_suffix(".candidate.yaml")), config
+    copy = [f"cp {config} {candidate}"]
+    if config.endswith(".candidate.yaml"):
+        # Trained for the copy already (as a preview's warning says to, its objective edited): it
+        # said to copy it to local.candidate.candidate.yaml, and to promote into the copy at the end.
+        candidate, live, copy = config, config.removesuffix(".candidate.yaml") + ".yaml", []
     # The preview reads the log it is told to: the default one, while training read --store's.
     where = (
         "" if store_url == os.environ.get("ROUTER_STORE", "sqlite:///router.db") else f" --store {store_url}"
     )
-    for command in (f"cp {config} {candidate}", f"router promote {path} --config {candidate}",
-                    f"router preview --config {candidate} --since 7d{where}", f"router promote {path} --config {config}"):  # fmt: skip
+    for command in (*copy, f"router promote {path} --config {candidate}",
+                    f"router preview --config {candidate} --since 7d{where}", f"router promote {path} --config {live}"):  # fmt: skip
         console.print(f"  {command}", highlight=False, soft_wrap=True)
 
 
