@@ -246,28 +246,56 @@ def _describe(exc: ValidationError, source: str, raw: Mapping[str, Any]) -> str:
             msg = str(err.get("ctx", {}).get("error", msg))
         elif err["type"] == "too_short" and not err["input"]:
             msg = "must not be empty"
+        elif err["type"] in ("model_type", "model_attributes_type", "dict_type") and err["input"] is None:
+            # "objective:" with its fields dedented below it: pydantic said "Input should be a valid
+            # dictionary or instance of ObjectiveSpec".
+            msg = "empty: its fields go on the lines below it, indented under it (or remove the line)"
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
             near = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1, cutoff=0.6)
+            home = _home_of(loc)
             if near:
                 msg += f" (did you mean {near[0]!r}?)"
+            elif home:
+                # A field indented too little lands a level up, where it is unknown.
+                msg += f" at this level ({home}: indent it under it)"
         lines.append(f"{source}: {where or '(top level)'}: {msg}")
     return "\n".join(lines)
 
 
 def _known_keys(loc: Sequence[str | int]) -> list[str]:
     """The field names allowed at ``loc`` (a path into ``PolicyFile``), for "did you mean"."""
+    model = _model_at(loc)
+    return list(model.model_fields) if model is not None else []
+
+
+def _home_of(loc: Sequence[str | int]) -> str | None:
+    """Where ``loc[-1]`` is a field one level down from where it was found: "a field of objective",
+    "a field of each item of models"."""
+    parent = _model_at(loc[:-1])
+    if parent is None:
+        return None
+    for name, field in parent.model_fields.items():
+        inner = _model_in(field.annotation)
+        if inner is not None and loc[-1] in inner.model_fields:
+            listed = typing.get_origin(field.annotation) is list or any(
+                typing.get_origin(a) is list for a in typing.get_args(field.annotation)
+            )
+            return f"a field of {'each item of ' if listed else ''}{name}"
+    return None
+
+
+def _model_at(loc: Sequence[str | int]) -> Any:
+    """The pydantic model of the section at ``loc`` (a path into ``PolicyFile``; None: no section)."""
     model: Any = PolicyFile
     for part in loc:
         if isinstance(part, int):
             continue
-        field = (
-            model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        )
-        if field is None:
-            return []
-        model = _model_in(field.annotation)
-    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field is not None else None
+        if model is None:
+            return None
+    return model
 
 
 def _model_in(annotation: Any) -> Any:

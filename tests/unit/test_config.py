@@ -96,6 +96,15 @@ def test_interpolation_default_and_override() -> None:
         # passthrough is one id, not a list: no "[0]" in its path.
         (lambda t: t.replace("candidates: [a]", "passthrough: b"),
          "p.yaml: routes[0] (match 'auto').passthrough: unknown model id 'b' (known: a)"),
+        # A section's fields dedented under it: pydantic's "Input should be a valid dictionary or
+        # instance of ObjectiveSpec", then "exploration: unknown field" with no word of where it goes.
+        (lambda t: t + "objective:\nexploration: {epsilon: 0.2}\n",
+         "p.yaml: objective: empty: its fields go on the lines below it, indented under it (or remove the line)\n"
+         "p.yaml: exploration: unknown field at this level (a field of objective: indent it under it)"),
+        (lambda t: t + "objective:\n  max_attempts: 2\nexploration: {epsilon: 0.2}\n",
+         "p.yaml: exploration: unknown field at this level (a field of objective: indent it under it)"),
+        (lambda t: t.replace("    context_window: 1000", "context_window: 1000"),
+         "p.yaml: context_window: unknown field at this level (a field of each item of models: indent it under it)"),
         # YAML lets a later key silently replace an earlier one; a policy file does not.
         (lambda t: t.replace("context_window: 1000", "context_window: 1000\n    context_window: 10"),
          "p.yaml: models[0] (id 'a'): line 10: duplicate key 'context_window' (line 9 has it already)"),
