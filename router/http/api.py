@@ -17,6 +17,7 @@ from router.background import Background
 from router.errors import BadRequest, UnknownModel
 from router.features.promptsize import INLINE_CHARS
 from router.features.tokens import TokenCounter
+from router.http.admission import hold_of, worst_of
 from router.http.auth import Auth, Principal
 from router.http.endpoints import keyed
 from router.http.proxy import Proxy, header_dict, read_body
@@ -181,6 +182,11 @@ class Api:
                 "arm": decided.arm,
                 "candidates": [e.as_json() for e in decision.candidates],
                 "fallbacks": [e.as_json() for e in decision.fallbacks],
+                # What admission holds for it in each budget, by the same functions: at least its
+                # hold, and of what a key's budget has left up to its worst case, which counts a
+                # given-up try that no candidate's ``worst_usd`` does.
+                "hold_usd": hold_of(decision),
+                "worst_usd": worst_of(decision),
             }
         )
 

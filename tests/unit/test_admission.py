@@ -555,3 +555,31 @@ async def test_a_running_requests_holds_are_renewed_until_they_close() -> None:
     await state.budgets.release(second)
     await asyncio.wait_for(keeping, 1.0)
     assert await state.budgets.spent("key:k") == Spend(0.1, 0.0)
+
+
+async def test_route_says_what_admission_holds_for_the_request(fake: FakeUpstream, tmp_path: Path) -> None:
+    """``/v1/route`` showed each candidate's ``worst_usd`` (the call at worst), while a key's budget
+    held, for the same request, a given-up try more (``worst_of``): a client could not read what
+    its request would hold. It now says the request's ``hold_usd`` and ``worst_usd``, from the
+    functions admission holds by, and a request in flight holds exactly them."""
+    models = [
+        model("cheap", fake.url, "ttft_ms=1000"),
+        model("dear", fake.url, prices={"input": 2.0, "output": 4.0}),
+    ]
+    async with serving(tmp_path, models, master_key=MASTER) as r:
+        key, key_id = await r.key(budget_usd=1.0)
+        body = {**BODIES[OPENAI_CHAT], "max_tokens": MAX_TOKENS}
+        seen = (
+            await r.client.post("/v1/route", json=body, headers={"authorization": f"Bearer {key}"})
+        ).json()
+        flying = asyncio.create_task(r.post(key=key, max_tokens=MAX_TOKENS))
+
+        async def reserved() -> float | None:
+            return (await r.s.state.budgets.spent(f"key:{key_id}")).reserved or None
+
+        held = await eventually(reserved, what="the request's hold")
+        assert (await flying).status_code == 200
+    dearest = max(seen["candidates"], key=lambda c: c["cost_usd"])
+    assert seen["hold_usd"] == pytest.approx(max(c["hold_usd"] for c in seen["candidates"]))
+    assert seen["worst_usd"] == pytest.approx(dearest["worst_usd"] + dearest["cost_usd"])
+    assert held == pytest.approx(seen["worst_usd"], abs=1e-9)
