@@ -76,13 +76,12 @@ class Admission:
         return max(0.0, principal.budget_usd - used.spent - used.reserved)
 
     async def admit(
-        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
-        key_left: float | None = None,
-    ) -> Reservation | None:  # fmt: skip
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
+    ) -> Reservation | None:
         """Check the key's rate limits and hold the decision's estimated cost in every budget that
         applies (``limit_rate``, then ``hold``)."""
         await self.limit_rate(principal, decision)
-        return await self.hold(principal, task_id, decision, task_budget, key_left)
+        return await self.hold(principal, task_id, decision, task_budget)
 
     async def limit_rate(self, principal: Principal, decision: Decision) -> int:
         """Count the request against its key's rate limits, or refuse it (429; 413 when its
@@ -122,38 +121,36 @@ class Admission:
             await self.limits.adjust(key_id, used - counted)
 
     async def hold(
-        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
-        key_left: float | None = None,
-    ) -> Reservation | None:  # fmt: skip
+        self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
+    ) -> Reservation | None:
         """Hold the decision's estimated cost in every budget that applies (``task_budget``: the
         policy's per-task limit, from the request's runtime; a scope that decided the request may
         set a lower one, ``Decision.task_budget``), and in the key's, in the same step, more: up
-        to what the request may cost at most (``worst_of``), as much as the key had left before it
-        (``key_left``, ``key_budget_left``; None: no more).
+        to what the request may cost at most (``worst_of``), as much as the key has room for then
+        (``Budgets.reserve``'s ``upto``).
 
         The key's worst case is held with the rest, not after it: held apart, the first requests
         near a budget's end each held their one try and were then refused their worst case, or
         were admitted without it and refused the money a given-up try cost in the middle, none
-        served (``test_money.py``). In the key's budget alone: a task's holds the 90th percentile
-        (a task is rarely asked for many replies at once), and the key's worst case held there
-        refused requests that fit it."""
+        served (``test_money.py``). It was as much as the key had left when read, before the
+        decision: two requests at once each read the whole budget, and the second, wanting the
+        first's worst case again, was refused where its hold fitted (``test_admission.py``). In
+        the key's budget alone: a task's holds the 90th percentile (a task is rarely asked for
+        many replies at once), and the key's worst case held there refused requests that fit it."""
         limits = _limits(principal, task_id, decision, task_budget)
         if not limits:
             return None
         amount = hold_of(decision)
         key = _key_scope(principal)
-        worst = 0.0 if key is None or key_left is None else min(worst_of(decision), key_left) - amount
-        more = {key: worst} if key is not None and worst > 0 else {}
+        upto = {key: worst_of(decision) - amount} if key is not None else {}
         if self._unsettled:
             await self.land_unsettled()  # StateUnavailable (a 503) while they cannot land
         if self.log is not None and isinstance(self.budgets, MemoryBudgets):
             await recall_spend(self.budgets, self.log, limits)
         try:
-            return await self.budgets.reserve(list(limits), amount, limits, more=more)
+            return await self.budgets.reserve(list(limits), amount, limits, upto=upto)
         except BudgetExceeded as exc:
-            # Refused for its worst case where its one try would fit: the key's left, read before
-            # the decision, was spent or held since; asked again, it holds less.
-            raise refusal(exc, amount) from None
+            raise refusal(exc) from None
 
     async def hold_billed(
         self, principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None,
@@ -310,11 +307,10 @@ def given_up_of(decision: Decision) -> float:
 HELD_RETRY_AFTER_S = 1.0
 
 
-def refusal(exc: BudgetExceeded, need: float | None = None) -> RateLimited | BudgetExceeded:
-    """A 403 only when the spend itself leaves no room for this request (``need``: the least it
-    must hold, default what it asked for): when it is the holds of requests in flight that do,
-    the money may come back, so it is a 429 with Retry-After."""
-    if exc.spent_usd + (exc.amount_usd if need is None else need) <= exc.limit_usd:
+def refusal(exc: BudgetExceeded) -> RateLimited | BudgetExceeded:
+    """A 403 only when the spend itself leaves no room for this request: when it is the holds of
+    requests in flight that do, the money may come back, so it is a 429 with Retry-After."""
+    if exc.spent_usd + exc.amount_usd <= exc.limit_usd:
         err = RateLimited(
             f"budget for {exc.scope} is held by requests in flight (limit ${exc.limit_usd:.4f}, "
             f"spent ${exc.spent_usd:.4f}, held ${exc.reserved_usd:.4f}); retry shortly",

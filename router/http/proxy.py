@@ -174,7 +174,7 @@ class Proxy:
             decision = decided.decision
             task_budget = f.rt.policy.spec.objective.max_cost_per_task
             f.rate_tokens = await self.admission.limit_rate(principal, decision)
-            f.held = await self.admission.hold(principal, f.task_id, decision, task_budget, key_left)
+            f.held = await self.admission.hold(principal, f.task_id, decision, task_budget)
             if f.held is not None:
                 self.recorder.holding(f)
             phases.decide()

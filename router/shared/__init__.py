@@ -149,11 +149,14 @@ class Budgets(Protocol):
         *,
         ttl_s: float | None = None,
         more: Mapping[str, float] | None = None,
+        upto: Mapping[str, float] | None = None,
     ) -> Reservation:
         """Hold ``amount_usd`` in every scope at once, and ``more[scope]`` on top of it in the
         scopes ``more`` names, or raise ``BudgetExceeded`` naming the first scope it would take
-        over ``limits[scope]``; scopes absent from ``limits`` are unlimited but still counted. The
-        hold lapses after ``ttl_s`` unless settled or released first."""
+        over ``limits[scope]``; scopes absent from ``limits`` are unlimited but still counted.
+        Then, in the same step, ``upto[scope]`` on top in the scopes it names, as much of it as
+        the scope's limit leaves room for (never refused for it; ``Reservation.more`` says what
+        was held). The hold lapses after ``ttl_s`` unless settled or released first."""
         ...
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:

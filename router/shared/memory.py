@@ -181,8 +181,9 @@ class MemoryBudgets:
         *,
         ttl_s: float | None = None,
         more: Mapping[str, float] | None = None,
+        upto: Mapping[str, float] | None = None,
     ) -> Reservation:
-        more = dict(more or {})
+        more, upto = dict(more or {}), upto or {}
         ttl = _positive_ttl(self._default_ttl if ttl_s is None else ttl_s)
         names = unique_scopes(scope_keys)
         scopes = [self._scope(n) for n in names]
@@ -195,8 +196,14 @@ class MemoryBudgets:
                 )
         rid = uuid.uuid4().hex
         expiry = self._clock() + ttl
-        for scope, amount in zip(scopes, amounts, strict=True):
-            scope.holds[rid] = (amount, expiry)
+        for name, scope, amount in zip(names, scopes, amounts, strict=True):
+            limit = limits.get(name)
+            extra = max(0, to_nano(upto.get(name, 0.0)))
+            if extra and limit is not None:
+                extra = min(extra, max(0, to_nano(limit) - scope.spent - scope.reserved() - amount))
+            if extra:
+                more[name] = more.get(name, 0.0) + extra / NANO
+            scope.holds[rid] = (amount + extra, expiry)
         return Reservation(rid, names, amount_usd, expiry, ttl, more=more)
 
     async def settle(self, reservation: Reservation, actual_usd: float) -> None:

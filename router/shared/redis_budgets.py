@@ -67,9 +67,10 @@ end
 
 # KEYS: the restored marker, then (spent hash, exp zset, amt hash) per scope.
 # ARGV: reservation id, ttl ms, then per scope its amount (a scope may hold more than another),
-# its limit (-1 = no limit) and its idle lifetime in ms ('0': kept, the scope lasts).
-# Returns {1} when reserved, {2} when the counts must first be restored from the log, else
-# {0, scope index (1-based), spent, reserved}.
+# its limit (-1 = no limit), its idle lifetime in ms ('0': kept, the scope lasts) and what it holds
+# on top as far as its limit leaves room (``upto``).
+# Returns {1, then per scope what it held of its ``upto``} when reserved, {2} when the counts must
+# first be restored from the log, else {0, scope index (1-based), spent, reserved}.
 RESERVE = (
     _PRELUDE
     + """
@@ -78,23 +79,31 @@ local n = (#KEYS - 1) / 3
 for i = 1, n do
   local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
   purge(h, z, a)
-  local limit = tonumber(ARGV[3*i + 1])
+  local limit = tonumber(ARGV[4*i])
   if limit >= 0 then
     local spent = tonumber(redis.call('HGET', h, 'spent') or '0')
     local reserved = tonumber(redis.call('HGET', h, 'reserved') or '0')
-    if spent + reserved + tonumber(ARGV[3*i]) > limit then
+    if spent + reserved + tonumber(ARGV[4*i - 1]) > limit then
       return {0, i, string.format('%d', spent), string.format('%d', reserved)}
     end
   end
 end
+local held = {1}
 for i = 1, n do
   local h, z, a = KEYS[3*i-1], KEYS[3*i], KEYS[3*i+1]
-  redis.call('HINCRBY', h, 'reserved', ARGV[3*i])
+  local amount, limit, extra = tonumber(ARGV[4*i - 1]), tonumber(ARGV[4*i]), tonumber(ARGV[4*i + 2])
+  if extra > 0 and limit >= 0 then
+    local used = tonumber(redis.call('HGET', h, 'spent') or '0') + tonumber(redis.call('HGET', h, 'reserved') or '0')
+    extra = math.min(extra, math.max(0, limit - used - amount))
+  end
+  local total = string.format('%d', amount + extra)
+  redis.call('HINCRBY', h, 'reserved', total)
   redis.call('ZADD', z, now + tonumber(ARGV[2]), ARGV[1])
-  redis.call('HSET', a, ARGV[1], ARGV[3*i])
-  touch(h, z, a, ARGV[3*i + 2])
+  redis.call('HSET', a, ARGV[1], total)
+  touch(h, z, a, ARGV[4*i + 1])
+  held[i + 1] = string.format('%d', extra)
 end
-return {1}
+return held
 """
 )
 
@@ -221,8 +230,9 @@ class RedisBudgets:
         *,
         ttl_s: float | None = None,
         more: Mapping[str, float] | None = None,
+        upto: Mapping[str, float] | None = None,
     ) -> Reservation:
-        more = dict(more or {})
+        more, upto = dict(more or {}), upto or {}
         ttl = self._default_ttl if ttl_s is None else ttl_s
         if not ttl > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl!r}")
@@ -237,6 +247,7 @@ class RedisBudgets:
                 str(to_nano(amount_usd + more.get(scope, 0.0))),
                 str(to_nano(limit)) if limit is not None else "-1",
                 idle,
+                str(max(0, to_nano(upto.get(scope, 0.0)))),
             ]
         keys = [self._keys.budget_restored, *self._triples(scopes)]
         result = await self._guard.fail_closed("budgets", "budget check", lambda: self._reserve(keys, args))
@@ -253,6 +264,9 @@ class RedisBudgets:
             raise BudgetExceeded(
                 scopes[i], limits[scopes[i]], spent, reserved, amount_usd + more.get(scopes[i], 0.0)
             )
+        for scope, extra in zip(scopes, result[1:], strict=True):
+            if int(extra):
+                more[scope] = more.get(scope, 0.0) + int(extra) / NANO
         # Timed from the answer: a restore before it may have taken a while.
         return Reservation(rid, scopes, amount_usd, time.time() + ttl, ttl, more=more)
 

@@ -36,6 +36,7 @@ from tests.unit.test_state_memory import (
     check_reservation_expiry,
     check_reservation_renewal,
     check_sessions,
+    check_upto_what_a_scope_has_room_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -114,6 +115,10 @@ async def test_budgets(make_state: MakeState) -> None:
 
 async def test_more_in_some_scopes(make_state: MakeState) -> None:
     await check_more_in_some_scopes(make_state())
+
+
+async def test_upto_what_a_scope_has_room_for(make_state: MakeState) -> None:
+    await check_upto_what_a_scope_has_room_for(make_state())
 
 
 async def test_reservation_of_a_dead_replica_expires(make_state: MakeState) -> None:

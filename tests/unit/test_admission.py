@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -379,8 +380,15 @@ async def test_scopes_forgotten_for_room_start_again_from_the_log(fake: FakeUpst
         after = [await state.budgets.spent(s) for s in (f"key:{key_id}", f"task:{task}")]
     cost = row.cost_usd
     assert cost > 0 and task.endswith("/repo:issue-7")
-    assert [(u.spent, u.reserved) for u in recalled] == [(pytest.approx(cost), pytest.approx(0.002))] * 2
-    assert [(u.spent, u.reserved) for u in after] == [(pytest.approx(cost + 0.001), pytest.approx(0.001))] * 2
+    # The key holds a given-up try besides each hold (``worst_of``), the task the holds alone.
+    assert [(u.spent, u.reserved) for u in recalled] == [
+        (pytest.approx(cost), pytest.approx(0.004)),
+        (pytest.approx(cost), pytest.approx(0.002)),
+    ]
+    assert [(u.spent, u.reserved) for u in after] == [
+        (pytest.approx(cost + 0.001), pytest.approx(0.002)),
+        (pytest.approx(cost + 0.001), pytest.approx(0.001)),
+    ]
 
 
 async def test_a_key_budget_is_never_dropped_for_room_nor_for_idleness() -> None:
@@ -417,7 +425,8 @@ async def test_a_budget_holds_the_90th_percentile_of_the_cost_not_its_mean() -> 
     with pytest.raises(RateLimited) as held:  # the holds of requests in flight leave no room: 429
         await adm.admit(principal, None, decision, None)
     assert held.value.code == "budget_held"
-    assert (await state.budgets.spent("key:k")).reserved == pytest.approx(0.008)
+    # Two holds of $0.004, and a given-up try of $0.001 each besides (``worst_of``).
+    assert (await state.budgets.spent("key:k")).reserved == pytest.approx(0.01)
 
 
 async def test_tries_billed_without_serving_are_held_on_top_of_the_serving_try() -> None:
@@ -431,7 +440,7 @@ async def test_tries_billed_without_serving_are_held_on_top_of_the_serving_try()
     decision = Decision("d", "p", ["a"], [Estimate("a", 100, 50, 0, 0.001, hold_usd=0.004)], "why")
     assert admission.worst_of(decision) == pytest.approx(0.005)  # its hold, and one given-up try
     principal = Principal(key_id="k", name="k", budget_usd=0.01)
-    held = await adm.admit(principal, "t", decision, 0.02, key_left=0.01)
+    held = await adm.admit(principal, "t", decision, 0.02)
     assert (
         held is not None and held.held_in("key:k") == pytest.approx(0.005) and held.held_in("task:t") == 0.004
     )
@@ -457,30 +466,27 @@ async def test_tries_billed_without_serving_are_held_on_top_of_the_serving_try()
 
 
 async def test_a_keys_worst_case_is_held_in_one_step_with_the_hold() -> None:
-    """Near a key budget's end a request's worst case is held with its hold or not at all: held
-    after it, two requests each held their one try and then neither had room for its worst case
-    (both refused), or one was admitted without it. Refused for its worst case where its hold
-    alone would fit, it is told to retry shortly (429), never that the budget is spent (403)."""
+    """Near a key budget's end a request's worst case is held with its hold, in one step, as far
+    as the key has room then: held after it, two requests each held their one try and then
+    neither had room for its worst case (both refused), or one was admitted without it. Held as
+    far as the key had room when read before the decision, a request refused for its worst case
+    where its hold alone would fit was told to retry (429) while the key had room for it."""
     state = MemoryState()
     adm = Admission(state.limits, state.budgets)
     decision = Decision("d", "p", ["a"], [Estimate("a", 100, 50, 0, 0.001, hold_usd=0.004)], "why")
     principal = Principal(key_id="k", name="k", budget_usd=0.008)
-    first = await adm.admit(principal, None, decision, None, key_left=0.008)
+    first = await adm.admit(principal, None, decision, None)
     assert first is not None and first.held_in("key:k") == pytest.approx(0.005)
-    with pytest.raises(RateLimited) as held:  # read $0.008 left before the first held: wants $0.005
-        await adm.admit(principal, None, decision, None, key_left=0.008)
+    with pytest.raises(RateLimited) as held:  # $0.003 left beside the first: not even a hold
+        await adm.admit(principal, None, decision, None)
     assert held.value.code == "budget_held"
     await adm.settle(first, 0.004)
-    # $0.004 left: one that read $0.008 before wants $0.005; its hold alone fits, so it may retry.
-    with pytest.raises(RateLimited) as stale:
-        await adm.admit(principal, None, decision, None, key_left=0.008)
-    assert stale.value.code == "budget_held"
-    # Asked again, it holds what is left, its hold, and the next is refused for good.
-    second = await adm.admit(principal, None, decision, None, key_left=0.004)
-    assert second is not None and second.held_in("key:k") == pytest.approx(0.004)
+    # $0.004 left: its hold, and no more.
+    second = await adm.admit(principal, None, decision, None)
+    assert second is not None and second.held_in("key:k") == pytest.approx(0.004) and second.more == {}
     await adm.settle(second, 0.004)
     with pytest.raises(BudgetExceeded):
-        await adm.admit(principal, None, decision, None, key_left=0.0)
+        await adm.admit(principal, None, decision, None)
 
 
 async def test_requests_whose_first_tries_time_out_near_a_key_budgets_end_are_served(
@@ -583,3 +589,38 @@ async def test_route_says_what_admission_holds_for_the_request(fake: FakeUpstrea
     assert seen["hold_usd"] == pytest.approx(max(c["hold_usd"] for c in seen["candidates"]))
     assert seen["worst_usd"] == pytest.approx(dearest["worst_usd"] + dearest["cost_usd"])
     assert held == pytest.approx(seen["worst_usd"], abs=1e-9)
+
+
+#: The budgets in this process, and in the machine's Redis (a prefix of the test's own).
+STORES = ["memory", pytest.param("redis", marks=pytest.mark.integration)]
+
+
+def shared(store: str) -> dict[str, Any]:
+    """``serving``'s settings for budgets in ``store``."""
+    if store == "memory":
+        return {}
+    return {"redis_url": "redis://127.0.0.1:6379/0", "redis_prefix": f"test:{uuid.uuid4().hex[:8]}:"}
+
+
+@pytest.mark.parametrize("store", STORES)
+async def test_requests_at_once_hold_what_the_key_has_left_when_they_hold(
+    fake: FakeUpstream, tmp_path: Path, store: str
+) -> None:
+    """A request held its key's worst case as far as the key had left when it was read, before
+    the decision: two at once on a key with room for one worst case and one hold each read the
+    whole budget, the first held its worst case, and the second, wanting as much, was refused
+    (429) where its hold fitted (with Redis, whose every call lets the other request run; four
+    keys at once). What a key holds beyond a request's hold is now what it has room for when it
+    holds (in the same atomic step), so both are served within the budget."""
+    slow = model("a", fake.url, "ttft_ms=500")
+    async with serving(tmp_path, [slow], master_key=MASTER, **shared(store)) as r:
+        seen = (await r.client.post("/v1/route", json={**BODIES[OPENAI_CHAT], "max_tokens": MAX_TOKENS},
+                                    headers={"authorization": f"Bearer {MASTER}"})).json()  # fmt: skip
+        budget = seen["worst_usd"] + seen["hold_usd"]
+        keys = [await r.key(f"k{k}", budget_usd=budget) for k in range(4)]
+        answers = await asyncio.gather(
+            *(r.post(key=key, max_tokens=MAX_TOKENS) for key, _ in keys for _ in range(2))
+        )
+        used = [await settled(r, f"key:{key_id}") for _, key_id in keys]
+    assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers if a.status_code != 200]
+    assert all(u.spent <= budget for u in used)

@@ -186,6 +186,33 @@ async def check_more_in_some_scopes(state: SharedState) -> None:
     assert [await b.spent(s) for s in ("key", "task")] == [Spend(0.1, 0.0), Spend(0.1, 0.0)]
 
 
+async def check_upto_what_a_scope_has_room_for(state: SharedState) -> None:
+    """A reservation may hold, in the same step, more on top as far as a scope has room for it:
+    never refused for that part, and it says what it held. A request's worst case in its key's
+    budget: held as far as the key had left when read, before the decision, a second request
+    at once was refused where its hold fitted."""
+    b = state.budgets
+    limits = {"key": 1.0, "task": 0.5}
+    r1 = await b.reserve(["key", "task"], 0.2, limits, upto={"key": 0.5, "other": 0.25})
+    assert (r1.held_in("key"), r1.held_in("task")) == (pytest.approx(0.7), 0.2)
+    r2 = await b.reserve(["key", "task"], 0.2, limits, upto={"key": 0.5, "task": 0.05})
+    assert r2.more == {"key": pytest.approx(0.1), "task": pytest.approx(0.05)}  # the key's room
+    r3 = await b.reserve(["key", "other"], 0.0, limits, more={"key": 0.0}, upto={"key": 0.1, "other": 0.25})
+    assert r3.more == {"key": 0.0, "other": 0.25}  # none left in the key; no limit in the other
+    assert [await b.spent(s) for s in ("key", "task", "other")] == [
+        Spend(0.0, pytest.approx(1.0)), Spend(0.0, pytest.approx(0.45)), Spend(0.0, 0.25)
+    ]  # fmt: skip
+    with pytest.raises(BudgetExceeded) as info:  # what must be held is refused as before
+        await b.reserve(["key"], 0.01, limits, upto={"key": 0.5})
+    assert info.value.amount_usd == pytest.approx(0.01)
+    await b.settle(r1, 0.3)  # each scope lets go of what it held, the spend the same in each
+    await b.release(r2)
+    await b.release(r3)
+    assert [await b.spent(s) for s in ("key", "task", "other")] == [
+        Spend(pytest.approx(0.3), 0.0), Spend(pytest.approx(0.3), 0.0), Spend(0.0, 0.0)
+    ]  # fmt: skip
+
+
 async def check_reservation_expiry(state: SharedState, env: Env, ttl: float) -> None:
     """A hold nobody settles (its replica died) stops counting after its TTL."""
     b = state.budgets
@@ -444,6 +471,10 @@ async def test_budgets(clock: FakeClock, env: Env) -> None:
 
 async def test_more_in_some_scopes(clock: FakeClock) -> None:
     await check_more_in_some_scopes(memory(clock))
+
+
+async def test_upto_what_a_scope_has_room_for(clock: FakeClock) -> None:
+    await check_upto_what_a_scope_has_room_for(memory(clock))
 
 
 async def test_reservation_expiry(clock: FakeClock, env: Env) -> None:
