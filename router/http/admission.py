@@ -125,24 +125,23 @@ class Admission:
     ) -> Reservation | None:
         """Hold the decision's estimated cost in every budget that applies (``task_budget``: the
         policy's per-task limit, from the request's runtime; a scope that decided the request may
-        set a lower one, ``Decision.task_budget``), and in the key's, in the same step, more: up
-        to what the request may cost at most (``worst_of``), as much as the key has room for then
+        set a lower one, ``Decision.task_budget``), and in each, in the same step, more: up to
+        what the request may cost at most (``worst_of``), as much as the budget has room for then
         (``Budgets.reserve``'s ``upto``).
 
-        The key's worst case is held with the rest, not after it: held apart, the first requests
-        near a budget's end each held their one try and were then refused their worst case, or
-        were admitted without it and refused the money a given-up try cost in the middle, none
-        served (``test_money.py``). It was as much as the key had left when read, before the
-        decision: two requests at once each read the whole budget, and the second, wanting the
-        first's worst case again, was refused where its hold fitted (``test_admission.py``). In
-        the key's budget alone: a task's holds the 90th percentile (a task is rarely asked for
-        many replies at once), and the key's worst case held there refused requests that fit it."""
+        The worst case is held with the rest, not after it: held apart, the first requests near a
+        budget's end each held their one try and were then refused their worst case, or were
+        admitted without it and refused the money a given-up try cost in the middle, none served
+        (``test_money.py``). It was as much as the key had left when read, before the decision:
+        two requests at once each read the whole budget, and the second, wanting the first's
+        worst case again, was refused where its hold fitted (``test_admission.py``). It was held
+        in the key's budget alone, and a task's starved as the key's had: requests of one task at
+        once each paid a given-up try and were refused the next, the others holding the rest."""
         limits = _limits(principal, task_id, decision, task_budget)
         if not limits:
             return None
         amount = hold_of(decision)
-        key = _key_scope(principal)
-        upto = {key: worst_of(decision) - amount} if key is not None else {}
+        upto = dict.fromkeys(limits, worst_of(decision) - amount)
         if self._unsettled:
             await self.land_unsettled()  # StateUnavailable (a 503) while they cannot land
         if self.log is not None and isinstance(self.budgets, MemoryBudgets):
@@ -158,21 +157,21 @@ class Admission:
     ) -> Reservation | None:  # fmt: skip
         """Before a request's next try, hold ``owed`` (what its tries so far were billed without
         serving: ``Execution.hold_billed``) in each budget ``hold`` held it in (``held``), where
-        it does not hold that much already beyond the serving try's hold: in the key's budget, the
-        given-up try its worst case counts (``given_up_of``) of what ``hold`` held there on top,
-        and in every budget what this held before (``more``). Refused as ``admit`` is.
+        it does not hold that much already beyond the serving try's hold: the given-up try its
+        worst case counts (``given_up_of``) of what ``hold`` held there on top, and what this
+        held before (``more``). Refused as ``admit`` is.
 
         A given-up try's cost was always held anew: near a key budget's end the requests in flight
         held the rest, and each was refused its next try after paying for one."""
         limits = _limits(principal, task_id, decision, task_budget)
         if held is None or not limits:
             return None
-        key, more = _key_scope(principal), list(more)
+        more = list(more)
         short: dict[str, float] = {}
         for scope in limits:
-            covered = sum(r.held_in(scope) for r in more)
-            if scope == key:
-                covered += min(held.more.get(scope, 0.0), given_up_of(decision))
+            covered = sum(r.held_in(scope) for r in more) + min(
+                held.more.get(scope, 0.0), given_up_of(decision)
+            )
             if to_nano(owed) > to_nano(covered):
                 short[scope] = owed - covered
         if not short:

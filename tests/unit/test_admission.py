@@ -380,15 +380,9 @@ async def test_scopes_forgotten_for_room_start_again_from_the_log(fake: FakeUpst
         after = [await state.budgets.spent(s) for s in (f"key:{key_id}", f"task:{task}")]
     cost = row.cost_usd
     assert cost > 0 and task.endswith("/repo:issue-7")
-    # The key holds a given-up try besides each hold (``worst_of``), the task the holds alone.
-    assert [(u.spent, u.reserved) for u in recalled] == [
-        (pytest.approx(cost), pytest.approx(0.004)),
-        (pytest.approx(cost), pytest.approx(0.002)),
-    ]
-    assert [(u.spent, u.reserved) for u in after] == [
-        (pytest.approx(cost + 0.001), pytest.approx(0.002)),
-        (pytest.approx(cost + 0.001), pytest.approx(0.001)),
-    ]
+    # Each holds a given-up try besides each hold (``worst_of``).
+    assert [(u.spent, u.reserved) for u in recalled] == [(pytest.approx(cost), pytest.approx(0.004))] * 2
+    assert [(u.spent, u.reserved) for u in after] == [(pytest.approx(cost + 0.001), pytest.approx(0.002))] * 2
 
 
 async def test_a_key_budget_is_never_dropped_for_room_nor_for_idleness() -> None:
@@ -431,24 +425,25 @@ async def test_a_budget_holds_the_90th_percentile_of_the_cost_not_its_mean() -> 
 
 async def test_tries_billed_without_serving_are_held_on_top_of_the_serving_try() -> None:
     """A try given up at a timeout is billed, and the next one spends again. A request holds in
-    its key's budget, in one step with its hold, a given-up try besides (its expected cost, of
-    what the key has left); a billed try is paid out of that, and what it does not cover is held
-    on top in every scope (a task's holds the serving try alone), refused as a request is when it
-    does not fit; settled at 0, it gives the money back."""
+    its budgets, in one step with its hold, a given-up try besides (its expected cost, as far as
+    each has room); a billed try is paid out of that, and what it does not cover is held on top
+    (here in the task's, which had room for a fifth of it when the request was admitted), refused
+    as a request is when it does not fit; settled at 0, it gives the money back."""
     state = MemoryState()
     adm = Admission(state.limits, state.budgets)
     decision = Decision("d", "p", ["a"], [Estimate("a", 100, 50, 0, 0.001, hold_usd=0.004)], "why")
     assert admission.worst_of(decision) == pytest.approx(0.005)  # its hold, and one given-up try
     principal = Principal(key_id="k", name="k", budget_usd=0.01)
+    other = await state.budgets.reserve(["task:t"], 0.0158, {"task:t": 0.02})  # another of the task's
     held = await adm.admit(principal, "t", decision, 0.02)
-    assert (
-        held is not None and held.held_in("key:k") == pytest.approx(0.005) and held.held_in("task:t") == 0.004
-    )
+    assert held is not None and held.held_in("key:k") == pytest.approx(0.005)
+    assert held.held_in("task:t") == pytest.approx(0.0042)
+    await state.budgets.release(other)
 
     async def reserved() -> list[float]:
         return [(await state.budgets.spent(scope)).reserved for scope in ("key:k", "task:t")]
 
-    # One try given up: the key pays it out of what it holds, the task holds it on top.
+    # One try given up: the key pays it out of what it holds, the task holds the rest on top.
     first = await adm.hold_billed(principal, "t", decision, 0.02, 0.001, held, [])
     assert first is not None and first.scopes == ("task:t",)
     assert await reserved() == [pytest.approx(0.005), pytest.approx(0.005)]
@@ -599,7 +594,11 @@ def shared(store: str) -> dict[str, Any]:
     """``serving``'s settings for budgets in ``store``."""
     if store == "memory":
         return {}
-    return {"redis_url": "redis://127.0.0.1:6379/0", "redis_prefix": f"test:{uuid.uuid4().hex[:8]}:"}
+    return {
+        "redis_url": "redis://127.0.0.1:6379/0",
+        "redis_prefix": f"test:{uuid.uuid4().hex[:8]}:",
+        "redis_timeout_s": 2.0,
+    }
 
 
 @pytest.mark.parametrize("store", STORES)
@@ -624,3 +623,38 @@ async def test_requests_at_once_hold_what_the_key_has_left_when_they_hold(
         used = [await settled(r, f"key:{key_id}") for _, key_id in keys]
     assert [a.status_code for a in answers] == [200] * 8, [a.text for a in answers if a.status_code != 200]
     assert all(u.spent <= budget for u in used)
+
+
+@pytest.mark.parametrize("store", STORES)
+async def test_requests_of_one_task_whose_first_tries_time_out_near_its_budgets_end_are_served(
+    fake: FakeUpstream, tmp_path: Path, store: str
+) -> None:
+    """As a key's, a task's budget near its end: requests of one task at once, with room for two
+    and a half holds, each first try given up at the first-token timeout (billed) before the
+    dearer backend serves. The task held the serving try alone and each given-up try anew: the
+    first two or three admitted held it whole, and each was refused its given-up try's cost (429:
+    the others held it) after paying for it, none served. Every budget now holds a request's
+    worst case as far as it has room, the task's as the key's. Four tasks at once, eight
+    requests each."""
+    models = [
+        model("faulty", fake.url, "ttft_ms=1500"),
+        model("good", fake.url, prices={"input": 2.0, "output": 4.0}),
+    ]
+    quick = Timeouts(connect=1.0, first_token=0.5, idle=5.0, overall=10.0)
+    body = {"reasoning_effort": "high", "max_tokens": 600, "stream": True}
+    (tmp_path / "probe").mkdir()
+    async with serving(tmp_path / "probe", models) as probe:
+        seen = (await probe.client.post("/v1/route", json={**BODIES[OPENAI_CHAT], **body})).json()
+    assert seen["order"] == ["faulty", "good"]
+    budget = 2.5 * seen["hold_usd"]
+    objective = {"objective": {"max_cost_per_task": budget}}
+    async with serving(tmp_path, models, policy=objective, timeouts=quick, **shared(store)) as r:
+        answers = await asyncio.gather(
+            *(r.post(headers={"x-router-task-id": f"t{t}"}, **body) for t in range(4) for _ in range(8))
+        )
+        await asyncio.gather(*(settled(r, f"task:t{t}") for t in range(4)))
+        rows = await r.records()
+    statuses = [[a.status_code for a in answers[8 * t : 8 * t + 8]] for t in range(4)]
+    assert all(200 in of_task for of_task in statuses), statuses
+    spent = {t: sum(row.cost_usd or 0.0 for row in rows if row.task_id == f"t{t}") for t in range(4)}
+    assert all(usd <= budget + 1e-9 for usd in spent.values()), (spent, budget, statuses)
