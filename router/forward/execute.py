@@ -110,7 +110,14 @@ class Execution:
     #: Called before a try that follows tries the provider bills without their serving (given up
     #: by a timeout, or failed with their usage reported), with the tries so far: the budgets
     #: hold what those cost before another try spends more. It raises (a budget's refusal) to stop.
-    hold_billed: Callable[[list[Try]], Awaitable[None]] | None = None
+    hold_billed: Callable[[list[Try]], Awaitable[object]] | None = None
+    #: Called before a streamed try, with the tries so far and this one as if given up: whether the
+    #: budgets hold what giving it up would cost beside the next try (held now if they can). When
+    #: they cannot, the try is waited for past the first-token timeout, to the overall deadline
+    #: (``patient``): given up, it was billed and the next try refused, the request paying for none.
+    may_give_up: Callable[[list[Try]], Awaitable[bool]] | None = None
+    #: The try in progress is not given up at the first-token timeout (``may_give_up``).
+    patient: bool = False
     #: Who sent the request (a key id, else the master key's or open mode's name): the breakers
     #: count a failure the request may have caused against it (``_suspect``).
     tenant: str | None = None
@@ -193,7 +200,9 @@ class Executor:
 
         async def call(backend: Backend, deadline: float, turn: Turn) -> CommittedStream:
             phases.start_upstream()
-            first_token_by = min(deadline, time.monotonic() + self.timeouts.first_token)
+            first_token_by = (
+                deadline if ex.patient else min(deadline, time.monotonic() + self.timeouts.first_token)
+            )
             observer = wire.observer()
             try:
                 async with asyncio.timeout_at(_loop_deadline(first_token_by)):
@@ -273,6 +282,8 @@ class Executor:
             for retry in (False, True):
                 if ex.hold_billed is not None and any(t.billed or t.usage is not None for t in ex.tries):
                     await ex.hold_billed(ex.tries)
+                if streamed and ex.may_give_up is not None:
+                    ex.patient = not await ex.may_give_up([*ex.tries, Try(backend.id, 0.0, 0.0, billed=True)])
                 began, queued = time.perf_counter(), False
                 try:
                     # Waiting for the turn is queue time, within the overall deadline: the call starts after.

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from router.errors import (
     AttemptStopped,
     PayloadTooLarge,
+    RateLimited,
     RouterError,
     UnknownModel,
     UpstreamError,
@@ -48,6 +49,7 @@ from router.policy.catalog import Backend
 from router.policy.pipeline import Decided, Pipeline
 from router.protocols import OPENAI_CHAT, WIRES, ClientRequest, Usage, Wire, sse
 from router.protocols.openai_chat import is_usage_only, usage_frame_with_cost
+from router.shared import BudgetExceeded
 from router.telemetry.phases import Phases
 
 log = logging.getLogger("router.http.proxy")
@@ -181,6 +183,7 @@ class Proxy:
             f.execution = ex = Execution(tenant=principal.key_id or principal.name)
             if f.held is not None:
                 ex.hold_billed = partial(self._hold_billed, f, principal, task_budget)
+                ex.may_give_up = partial(self._hold_billed, f, principal, task_budget, refuse=False)
             if req.stream:
                 committed = await self.executor.open_stream(req, decision, f.rt.catalog, headers, phases, ex)
                 return self._stream(wire, req, committed, phases, f)
@@ -330,20 +333,27 @@ class Proxy:
         return unserved_cost(tries, req, decided.decision, f.rt.catalog)
 
     async def _hold_billed(
-        self, f: Flight, principal: Principal, task_budget: float | None, tries: list[Try]
-    ) -> None:
+        self, f: Flight, principal: Principal, task_budget: float | None, tries: list[Try],
+        refuse: bool = True,
+    ) -> bool:  # fmt: skip
         """Hold what the tries that did not serve were billed, before the next try, where the
         request's holds do not cover it already (``Admission.hold_billed``): a try given up at a
         timeout and another that serves were two calls paid on one hold, 40 requests at once on a
-        key spending 9% past it."""
+        key spending 9% past it. Not ``refuse``: whether the budgets could (``may_give_up``)."""
         if (decided := f.decided) is None:
-            return
+            return True
         owed = self._unserved(f, tries).total
-        more = await self.admission.hold_billed(
-            principal, f.task_id, decided.decision, task_budget, owed, f.held, f.held_more
-        )
+        try:
+            more = await self.admission.hold_billed(
+                principal, f.task_id, decided.decision, task_budget, owed, f.held, f.held_more
+            )
+        except (RateLimited, BudgetExceeded):
+            if refuse:
+                raise
+            return False
         if more is not None:
             f.held_more.append(more)
+        return True
 
     def _error(self, wire: Wire, err: RouterError, f: Flight) -> _Reply:
         f.ended(err.status, err.kind, err.message[:500])

@@ -658,3 +658,40 @@ async def test_requests_of_one_task_whose_first_tries_time_out_near_its_budgets_
     assert all(200 in of_task for of_task in statuses), statuses
     spent = {t: sum(row.cost_usd or 0.0 for row in rows if row.task_id == f"t{t}") for t in range(4)}
     assert all(usd <= budget + 1e-9 for usd in spent.values()), (spent, budget, statuses)
+
+
+@pytest.mark.parametrize("store", STORES)
+async def test_a_request_admitted_at_a_budgets_end_is_not_charged_a_try_it_cannot_follow(
+    fake: FakeUpstream, tmp_path: Path, store: str
+) -> None:
+    """The last request admitted near a budget's end holds its hold and what room is left of its
+    worst case, here a quarter of a given-up try. Its first try, given up at the first-token
+    timeout while its backend reasoned, was billed, and the budget could not hold that and its
+    next try: refused (429) after paying for the try. A try the budgets cannot give up and still
+    follow is now waited for, to the overall deadline: the backend it pays serves it."""
+    models = [
+        model("faulty", fake.url, "ttft_ms=1500"),
+        model("good", fake.url, prices={"input": 2.0, "output": 4.0}),
+    ]
+    quick = Timeouts(connect=1.0, first_token=0.5, idle=5.0, overall=10.0)
+    body = {"reasoning_effort": "high", "max_tokens": 600, "stream": True}
+    async with serving(tmp_path, models, master_key=MASTER, timeouts=quick, **shared(store)) as r:
+        seen = (await r.client.post("/v1/route", json={**BODIES[OPENAI_CHAT], **body},
+                                    headers={"x-api-key": MASTER})).json()  # fmt: skip
+        assert seen["order"] == ["faulty", "good"]
+        given_up = max(c["cost_usd"] for c in seen["candidates"])
+        budget = seen["worst_usd"] + seen["hold_usd"] + given_up / 4
+        key, key_id = await r.key(budget_usd=budget)
+        first = asyncio.create_task(r.post(key=key, headers={"x-router-task-id": "first"}, **body))
+
+        async def held() -> float | None:
+            return (await r.s.state.budgets.spent(f"key:{key_id}")).reserved or None
+
+        assert await eventually(held, what="the first request's hold") == pytest.approx(seen["worst_usd"])
+        last = await r.post(key=key, headers={"x-router-task-id": "last"}, **body)
+        assert (await first).status_code == 200
+        used = await settled(r, f"key:{key_id}")
+        rows = {row.task_id.rsplit("/", 1)[-1]: row for row in await r.records()}
+    assert last.status_code == 200, (last.status_code, last.text, rows["last"].tries)
+    assert [t.model for t in rows["last"].tries] == ["faulty"]  # waited for, past the first-token timeout
+    assert used.spent <= budget
