@@ -9,13 +9,13 @@ features and the candidates' estimates, no I/O.
 from __future__ import annotations
 
 from router.features.request import Features
+from router.features.task.context import least
 from router.store.records import Estimate
 
 
 def budget_left(features: Features) -> float | None:
     """The least of what is left of the task's and the key's budgets (None: neither has one)."""
-    lefts = [b for b in (features.task_budget_left, features.key_budget_left) if b is not None]
-    return min(lefts) if lefts else None
+    return least(features.task_budget_left, features.key_budget_left)
 
 
 def exclude_over_budget(features: Features, eligible: list[Estimate]) -> bool:
