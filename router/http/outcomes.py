@@ -152,7 +152,7 @@ def deciding(runtime: ActivePolicy, task_id: str, rows: list[RequestRecord]) -> 
     latest = max(main, key=lambda r: r.ts, default=None)
     if latest is None:
         return decider, list(decider.policy.models)
-    if arm is None or arm != CONTROL:
+    if arm != CONTROL:
         # The log keeps "<policy>[/<scope>]/<scorer>": the decider whose policy name is its prefix.
         named = (latest.policy or "").rsplit("/", 1)[0]
         decider = next((s.decider for s in runtime.scopes if s.decider.policy.name == named), decider)
