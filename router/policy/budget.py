@@ -25,7 +25,7 @@ def exclude_over_budget(features: Features, eligible: list[Estimate]) -> bool:
     left = budget_left(features)
     if left is None:
         return True
-    # What admission will hold (``Admission.admit``), so that nothing kept here is refused there.
+    # What admission will hold (``Admission.hold``), so that nothing kept here is refused there.
     over = [e for e in eligible if held(e) > left]
     if len(over) == len(eligible):
         return False
