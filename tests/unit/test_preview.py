@@ -322,3 +322,22 @@ def test_the_printed_cost_says_what_caching_changes_as_dollars_or_not_at_all(
     assert printed[0.0] == printed[2e-7] and "caching" not in printed[0.0]
     assert printed[0.0004321].endswith("; of which +$0.000432 from prompt caching after the moves")
     assert printed[-0.012].endswith("; of which -$0.012000 from prompt caching after the moves")
+
+
+def test_a_preview_of_an_empty_window_says_so_and_what_to_try(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A log with nothing in the window printed "0 requests of 0 tasks (0 attempts) decided again"
+    # and a page of n/a, as though the policy had been compared with something.
+    from router.app.cli import main
+
+    store = f"sqlite:///{tmp_path / 'log.db'}"
+    assert main(["migrate", "--store", store]) == 0
+    config = tmp_path / "p.yaml"
+    runtime(tmp_path, ["a", "b"])
+    capsys.readouterr()
+    assert main(["preview", "--config", str(config), "--store", store, "--since", "2h"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"nothing was decided again: {store} has no request in the last 2h; try a longer --since, or --store "
+        "the log your routers write (their ROUTER_STORE)"
+    )

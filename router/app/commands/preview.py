@@ -91,6 +91,13 @@ def run_preview(args: Any) -> int:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:
         render(report, _retrain(args, runtime.policy.learned_path))
+        if not report["requests"] and not report["skipped"]:
+            # It printed "0 requests of 0 tasks" and a page of n/a, as if the policy had been
+            # compared with something.
+            from router.store import mask_url
+
+            print(f"nothing was decided again: {mask_url(args.store)} has no request in the last {args.since}; "
+                  "try a longer --since, or --store the log your routers write (their ROUTER_STORE)")  # fmt: skip
     return 0
 
 
