@@ -264,10 +264,10 @@ def test_a_preview_warns_when_success_falls_for_sure(
     assert warning.startswith("success falls: the learned model expects -")
     # It said no more: what to do about it was left to guess, and the demo's learned policy warns.
     assert warning.endswith(
-        "Its objective (the least cost per completed task: no objective.target_success or "
-        "value_per_completed_usd) trades that success for cost; to hold success, set objective.target_success "
-        "(the share of tasks to complete) in the policy file and train again for it, or keep the running "
-        "policy (promote nothing)"
+        "the whole 95% interval below 0. Its objective, the least cost per completed task (no "
+        "objective.target_success or value_per_completed_usd), trades that success for cost: to hold it, set "
+        "objective.target_success with objective.max_attempts: 1 and train again, or keep the running policy "
+        "(promote nothing)"
     )
     config = tmp_path / "p.yaml"
     args = argparse.Namespace(config=str(config), store="sqlite:///elsewhere.db", since="7d")
@@ -279,12 +279,30 @@ def test_a_preview_warns_when_success_falls_for_sure(
         f"  router promote {tmp_path / 'learned.next.json'} --config {config}",
         f"  router preview --config {config} --since 7d --store sqlite:///elsewhere.db",
     ]
-    # A policy with a target is told to raise it.
-    targeted = runtime(tmp_path, ["a", "b"], name="t", objective={"target_success": 0.6},
-                       learned={"artifact": "learned.json", "sha256": rt.policy.spec.learned.sha256})  # fmt: skip
-    (warning,) = preview(rows, [], targeted)["warnings"]
-    assert "Its objective (objective.target_success 0.6 of tasks, over up to 3 attempts)" in warning
-    assert "to hold success, raise objective.target_success in the policy file" in warning
+
+    # With a target over several attempts, the first attempt is meant to be cheap: raising the
+    # target did not lift it on the demo's log (a cascade from the cheapest model at 0.5 and 0.7).
+    def warned(objective: dict[str, Any]) -> str:
+        targeted = runtime(tmp_path, ["a", "b"], name="t", objective=objective,
+                           learned={"artifact": "learned.json", "sha256": rt.policy.spec.learned.sha256})  # fmt: skip
+        (warning,) = preview(rows, [], targeted)["warnings"]
+        return str(warning)
+
+    assert warned({"target_success": 0.6}).endswith(
+        "Success is per attempt: for objective.target_success 0.6 over up to 3 attempts the plan starts tasks "
+        "on cheaper models and tries a failed one again on another, which this preview does not replay and "
+        "which happens only where failures are reported (router outcome --failure, POST /v1/outcomes) and the "
+        "agent runs the task again. To hold success on the first attempt, set objective.max_attempts: 1 and "
+        "train again, or keep the running policy (promote nothing)"
+    )
+    # a's 7 of 12 meet a target of 0.5 alone (0.6 would move everything to b, and warn of nothing).
+    assert warned({"target_success": 0.5, "max_attempts": 1}).endswith(
+        "Its objective asks for that (objective.target_success 0.5): to hold success, raise it and train "
+        "again, or keep the running policy (promote nothing)"
+    )
+    assert "for objective.value_per_completed_usd $0.5 over up to 2 attempts" in warned(
+        {"value_per_completed_usd": 0.5, "max_attempts": 2}
+    )
     # A move that does not lower success says nothing.
     assert (
         preview([row(i, "a", task=f"t{i}", task_features=to_json(vec)) for i in range(1, 6)], [], rt)[
