@@ -169,6 +169,12 @@ def test_trained_for_a_candidate_it_says_to_preview_that_file_and_promote_into_t
     candidate, out = tmp_path / "policy.candidate.yaml", tmp_path / "sizes.json"
     candidate.write_bytes(LOCAL.read_bytes())
     assert main(["train", "--store", store, "--config", str(candidate), "--out", str(out)]) == 0
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == f"  router promote {out} --config THE_POLICY_YOUR_ROUTERS_SERVE.yaml"
+    )
+    (tmp_path / "policy.yaml").write_bytes(LOCAL.read_bytes())
+    assert main(["train", "--store", store, "--config", str(candidate), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-4:] == [
         "preview it on a copy of the policy, then promote it:",

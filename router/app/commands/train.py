@@ -399,6 +399,8 @@ def _print_next(console: Console, path: Path, config: str, store_url: str) -> No
         # Trained for the copy already (as a preview's warning says to, its objective edited): it
         # said to copy it to local.candidate.candidate.yaml, and to promote into the copy at the end.
         candidate, live, copy = config, config.removesuffix(".candidate.yaml") + ".yaml", []
+        if not Path(live).exists():
+            live = "THE_POLICY_YOUR_ROUTERS_SERVE.yaml"  # no guess to paste into the wrong file
     # The preview reads the log it is told to: the default one, while training read --store's.
     where = (
         "" if store_url == os.environ.get("ROUTER_STORE", "sqlite:///router.db") else f" --store {store_url}"
