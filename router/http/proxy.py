@@ -7,12 +7,10 @@ shape. Logging happens off the request path (the writer batches in the backgroun
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from functools import partial
-from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -43,6 +41,7 @@ from router.http.auth import Auth, Principal, presented_key
 from router.http.flight import Flight, prompt_text
 from router.http.recorder import Recorder
 from router.http.replies import error_reply
+from router.http.responses import StreamedReply, WholeReply
 from router.ids import IdMaker
 from router.policy.active import ActivePolicyHolder
 from router.policy.catalog import Backend
@@ -142,7 +141,7 @@ class Proxy:
         except BaseException:
             self.recorder.close(f, phases)
             raise
-        if isinstance(response, _Reply):
+        if isinstance(response, WholeReply):
             if self.durable_log:
                 await self.recorder.stored(f, phases)
             else:
@@ -153,7 +152,7 @@ class Proxy:
     async def _respond(
         self, request: Request, all_headers: dict[str, str], wire: Wire, phases: Phases, f: Flight
     ) -> Response:
-        """The reply: a stream (which accounts for itself when it ends) or a whole ``_Reply``."""
+        """The reply: a stream (which accounts for itself when it ends) or a ``WholeReply``."""
         try:
             principal = await self.auth.check(request)
             f.key_id = principal.key_id
@@ -191,12 +190,12 @@ class Proxy:
             usage = wire.usage_from(reply.obj)
             self._charge(f, usage, 0 if usage.output_tokens else written_tokens(reply.obj))
             f.ended(200)
-            return _Reply(reply.body(), media_type="application/json", headers=_route_headers(f))
+            return WholeReply(reply.body(), media_type="application/json", headers=_route_headers(f))
         except RouterError as err:
             return self._error(wire, err, f)
         except ClientDisconnect:
             f.ended(499, "client_disconnected")
-            return _Reply(status_code=499)
+            return WholeReply(status_code=499)
         except Exception:
             log.exception("unexpected failure in request %s", f.request_id)
             return self._error(wire, RouterError("internal error in the router"), f)
@@ -214,7 +213,7 @@ class Proxy:
 
     def _stream(
         self, wire: Wire, req: ClientRequest, c: CommittedStream, phases: Phases, f: Flight
-    ) -> _Stream:
+    ) -> StreamedReply:
         chat = req.protocol == OPENAI_CHAT
         hide_usage = chat and not req.include_usage
         # The tries given up before this one were billed too: usage.cost says what the request
@@ -309,7 +308,7 @@ class Proxy:
                 await sse.close_quietly(c.rest)  # the upstream stops now, not when collected
                 finalize()
 
-        return _Stream(body(), abandoned, media_type="text/event-stream", headers=_route_headers(f))
+        return StreamedReply(body(), abandoned, media_type="text/event-stream", headers=_route_headers(f))
 
     @staticmethod
     def _charge(f: Flight, usage: Usage | None, content_events: int = 0) -> None:
@@ -355,26 +354,13 @@ class Proxy:
             f.held_more.append(more)
         return True
 
-    def _error(self, wire: Wire, err: RouterError, f: Flight) -> _Reply:
+    def _error(self, wire: Wire, err: RouterError, f: Flight) -> WholeReply:
         f.ended(err.status, err.kind, err.message[:500])
         if f.charge is None:
             self._charge(f, None)
         if isinstance(err, AttemptStopped):
             f.stopped = err
-        return error_reply(err, wire.name, _route_headers(f), _Reply)
-
-
-class _Reply(Response):
-    """A whole reply; ``then`` runs once it has been sent, or failed to be."""
-
-    then: Callable[[], None] | None = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if self.then is not None:
-                self.then()
+        return error_reply(err, wire.name, _route_headers(f), WholeReply)
 
 
 def _without_key(raw: bytes, backend: Backend) -> bytes:
@@ -394,61 +380,3 @@ def _route_headers(f: Flight) -> dict[str, str]:
     if f.task_id:
         h["x-router-task-id"] = f.task_id
     return h
-
-
-class _Stream(Response):
-    """A streamed reply, sent as raw ASGI messages, accounted for however it ends.
-
-    Starlette's StreamingResponse watches for the client leaving with an anyio task group per
-    response, which cost more CPU than relaying the 20 events of a typical stream. Here one
-    waiting ``receive()`` does the watching and cancels the sender when the client goes.
-    """
-
-    def __init__(
-        self,
-        content: AsyncGenerator[bytes, None],
-        on_close: Callable[[], Awaitable[None]],
-        media_type: str,
-        headers: Mapping[str, str],
-    ) -> None:
-        self.body_iterator = content
-        self._on_close = on_close
-        self.status_code = 200
-        self.media_type = media_type
-        self.background = None
-        self.init_headers(headers)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        sender = asyncio.current_task()
-        finished = False
-
-        def client_left(watch: asyncio.Future[Any]) -> None:
-            if not finished and not watch.cancelled() and sender is not None:
-                sender.cancel()
-
-        watch = asyncio.ensure_future(_disconnected(receive))
-        watch.add_done_callback(client_left)
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            # Cancelled because the client left: that ends this response, not the server.
-            if not watch.done() or watch.cancelled():
-                raise
-            if sender is not None:
-                sender.uncancel()
-        except OSError:
-            pass  # the connection broke under a write: the client is gone too
-        finally:
-            finished = True
-            watch.remove_done_callback(client_left)
-            watch.cancel()
-            await self.body_iterator.aclose()
-            await self._on_close()
-
-
-async def _disconnected(receive: Any) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
