@@ -10,9 +10,9 @@ reply (or stream) back into the client's wire format:
 
 Every failure surfaces as a ``router.errors`` type (see ``upstream_errors``): from ``complete``;
 from ``open_stream`` until the upstream has answered; from the frame iterator after that. A
-request litellm could not convert because of a field the client's protocol module names
-(``untranslatable``) is ``Untranslatable``: a 400 naming that field once no other candidate
-took it (``router.forward.execute``); one it names none of stays a 502, the router's failure.
+request litellm could not convert is ``Untranslatable``: a 400 once no other candidate took it
+(``router.forward.execute``), naming the field where the client's protocol module says which
+(``untranslatable``), else the backend and litellm's error type.
 """
 
 from __future__ import annotations
