@@ -34,7 +34,7 @@ from router.rollout.preview import preview_posted
 from router.store import OutcomeRecord, RequestRecord, Store
 from router.store.window import latest_requests
 from router.store.writer import LogWriter
-from router.telemetry.ledger import tokens
+from router.telemetry.ledger import said_by, tokens
 from router.ui import charts, policyview, session, views
 
 MAX_FORM_BYTES = 4096
@@ -51,7 +51,8 @@ Page = Callable[["Dashboard", Request], Awaitable[Response]]
 def environment() -> Environment:
     env = Environment(loader=PackageLoader("router.ui", "templates"), autoescape=select_autoescape(),
                       trim_blocks=True, lstrip_blocks=True)  # fmt: skip
-    env.filters.update(usd=_usd, ms=_ms, pct=_pct, tokens=tokens, when=_when, when_utc=_when_utc)
+    env.filters.update(usd=_usd, ms=_ms, pct=_pct, tokens=tokens, when=_when, when_utc=_when_utc,
+                       verdict=views.verdict_text, said_by=said_by)  # fmt: skip
     env.globals.update(charts=charts, windows=list(views.WINDOWS), fmt_usd=_usd, fmt_pct=_pct)
     return env
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from router.fakeupstream import FakeUpstream
+from router.features.labels.model import SOURCE as LABEL_MODEL
 from router.store import OutcomeRecord, RequestRecord, open_store
 from router.store.records import TryRecord
 from router.ui import charts, policyview, session, views
@@ -328,6 +330,24 @@ async def test_the_task_page_shows_each_request_with_its_fallbacks_and_the_verdi
     row = page.text.split('<table id="requests">')[1]
     assert "<strong>b</strong>" in row and "after a (" in row  # served by b, after a failed
     assert "success (explicit)" in page.text and "sent by the client" in page.text
+
+
+async def test_the_task_page_says_a_verdict_the_router_guessed_is_one(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    # The card said "verdict from outcome_model" and the attempt "success (outcome_model)" while the
+    # task list said "success (inferred, P(success) 0.98)" (cfe64fb).
+    async with serving(tmp_path, [model("a", fake.url)]) as r:
+        answer = await r.post(headers={"x-router-task-id": "t1"})
+        assert answer.status_code == 200, answer.text
+        await r.s.writer.flush()
+        guess = OutcomeRecord("t1", 1, True, 0.983963, LABEL_MODEL, {"signals": []}, time.time(), False)
+        await r.s.store.write_outcome(guess)
+        page = await r.client.get("/ui/tasks/t1")
+    assert page.status_code == 200
+    assert '<div class="k">verdict: inferred, P(success) 0.98</div>' in page.text
+    attempts = page.text.split('<table id="attempts">')[1].split("</table>")[0]
+    assert "<td>success (inferred, P(success) 0.98)</td>" in attempts and "outcome_model" not in attempts
 
 
 async def test_a_budget_refusal_shows_what_each_candidate_holds(fake: FakeUpstream, tmp_path: Path) -> None:
