@@ -9,6 +9,7 @@ names the variable rather than a failure at startup for a backend that may never
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib.util
 import os
@@ -190,7 +191,8 @@ def build_catalog(policy: Policy, lookup: PriceLookup | None = None) -> Catalog:
     lookup = lookup or litellm_price_lookup
     backends = {}
     for i, spec in enumerate(policy.spec.models):
-        backends[spec.id] = _backend(spec, lookup, f"{policy.source}: models[{i}] (id {spec.id!r})")
+        backends[spec.id] = _backend(spec, lookup, f"{policy.source}: models[{i}] (id {spec.id!r})",
+                                     mapped=lookup is litellm_price_lookup)  # fmt: skip
     return Catalog(backends)
 
 
@@ -244,11 +246,17 @@ def _pick(prices: Mapping[str, Any], name: str, below: float) -> float:
     return float(value) if isinstance(value, int | float) else below
 
 
-def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
+def _backend(spec: ModelSpec, lookup: PriceLookup, where: str, *, mapped: bool = False) -> Backend:
+    """``mapped``: ``lookup`` is litellm's map, whose names a misspelt one is said beside."""
     p = spec.prices
     known = None
+    unknown = ""
     if None in (p.input, p.output, spec.context_window, spec.max_output_tokens):
-        known = lookup(spec.litellm_model) or {}
+        found = lookup(spec.litellm_model)
+        known = found or {}
+        guess = _near_name(spec.litellm_model) if found is None and mapped else None
+        if guess is not None:
+            unknown = f": did you mean {guess!r}? If the name is right,"
 
     def per_token(given: float | None, key: str, field: str, default: float | None = None) -> float:
         if given is not None:
@@ -259,7 +267,7 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
                 return default
             raise ConfigError(
                 f"{where}.prices.{field}: not given, and litellm's price map has no price for "
-                f"{spec.litellm_model!r} (give it in $ per million tokens: prices: {{input: 0.25, output: 2}})"
+                f"{spec.litellm_model!r}{_unless(unknown, _PRICES_HINT)}"
             )
         return float(value)
 
@@ -284,8 +292,8 @@ def _backend(spec: ModelSpec, lookup: PriceLookup, where: str) -> Backend:
     window = spec.context_window or (known or {}).get("max_input_tokens") or (known or {}).get("max_tokens")
     if not window:
         raise ConfigError(
-            f"{where}.context_window: not given, and litellm does not know {spec.litellm_model!r} "
-            "(give the model's window in tokens)"
+            f"{where}.context_window: not given, and litellm does not know {spec.litellm_model!r}"
+            f"{_unless(unknown, _WINDOW_HINT)}"
         )
     max_out = spec.max_output_tokens or (known or {}).get("max_output_tokens") or 4096
     return Backend(
@@ -314,6 +322,28 @@ def litellm_price_lookup(litellm_model: str) -> Mapping[str, Any] | None:
     cost_map: Mapping[str, Any] = bundled_cost_map()
     bare = litellm_model.split("/", 1)[1] if "/" in litellm_model else litellm_model
     return cost_map.get(litellm_model) or cost_map.get(bare)
+
+
+_PRICES_HINT = "give it in $ per million tokens: prices: {input: 0.25, output: 2}"
+_WINDOW_HINT = "give the model's window in tokens"
+
+
+def _unless(guess: str, what: str) -> str:
+    """What to give, after the nearest name when one is (``guess``), else in brackets."""
+    return f"{guess} {what}" if guess else f" ({what})"
+
+
+def _near_name(litellm_model: str) -> str | None:
+    """The name in litellm's map nearest one it lacks ('anthropic/claude-sonnet-4-5' for
+    'anthropic/claude-sonet-4-5'), if one is near. A misspelt name was said to lack a price alone,
+    and given one it passed the check, to fail at the provider on every call."""
+    provider, _, bare = litellm_model.rpartition("/")
+    near = difflib.get_close_matches(
+        bare, {k.rpartition("/")[2] for k in bundled_cost_map()}, n=1, cutoff=0.9
+    )
+    if not near:
+        return None
+    return f"{provider}/{near[0]}" if provider else near[0]
 
 
 @functools.cache

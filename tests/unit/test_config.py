@@ -238,6 +238,29 @@ def test_unknown_price_is_a_config_error_naming_the_model_and_the_fix() -> None:
         build_catalog(parse(text), lookup=no_prices)
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("prices: {}", "prices.input: not given, and litellm's price map has no price for "
+         "'anthropic/claude-sonet-4-5': did you mean 'anthropic/claude-sonnet-4-5'? If the name is right, give it "
+         "in $ per million tokens: prices: {input: 0.25, output: 2}"),
+        ("prices: {input: 1, output: 2}", "context_window: not given, and litellm does not know "
+         "'anthropic/claude-sonet-4-5': did you mean 'anthropic/claude-sonnet-4-5'? If the name is right, give "
+         "the model's window in tokens"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_model_name_gets_the_nearest_in_litellms_map(given: str, said: str) -> None:
+    # It was said to lack a price (or a window) alone: given one, the misspelt name passed
+    # `router check` and failed at the provider on every call.
+    text = BASE.replace("openai/a", "anthropic/claude-sonet-4-5").replace(
+        "protocol: openai", "protocol: anthropic"
+    )
+    text = text.replace("prices: {input: 1, output: 2}", given).replace("    context_window: 1000\n", "")
+    with pytest.raises(ConfigError) as exc:
+        build_catalog(parse(text))
+    assert str(exc.value) == f"p.yaml: models[0] (id 'a').{said}"
+
+
 def test_missing_key_names_the_variable() -> None:
     text = BASE.replace("context_window: 1000", "context_window: 1000\n    api_key_env: MY_KEY")
     backend = build_catalog(parse(text), lookup=no_prices)["a"]
