@@ -14,21 +14,21 @@ from router.protocols.common import ClientRequest, Usage
 from router.store.records import Estimate
 
 
-def fill_missing(usage: Usage, prompt_tokens_est: int, output_events: int, unseen: int = 0) -> bool:
+def fill_missing(usage: Usage, prompt_tokens_est: int, output_est: int, unseen: int = 0) -> bool:
     """Estimate what the provider did not report; return whether anything was estimated.
 
-    ``output_events``: the output's estimate: for a stream cut short, ``streamed_tokens`` (at
-    least its count of content events); for a whole reply, ``written_tokens``. A count of 0 is taken as unreported where it
-    cannot be true — no prompt is empty, and there was output — since litellm writes zeros for
-    a usage the provider did not send. ``unseen``: the output a call that reasons may have
+    ``output_est``: the output's estimate in tokens: for a stream cut short, ``streamed_tokens`` (at
+    least its count of content events); for a whole reply, ``written_tokens``. A count of 0 is
+    taken as unreported where it cannot be true — no prompt is empty, and there was output — since
+    litellm writes zeros for a usage the provider did not send. ``unseen``: the output a call that reasons may have
     produced without showing it (``hidden_output``); the estimate is at least that.
     """
     estimated = False
     if not usage.input_tokens:
         usage.input_tokens = prompt_tokens_est
         estimated = True
-    if usage.output_tokens is None or (usage.output_tokens == 0 and output_events > 0):
-        usage.output_tokens = max(output_events, unseen)
+    if usage.output_tokens is None or (usage.output_tokens == 0 and output_est > 0):
+        usage.output_tokens = max(output_est, unseen)
         estimated = True
     return estimated
 
@@ -146,10 +146,10 @@ class Charge:
 
 
 def charge(
-    backend: Backend, usage: Usage, prompt_tokens_est: int, content_events: int, unseen: int = 0
+    backend: Backend, usage: Usage, prompt_tokens_est: int, output_est: int, unseen: int = 0
 ) -> Charge:
     reported = usage.input_tokens
-    estimated = fill_missing(usage, prompt_tokens_est, content_events, unseen)
+    estimated = fill_missing(usage, prompt_tokens_est, output_est, unseen)
     return Charge(usage, estimated, cost_split(backend.price, usage), reported)
 
 

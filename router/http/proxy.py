@@ -311,9 +311,10 @@ class Proxy:
         return StreamedReply(body(), abandoned, media_type="text/event-stream", headers=_route_headers(f))
 
     @staticmethod
-    def _charge(f: Flight, usage: Usage | None, content_events: int = 0) -> None:
+    def _charge(f: Flight, usage: Usage | None, output_est: int = 0) -> None:
         """What the request was billed: the backend that served (``usage``; None: none did) and the
-        tries the router gave up on while their backend reasoned."""
+        tries the router gave up on while their backend reasoned. ``output_est``: the output's
+        estimate in tokens, for where ``usage`` lacks it (``accounting.fill_missing``)."""
         model, decided, req = f.model, f.decided, f.req
         if model is None or decided is None or req is None or f.execution is None:
             return
@@ -321,7 +322,7 @@ class Proxy:
         served = None
         if usage is not None:
             unseen = hidden_output(req, catalog[model], decision.estimate(model))
-            served = charge(catalog[model], usage, decided.features.prompt_tokens, content_events, unseen)
+            served = charge(catalog[model], usage, decided.features.prompt_tokens, output_est, unseen)
         f.charge = given_up(served, f.execution.tries, req, decision, catalog)
 
     @staticmethod

@@ -50,13 +50,13 @@ def test_cost_split_never_charges_negative_input() -> None:
 
 def test_missing_usage_is_estimated_and_flagged() -> None:
     usage = Usage()
-    assert fill_missing(usage, prompt_tokens_est=120, output_events=7)
+    assert fill_missing(usage, prompt_tokens_est=120, output_est=7)
     assert (usage.input_tokens, usage.output_tokens) == (120, 7)
     reported = Usage(input_tokens=5, output_tokens=3)
-    assert not fill_missing(reported, prompt_tokens_est=120, output_events=7)
+    assert not fill_missing(reported, prompt_tokens_est=120, output_est=7)
     assert (reported.input_tokens, reported.output_tokens) == (5, 3)
     half = Usage(input_tokens=5)
-    assert fill_missing(half, prompt_tokens_est=120, output_events=7)
+    assert fill_missing(half, prompt_tokens_est=120, output_est=7)
     assert (half.input_tokens, half.output_tokens) == (5, 7)
 
 
