@@ -113,7 +113,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             o is not None and o.max_cost_per_task is not None
             for o in (spec.objective, *(scope.objective for scope in spec.scopes))
         )
-        await restore_spend(s.state, s.store, task_budgets)
+        await restore_spend(s.state, s.store, task_budgets, s.writer)
         await s.auth.start()
         await s.upstream.start()
         s.writer.start(s.background)

@@ -34,6 +34,7 @@ from router.shared import (
 from router.shared.memory import MemoryBudgets
 from router.shared.types import to_nano
 from router.store import Store
+from router.store.writer import LogWriter
 
 log = logging.getLogger("router.http.admission")
 
@@ -335,7 +336,9 @@ async def recall_spend(budgets: MemoryBudgets, store: Store, scopes: Iterable[st
                 budgets.restore({scope: usd})
 
 
-async def restore_spend(state: SharedState, store: Store, task_budgets: bool) -> int:
+async def restore_spend(
+    state: SharedState, store: Store, task_budgets: bool, writer: LogWriter | None = None
+) -> int:
     """Budgets start from the spend in the log when their counts are lost, so that neither a
     restart of the router (in-process budgets: restored here, now) nor of Redis without its data
     (restored by the state layer when it finds the counts gone) resets them.
@@ -343,9 +346,17 @@ async def restore_spend(state: SharedState, store: Store, task_budgets: bool) ->
     Keys' budgets last (``router.shared.memory.lasting``): their whole spend in the log is read
     back; tasks', of those used in the last ``budget_idle_ttl_s``, as the budgets forget others.
     Returns the number of scopes restored now (0 with Redis, which restores when it must).
+
+    ``writer``: this process's log writer, whose buffer is stored before the log is read (a store
+    that cannot take it fails the restore: the budgets answer 503 until it can).
     """
 
     async def logged(since: float) -> Mapping[str, float]:
+        if writer is not None:
+            # Redis back empty after the store too was away: the requests answered meanwhile were
+            # settled in the Redis that was lost and are still in the buffer, so a log read
+            # without them forgot their spend (test_replicas.py).
+            await writer.flush()
         # A key's whole spend, however long ago its last request (one query, summed per key, as
         # the tasks' below): a key quiet for 40 days got its budget back at a restart.
         spent = {f"key:{k}": usd for k, usd in (await store.spend_by("key_id", 0.0)).items()}

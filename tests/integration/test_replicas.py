@@ -354,12 +354,6 @@ def test_a_shared_store_without_redis_is_warned_of_per_process_budgets(
     assert "--redis" in caplog.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the restore reads the log without storing the replica's buffer first: the fix is in "
-    "admission.restore_spend (its source awaits writer.flush() before reading), whose lock was held",
-)
 def test_budgets_restored_while_the_log_is_behind_keep_what_it_had_not_written(
     pg_schema: str,
     router_factory,  # type: ignore[no-untyped-def]
