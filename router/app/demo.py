@@ -181,10 +181,18 @@ def run_demo(
             f"[bold]router[/] on {live.base}, policy {POLICY.name}\nlocal upstream on {live.upstream}"
         )
         if source is not None and tasks:
-            from router.app.demotasks import report, run_tasks
+            from router.app.demotasks import Progress, report, run_tasks
 
             t0 = time.perf_counter()
-            runs = asyncio.run(run_tasks(live.base, live.auth, source, tasks, concurrency=concurrency))
+            progress = Progress()
+            try:
+                runs = asyncio.run(
+                    run_tasks(live.base, live.auth, source, tasks, concurrency=concurrency, progress=progress)
+                )
+            except KeyboardInterrupt:
+                # It said nothing (exit 130): how much of the log the run had labelled was a guess.
+                console.print(progress.interrupted(tasks, store), highlight=False, soft_wrap=True)
+                raise
             report(console, runs, time.perf_counter() - t0, source, store, POLICY)
         else:
             _examples(console, live, store)

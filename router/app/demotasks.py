@@ -31,6 +31,7 @@ from rich.table import Table
 
 from router.errors import ConfigError
 from router.learning.evals import loader
+from router.store import mask_url
 from router.telemetry import tables
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -112,12 +113,30 @@ class TaskRun:
         return self.served.most_common(1)[0][0] if self.served else None
 
 
+@dataclass
+class Progress:
+    """How far a run got, for what a Ctrl-C says: the tasks begun, and those done (outcome posted)."""
+
+    begun: int = 0
+    done: list[TaskRun] = field(default_factory=list)
+
+    def interrupted(self, n: int, store: str) -> str:
+        labelled = sum(r.success is not None for r in self.done)
+        left = self.begun - len(self.done)
+        return (f"router demo: interrupted after {len(self.done)} of {n} tasks, {labelled} of them labelled, "
+                f"in {mask_url(store)}"
+                + (f"; the {left} in flight may have no outcome (then the router's guess, inferred, stands for one)"
+                   if left else "")
+                + ": `router train` learns from what is there, and `router demo --tasks N` adds new tasks")  # fmt: skip
+
+
 async def run_tasks(
     base: str, headers: Mapping[str, str], source: Source, n: int, *, concurrency: int = 16,
-    seed: int | None = None,
+    seed: int | None = None, progress: Progress | None = None,
 ) -> list[TaskRun]:  # fmt: skip
     """``n`` tasks against the router at ``base``, ``concurrency`` at a time; task ids are new on
     every run, so that runs never merge their tasks."""
+    progress = progress or Progress()
     rng = random.Random(seed)
     picks = [rng.choice(source.tasks) for _ in range(n)]
     run_id = f"{time.time_ns() // 1_000_000:x}"[-8:]
@@ -127,9 +146,12 @@ async def run_tasks(
 
         async def one(i: int, task: loader.Task) -> TaskRun:
             async with gate:
-                return await _work(
+                progress.begun += 1
+                run = await _work(
                     client, source, TaskRun(f"demo-{run_id}-{i:04d}-{task.id}", task.id), task.repo
                 )
+                progress.done.append(run)
+                return run
 
         return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(picks))))
 

@@ -143,6 +143,42 @@ def test_demo_serve_in_open_mode_says_to_send_a_key(tmp_path: Path) -> None:
     assert "router outcome TASK_ID --success|--failure" in said[-1] and "the guess means little" in said[-1]
 
 
+def test_demo_tasks_interrupted_say_how_much_of_the_log_is_labelled(tmp_path: Path) -> None:
+    """A Ctrl-C during `router demo --tasks 300` said nothing (exit 130) and left tasks in flight
+    with no outcome, which `router tasks` showed as the router's guess: a success, inferred."""
+    import signal
+    import time
+
+    db = tmp_path / "demo.db"
+    shown = subprocess.Popen(
+        [sys.executable, "-m", "router.app.cli", "demo", "--tasks", "300", "--concurrency", "4", "--port", "0",
+         "--upstream-port", "0", "--store", f"sqlite:///{db}"],
+        cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert shown.stdout is not None
+        for line in shown.stdout:
+            if line.startswith("local upstream on"):
+                break
+        time.sleep(2)  # some tasks done, four in flight
+    finally:
+        shown.send_signal(signal.SIGINT)
+        out = shown.communicate(timeout=60)[0]
+    assert shown.returncode == 130, out
+    said = re.search(r"router demo: interrupted after (\d+) of 300 tasks, (\d+) of them labelled, in (\S+?)[;:] "
+                     r"(?:the (\d+) in flight may have no outcome)?", out)  # fmt: skip
+    assert said, out
+    assert said.group(3) == f"sqlite:///{db}", out
+    con = sqlite3.connect(db)
+    try:
+        (labelled,) = con.execute("SELECT count(*) FROM outcomes WHERE explicit = 1").fetchone()
+    finally:
+        con.close()
+    # What the log holds, as said: a task in flight may have had its outcome written as it stopped.
+    assert int(said.group(2)) <= labelled <= int(said.group(2)) + int(said.group(4) or 0), out
+
+
 def test_demo_tasks_without_the_data_say_where_they_looked(tmp_path: Path) -> None:
     done = run_demo(tmp_path, "--tasks", "3", "--data", str(tmp_path / "nowhere"))
     assert done.returncode == 2
