@@ -109,8 +109,9 @@ def test_check_warns_of_a_model_no_route_names(tmp_path: Path, capsys: pytest.Ca
     ]
 
 
-def _log(path: Path, tasks: dict[str, list[str]]) -> str:
-    """A log with one request per (task, model), as the router writes them."""
+def _log(path: Path, tasks: dict[str, list[str]], policy: str | None = None) -> str:
+    """A log with one request per (task, model), as the router writes them (decided by ``policy``,
+    "NAME/SCORER")."""
 
     async def write() -> None:
         store = SQLiteStore(str(path))
@@ -131,6 +132,7 @@ def _log(path: Path, tasks: dict[str, list[str]]) -> str:
                 candidates=[Estimate("cheap", 0, 0, 0, 0.0), Estimate("strong", 0, 0, 0, 0.0)],
                 propensity=0.5,
                 task_features={"3": 1.0},
+                policy=policy,
             )
             for i, (task, models) in enumerate(tasks.items())
             for j, model in enumerate(models)
@@ -318,6 +320,16 @@ def test_train_refuses_a_log_of_none_of_the_policys_models(
         f"backend of {DEFAULT_CONFIG} the 20 calls with reported usage a call's size is learned from\n"
     )
     assert not out.exists()
+    # Which file served the log, by the name it keeps: "the policy that served the log" alone left
+    # it to guess after `router demo --tasks 300` (policies/examples/local.yaml, named local-demo).
+    named = _log(tmp_path / "named.db", {f"t{i}": ["cheap"] for i in range(3)}, policy="local-demo/cheapest")
+    for i in range(3):
+        assert main(["outcome", f"t{i}", "--success", "--store", named]) == 0
+    assert main(["train", "--store", named, "--out", str(out), "--min-attempts", "2"]) == 2
+    assert (
+        "train with --config the policy that served the log (the log's requests were decided by the policy "
+        "named 'local-demo' in its file), or pass --force" in capsys.readouterr().err
+    )
 
 
 def _trained(tmp_path: Path) -> tuple[Path, Path]:

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +75,17 @@ class TooFewLabels(ConfigError):
 
 def _no_routing(
     rows: list[dataset.AttemptRow], counts: dict[str, int], min_attempts: int, force: bool, catalog: list[str],
-    config: str,
+    config: str, served_by: Sequence[str] = (),
 ) -> tuple[str, str] | None:  # fmt: skip
-    """Why the log's labels cannot teach routing, and what to do (None: they can)."""
+    """Why the log's labels cannot teach routing, and what to do (None: they can). ``served_by``:
+    the names of the policies the log's requests were decided by."""
     label = "label tasks with `router outcome TASK_ID --success|--failure` or POST /v1/outcomes"
     if not rows:  # --force cannot fit on nothing
         return "no labelled attempts in the log to train on", label
     if not force and not any(counts.get(m) for m in catalog):
         # The artifact would know none of the models it is for, and `router promote` refuses it.
         return (f"the log's labelled attempts are all of models {config} does not have ({', '.join(counts)})",
-                "train with --config the policy that served the log, or pass --force")  # fmt: skip
+                "train with --config the policy that served the log" + _named(served_by) + ", or pass --force")  # fmt: skip
     # The policy's own models only: one request once sent to a model since dropped from the file
     # ("local-deep 1") kept routing from being learned for models with hundreds of labels each.
     short = {m: n for m, n in counts.items() if n < min_attempts and m in catalog}
@@ -91,6 +93,16 @@ def _no_routing(
         return (f"too few labelled attempts to train on ({', '.join(f'{m} {n}' for m, n in short.items())};"
                 f" need {min_attempts} per model)", f"{label}, let the policy explore, or pass --force")  # fmt: skip
     return None
+
+
+def _named(policies: Sequence[str]) -> str:
+    """Which file that is, by the name the log keeps (a file's ``name:``): after `router demo --tasks
+    300`, `router train` on policies/default.yaml said only "the policy that served the log"."""
+    if not policies:
+        return ""
+    names = " and ".join(repr(p) for p in policies)
+    one = len(policies) == 1
+    return f" (the log's requests were decided by the {'policy' if one else 'policies'} named {names} in {'its file' if one else 'their files'})"
 
 
 def _sizes_only(
@@ -216,7 +228,10 @@ def _train(
     catalog = [m.id for m in policy.spec.models]
     for line in catalog_mismatch(counts, catalog, config):
         console.print(line, highlight=False)
-    why = _no_routing(rows, counts, min_attempts, force, catalog, config)
+    # The log keeps "NAME/SCORER" per request; the labelled attempts' are what training would read.
+    labelled = {r.task_id for r in rows}
+    served_by = sorted({r.policy.partition("/")[0] for r in requests if r.policy and r.task_id in labelled})
+    why = _no_routing(rows, counts, min_attempts, force, catalog, config, served_by)
     if why is not None:
         return _sizes_only(requests, catalog, config, out, console, why, store_url)
     progress.stage = "fitting the routing model"
