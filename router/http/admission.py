@@ -187,17 +187,33 @@ class Admission:
         it runs) every half of their lifetime, until they are all closed or this is cancelled at
         the request's end. Holds lapse after ``reservation_ttl_s`` so that a crashed replica's free
         themselves; a stream that ran longer lost its hold while it ran, and the money it held
-        was spent again by others (``test_long_holds.py``). A renewal that cannot reach the store
-        is tried again at the next (the hold lapses, as it would have, if none lands)."""
+        was spent again by others (``test_long_holds.py``).
+
+        A renewal that cannot reach the store is tried again every ``retry_s`` until it lands. It
+        was tried again at the next half lifetime, when its hold had just lapsed: a Redis outage
+        of a second at a renewal lost the hold of every request then running (the hold lapses,
+        as it would have, if none lands before)."""
         while live := [r for r in holds() if r is not None and not r.closed]:
             await asyncio.sleep(min(r.ttl_s for r in live) / 2)
-            for reservation in holds():
-                if reservation is None or reservation.closed:
-                    continue
-                try:
-                    await self.budgets.extend(reservation)
-                except StateUnavailable as exc:
-                    log.warning("budget hold %s not renewed (%s): tried again", reservation.id, exc.reason)
+            retrying = False
+            while not await self._renew(holds(), retrying):
+                retrying = True
+                await asyncio.sleep(self.retry_s)
+
+    async def _renew(self, holds: Iterable[Reservation | None], retrying: bool) -> bool:
+        """Renew each open hold; False when one could not reach the store (said once a turn)."""
+        landed = True
+        for reservation in holds:
+            if reservation is None or reservation.closed:
+                continue
+            try:
+                await self.budgets.extend(reservation)
+            except StateUnavailable as exc:
+                if not retrying:
+                    log.warning("budget hold %s not renewed (%s): tried again every %g s",
+                                reservation.id, exc.reason, self.retry_s)  # fmt: skip
+                landed = False
+        return landed
 
     async def settle(self, reservation: Reservation, actual_usd: float | None) -> None:
         """Turn the hold into spend (a failed request spends what it used, usually nothing). When

@@ -7,6 +7,7 @@ the same money. Here the TTL is two seconds and the requests run eight.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,11 +20,13 @@ import redis
 
 from router.app.factory import Services
 from router.fakeupstream import FakeUpstream
-from router.shared import MemoryState, SharedState, StateConfig, open_state
+from router.http.admission import Admission
+from router.shared import MemoryState, SharedState, Spend, StateConfig, open_state
 from tests.integration.conftest import RunningRouter
+from tests.integration.tcpproxy import TcpProxy
 from tests.integration.test_faults import HI, faulty
 from tests.integration.test_keys import MASTER, create_key
-from tests.integration.test_money import REDIS_PORT, SLOW
+from tests.integration.test_money import REDIS_PORT, SLOW, flush_prefix
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +96,31 @@ def test_a_request_that_outlives_the_hold_ttl_keeps_its_hold(
     # a TTL later (a hold still renewed would keep the key's money from later requests).
     time.sleep(1.5 * TTL_S)
     assert ask(r, key["key"], "third").status_code == 200
+
+
+async def test_a_hold_outlives_a_redis_outage_at_its_renewal() -> None:
+    """A renewal that could not reach Redis was tried again half a TTL later, as the hold lapsed:
+    an outage of a fraction of a second at the renewal freed the money of a request still
+    running. It is now tried again every ``retry_s`` and lands once Redis is back."""
+    prefix = f"test:{uuid.uuid4().hex[:8]}:"
+    proxy = TcpProxy(REDIS_PORT).start()
+    config = StateConfig(prefix=prefix, reservation_ttl_s=TTL_S, op_timeout_s=0.3, socket_timeout_s=0.2,
+                         connect_timeout_s=0.2, pool_timeout_s=0.2, backoff_s=0.1)  # fmt: skip
+    state = open_state(f"redis://127.0.0.1:{proxy.port}/0", config)
+    direct = open_state(f"redis://127.0.0.1:{REDIS_PORT}/0", StateConfig(prefix=prefix, op_timeout_s=2.0))
+    try:
+        held = await state.budgets.reserve(["key:k"], 0.5, {"key:k": 1.0})
+        gate = Admission(state.limits, state.budgets, retry_s=0.1)
+        keeping = asyncio.create_task(gate.keep(lambda: [held]))
+        await asyncio.sleep(0.4 * TTL_S)
+        proxy.stop()  # away from 0.4 to 0.6 TTL: the renewal at half the TTL fails
+        await asyncio.sleep(0.2 * TTL_S)
+        proxy.start()
+        await asyncio.sleep(0.6 * TTL_S)  # past the TTL the hold was made with
+        assert await direct.budgets.spent("key:k") == Spend(0.0, 0.5), "the hold lapsed while its request ran"
+        keeping.cancel()
+    finally:
+        proxy.stop()
+        await state.aclose()
+        await direct.aclose()
+        flush_prefix(prefix)
