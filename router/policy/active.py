@@ -131,11 +131,22 @@ class ActivePolicyHolder:
         self.current = runtime
 
 
-def _read(path: Path, what: str) -> bytes:
+def _read(path: Path, what: str, named: str = "", hint: str = "") -> bytes:
+    """``named``: the policy file and field that name ``path`` ("p.yaml: learned.artifact"), said
+    first: "policies/learned/gone.json: cannot read learned artifact" named neither the policy that
+    pins it nor the line to change. ``hint``: what to do when it does not exist."""
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
+        where = f"{named}: " if named else ""
+        also = f" ({hint})" if hint and isinstance(exc, FileNotFoundError) else ""
+        raise ConfigError(f"{where}{path}: cannot read {what}: {exc.strerror}{also}") from None
+
+
+def _read_artifact(policy: Policy, path: Path) -> bytes:
+    return _read(path, "learned artifact", f"{policy.source}: learned.artifact",
+                 f"`router train --out FILE` writes one and `router promote FILE --config {policy.source}` pins it; "
+                 "or remove the learned: section")  # fmt: skip
 
 
 def load_artifact(policy: Policy, raw: bytes | None = None) -> Artifact | None:
@@ -143,7 +154,7 @@ def load_artifact(policy: Policy, raw: bytes | None = None) -> Artifact | None:
     spec = policy.spec
     if spec.learned is None or policy.learned_path is None:
         return None
-    raw = _read(policy.learned_path, "learned artifact") if raw is None else raw
+    raw = _read_artifact(policy, policy.learned_path) if raw is None else raw
     return Artifact.from_json(raw, source=str(policy.learned_path), expected_sha256=spec.learned.sha256)
 
 
@@ -256,11 +267,15 @@ def build_active_policy(
     policy = parse_policy(decoded, source=source, env=env, base=path.parent, confined=posted)
     for warning in policy.warnings:
         log.warning("%s", warning)
-    artifact = _read(policy.learned_path, "learned artifact") if policy.learned_path is not None else None
+    artifact = _read_artifact(policy, policy.learned_path) if policy.learned_path is not None else None
     learned = load_artifact(policy, artifact)
     catalog = build_catalog(policy, lookup)
     ref_path = control_path(policy)
-    ref = _read(ref_path, "control policy") if ref_path is not None else None
+    ref = (
+        _read(ref_path, "control policy", f"{policy.source}: control.policy")
+        if ref_path is not None
+        else None
+    )
     estimates = learned.estimates if learned is not None and learned.estimates.learned else None
     control = build_control(policy, catalog, ref_path, ref, scorer_for, estimates)
     files = PolicyFiles(path.resolve(), text, policy.learned_path, artifact, ref_path, ref)

@@ -74,15 +74,22 @@ def test_a_control_policy_file_is_part_of_the_revision(tmp_path: Path) -> None:
             "control.extra: unknown field",
         ),
         ({"guard": {"min_tasks": 50}}, "guard: needs a control arm"),
-        ({"control": {"share": 0.1, "policy": "missing.yaml"}}, "cannot read control policy"),
+        # A file the policy names that is not there: the message named the file alone, not the
+        # policy nor the line that names it.
+        ({"control": {"share": 0.1, "policy": "missing.yaml"}},
+         "{tmp}/p.yaml: control.policy: {tmp}/missing.yaml: cannot read control policy: No such file or directory"),
+        ({"learned": {"artifact": "gone.json", "sha256": "0" * 64}},
+         "{tmp}/p.yaml: learned.artifact: {tmp}/gone.json: cannot read learned artifact: No such file or directory "
+         "(`router train --out FILE` writes one and `router promote FILE --config {tmp}/p.yaml` pins it; or remove "
+         "the learned: section)"),
     ],
-)
+)  # fmt: skip
 def test_bad_control_and_guard_sections_name_the_field(
     tmp_path: Path, extra: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ConfigError) as err:
         load_active_policy(write(tmp_path / "p.yaml", **extra))
-    assert message in str(err.value)
+    assert message.format(tmp=tmp_path) in str(err.value)
 
 
 def test_a_reference_policy_may_only_use_models_of_the_catalog(tmp_path: Path) -> None:
