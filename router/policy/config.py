@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import typing
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,7 +21,7 @@ from pydantic import Field, model_validator
 from router.errors import ConfigError
 from router.features.labels.model import LabelModel
 from router.features.labels.model import default as default_labels
-from router.features.request import RULE_FIELDS
+from router.features.request import RULE_FIELDS, Features
 from router.features.task.attempt import AttemptControl
 from router.features.task.rules import TaskRules
 from router.policy.modelspec import ModelSpec, Strict
@@ -315,9 +316,9 @@ class Policy:
             abandon_after_s=spec.tasks.abandon_after_s,
         )
         self.rules = [
-            CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}] (name {r.name!r}).when"))
+            CompiledRule(r, compile_condition(r.when, where=f"{source}: rules[{i}] (name {r.name!r}).when", kinds=RULE_KINDS))
             for i, r in enumerate(spec.rules)
-        ]
+        ]  # fmt: skip
         self._check_references()
 
     def file(self, relative: str, field: str) -> Path:
@@ -398,6 +399,17 @@ def check_reachable(source: str, routes: list[Route], path: str = "routes") -> N
                     f"{source}: {path}[{i}] (match {route.match!r}): never used: {path}[{j}] "
                     f"(match {earlier.match!r}) matches every request it would"
                 )
+
+
+def _kind_of(annotation: Any) -> str:
+    types = set(typing.get_args(annotation)) or {annotation}
+    return "boolean" if bool in types else "number" if types & {int, float} else "string"
+
+
+#: What each feature a rule may test holds, from ``Features``'s fields.
+RULE_KINDS: dict[str, str] = {
+    name: _kind_of(hint) for name, hint in typing.get_type_hints(Features).items() if name in RULE_FIELDS
+}
 
 
 def _feature_hint(field: str) -> str:

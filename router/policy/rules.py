@@ -70,13 +70,15 @@ class Condition:
         return f"<Condition {self.where} fields={sorted(self._fields)}>"
 
 
-def compile_condition(raw: Any, *, where: str) -> Condition:
+def compile_condition(raw: Any, *, where: str, kinds: Mapping[str, str] | None = None) -> Condition:
     """Validate and compile ``raw``; errors are ``ConfigError`` located by ``where`` + path.
 
     ``where`` locates the condition itself, e.g. ``"policies/default.yaml: rules[0].when"``;
     inner paths are appended to it with a dot (or after ``": "`` when ``where`` is just a file).
+    ``kinds``: what each known field holds ("number", "boolean", "string"), to refuse a value it
+    can never equal or an ordering it cannot take.
     """
-    compiler = _Compiler(where)
+    compiler = _Compiler(where, kinds or {})
     test = compiler.condition(raw, [], 1)
     return Condition(test, frozenset(compiler.fields), where)
 
@@ -150,10 +152,41 @@ def _getter(keys: tuple[str, ...]) -> Callable[[Features], Any]:
     return get
 
 
+#: "prompt_tokens: '>10000'" meant {$gt: 10000}.
+_WRITTEN_ORDERING = re.compile(r"\s*(>=|<=|>|<)\s*(\d+(?:\.\d+)?)\s*")
+_ORDERING_OF = {">": "$gt", ">=": "$gte", "<": "$lt", "<=": "$lte"}
+
+
 class _Compiler:
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, kinds: Mapping[str, str]) -> None:
         self.where = where
+        self.kinds = kinds
         self.fields: set[str] = set()
+
+    def typed(self, name: str, op: str, arg: Any, path: list[str | int]) -> None:
+        """A value the field can never equal, or an ordering of a field that is no number: a rule
+        "prompt_tokens: '>10000'" loaded and never fired (a number never equals a string)."""
+        kind = self.kinds.get(name)
+        if kind is None:
+            return
+        if op in _ORDERING:
+            if kind != "number":
+                raise self.error(path, f"{name} is a {kind}: {op} compares numbers")
+            return
+        if op not in ("$eq", "$in") or (op == "$in" and not isinstance(arg, list | tuple)):
+            return  # the operator's own check says what is wrong with the value
+        for value in arg if op == "$in" else [arg]:
+            fits = {
+                "number": _is_number(value),
+                "boolean": isinstance(value, bool),
+                "string": isinstance(value, str),
+            }
+            if value is None or fits[kind]:
+                continue
+            hint = ""
+            if kind == "number" and isinstance(value, str) and (m := _WRITTEN_ORDERING.fullmatch(value)):
+                hint = f" (write {{{_ORDERING_OF[m.group(1)]}: {m.group(2)}}})"
+            raise self.error(path, f"{name} is a {kind}: {value!r} never equals it{hint}")
 
     def error(self, path: Sequence[str | int], message: str) -> ConfigError:
         inner = format_path(path)
@@ -213,8 +246,11 @@ class _Compiler:
         if isinstance(spec, Mapping):
             if not spec:
                 raise self.error(path, "no operators given")
+            for op, arg in spec.items():
+                self.typed(canonical, op, arg, [*path, op])
             checks = [self.operator(op, arg, [*path, op]) for op, arg in spec.items()]
         else:
+            self.typed(canonical, "$eq", spec, path)
             checks = [self.operator("$eq", spec, path)]
         get = _getter(keys)
         if len(checks) == 1:
@@ -251,7 +287,10 @@ class _Compiler:
             raise self.error(path, f"{op} combines whole conditions: write {{{op}: ...}} around the field")
         if isinstance(op, str) and op.startswith("$"):
             raise self.error(path, f"unknown operator {op} (fields take {', '.join(_FIELD_OPS)})")
-        raise self.error(path, f"expected an operator ({', '.join(_FIELD_OPS)}), got {op!r}")
+        hint = (
+            f" (did you mean '${op}'?)" if f"${op}" in _FIELD_OPS else ""
+        )  # {gt: 10}: YAML wants no $ elsewhere
+        raise self.error(path, f"expected an operator ({', '.join(_FIELD_OPS)}), got {op!r}{hint}")
 
     def scalar(self, value: Any, path: list[str | int]) -> Any:
         if isinstance(value, list | tuple):

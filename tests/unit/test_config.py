@@ -79,6 +79,16 @@ def test_interpolation_default_and_override() -> None:
         (lambda t: t.replace("prices: {input: 1, output: 2}", "prices: {input: 1, outptu: 2}"),
          "p.yaml: models[0] (id 'a').prices.outptu: unknown field (did you mean 'output'?)"),
         (lambda t: "- just\n- a list\n", "p.yaml: the top level must be a mapping"),
+        # A value the feature never holds: "prompt_tokens: '>10000'" loaded, and the rule never fired.
+        (lambda t: t + "rules:\n  - name: r\n    when: {prompt_tokens: '>10000'}\n    exclude: [a]\n",
+         "p.yaml: rules[0] (name 'r').when.prompt_tokens: prompt_tokens is a number: '>10000' never equals it "
+         "(write {$gt: 10000})"),
+        (lambda t: t + "rules:\n  - name: r\n    when: {thinking: 'yes'}\n    exclude: [a]\n",
+         "p.yaml: rules[0] (name 'r').when.thinking: thinking is a boolean: 'yes' never equals it"),
+        (lambda t: t + "rules:\n  - name: r\n    when: {protocol: {$in: [openai, 1]}}\n    exclude: [a]\n",
+         "p.yaml: rules[0] (name 'r').when.protocol.$in: protocol is a string: 1 never equals it"),
+        (lambda t: t + "rules:\n  - name: r\n    when: {protocol: {$gte: 1}}\n    exclude: [a]\n",
+         "p.yaml: rules[0] (name 'r').when.protocol.$gte: protocol is a string: $gte compares numbers"),
         # A feature name with a typo gets the nearest one, as a field name does.
         (lambda t: t + "rules:\n  - name: r\n    when: {protocl: openai}\n    exclude: [a]\n",
          "p.yaml: rules[0] (name 'r').when: unknown feature 'protocl' (did you mean 'protocol'?)"),

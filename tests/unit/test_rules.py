@@ -261,6 +261,12 @@ def test_matches_returns_real_bools() -> None:
         ("tools", "rules[0].when: expected a condition (a mapping), got str"),
         ({"x": {}}, "rules[0].when.x: no operators given"),
         ({"x": {"$gt": 1, "lt": 5}}, "rules[0].when.x.lt: expected an operator ($eq, $in, $gt"),
+        # The $ forgotten: it was "got 'gt'" alone.
+        (
+            {"x": {"gt": 5}},
+            "rules[0].when.x.gt: expected an operator ($eq, $in, $gt, $gte, $lt, $lte, $regex), "
+            "got 'gt' (did you mean '$gt'?)",
+        ),
         ({"x": {"$exists": True}}, "rules[0].when.x.$exists: unknown operator $exists (fields take $eq"),
         ({"x": {"$not": {"$eq": 1}}}, "rules[0].when.x.$not: $not combines whole conditions"),
         ({"$gt": 5}, "rules[0].when.$gt: $gt applies to a field"),
