@@ -17,7 +17,8 @@ Backends are tried in the decision's order, within one overall deadline:
   may still be writing a reply the request made long — names the tenant: one tenant's such
   failures count once, so a key asking for huge replies cannot open a backend's breaker for all;
 * for streams, all of this happens only before the first content event — the commit point.
-  Everything read before it is held back until then;
+  Everything read before it is held back until then. A stream is given up at the first-token
+  timeout only for another backend: the last one standing is waited for to the overall deadline;
 * in the seconds after a start while litellm still loads, the backends the client's protocol
   reaches directly go before those that need translating, and a translated call waits for the
   load as queue time, within the overall deadline but not the first-token one.
@@ -42,7 +43,7 @@ from router.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from router.forward.timeouts import Timeouts
+from router.forward.timeouts import Timeouts, gives_up_at_first_token
 from router.forward.upstream import Reply, Upstream, relay_base
 from router.policy.catalog import Backend, Catalog
 from router.policy.decide import Decision
@@ -116,7 +117,8 @@ class Execution:
     #: they cannot, the try is waited for past the first-token timeout, to the overall deadline
     #: (``patient``): given up, it was billed and the next try refused, the request paying for none.
     may_give_up: Callable[[list[Try]], Awaitable[bool]] | None = None
-    #: The try in progress is not given up at the first-token timeout (``may_give_up``).
+    #: The try in progress is not given up at the first-token timeout: no other backend may follow
+    #: it (``gives_up_at_first_token``), or the budgets cannot (``may_give_up``).
     patient: bool = False
     #: Who sent the request (a key id, else the master key's or open mode's name): the breakers
     #: count a failure the request may have caused against it (``_suspect``).
@@ -282,8 +284,11 @@ class Executor:
             for retry in (False, True):
                 if ex.hold_billed is not None and any(t.billed or t.usage is not None for t in ex.tries):
                     await ex.hold_billed(ex.tries)
-                if streamed and ex.may_give_up is not None:
-                    ex.patient = not await ex.may_give_up([*ex.tries, Try(backend.id, 0.0, 0.0, billed=True)])
+                if streamed:
+                    ex.patient = not gives_up_at_first_token(backend.id, order[i:]) or (
+                        ex.may_give_up is not None
+                        and not await ex.may_give_up([*ex.tries, Try(backend.id, 0.0, 0.0, billed=True)])
+                    )
                 began, queued = time.perf_counter(), False
                 try:
                     # Waiting for the turn is queue time, within the overall deadline: the call starts after.

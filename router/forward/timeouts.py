@@ -6,6 +6,8 @@ request with every fallback. Read from ``ROUTER_TIMEOUTS__*`` as part of the set
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -20,3 +22,13 @@ class Timeouts(BaseSettings):
     idle: float = Field(default=120.0, gt=0)
     #: The whole request, every fallback included.
     overall: float = Field(default=900.0, gt=0)
+
+
+def gives_up_at_first_token(backend: str, following: Iterable[str]) -> bool:
+    """Whether a streamed try of ``backend`` is given up when its first token misses ``first_token``,
+    ``following`` being the backends the request may try after it: only when one of them is
+    another backend. A try given up is billed (the provider did the prefill and the thinking) and
+    its generation lost; when only ``backend`` itself could follow (the last candidate, or its
+    retry) the next try buys the same wait again from its start, two tries paid for the one that
+    waiting would have served sooner. Such a try is waited for to the ``overall`` deadline."""
+    return any(other != backend for other in following)

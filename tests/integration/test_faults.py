@@ -134,9 +134,12 @@ def test_slow_first_byte_names_the_first_token_timeout(router_factory, upstream:
     stream = oai(r).chat.completions.with_raw_response.create(model="auto", messages=HI, stream=True)  # type: ignore[arg-type]
     assert stream.headers["x-router-model"] == "good"
     assert last(r, 1)["tries"][0]["error_type"] == "UpstreamTimeout"
+    # The one backend of a route is not given up at first_token (no other backend would take the
+    # request), but a connection silent for `idle` still is, and retried.
     resp = post(r, "solo", stream=True)
     assert resp.status_code == 504
-    assert "first_token timeout" in resp.json()["error"]["message"]
+    assert "idle timeout" in resp.json()["error"]["message"]
+    assert [t["error_type"] for t in last(r, 2)["tries"]] == ["UpstreamTimeout"] * 2
 
 
 def test_stall_mid_stream_is_one_error_event_naming_idle(router_factory, upstream: FakeUpstream) -> None:  # type: ignore[no-untyped-def]

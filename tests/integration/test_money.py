@@ -385,14 +385,17 @@ def test_a_try_given_up_while_its_backend_reasons_is_charged(
     """A try the router gave up on at the first-token timeout while the backend reasoned was
     charged nothing, though the provider bills the prompt and the thinking it had done: now its
     estimate is charged, named in the try's log entry, whether another backend then served the
-    request or none did."""
-    quick = Timeouts(connect=1.0, first_token=1.0, idle=10.0, overall=30.0)
-    r = router_factory(faulty(upstream, "ttft_ms=3000"), timeouts=quick)
+    request or none did (the one backend of ``solo``, waited for to the overall deadline)."""
+    quick = Timeouts(connect=1.0, first_token=1.0, idle=10.0, overall=5.0)
+    r = router_factory(faulty(upstream, "ttft_ms=8000"), timeouts=quick)
     body = {**REASONING, "model": "auto", "stream": True}
     est = httpx.post(r.url + "/v1/route", json=body, timeout=30).json()
     faulty_cost = next(c["cost_usd"] for c in est["candidates"] if c["model"] == "faulty")
     assert httpx.post(r.url + CHAT, json=body, timeout=30).status_code == 200
-    assert httpx.post(r.url + CHAT, json={**body, "model": "solo"}, timeout=30).status_code == 504
+    # A task of its own: the first one's prompt, cached, would make this one's estimate cheaper.
+    solo, task = {**body, "model": "solo"}, {"x-router-task-id": "alone"}
+    alone = httpx.post(r.url + "/v1/route", json=solo, headers=task, timeout=30).json()
+    assert httpx.post(r.url + CHAT, json=solo, headers=task, timeout=30).status_code == 504
     fell_back, failed = r.records(2, timeout=10)[-2:]
     gave_up, served = orjson.loads(fell_back["tries"])
     assert gave_up["model"] == "faulty" and gave_up["cost_usd"] == pytest.approx(faulty_cost)
@@ -400,7 +403,27 @@ def test_a_try_given_up_while_its_backend_reasons_is_charged(
     assert fell_back["cost_usd"] > faulty_cost and fell_back["usage_estimated"] == 1
     assert failed["status"] == 504 and failed["usage_estimated"] == 1
     assert failed["cost_usd"] == pytest.approx(sum(t["cost_usd"] for t in orjson.loads(failed["tries"])))
-    assert failed["cost_usd"] >= faulty_cost
+    (waited,) = orjson.loads(failed["tries"])
+    assert waited["error_type"] == "UpstreamTimeout" and failed["error_type"] == "UpstreamTimeout"
+    assert waited["cost_usd"] == pytest.approx(alone["candidates"][0]["cost_usd"])
+
+
+def test_a_lone_backend_late_to_its_first_token_is_waited_for_and_paid_once(
+    router_factory: Factory, upstream: FakeUpstream
+) -> None:
+    """With one backend for the request (a route of one, or the only one a budget fits), a stream
+    late to its first token was given up at the first-token timeout and the same backend tried
+    again from the start: two tries billed ($0.001208 each in the budget probe), then a 504, where
+    waiting for the first would have served it, sooner. Now the last backend standing is waited
+    for to the overall deadline: one try, served, nothing given up."""
+    quick = Timeouts(connect=1.0, first_token=1.0, idle=10.0, overall=30.0)
+    r = router_factory(faulty(upstream, "ttft_ms=2500"), timeouts=quick)
+    body = {**REASONING, "stream": True}
+    resp = httpx.post(r.url + CHAT, json=body, timeout=30)
+    (row,) = r.records(1, timeout=10)
+    tries = orjson.loads(row["tries"])
+    assert [(t["model"], t["status"]) for t in tries] == [("faulty", 200)], (resp.status_code, tries)
+    assert resp.status_code == 200 and "cost_usd" not in tries[0]  # no try given up and billed
 
 
 @pytest.mark.parametrize("protocol", ["openai", "anthropic"])

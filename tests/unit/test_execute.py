@@ -16,6 +16,7 @@ import pytest
 from router.errors import MissingCredentials, RateLimited, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from router.fakeupstream import FakeUpstream
 from router.forward.execute import Execution, RetryBudget, Try, _pause
+from router.forward.timeouts import gives_up_at_first_token
 from router.protocols import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES
 from router.protocols.common import FAMILY
 from router.shared import BreakerConfig
@@ -407,13 +408,61 @@ async def test_a_failure_that_reports_its_usage_charges_its_try_that(fake: FakeU
 
 
 async def test_first_token_timeout_is_reported_as_such(fake: FakeUpstream) -> None:
-    cat = catalog(model("slow", fake.url, "ttft_ms=1500"))
+    """A try given up for another backend that then cannot be called (its breaker paused it)
+    ends the request with the first-token timeout, named."""
+    cat = catalog(model("slow", fake.url, "ttft_ms=1500"), model("paused", fake.url, "status=503"))
     async with upstream(first_token=0.2, overall=10.0) as up:
+        run = executor(up, cat, budget=NO_RETRIES, breaker=BreakerConfig(failure_threshold=1, cooldown_s=60))
+        with pytest.raises(UpstreamError):
+            await run.complete(request(), decision("paused"), cat, {}, *fresh())
         with pytest.raises(UpstreamTimeout) as info:
-            await executor(up, cat, budget=NO_RETRIES).open_stream(
-                request(stream=True), decision("slow"), cat, {}, *fresh()
-            )
+            await run.open_stream(request(stream=True), decision("slow", "paused"), cat, {}, *fresh())
     assert info.value.which == "first_token"
+
+
+def test_a_try_is_given_up_at_the_first_token_timeout_only_for_another_backend() -> None:
+    assert gives_up_at_first_token("a", ["b"])
+    assert gives_up_at_first_token("a", ["a", "b"])
+    assert not gives_up_at_first_token("a", [])  # the last candidate, or its retry
+    assert not gives_up_at_first_token("a", ["a"])
+
+
+async def test_the_last_backend_is_waited_for_past_the_first_token_timeout(fake: FakeUpstream) -> None:
+    """Given up at the first-token timeout, the one backend a request had was tried again from
+    the start: two tries billed and a 504 where waiting for the first served it. A stream's last
+    backend standing is now waited for to the overall deadline; one before it is still given up
+    for the next."""
+    cat = catalog(model("slow", fake.url, "ttft_ms=1500"), model("slower", fake.url, "ttft_ms=1500"))
+    async with upstream(first_token=0.2, overall=10.0) as up:
+        run = executor(up, cat)
+        phases, ex = fresh()
+        committed = await run.open_stream(request(stream=True), decision("slow"), cat, {}, phases, ex)
+        await committed.rest.aclose()  # type: ignore[attr-defined]
+        assert statuses(ex.tries) == [("slow", 200)] and ex.retries == 0 and ex.patient
+        phases, ex = fresh()
+        committed = await run.open_stream(
+            request(stream=True), decision("slow", "slower"), cat, {}, phases, ex
+        )
+        await committed.rest.aclose()  # type: ignore[attr-defined]
+    assert [(t.model, t.error_type, t.billed) for t in ex.tries] == [
+        ("slow", "UpstreamTimeout", True),
+        ("slower", None, False),
+    ]
+
+
+async def test_the_last_backend_is_still_retried_after_a_failure_and_its_retry_waited_for(
+    fake: FakeUpstream,
+) -> None:
+    """A real failure (a 503) of the one backend is retried as before; the retry, with nothing
+    after it, is not given up at the first-token timeout."""
+    cat = catalog(model("a", fake.url, "fail_times=1,status=503,ttft_ms=600"))
+    async with upstream(first_token=0.2, overall=10.0) as up:
+        phases, ex = fresh()
+        committed = await executor(up, cat).open_stream(
+            request(stream=True), decision("a"), cat, {}, phases, ex
+        )
+        await committed.rest.aclose()  # type: ignore[attr-defined]
+    assert statuses(ex.tries) == [("a", 503), ("a", 200)] and ex.retries == 1
 
 
 async def test_stream_overall_deadline_before_first_token(fake: FakeUpstream) -> None:
