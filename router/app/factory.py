@@ -78,7 +78,7 @@ def build_services(settings: Settings) -> Services:
     t = settings.redis_timeout_s
     state_config = StateConfig(
         prefix=settings.redis_prefix, op_timeout_s=t, socket_timeout_s=t / 2, connect_timeout_s=t / 2,
-        pool_size=64, pool_timeout_s=t / 2,
+        pool_size=64, pool_timeout_s=t / 2, reservation_ttl_s=settings.reservation_ttl_s,
     )  # fmt: skip
     state = open_state(settings.redis_url, state_config)
     executor = Executor(upstream, runtime.catalog, settings.timeouts, breakers=state.breakers)

@@ -19,6 +19,7 @@ from router.app.limits import Limits
 from router.errors import ConfigError
 from router.forward.timeouts import Timeouts
 from router.http.browsers import allowed_hosts
+from router.shared.types import HOLD_TTL_S
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 
@@ -42,6 +43,11 @@ class Settings(BaseSettings):
     redis_prefix: str = "router:"
     #: Cap on one shared-state call (pool wait + round trip); past it Redis counts as down.
     redis_timeout_s: float = Field(default=1.0, gt=0)
+    #: Seconds a budget hold lives unless renewed: how long a crashed replica's holds keep their
+    #: keys' and tasks' money from every replica (running requests renew theirs every half of it;
+    #: ``HOLD_TTL_S`` says why a minute). Under 10 s a stalled event loop or a Redis blip costs
+    #: running requests their holds; over an hour a crash shuts a key out for longer.
+    reservation_ttl_s: float = Field(default=HOLD_TTL_S, ge=10, le=3600)
     #: Requests with a larger body are refused with 413 before parsing.
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     #: Memory for the conversations' last requests, so the next turn of a long conversation costs

@@ -127,6 +127,17 @@ class BreakerConfig:
     probe_ttl_s: float = 60.0
 
 
+#: A hold's lifetime unless renewed: running requests renew theirs every half of it
+#: (``Admission.keep``), so all it sets is how long a crashed replica's holds keep its keys' and
+#: tasks' money from everyone. At 600 s a key with a $0.5 budget, $0.4386 of it held by the streams
+#: of a replica killed mid-stream, was refused (429 ``budget_held``) on every replica for 10
+#: minutes. At 60 s a renewal is due 30 s before its hold lapses, and one that fails is tried again
+#: every second meanwhile: an event-loop stall or a Redis outage of up to about 30 s loses no hold
+#: (longer, and a running request's money may be held again by others on the replicas that still
+#: reach Redis). It costs one renewal per running request per 30 s.
+HOLD_TTL_S = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class StateConfig:
     """Tuning of both implementations; the Redis-only fields are ignored by the in-process one."""
@@ -143,8 +154,9 @@ class StateConfig:
     pool_timeout_s: float = 0.2
     #: After a Redis failure, calls skip Redis (fallback / StateUnavailable) for this long.
     backoff_s: float = 1.0
-    #: Default lifetime of a budget reservation that is neither settled nor released.
-    reservation_ttl_s: float = 600.0
+    #: Default lifetime of a budget reservation that is neither settled nor released: how long a
+    #: crashed replica's holds keep their money (``HOLD_TTL_S``).
+    reservation_ttl_s: float = HOLD_TTL_S
     #: A task's budget scope untouched this long is forgotten; a key's never is.
     budget_idle_ttl_s: float = 40 * 86400.0
     #: The sliding window of the rate limits: ``rpm``/``tpm`` are counts per this many seconds.

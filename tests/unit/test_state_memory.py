@@ -116,8 +116,8 @@ async def check_budgets(state: SharedState, env: Env) -> None:
     limits = {"key": 1.0, "task": 0.5}
     r1 = await b.reserve(["key", "task", "key"], 0.3, limits)
     assert r1.scopes == ("key", "task")  # a repeated scope is charged once
-    # What it holds, and until when (the default reservation TTL, 600 s).
-    assert r1.amount_usd == 0.3 and r1.expires_at == pytest.approx(env.now() + 600.0, abs=env.slack + 1e-6)
+    # What it holds, and until when (the default reservation TTL, 60 s: a crashed replica's holds lapse in a minute).
+    assert r1.amount_usd == 0.3 and r1.expires_at == pytest.approx(env.now() + 60.0, abs=env.slack + 1e-6)
     assert await b.spent("key") == Spend(0.0, 0.3)
 
     with pytest.raises(BudgetExceeded) as info:
