@@ -47,6 +47,13 @@ class Targets(Strict):
             raise ValueError(
                 "no backend: give candidates (a non-empty list of model ids) or passthrough (one id)"
             )
+        # A model listed twice loaded "ok": exploring picked it twice as often as the propensity
+        # logged for it says (off-policy estimates divide by that), and a failure tried it again.
+        for name in ("candidates", "fallbacks"):
+            given: list[str] = getattr(self, name)
+            twice = next((m for i, m in enumerate(given) if m in given[:i]), None)
+            if twice is not None:
+                raise ValueError(f"{name}: {twice!r} is listed twice")
         return self
 
     @property

@@ -79,6 +79,11 @@ def test_interpolation_default_and_override() -> None:
         (lambda t: t.replace("prices: {input: 1, output: 2}", "prices: {input: 1, outptu: 2}"),
          "p.yaml: models[0] (id 'a').prices.outptu: unknown field (did you mean 'output'?)"),
         (lambda t: "- just\n- a list\n", "p.yaml: the top level must be a mapping"),
+        # A model twice among the candidates: explored twice as often as its logged propensity says.
+        (lambda t: t.replace("candidates: [a]", "candidates: [a, a]"),
+         "p.yaml: routes[0] (match 'auto'): candidates: 'a' is listed twice"),
+        (lambda t: t.replace("candidates: [a]", "candidates: [a]\n    fallbacks: [a, a]"),
+         "p.yaml: routes[0] (match 'auto'): fallbacks: 'a' is listed twice"),
         # A value the feature never holds: "prompt_tokens: '>10000'" loaded, and the rule never fired.
         (lambda t: t + "rules:\n  - name: r\n    when: {prompt_tokens: '>10000'}\n    exclude: [a]\n",
          "p.yaml: rules[0] (name 'r').when.prompt_tokens: prompt_tokens is a number: '>10000' never equals it "
