@@ -22,7 +22,7 @@ from router.errors import ConfigError
 from router.features.task.attempt import AttemptControl
 from router.policy import prior as priors
 from router.policy.artifact import Artifact
-from router.policy.catalog import Catalog, PriceLookup, build_catalog
+from router.policy.catalog import Catalog, PriceLookup, build_catalog, misspelt
 from router.policy.config import Policy
 from router.policy.control import CONTROL, TREATED, ControlArm, arm_of, build_control, control_path
 from router.policy.decide import CheapestScorer, Decider, Scorer
@@ -92,7 +92,8 @@ class ActivePolicy:
             for m in self.policy.models
             if m not in named
         ]
-        return [*self.catalog.missing_credentials(), *unrouted, *self._mixed_protocols()]
+        return [*self.catalog.missing_credentials(), *unrouted, *self._mixed_protocols(),
+                *misspelt(self.policy.spec.models)]  # fmt: skip
 
     def _mixed_protocols(self) -> list[str]:
         """A backend whose ``protocol`` is not what its litellm provider speaks: clients of that

@@ -14,7 +14,7 @@ import functools
 import importlib.util
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -326,6 +326,17 @@ def litellm_price_lookup(litellm_model: str) -> Mapping[str, Any] | None:
 
 _PRICES_HINT = "give it in $ per million tokens: prices: {input: 0.25, output: 2}"
 _WINDOW_HINT = "give the model's window in tokens"
+
+
+def misspelt(specs: Sequence[ModelSpec]) -> list[str]:
+    """Models whose litellm name the map lacks but nearly has, priced and sized by the file: such a
+    file loads (it needs nothing of the map), and a misspelt name fails at the provider on every call."""
+    said = []
+    for spec in specs:
+        if litellm_price_lookup(spec.litellm_model) is None and (near := _near_name(spec.litellm_model)):
+            said.append(f"models.{spec.id}.litellm_model: litellm knows no {spec.litellm_model!r}: did you mean "
+                        f"{near!r}? (a name the provider does not know fails every call)")  # fmt: skip
+    return said
 
 
 def _unless(guess: str, what: str) -> str:

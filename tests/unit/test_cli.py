@@ -91,6 +91,26 @@ def test_check_warns_of_a_protocol_its_provider_does_not_speak(
     ]
 
 
+def test_check_warns_of_a_litellm_name_near_one_it_knows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt litellm_model given its prices and window checked "ok" without a word, and every call
+    to it failed at the provider."""
+    path = tmp_path / "p.yaml"
+    model = {"id": "sonnet", "litellm_model": "anthropic/claude-sonet-4-5", "protocol": "anthropic",
+             "context_window": 200000, "prices": {"input": 3, "output": 15}}  # fmt: skip
+    path.write_text(
+        orjson.dumps(
+            {"version": 1, "models": [model], "routes": [{"match": "auto", "passthrough": "sonnet"}]}
+        ).decode()
+    )
+    assert main(["check", "--config", str(path)]) == 0  # valid: the file gives all the map would
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}: warning: models.sonnet.litellm_model: litellm knows no 'anthropic/claude-sonet-4-5': did you mean "
+        "'anthropic/claude-sonnet-4-5'? (a name the provider does not know fails every call)"
+    ]
+
+
 def test_check_warns_of_a_model_no_route_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A model added to ``models`` and to no route got no request and ``router check`` said "ok"."""
     path = tmp_path / "p.yaml"
