@@ -99,7 +99,7 @@ def serving(store: str, port: int | None, upstream_port: int | None) -> Iterator
     """The local fake provider and the router on the demo policy, stopped (log flushed) on exit."""
     from router.app.factory import create_app
     from router.app.serve import uvicorn_config
-    from router.app.settings import Settings
+    from router.app.settings import load
     from router.fakeupstream import FakeUpstream
 
     up_sock = _free_port(9100 if upstream_port is None else upstream_port, required=upstream_port is not None)
@@ -109,7 +109,7 @@ def serving(store: str, port: int | None, upstream_port: int | None) -> Iterator
         os.environ["ROUTER_LOCAL_UPSTREAM"] = upstream.url
         # Preloaded: the table's milliseconds are routing and the fake provider, not litellm's first
         # import (5-10 s on the first request otherwise, which reads as a slow router).
-        settings = Settings(config=POLICY, store=store, preload=True)
+        settings = load(config=POLICY, store=store, preload=True)
         app = create_app(settings)
         sock = _free_port(8080 if port is None else port, required=port is not None)
         server = uvicorn.Server(
@@ -132,11 +132,11 @@ def _refused_by_keys(store: str) -> None:
     """A log that holds virtual keys closes open mode, and without the master key to send the demo
     had every request refused: seven 401s in its table and no word of why (after `router keys
     create` in the checkout, whose router.db the demo logs to)."""
-    from router.app.settings import Settings
+    from router.app.settings import load
     from router.errors import ConfigError
     from router.store.window import opened
 
-    master = Settings(config=POLICY, store=store).master_key
+    master = load(config=POLICY, store=store).master_key
     if master is not None and master.get_secret_value():
         return
 

@@ -103,16 +103,25 @@ class Settings(BaseSettings):
         return SecretStr(value) if value else None
 
 
+#: The fields ``router serve`` and ``router check`` take flags for, and the flag's attribute.
+FLAGS = {"config": "config", "host": "host", "port": "port", "store": "store", "redis_url": "redis",
+         "allowed_hosts": "allowed_hosts"}  # fmt: skip
+
+
 def from_flags(args: argparse.Namespace) -> Settings:
     """The settings of ``router serve`` and ``router check``: their flags over ``ROUTER_*`` variables."""
-    given = {k: v for k, v in {"config": args.config, "host": args.host, "port": args.port,
-                               "store": args.store, "redis_url": getattr(args, "redis", None),
-                               "allowed_hosts": getattr(args, "allowed_hosts", None)}.items()
-             if v is not None}  # fmt: skip
+    return load(**{f: v for f, attr in FLAGS.items() if (v := getattr(args, attr, None)) is not None})
+
+
+def load(**given: Any) -> Settings:
+    """``Settings`` with ``given`` (from flags, or fixed by a command) over ``ROUTER_*`` variables; a
+    value out of range is a ``ConfigError`` naming it and where it came from, in one line."""
     try:
         return Settings(**given)
-    except ValidationError as exc:  # a flag or a ROUTER_* variable out of range: say which, in one line
+    except ValidationError as exc:
         err = exc.errors()[0]
         name = ".".join(str(p) for p in err["loc"])
+        field = name.split(".")[0]
         env = "ROUTER_" + name.replace(".", "__").upper()
-        raise ConfigError(f"{name}: {err['msg']} (set by a flag or {env})") from None
+        source = env if field not in given else "--" + FLAGS.get(field, field).replace("_", "-")
+        raise ConfigError(f"{name}: {err['msg']} (set by {source})") from None

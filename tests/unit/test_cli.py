@@ -495,12 +495,34 @@ def test_an_unreachable_store_is_one_line(
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_an_invalid_setting_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    # A pydantic ValidationError with its traceback before.
+def test_an_invalid_setting_is_one_line_naming_where_it_was_set(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pydantic ValidationError with its traceback before; then "(set by a flag or ROUTER_PORT)"
+    # whichever had set it, and for settings no flag sets.
     assert main(["serve", "--config", "policies/examples/local.yaml", "--port", "99999"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("router serve: port: ") and "65535" in err and "ROUTER_PORT" in err, err
+    assert err.startswith("router serve: port: ") and "65535" in err and err.endswith("(set by --port)\n"), (
+        err
+    )
     assert err.count("\n") == 1 and "Traceback" not in err
+    monkeypatch.setenv("ROUTER_PORT", "99999")
+    assert main(["serve", "--config", "policies/examples/local.yaml"]) == 2
+    assert capsys.readouterr().err.endswith("(set by ROUTER_PORT)\n")
+
+
+def test_demo_with_an_invalid_setting_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The demo built its Settings itself: ROUTER_DRAIN_TIMEOUT=-1 was a ValidationError's traceback.
+    monkeypatch.setenv("ROUTER_DRAIN_TIMEOUT", "-1")
+    ports = ["--port", str(closed_port()), "--upstream-port", str(closed_port())]
+    assert main(["demo", "--store", f"sqlite:///{tmp_path / 'router.db'}", *ports]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("router demo: drain_timeout: ") and err.endswith(
+        "(set by ROUTER_DRAIN_TIMEOUT)\n"
+    ), err
+    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv", [["keys", "list"], ["keys", "revoke", "key_x"]])
