@@ -65,13 +65,11 @@ class Admission:
         reads it so that it picks, and explores, only among the candidates that fit."""
         if not principal.key_id or principal.budget_usd is None:
             return None
-        scope = f"key:{principal.key_id}"
         try:
             if self._unsettled:
                 await self.land_unsettled()
-            if self.log is not None and isinstance(self.budgets, MemoryBudgets):
-                await recall_spend(self.budgets, self.log, (scope,))
-            used = await self.budgets.spent(scope)
+            # Never recalled from the log (``recall_spend``): a key's scope is never forgotten.
+            used = await self.budgets.spent(f"key:{principal.key_id}")
         except StateUnavailable:
             return None
         return max(0.0, principal.budget_usd - used.spent - used.reserved)
@@ -91,14 +89,10 @@ class Admission:
         call used once it has ended."""
         if not (principal.key_id and (principal.rpm or principal.tpm)):
             return 0
-        est = decision.estimate(decision.chosen)
+        est = decision.estimate(decision.chosen) if principal.tpm else None
         tokens = (est.prompt_tokens + est.output_tokens) if est else 0
         verdict = await self.limits.check_and_consume(
-            principal.key_id,
-            requests=1,
-            tokens=tokens if principal.tpm else 0,
-            rpm=principal.rpm,
-            tpm=principal.tpm,
+            principal.key_id, tokens=tokens, rpm=principal.rpm, tpm=principal.tpm
         )
         if not verdict and verdict.reason == "too_large":
             # Waiting cannot help a request that alone exceeds the limit: say so, never "retry later".
@@ -111,7 +105,7 @@ class Admission:
                 f"this key's {verdict.reason} limit is reached",
                 retry_after=min(verdict.retry_after_s, 3600.0),
             )
-        return tokens if principal.tpm else 0
+        return tokens
 
     async def recount(self, key_id: str, counted: int, used: int) -> None:
         """Replace the ``counted`` tokens of a request that has ended by the ``used`` ones in its
@@ -164,9 +158,9 @@ class Admission:
 
         A given-up try's cost was always held anew: near a key budget's end the requests in flight
         held the rest, and each was refused its next try after paying for one."""
-        limits = _limits(principal, task_id, decision, task_budget)
-        if held is None or not limits:
+        if held is None:  # ``hold`` held nothing: no budget applies
             return None
+        limits = _limits(principal, task_id, decision, task_budget)
         more = list(more)
         short: dict[str, float] = {}
         for scope in limits:
@@ -255,21 +249,14 @@ class Admission:
             self._retrying = False
 
 
-def _key_scope(principal: Principal) -> str | None:
-    """The budget scope of the caller's key, if it has a budget."""
-    if principal.key_id and principal.budget_usd is not None:
-        return f"key:{principal.key_id}"
-    return None
-
-
 def _limits(
     principal: Principal, task_id: str | None, decision: Decision, task_budget: float | None
 ) -> dict[str, float]:
     """The budgets a request is held in, by scope: its key's, and its task's (``task_budget``,
     the policy's, or a lower one of the scope that decided)."""
     limits: dict[str, float] = {}
-    if (key := _key_scope(principal)) is not None and principal.budget_usd is not None:
-        limits[key] = principal.budget_usd
+    if principal.key_id and principal.budget_usd is not None:
+        limits[f"key:{principal.key_id}"] = principal.budget_usd
     task_budget = least(task_budget, decision.task_budget)
     if task_budget is not None and task_id:
         limits[f"task:{task_id}"] = task_budget

@@ -186,9 +186,8 @@ class MemoryBudgets:
         more, upto = dict(more or {}), upto or {}
         ttl = _positive_ttl(self._default_ttl if ttl_s is None else ttl_s)
         names = unique_scopes(scope_keys)
-        scopes = [self._scope(n) for n in names]
-        amounts = [to_nano(amount_usd + more.get(n, 0.0)) for n in names]
-        for name, scope, amount in zip(names, scopes, amounts, strict=True):
+        wanted = [(n, self._scope(n), to_nano(amount_usd + more.get(n, 0.0))) for n in names]
+        for name, scope, amount in wanted:
             limit = limits.get(name)
             if limit is not None and scope.spent + scope.reserved() + amount > to_nano(limit):
                 raise BudgetExceeded(
@@ -196,7 +195,7 @@ class MemoryBudgets:
                 )
         rid = uuid.uuid4().hex
         expiry = self._clock() + ttl
-        for name, scope, amount in zip(names, scopes, amounts, strict=True):
+        for name, scope, amount in wanted:
             limit = limits.get(name)
             extra = max(0, to_nano(upto.get(name, 0.0)))
             if extra and limit is not None:
