@@ -495,6 +495,31 @@ async def test_a_hold_counts_for_exactly_its_ttl(clock: FakeClock) -> None:
     await b.reserve(["s"], 1.0, {"s": 1.0})  # the whole budget is free again
 
 
+async def test_a_hold_is_renewed_in_its_scopes_still_kept_when_one_was_dropped(clock: FakeClock) -> None:
+    """A task's scope may be dropped for room while its request runs: the renewal still renews
+    the hold in the request's other scopes, its key's here (past the TTL it was made with)."""
+    b = memory(clock, local_max_entries=1).budgets
+    held = await b.reserve(["task:t", "key:k"], 0.5, {"key:k": 1.0}, ttl_s=10.0)
+    await b.reserve(["task:u"], 0.1, {})  # the task's scope goes for room
+    assert await b.spent("task:t") == Spend(0.0, 0.0)
+    await clock.advance(8.0)
+    assert await b.extend(held)
+    await clock.advance(8.0)
+    assert await b.spent("key:k") == Spend(0.0, 0.5)
+
+
+def test_a_task_scope_is_looked_up_in_the_log_once_one_was_dropped_for_room(clock: FakeClock) -> None:
+    """``forgotten``: whether admission must read a scope's spend back from the log. Not before
+    any scope was dropped for room (the start restored every one: no read per new task), then
+    for any task's scope not held, from the first dropped on; never for a key's."""
+    b = memory(clock, local_max_entries=2).budgets
+    b.restore({"task:a": 0.1, "task:b": 0.1, "key:k": 0.1})
+    assert not b.forgotten("task:new")
+    b.restore({"task:c": 0.1})  # "task:a" goes, the least recently used
+    assert b.forgotten("task:a") and b.forgotten("task:new")
+    assert not b.forgotten("task:b") and not b.forgotten("task:c") and not b.forgotten("key:k")
+
+
 async def test_no_overspend(clock: FakeClock) -> None:
     await check_no_overspend([memory(clock)])
 
