@@ -65,7 +65,10 @@ class Probes:
         rt = self.runtime.current
         rejected = self.history.last_rejected
         log_trouble = self.writer.trouble
-        healthy = store_ok and state_ok and rejected is None and log_trouble is None
+        # Every request to such a backend fails over (or is a 500 where none is left), while the
+        # router looked ready: the policy's key variables unset, a new user's first hour.
+        unkeyed = rt.catalog.missing_credentials()
+        healthy = store_ok and state_ok and rejected is None and log_trouble is None and not unkeyed
         body = {
             "status": "ok" if healthy else "degraded",
             "store": store_ok,
@@ -82,6 +85,7 @@ class Probes:
             "policy_revision": rt.revision,
             # The file on disk was refused: the router serves the previous revision meanwhile.
             "policy_rejected": rejected.as_dict() if rejected else None,
+            "missing_credentials": unkeyed,
         }
         return json_reply(body)
 

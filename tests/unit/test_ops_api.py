@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from router.fakeupstream import FakeUpstream
 from tests.unit.inprocess import MASTER, serving
 from tests.unit.requestpath import model
@@ -249,3 +251,21 @@ async def test_a_restricted_key_gets_no_token_count_for_a_model_it_may_not_use(
     assert counted.status_code == proxied.status_code == 403, counted.text
     assert counted.json() == proxied.json() and counted.json()["error"]["type"] == "permission_error"
     assert allowed.status_code == 200 and allowed.json()["input_tokens"] > 0
+
+
+async def test_readyz_says_which_backends_have_no_key(
+    fake: FakeUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # policies/default.yaml with no key set: /readyz said "ok" while every request failed with a
+    # 500 (MissingCredentials) once its fallbacks were spent (the new-user pass).
+    monkeypatch.delenv("ROUTER_TEST_READY_KEY", raising=False)
+    keyed = model("keyed", fake.url, api_key_env="ROUTER_TEST_READY_KEY")
+    async with serving(tmp_path, [model("open", fake.url), keyed]) as r:
+        body = (await r.client.get("/readyz")).json()
+        assert body["status"] == "degraded", body
+        assert body["missing_credentials"] == [
+            "ROUTER_TEST_READY_KEY is not set: keyed cannot be called until it is (requests fall over to other models)"
+        ]
+        monkeypatch.setenv("ROUTER_TEST_READY_KEY", "sk-test")
+        body = (await r.client.get("/readyz")).json()
+        assert body["status"] == "ok" and body["missing_credentials"] == [], body
