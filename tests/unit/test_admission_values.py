@@ -21,7 +21,15 @@ from router.http import admission
 from router.http.admission import Admission
 from router.http.auth import Principal
 from router.policy.decide import Decision, Estimate
-from router.shared import BudgetExceeded, MemoryState, Reservation, Spend, StateConfig, open_state
+from router.shared import (
+    BudgetExceeded,
+    MemoryState,
+    Reservation,
+    Spend,
+    StateConfig,
+    StateUnavailable,
+    open_state,
+)
 from tests.integration.tcpproxy import TcpProxy
 from tests.polling import eventually
 from tests.unit.requestpath import closed_port
@@ -140,16 +148,24 @@ async def test_settles_kept_through_outages_land_when_the_store_is_back_in_one_l
 ) -> None:
     """Settles that cannot reach Redis are kept and retried by one loop (in the settle that first
     found it away: the others' tasks end at once), which ends once they have all landed, each
-    once; the next outage starts another. Two outages, two requests' settles in each."""
+    once, however many land them at once; the next outage starts another. Two outages, two
+    requests' settles in each."""
     prefix = f"test:{uuid.uuid4().hex[:8]}:"
     proxy = TcpProxy(REDIS_PORT).start()
     config = StateConfig(prefix=prefix, op_timeout_s=0.3, socket_timeout_s=0.2,
                          connect_timeout_s=0.2, pool_timeout_s=0.2, backoff_s=0.1)  # fmt: skip
     state = open_state(f"redis://127.0.0.1:{proxy.port}/0", config)
-    gate = Admission(state.limits, state.budgets, retry_s=0.05)
+    gate = Admission(state.limits, state.budgets, retry_s=0.5)
 
     async def kept() -> bool:
         return gate.unsettled_usd > 0
+
+    async def answers() -> bool:
+        try:
+            await state.budgets.spent("key:other")
+        except StateUnavailable:
+            return False
+        return True
 
     try:
         with caplog.at_level(logging.WARNING, logger="router.http.admission"):
@@ -161,6 +177,9 @@ async def test_settles_kept_through_outages_land_when_the_store_is_back_in_one_l
                 await asyncio.wait_for(gate.settle(second, 0.002), 2.0)  # kept for the first's loop
                 assert not landing.done() and gate.unsettled_usd == pytest.approx(0.006)
                 proxy.start()
+                await eventually(answers, what="Redis answering again")
+                # Requests' admissions land them too, at once: each lands once.
+                await asyncio.gather(gate.land_unsettled(), gate.land_unsettled())
                 await asyncio.wait_for(landing, 5.0)
                 assert gate.unsettled_usd == 0
                 assert await state.budgets.spent("key:k") == Spend(pytest.approx(0.006 * outage), 0.0)
