@@ -404,23 +404,23 @@ def _print_wrote(console: Console, path: Path, sha: str) -> None:
 
 
 def _print_next(console: Console, path: Path, config: str, store_url: str) -> None:
-    said = "put the previewed file in place" if config.endswith(".candidate.yaml") else "promote it"
-    console.print(f"preview it on a copy of the policy, then {said}:", highlight=False)
     # The preview first: it only said to promote, straight into the policy routers serve, an
     # artifact whose preview said success falls. Each command on a line of its own, never
     # wrapped: broken in two it no longer pastes as one.
-    candidate = str(Path(config).with_suffix(".candidate.yaml"))
-    copy, last = [f"cp {config} {candidate}"], f"router promote {path} --config {config}"
     if config.endswith(".candidate.yaml"):
         # Trained for the copy, its objective edited: it said to copy it to X.candidate.candidate.yaml,
         # then to promote into the live file, whose objective (none, 3 attempts) ran the demo's
         # artifact at -0.071 per attempt where the previewed one (0.6, 1 attempt) showed +0.269.
-        candidate, copy = config, []
+        said, candidate, copy = "put the previewed file in place", config, []
         live = config.removesuffix(".candidate.yaml") + ".yaml"
         live = (
             live if Path(live).exists() else "THE_POLICY_YOUR_ROUTERS_SERVE.yaml"
         )  # no guess into a wrong file
         last = f"cp {candidate} {live}   # what the preview showed: its objective and this artifact"
+    else:
+        said, candidate = "promote it", str(Path(config).with_suffix(".candidate.yaml"))
+        copy, last = [f"cp {config} {candidate}"], f"router promote {path} --config {config}"
+    console.print(f"preview it on a copy of the policy, then {said}:", highlight=False)
     # The preview reads the log it is told to: the default one, while training read --store's.
     where = (
         "" if store_url == os.environ.get("ROUTER_STORE", "sqlite:///router.db") else f" --store {store_url}"
